@@ -1,0 +1,172 @@
+//! The command fingerprint (rule 6): a fixed 128-bit hash of the command
+//! alone, stored beside its cached response to detect a seq reused for
+//! another command. It must never depend on the floor, the stamp or anything
+//! else that may differ between attempts, nor on any serialisation library.
+//!
+//! Definition (version 1): the first 16 bytes, read little-endian, of
+//! BLAKE3 in key-derivation mode with context
+//! `"oncekv 2026-11 command fingerprint v1"` over the canonical bytes:
+//!
+//! | command | bytes |
+//! | --- | --- |
+//! | put | `0x01` key value |
+//! | delete | `0x02` key |
+//! | increment | `0x03` key delta (i64 LE) |
+//! | append | `0x04` key element |
+//! | compare-and-swap | `0x05` key (`0x00` \| `0x01` expected-value) new-value |
+//!
+//! A byte string is its length as u64 LE followed by its bytes. A value is a
+//! tag (`0x01` bytes, `0x02` int as i64 LE, `0x03` list: count as u64 LE then
+//! each element as a byte string) followed by its payload.
+
+use super::types::{Command, Fingerprint, Value};
+
+const CONTEXT: &str = "oncekv 2026-11 command fingerprint v1";
+
+/// Computes the fingerprint of `command`.
+pub fn fingerprint(command: &Command) -> Fingerprint {
+    let mut hasher = blake3::Hasher::new_derive_key(CONTEXT);
+    match command {
+        Command::Put { key, value } => {
+            hasher.update(&[0x01]);
+            bytes(&mut hasher, key);
+            self::value(&mut hasher, value);
+        }
+        Command::Delete { key } => {
+            hasher.update(&[0x02]);
+            bytes(&mut hasher, key);
+        }
+        Command::Increment { key, delta } => {
+            hasher.update(&[0x03]);
+            bytes(&mut hasher, key);
+            hasher.update(&delta.to_le_bytes());
+        }
+        Command::Append { key, element } => {
+            hasher.update(&[0x04]);
+            bytes(&mut hasher, key);
+            bytes(&mut hasher, element);
+        }
+        Command::CompareAndSwap { key, expected, new } => {
+            hasher.update(&[0x05]);
+            bytes(&mut hasher, key);
+            match expected {
+                None => {
+                    hasher.update(&[0x00]);
+                }
+                Some(expected) => {
+                    hasher.update(&[0x01]);
+                    value(&mut hasher, expected);
+                }
+            }
+            value(&mut hasher, new);
+        }
+    }
+    let digest = hasher.finalize();
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest.as_bytes()[..16]);
+    Fingerprint(u128::from_le_bytes(first))
+}
+
+fn bytes(hasher: &mut blake3::Hasher, data: &[u8]) {
+    hasher.update(&(data.len() as u64).to_le_bytes());
+    hasher.update(data);
+}
+
+fn value(hasher: &mut blake3::Hasher, value: &Value) {
+    match value {
+        Value::Bytes(data) => {
+            hasher.update(&[0x01]);
+            bytes(hasher, data);
+        }
+        Value::Int(number) => {
+            hasher.update(&[0x02]);
+            hasher.update(&number.to_le_bytes());
+        }
+        Value::List(items) => {
+            hasher.update(&[0x03]);
+            hasher.update(&(items.len() as u64).to_le_bytes());
+            for item in items {
+                bytes(hasher, item);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fingerprint is a fixed function: this pins its value so that a
+    /// change of definition (which would make every cached response look
+    /// like a conflict after an upgrade) cannot go unnoticed.
+    #[test]
+    fn fingerprint_is_pinned() {
+        let command = Command::Increment {
+            key: b"counter".to_vec(),
+            delta: 5,
+        };
+        let mut hasher = blake3::Hasher::new_derive_key(CONTEXT);
+        hasher.update(&[0x03]);
+        hasher.update(&7u64.to_le_bytes());
+        hasher.update(b"counter");
+        hasher.update(&5i64.to_le_bytes());
+        let digest = hasher.finalize();
+        let expected = u128::from_le_bytes(digest.as_bytes()[..16].try_into().unwrap());
+        assert_eq!(fingerprint(&command), Fingerprint(expected));
+        assert_eq!(
+            format!("{:032x}", fingerprint(&command).0),
+            format!("{expected:032x}")
+        );
+    }
+
+    /// Commands that differ in any field, including the kind of a value,
+    /// have different fingerprints.
+    #[test]
+    fn fingerprint_separates_commands() {
+        let commands = [
+            Command::Put {
+                key: b"k".to_vec(),
+                value: Value::Bytes(b"1".to_vec()),
+            },
+            Command::Put {
+                key: b"k".to_vec(),
+                value: Value::Int(1),
+            },
+            Command::Put {
+                key: b"k".to_vec(),
+                value: Value::List(vec![b"1".to_vec()]),
+            },
+            Command::Put {
+                key: b"k1".to_vec(),
+                value: Value::Bytes(Vec::new()),
+            },
+            Command::Delete { key: b"k".to_vec() },
+            Command::Increment {
+                key: b"k".to_vec(),
+                delta: 1,
+            },
+            Command::Increment {
+                key: b"k".to_vec(),
+                delta: 2,
+            },
+            Command::Append {
+                key: b"k".to_vec(),
+                element: b"1".to_vec(),
+            },
+            Command::CompareAndSwap {
+                key: b"k".to_vec(),
+                expected: None,
+                new: Value::Int(1),
+            },
+            Command::CompareAndSwap {
+                key: b"k".to_vec(),
+                expected: Some(Value::Int(0)),
+                new: Value::Int(1),
+            },
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for command in &commands {
+            assert!(seen.insert(fingerprint(command)), "{command:?}");
+        }
+    }
+}

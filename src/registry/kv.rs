@@ -1,0 +1,206 @@
+//! The protected key-value data: typed values in an ordered map, and the
+//! planning of a command into a result and an effect. Planning changes
+//! nothing, so the registry can check every limit — including the size of
+//! the response it is about to cache — before the effect is applied (rule 12).
+
+use super::types::{Command, CommandResult, Limit, RegistryConfig, Value};
+use std::collections::BTreeMap;
+
+/// The key-value data, ordered so that iteration (snapshots, hashes) is
+/// canonical (rule 10).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvStore {
+    entries: BTreeMap<Vec<u8>, Value>,
+}
+
+/// How a planned command changes the data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    Nothing,
+    Set(Value),
+    Remove,
+    /// Push one element onto the list at the key (creating it if absent).
+    Push(Vec<u8>),
+}
+
+/// A command's result and the effect that produces it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub result: CommandResult,
+    pub effect: Effect,
+}
+
+impl KvStore {
+    pub fn get(&self, key: &[u8]) -> Option<&Value> {
+        self.entries.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Vec<u8>, &Value)> {
+        self.entries.iter()
+    }
+
+    /// Builds a store from pairs in strictly increasing key order (as a
+    /// snapshot holds them); `None` if the order is broken.
+    pub(crate) fn from_ordered(pairs: Vec<(Vec<u8>, Value)>) -> Option<KvStore> {
+        let ordered = pairs.windows(2).all(|pair| pair[0].0 < pair[1].0);
+        ordered.then(|| KvStore {
+            entries: pairs.into_iter().collect(),
+        })
+    }
+
+    /// Works out what `command` would return and do, without doing it.
+    pub(crate) fn plan(&self, command: &Command) -> Plan {
+        let current = self.entries.get(command.key());
+        match command {
+            Command::Put { value, .. } => Plan {
+                result: CommandResult::Stored,
+                effect: Effect::Set(value.clone()),
+            },
+            Command::Delete { .. } => Plan {
+                result: CommandResult::Deleted {
+                    existed: current.is_some(),
+                },
+                effect: if current.is_some() {
+                    Effect::Remove
+                } else {
+                    Effect::Nothing
+                },
+            },
+            Command::Increment { delta, .. } => match current {
+                None | Some(Value::Int(_)) => {
+                    let before = match current {
+                        Some(Value::Int(number)) => *number,
+                        _ => 0,
+                    };
+                    match before.checked_add(*delta) {
+                        Some(after) => Plan {
+                            result: CommandResult::Incremented { value: after },
+                            effect: Effect::Set(Value::Int(after)),
+                        },
+                        None => unchanged(CommandResult::Overflow { current: before }),
+                    }
+                }
+                Some(other) => unchanged(CommandResult::WrongType {
+                    actual: other.kind(),
+                }),
+            },
+            Command::Append { element, .. } => match current {
+                None => Plan {
+                    result: CommandResult::Appended { length: 1 },
+                    effect: Effect::Push(element.clone()),
+                },
+                Some(Value::List(items)) => Plan {
+                    result: CommandResult::Appended {
+                        length: items.len() as u64 + 1,
+                    },
+                    effect: Effect::Push(element.clone()),
+                },
+                Some(other) => unchanged(CommandResult::WrongType {
+                    actual: other.kind(),
+                }),
+            },
+            Command::CompareAndSwap { expected, new, .. } => {
+                if current == expected.as_ref() {
+                    Plan {
+                        result: CommandResult::CompareAndSwap {
+                            swapped: true,
+                            current: Some(new.clone()),
+                        },
+                        effect: Effect::Set(new.clone()),
+                    }
+                } else {
+                    unchanged(CommandResult::CompareAndSwap {
+                        swapped: false,
+                        current: current.cloned(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// The data limit, if any, that applying `effect` at `key` would break.
+    pub(crate) fn check_limits(
+        &self,
+        key: &[u8],
+        effect: &Effect,
+        config: &RegistryConfig,
+    ) -> Result<(), Limit> {
+        let current = self.entries.get(key);
+        let creates = current.is_none() && matches!(effect, Effect::Set(_) | Effect::Push(_));
+        if creates {
+            if key.len() as u64 > config.key_bytes_max {
+                return Err(Limit::KeyBytes);
+            }
+            if self.entries.len() as u64 >= config.keys_max {
+                return Err(Limit::Keys);
+            }
+        }
+        let (size_bytes, list_elements) = match effect {
+            Effect::Nothing | Effect::Remove => return Ok(()),
+            Effect::Set(value) => (
+                value.size_bytes(),
+                match value {
+                    Value::List(items) => items.len() as u64,
+                    _ => 0,
+                },
+            ),
+            Effect::Push(element) => {
+                let (size, count) = match current {
+                    Some(list @ Value::List(items)) => (list.size_bytes(), items.len() as u64),
+                    _ => (0, 0),
+                };
+                (size + element.len() as u64 + 8, count + 1)
+            }
+        };
+        if size_bytes > config.value_bytes_max {
+            return Err(Limit::ValueBytes);
+        }
+        if list_elements > config.list_elements_max {
+            return Err(Limit::ListElements);
+        }
+        Ok(())
+    }
+
+    /// Applies a planned effect.
+    pub(crate) fn apply(&mut self, key: &[u8], effect: Effect) {
+        match effect {
+            Effect::Nothing => {}
+            Effect::Remove => {
+                self.entries.remove(key);
+            }
+            Effect::Set(value) => {
+                if let Some(slot) = self.entries.get_mut(key) {
+                    *slot = value;
+                } else {
+                    self.entries.insert(key.to_vec(), value);
+                }
+            }
+            Effect::Push(element) => match self.entries.get_mut(key) {
+                Some(Value::List(items)) => items.push(element),
+                Some(other) => {
+                    // Planning only pushes onto a list or an absent key.
+                    unreachable!("push onto a {:?} value", other.kind())
+                }
+                None => {
+                    self.entries
+                        .insert(key.to_vec(), Value::List(vec![element]));
+                }
+            },
+        }
+    }
+}
+
+fn unchanged(result: CommandResult) -> Plan {
+    Plan {
+        result,
+        effect: Effect::Nothing,
+    }
+}

@@ -1,0 +1,363 @@
+//! The registry core: applies one decoded log entry to (session registry,
+//! key-value data) and returns its outcome. Pure, deterministic and
+//! synchronous — it must never read a clock, a random source or the
+//! environment, touch IO, or iterate anything in an unspecified order
+//! (DESIGN.md rule 10). Every rule of exactly-once execution lives here.
+//!
+//! Order of checks for a client request, identical on every replica:
+//! 1. advance cluster time to the entry's stamp (never backwards) and expire
+//!    idle sessions; the cluster id must match (`WRONG_CLUSTER`);
+//! 2. unknown session → `SESSION_EXPIRED`; a live session's activity is
+//!    refreshed by any request;
+//! 3. first outstanding seq > seq → `INVALID_ARGUMENT`; else raise the floor
+//!    and trim the cached responses below it;
+//! 4. seq below the floor → `RESPONSE_DISCARDED`;
+//! 5. seq cached → same fingerprint: the cached result, marked duplicate;
+//!    other fingerprint: `SEQ_CONFLICT`;
+//! 6. seq ≥ floor + window → `TOO_MANY_OUTSTANDING`;
+//! 7. a limit would be exceeded (including the response about to be cached)
+//!    → `RESOURCE_EXHAUSTED`;
+//! 8. execute, cache the result with the command's fingerprint.
+
+pub mod codec;
+pub mod fingerprint;
+pub mod kv;
+mod session;
+pub mod snapshot;
+pub mod types;
+
+pub use session::CachedResponse;
+pub use types::*;
+
+use kv::KvStore;
+use session::Session;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The whole replicated state: sessions, their cached responses, cluster
+/// time, config and the key-value data, as of `applied_index`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Registry {
+    cluster_id: Option<ClusterId>,
+    config: RegistryConfig,
+    applied_index: u64,
+    cluster_time_ms: u64,
+    sessions: BTreeMap<ClientId, Session>,
+    /// Nonce → the session it registered; lives and dies with the session.
+    nonces: BTreeMap<Nonce, ClientId>,
+    /// (last activity, client id) of every session, oldest first: expiry
+    /// walks it from the front, in a fixed order.
+    idle: BTreeSet<(u64, ClientId)>,
+    kv: KvStore,
+}
+
+/// A read-only view of one session, for operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionView {
+    pub client_id: ClientId,
+    pub floor: Seq,
+    pub last_active_ms: u64,
+    pub cached_responses: u64,
+    pub cached_bytes: u64,
+}
+
+impl Registry {
+    /// An empty registry, not yet bootstrapped.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.cluster_id
+    }
+
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    /// The log index of the last entry applied.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// The cluster time: the largest stamp applied so far.
+    pub fn cluster_time_ms(&self) -> u64 {
+        self.cluster_time_ms
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn data(&self) -> &KvStore {
+        &self.kv
+    }
+
+    /// Reads a key from the applied state (no log entry involved).
+    pub fn get(&self, key: &[u8]) -> Option<&Value> {
+        self.kv.get(key)
+    }
+
+    /// The session of `client_id`, if it is live.
+    pub fn session(&self, client_id: ClientId) -> Option<SessionView> {
+        self.sessions
+            .get(&client_id)
+            .map(|session| view(client_id, session))
+    }
+
+    /// All live sessions, in client id order.
+    pub fn sessions(&self) -> impl Iterator<Item = SessionView> + '_ {
+        self.sessions.iter().map(|(id, session)| view(*id, session))
+    }
+
+    /// The response cached for (client id, seq), if any: what a leader may
+    /// serve for a retry after confirming its leadership (rule 3).
+    pub fn cached_response(&self, client_id: ClientId, seq: Seq) -> Option<&CachedResponse> {
+        self.sessions.get(&client_id)?.responses.get(&seq)
+    }
+
+    /// Records that the entry at `log_index` carried nothing for the
+    /// registry (a blank or membership entry of Raft).
+    pub fn apply_other(&mut self, log_index: u64) {
+        self.advance_index(log_index);
+    }
+
+    /// Applies the registry entry committed at `log_index`.
+    ///
+    /// # Panics
+    /// If `log_index` is not above the applied index: the storage layer
+    /// applied an entry twice or out of order, and going on would break
+    /// exactly-once.
+    pub fn apply(&mut self, log_index: u64, entry: &Entry) -> Outcome {
+        self.advance_index(log_index);
+        self.advance_time(entry.stamp_ms);
+        let result = match &entry.op {
+            Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
+            Op::Register { cluster_id, nonce } => self.register(log_index, *cluster_id, *nonce),
+            Op::Execute(execute) => self.execute(execute),
+            Op::KeepAlive {
+                cluster_id,
+                client_id,
+                first_outstanding_seq,
+            } => self.keep_alive(*cluster_id, *client_id, *first_outstanding_seq),
+            Op::Unregister {
+                cluster_id,
+                client_id,
+            } => self.unregister(*cluster_id, *client_id),
+            Op::SetConfig { cluster_id, config } => self.set_config(*cluster_id, config),
+        };
+        result.unwrap_or_else(Outcome::Rejected)
+    }
+
+    fn advance_index(&mut self, log_index: u64) {
+        assert!(
+            log_index > self.applied_index,
+            "applied index would move from {} to {log_index}",
+            self.applied_index
+        );
+        self.applied_index = log_index;
+    }
+
+    /// Step 1: cluster time is the maximum stamp seen; sessions idle longer
+    /// than the TTL expire, oldest first.
+    fn advance_time(&mut self, stamp_ms: u64) {
+        self.cluster_time_ms = self.cluster_time_ms.max(stamp_ms);
+        let ttl_ms = self.config.session_ttl_ms;
+        while let Some(&(last_active_ms, client_id)) = self.idle.first() {
+            if self.cluster_time_ms.saturating_sub(last_active_ms) <= ttl_ms {
+                break;
+            }
+            self.remove_session(client_id);
+        }
+    }
+
+    fn remove_session(&mut self, client_id: ClientId) -> bool {
+        let Some(session) = self.sessions.remove(&client_id) else {
+            return false;
+        };
+        self.nonces.remove(&session.nonce);
+        self.idle.remove(&(session.last_active_ms, client_id));
+        true
+    }
+
+    fn check_cluster(&self, claimed: Option<ClusterId>) -> Result<(), Rejection> {
+        match (self.cluster_id, claimed) {
+            (None, _) => Err(Rejection::NotBootstrapped),
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                Err(Rejection::WrongCluster { expected: ours })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refreshes the activity of a live session; `SESSION_EXPIRED` if none.
+    fn touch(&mut self, client_id: ClientId) -> Result<&mut Session, Rejection> {
+        let now_ms = self.cluster_time_ms;
+        let session = self
+            .sessions
+            .get_mut(&client_id)
+            .ok_or(Rejection::SessionExpired)?;
+        if session.last_active_ms != now_ms {
+            self.idle.remove(&(session.last_active_ms, client_id));
+            self.idle.insert((now_ms, client_id));
+            session.last_active_ms = now_ms;
+        }
+        Ok(session)
+    }
+
+    fn bootstrap(
+        &mut self,
+        cluster_id: ClusterId,
+        config: &RegistryConfig,
+    ) -> Result<Outcome, Rejection> {
+        match self.cluster_id {
+            Some(ours) if ours == cluster_id => Ok(Outcome::Bootstrapped {
+                cluster_id,
+                already: true,
+            }),
+            Some(ours) => Err(Rejection::WrongCluster { expected: ours }),
+            None => {
+                config.validate().map_err(Rejection::InvalidArgument)?;
+                self.cluster_id = Some(cluster_id);
+                self.config = *config;
+                Ok(Outcome::Bootstrapped {
+                    cluster_id,
+                    already: false,
+                })
+            }
+        }
+    }
+
+    fn register(
+        &mut self,
+        log_index: u64,
+        cluster_id: Option<ClusterId>,
+        nonce: Nonce,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(cluster_id)?;
+        let registration = |client_id, duplicate| Registration {
+            cluster_id: cluster_id.or(self.cluster_id).expect("checked above"),
+            client_id,
+            session_ttl_ms: self.config.session_ttl_ms,
+            window: self.config.window,
+            duplicate,
+        };
+        if let Some(&client_id) = self.nonces.get(&nonce) {
+            let reply = registration(client_id, true);
+            self.touch(client_id)?;
+            return Ok(Outcome::Registered(reply));
+        }
+        if self.sessions.len() as u64 >= self.config.sessions_max {
+            return Err(Rejection::ResourceExhausted(Limit::Sessions));
+        }
+        let client_id = ClientId(log_index);
+        let reply = registration(client_id, false);
+        self.sessions
+            .insert(client_id, Session::new(nonce, self.cluster_time_ms));
+        self.nonces.insert(nonce, client_id);
+        self.idle.insert((self.cluster_time_ms, client_id));
+        Ok(Outcome::Registered(reply))
+    }
+
+    fn execute(&mut self, request: &Execute) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(request.cluster_id))?;
+        let config = self.config;
+        let session = self.touch(request.client_id)?;
+        if request.first_outstanding_seq > request.seq {
+            return Err(Rejection::InvalidArgument(InvalidArgument::FloorAboveSeq {
+                seq: request.seq,
+                first_outstanding_seq: request.first_outstanding_seq,
+            }));
+        }
+        session.raise_floor(request.first_outstanding_seq);
+        if request.seq < session.floor {
+            return Err(Rejection::ResponseDiscarded {
+                floor: session.floor,
+            });
+        }
+        let fingerprint = fingerprint::fingerprint(&request.command);
+        if let Some(cached) = session.responses.get(&request.seq) {
+            return if cached.fingerprint == fingerprint {
+                Ok(Outcome::Executed {
+                    result: cached.result.clone(),
+                    duplicate: true,
+                })
+            } else {
+                Err(Rejection::SeqConflict)
+            };
+        }
+        if request.seq >= session.floor.saturating_add(config.window) {
+            return Err(Rejection::TooManyOutstanding {
+                floor: session.floor,
+                window: config.window,
+            });
+        }
+        let plan = self.kv.plan(&request.command);
+        let key = request.command.key();
+        self.kv
+            .check_limits(key, &plan.effect, &config)
+            .map_err(Rejection::ResourceExhausted)?;
+        let session = self
+            .sessions
+            .get_mut(&request.client_id)
+            .expect("touched above");
+        if session.cached_bytes + plan.result.cached_size_bytes()
+            > config.cached_bytes_per_session_max
+        {
+            return Err(Rejection::ResourceExhausted(Limit::CachedBytesPerSession));
+        }
+        session.cache(request.seq, fingerprint, plan.result.clone());
+        self.kv.apply(key, plan.effect);
+        Ok(Outcome::Executed {
+            result: plan.result,
+            duplicate: false,
+        })
+    }
+
+    fn keep_alive(
+        &mut self,
+        cluster_id: ClusterId,
+        client_id: ClientId,
+        first_outstanding_seq: Seq,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        let session = self.touch(client_id)?;
+        session.raise_floor(first_outstanding_seq);
+        Ok(Outcome::KeptAlive {
+            floor: session.floor,
+        })
+    }
+
+    fn unregister(
+        &mut self,
+        cluster_id: ClusterId,
+        client_id: ClientId,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        if self.remove_session(client_id) {
+            Ok(Outcome::Unregistered)
+        } else {
+            Err(Rejection::SessionExpired)
+        }
+    }
+
+    fn set_config(
+        &mut self,
+        cluster_id: ClusterId,
+        config: &RegistryConfig,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        config.validate().map_err(Rejection::InvalidArgument)?;
+        self.config = *config;
+        Ok(Outcome::ConfigSet(*config))
+    }
+}
+
+fn view(client_id: ClientId, session: &Session) -> SessionView {
+    SessionView {
+        client_id,
+        floor: session.floor,
+        last_active_ms: session.last_active_ms,
+        cached_responses: session.responses.len() as u64,
+        cached_bytes: session.cached_bytes,
+    }
+}

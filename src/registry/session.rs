@@ -1,0 +1,92 @@
+//! One client's session: its acknowledged floor, its cached responses with
+//! their fingerprints, and the bookkeeping of their size. It owns the floor
+//! invariant (never moves backwards, nothing cached below it) and nothing
+//! else: the order of checks lives in the registry.
+
+use super::types::{CommandResult, Fingerprint, Nonce, Seq};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A response cached for one (client id, seq).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedResponse {
+    pub fingerprint: Fingerprint,
+    pub result: CommandResult,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub nonce: Nonce,
+    /// The first outstanding seq: everything below is acknowledged.
+    pub floor: Seq,
+    /// Cluster time of the last request, in milliseconds.
+    pub last_active_ms: u64,
+    pub responses: BTreeMap<Seq, CachedResponse>,
+    /// Sum of `cached_size_bytes` over `responses`.
+    pub cached_bytes: u64,
+}
+
+impl Session {
+    pub fn new(nonce: Nonce, now_ms: u64) -> Session {
+        Session {
+            nonce,
+            floor: 0,
+            last_active_ms: now_ms,
+            responses: BTreeMap::new(),
+            cached_bytes: 0,
+        }
+    }
+
+    /// Raises the floor to `first_outstanding_seq` if that is higher, and
+    /// drops every cached response below the new floor (rule 7).
+    pub fn raise_floor(&mut self, first_outstanding_seq: Seq) {
+        if first_outstanding_seq <= self.floor {
+            return;
+        }
+        self.floor = first_outstanding_seq;
+        let kept = self.responses.split_off(&first_outstanding_seq);
+        let dropped = std::mem::replace(&mut self.responses, kept);
+        for response in dropped.values() {
+            self.cached_bytes -= response.result.cached_size_bytes();
+        }
+    }
+
+    pub fn cache(&mut self, seq: Seq, fingerprint: Fingerprint, result: CommandResult) {
+        debug_assert!(seq >= self.floor, "caching below the floor");
+        self.cached_bytes += result.cached_size_bytes();
+        let previous = self.responses.insert(
+            seq,
+            CachedResponse {
+                fingerprint,
+                result,
+            },
+        );
+        debug_assert!(previous.is_none(), "a seq executed twice");
+    }
+
+    /// Rebuilds a session from snapshot parts, checking its invariants.
+    pub fn restore(
+        nonce: Nonce,
+        floor: Seq,
+        last_active_ms: u64,
+        responses: Vec<(Seq, CachedResponse)>,
+    ) -> Result<Session, &'static str> {
+        if !responses.windows(2).all(|pair| pair[0].0 < pair[1].0) {
+            return Err("cached responses out of order");
+        }
+        if responses.first().is_some_and(|(seq, _)| *seq < floor) {
+            return Err("cached response below the floor");
+        }
+        let cached_bytes = responses
+            .iter()
+            .map(|(_, response)| response.result.cached_size_bytes())
+            .sum();
+        Ok(Session {
+            nonce,
+            floor,
+            last_active_ms,
+            responses: responses.into_iter().collect(),
+            cached_bytes,
+        })
+    }
+}

@@ -1,0 +1,327 @@
+//! The snapshot format of the whole registry (rule 13) and the state hash
+//! (rule 15). Both are defined over one canonical byte stream, so a node
+//! restored from a snapshot hashes exactly like one that replayed the log.
+//!
+//! Format version 1 (all integers inside records use the codec module's
+//! bincode encoding; framing integers are little-endian):
+//!
+//! ```text
+//! magic "ONCEKVSS" | version u32 | record* | trailer
+//! record  = length u32 | body (at most 64 MiB)
+//! records = header, then one per session (client id order),
+//!           then one per key (byte order)
+//! trailer = BLAKE3 of every byte before it (32 bytes)
+//! ```
+//!
+//! The state hash is BLAKE3 in key-derivation mode with context
+//! `"oncekv 2026-11 state hash v1"` over the same bytes as the trailer, i.e.
+//! over the canonical encoding of the state at its applied index. Maps are
+//! ordered, so the bytes — and the hash — do not depend on platform, process
+//! or insertion order.
+//!
+//! Reading checks everything: a record's length is checked before any
+//! buffer grows, buffers grow only with bytes actually read, decoding is
+//! limited, and every invariant the registry relies on is verified.
+
+use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
+use super::session::{CachedResponse, Session};
+use super::types::{ClientId, ClusterId, Nonce, RegistryConfig, Seq, Value};
+use super::{KvStore, Registry};
+use serde::{Deserialize, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, Read, Write};
+
+pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
+const STATE_HASH_CONTEXT: &str = "oncekv 2026-11 state hash v1";
+
+/// The state hash: equal on every node for equal state.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StateHash(pub [u8; 32]);
+
+impl fmt::Display for StateHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl fmt::Debug for StateHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StateHash({self})")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot io: {0}")]
+    Io(#[from] io::Error),
+    #[error("not an oncekv snapshot")]
+    BadMagic,
+    #[error("unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION})")]
+    UnsupportedVersion(u32),
+    #[error("snapshot truncated")]
+    Truncated,
+    #[error("snapshot record of {0} bytes exceeds the limit")]
+    RecordTooLarge(u64),
+    #[error("snapshot record: {0}")]
+    Record(#[from] CodecError),
+    #[error("snapshot checksum mismatch")]
+    Checksum,
+    #[error("snapshot inconsistent: {0}")]
+    Inconsistent(&'static str),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    applied_index: u64,
+    cluster_id: Option<ClusterId>,
+    config: RegistryConfig,
+    cluster_time_ms: u64,
+    sessions: u64,
+    keys: u64,
+}
+
+#[derive(Serialize)]
+struct SessionRecordRef<'a> {
+    client_id: ClientId,
+    nonce: Nonce,
+    floor: Seq,
+    last_active_ms: u64,
+    #[serde(serialize_with = "ordered_pairs")]
+    responses: &'a BTreeMap<Seq, CachedResponse>,
+}
+
+/// The owned twin of [`SessionRecordRef`]: the same bytes.
+#[derive(Deserialize)]
+struct SessionRecord {
+    client_id: ClientId,
+    nonce: Nonce,
+    floor: Seq,
+    last_active_ms: u64,
+    responses: Vec<(Seq, CachedResponse)>,
+}
+
+fn ordered_pairs<S: Serializer>(
+    map: &&BTreeMap<Seq, CachedResponse>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(map.iter())
+}
+
+/// Writes the snapshot of `registry` to `out`.
+pub fn write<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
+    let mut out = HashingWriter {
+        inner: out,
+        hasher: blake3::Hasher::new(),
+    };
+    write_body(registry, &mut out)?;
+    let digest = out.hasher.finalize();
+    out.inner.write_all(digest.as_bytes())?;
+    out.inner.flush()
+}
+
+/// The snapshot of `registry` as bytes.
+pub fn to_bytes(registry: &Registry) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    write(registry, &mut bytes).expect("writing into memory cannot fail");
+    bytes
+}
+
+/// The state hash of `registry` (see the module doc).
+pub fn state_hash(registry: &Registry) -> StateHash {
+    let mut out = HashingWriter {
+        inner: io::sink(),
+        hasher: blake3::Hasher::new_derive_key(STATE_HASH_CONTEXT),
+    };
+    write_body(registry, &mut out).expect("writing into a sink cannot fail");
+    StateHash(*out.hasher.finalize().as_bytes())
+}
+
+fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
+    out.write_all(MAGIC)?;
+    out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+    let mut buffer = Vec::new();
+    let header = Header {
+        applied_index: registry.applied_index,
+        cluster_id: registry.cluster_id,
+        config: registry.config,
+        cluster_time_ms: registry.cluster_time_ms,
+        sessions: registry.sessions.len() as u64,
+        keys: registry.kv.len() as u64,
+    };
+    write_record(out, &mut buffer, &header)?;
+    for (client_id, session) in &registry.sessions {
+        let record = SessionRecordRef {
+            client_id: *client_id,
+            nonce: session.nonce,
+            floor: session.floor,
+            last_active_ms: session.last_active_ms,
+            responses: &session.responses,
+        };
+        write_record(out, &mut buffer, &record)?;
+    }
+    for pair in registry.kv.iter() {
+        write_record(out, &mut buffer, &pair)?;
+    }
+    Ok(())
+}
+
+fn write_record<W: Write, T: Serialize>(
+    out: &mut W,
+    buffer: &mut Vec<u8>,
+    record: &T,
+) -> io::Result<()> {
+    buffer.clear();
+    codec::encode_into(record, buffer);
+    let length = u32::try_from(buffer.len())
+        .ok()
+        .filter(|length| u64::from(*length) <= RECORD_BYTES_MAX)
+        .ok_or_else(|| io::Error::other("snapshot record exceeds the limit"))?;
+    out.write_all(&length.to_le_bytes())?;
+    out.write_all(buffer)
+}
+
+/// Reads a snapshot, verifying its checksum and every invariant.
+pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
+    let mut input = HashingReader {
+        inner: input,
+        hasher: blake3::Hasher::new(),
+    };
+    let mut magic = [0u8; 8];
+    read_exact(&mut input, &mut magic)?;
+    if &magic != MAGIC {
+        return Err(SnapshotError::BadMagic);
+    }
+    let mut version = [0u8; 4];
+    read_exact(&mut input, &mut version)?;
+    let version = u32::from_le_bytes(version);
+    if version != SNAPSHOT_FORMAT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion(version));
+    }
+    let mut buffer = Vec::new();
+    let header: Header = read_record(&mut input, &mut buffer)?;
+    if header.cluster_id.is_some() {
+        header
+            .config
+            .validate()
+            .map_err(|_| SnapshotError::Inconsistent("invalid registry config"))?;
+    }
+    let mut registry = Registry {
+        cluster_id: header.cluster_id,
+        config: header.config,
+        applied_index: header.applied_index,
+        cluster_time_ms: header.cluster_time_ms,
+        ..Registry::default()
+    };
+    for _ in 0..header.sessions {
+        let record: SessionRecord = read_record(&mut input, &mut buffer)?;
+        restore_session(&mut registry, record)?;
+    }
+    let mut pairs = Vec::new();
+    for _ in 0..header.keys {
+        let pair: (Vec<u8>, Value) = read_record(&mut input, &mut buffer)?;
+        pairs.push(pair);
+    }
+    registry.kv = KvStore::from_ordered(pairs)
+        .ok_or(SnapshotError::Inconsistent("keys out of order"))?;
+    let expected = input.hasher.finalize();
+    let mut trailer = [0u8; 32];
+    read_exact(&mut input.inner, &mut trailer)?;
+    if &trailer != expected.as_bytes() {
+        return Err(SnapshotError::Checksum);
+    }
+    if input.inner.read(&mut [0u8; 1])? != 0 {
+        return Err(SnapshotError::Inconsistent("bytes after the trailer"));
+    }
+    Ok(registry)
+}
+
+/// Reads a snapshot from bytes.
+pub fn from_bytes(bytes: &[u8]) -> Result<Registry, SnapshotError> {
+    read(bytes)
+}
+
+fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(), SnapshotError> {
+    let client_id = record.client_id;
+    if registry
+        .sessions
+        .last_key_value()
+        .is_some_and(|(last, _)| *last >= client_id)
+    {
+        return Err(SnapshotError::Inconsistent("sessions out of order"));
+    }
+    if client_id.0 > registry.applied_index || record.last_active_ms > registry.cluster_time_ms {
+        return Err(SnapshotError::Inconsistent("session from the future"));
+    }
+    let session = Session::restore(
+        record.nonce,
+        record.floor,
+        record.last_active_ms,
+        record.responses,
+    )
+    .map_err(SnapshotError::Inconsistent)?;
+    if registry.nonces.insert(record.nonce, client_id).is_some() {
+        return Err(SnapshotError::Inconsistent("nonce used by two sessions"));
+    }
+    registry.idle.insert((session.last_active_ms, client_id));
+    registry.sessions.insert(client_id, session);
+    Ok(())
+}
+
+fn read_record<R: Read, T: serde::de::DeserializeOwned>(
+    input: &mut R,
+    buffer: &mut Vec<u8>,
+) -> Result<T, SnapshotError> {
+    let mut length = [0u8; 4];
+    read_exact(input, &mut length)?;
+    let length = u64::from(u32::from_le_bytes(length));
+    if length > RECORD_BYTES_MAX {
+        return Err(SnapshotError::RecordTooLarge(length));
+    }
+    buffer.clear();
+    // `take` + `read_to_end` grows the buffer only as bytes arrive.
+    input.take(length).read_to_end(buffer)?;
+    if buffer.len() as u64 != length {
+        return Err(SnapshotError::Truncated);
+    }
+    Ok(codec::decode(buffer)?)
+}
+
+fn read_exact<R: Read>(input: &mut R, out: &mut [u8]) -> Result<(), SnapshotError> {
+    input.read_exact(out).map_err(|error| match error.kind() {
+        io::ErrorKind::UnexpectedEof => SnapshotError::Truncated,
+        _ => SnapshotError::Io(error),
+    })
+}
+
+struct HashingWriter<W> {
+    inner: W,
+    hasher: blake3::Hasher,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(bytes)?;
+        self.hasher.update(&bytes[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+struct HashingReader<R> {
+    inner: R,
+    hasher: blake3::Hasher,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(out)?;
+        self.hasher.update(&out[..read]);
+        Ok(read)
+    }
+}

@@ -1,0 +1,370 @@
+//! The registry's vocabulary: ids, log entries, commands, values, results and
+//! rejections. Plain data only — no behaviour that depends on state lives here.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A client's id: the log index of the entry that registered it (rule 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ClientId(pub u64);
+
+/// The random identity a cluster receives when it is initialised (rule 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ClusterId(pub u128);
+
+/// The 128-bit random value a client chooses for one logical registration (rule 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Nonce(pub u128);
+
+/// A per-client request number, chosen by the client and reused on every retry.
+pub type Seq = u64;
+
+/// The 128-bit fingerprint of a command (see [`crate::registry::fingerprint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Fingerprint(pub u128);
+
+impl fmt::Display for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// One registry entry of the replicated log.
+///
+/// `stamp_ms` is the proposing leader's cluster clock (rule 11); the state
+/// machine's cluster time is the maximum stamp seen so far, so a stamp that
+/// goes backwards never moves time back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub stamp_ms: u64,
+    pub op: Op,
+}
+
+/// What a registry entry asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Fixes the cluster id and the initial registry config. Proposed once
+    /// when the cluster is initialised; later copies change nothing.
+    Bootstrap {
+        cluster_id: ClusterId,
+        config: RegistryConfig,
+    },
+    /// Registers a client. `cluster_id` is `None` only for a client that has
+    /// not learnt the cluster's id yet; the reply tells it.
+    Register {
+        cluster_id: Option<ClusterId>,
+        nonce: Nonce,
+    },
+    /// A request of a registered client against the key-value store.
+    Execute(Execute),
+    /// Refreshes a session's activity and carries its floor.
+    KeepAlive {
+        cluster_id: ClusterId,
+        client_id: ClientId,
+        first_outstanding_seq: Seq,
+    },
+    /// Ends a session (a client's graceful close, or an operator's expiry).
+    Unregister {
+        cluster_id: ClusterId,
+        client_id: ClientId,
+    },
+    /// Replaces the TTL and limits (rule 12): the only way they change.
+    SetConfig {
+        cluster_id: ClusterId,
+        config: RegistryConfig,
+    },
+}
+
+/// A client's request, tagged for exactly-once execution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Execute {
+    pub cluster_id: ClusterId,
+    pub client_id: ClientId,
+    pub seq: Seq,
+    /// The lowest seq whose response the client has not received yet.
+    pub first_outstanding_seq: Seq,
+    pub command: Command,
+}
+
+/// A typed value of the key-value store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Value {
+    Bytes(Vec<u8>),
+    Int(i64),
+    List(Vec<Vec<u8>>),
+}
+
+/// The type of a [`Value`], reported by `WRONG_TYPE` results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ValueKind {
+    Bytes,
+    Int,
+    List,
+}
+
+impl Value {
+    pub fn kind(&self) -> ValueKind {
+        match self {
+            Value::Bytes(_) => ValueKind::Bytes,
+            Value::Int(_) => ValueKind::Int,
+            Value::List(_) => ValueKind::List,
+        }
+    }
+
+    /// The size charged against `value_bytes_max`: payload bytes, 8 for an
+    /// integer, and for a list its elements' bytes plus 8 per element.
+    pub fn size_bytes(&self) -> u64 {
+        match self {
+            Value::Bytes(bytes) => bytes.len() as u64,
+            Value::Int(_) => 8,
+            Value::List(items) => items.iter().map(|item| item.len() as u64 + 8).sum(),
+        }
+    }
+}
+
+/// A deliberately non-idempotent operation on the key-value store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Put {
+        key: Vec<u8>,
+        value: Value,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    /// Adds `delta` to an integer (an absent key counts as 0).
+    Increment {
+        key: Vec<u8>,
+        delta: i64,
+    },
+    /// Appends one element to a list (an absent key counts as empty).
+    Append {
+        key: Vec<u8>,
+        element: Vec<u8>,
+    },
+    /// Stores `new` if the current value equals `expected` (`None`: absent).
+    CompareAndSwap {
+        key: Vec<u8>,
+        expected: Option<Value>,
+        new: Value,
+    },
+}
+
+impl Command {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Command::Put { key, .. }
+            | Command::Delete { key }
+            | Command::Increment { key, .. }
+            | Command::Append { key, .. }
+            | Command::CompareAndSwap { key, .. } => key,
+        }
+    }
+}
+
+/// The result of a command: cached and replayed as it was first returned.
+/// A failed compare-and-swap, an overflow or a wrong type are results, not
+/// registry errors.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    Stored,
+    Deleted { existed: bool },
+    Incremented { value: i64 },
+    /// The increment would overflow; nothing changed.
+    Overflow { current: i64 },
+    Appended { length: u64 },
+    /// `current` is the value stored after the operation.
+    CompareAndSwap { swapped: bool, current: Option<Value> },
+    WrongType { actual: ValueKind },
+}
+
+impl CommandResult {
+    /// The size charged against `cached_bytes_per_session_max` for caching
+    /// this result: a fixed 32 bytes of bookkeeping plus any value it carries.
+    pub fn cached_size_bytes(&self) -> u64 {
+        const BOOKKEEPING_BYTES: u64 = 32;
+        match self {
+            CommandResult::CompareAndSwap {
+                current: Some(value),
+                ..
+            } => BOOKKEEPING_BYTES + value.size_bytes(),
+            _ => BOOKKEEPING_BYTES,
+        }
+    }
+}
+
+/// The TTL and limits of the registry: replicated state, fixed at bootstrap
+/// and changed only by a `SetConfig` entry (rule 12).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryConfig {
+    /// A session idle longer than this, in cluster time, expires.
+    pub session_ttl_ms: u64,
+    pub sessions_max: u64,
+    /// In-flight window: a seq at or beyond floor + window is refused.
+    pub window: u64,
+    pub cached_bytes_per_session_max: u64,
+    pub key_bytes_max: u64,
+    /// Largest value, as measured by [`Value::size_bytes`].
+    pub value_bytes_max: u64,
+    pub list_elements_max: u64,
+    pub keys_max: u64,
+}
+
+/// Hard bounds on any config, so that one record of a snapshot or one log
+/// entry always stays far below the codec's decode limits.
+pub mod bounds {
+    pub const SESSION_TTL_MS_MIN: u64 = 100;
+    pub const WINDOW_MAX: u64 = 65_536;
+    pub const CACHED_BYTES_PER_SESSION_MAX: u64 = 32 << 20;
+    pub const KEY_BYTES_MAX: u64 = 64 << 10;
+    pub const VALUE_BYTES_MAX: u64 = 4 << 20;
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            session_ttl_ms: 60_000,
+            sessions_max: 100_000,
+            window: 1_024,
+            cached_bytes_per_session_max: 1 << 20,
+            key_bytes_max: 1_024,
+            value_bytes_max: 64 << 10,
+            list_elements_max: 10_000,
+            keys_max: 1_000_000,
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// Checks the config against [`bounds`]; a config that fails is refused
+    /// with `INVALID_ARGUMENT` and never applied.
+    pub fn validate(&self) -> Result<(), InvalidArgument> {
+        let checks = [
+            (
+                self.session_ttl_ms >= bounds::SESSION_TTL_MS_MIN,
+                "session_ttl_ms below 100",
+            ),
+            (self.sessions_max >= 1, "sessions_max must be at least 1"),
+            (
+                (1..=bounds::WINDOW_MAX).contains(&self.window),
+                "window must be 1..=65536",
+            ),
+            (
+                self.cached_bytes_per_session_max <= bounds::CACHED_BYTES_PER_SESSION_MAX,
+                "cached_bytes_per_session_max above 32 MiB",
+            ),
+            (
+                (1..=bounds::KEY_BYTES_MAX).contains(&self.key_bytes_max),
+                "key_bytes_max must be 1..=65536",
+            ),
+            (
+                (8..=bounds::VALUE_BYTES_MAX).contains(&self.value_bytes_max),
+                "value_bytes_max must be 8..=4 MiB",
+            ),
+            (self.keys_max >= 1, "keys_max must be at least 1"),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, reason)) => Err(InvalidArgument::Config(reason.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What applying one registry entry produced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Bootstrapped {
+        cluster_id: ClusterId,
+        /// The cluster had already been bootstrapped with this id.
+        already: bool,
+    },
+    Registered(Registration),
+    Executed {
+        result: CommandResult,
+        /// Answered from the cache; nothing executed.
+        duplicate: bool,
+    },
+    KeptAlive {
+        floor: Seq,
+    },
+    Unregistered,
+    ConfigSet(RegistryConfig),
+    Rejected(Rejection),
+}
+
+/// The register reply: the client's id and the session's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    pub cluster_id: ClusterId,
+    pub client_id: ClientId,
+    pub session_ttl_ms: u64,
+    pub window: u64,
+    /// A retried register answered with the session it already created.
+    pub duplicate: bool,
+}
+
+/// Why a registry entry took no effect. None of these is cached: each is
+/// either final by construction (the state that caused it never reverts) or
+/// valid for this attempt only (see DESIGN.md's error table).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    /// Unknown or expired client id. Final.
+    SessionExpired,
+    /// The entry names another cluster. Final.
+    WrongCluster { expected: ClusterId },
+    /// The seq was used before with another command. Final.
+    SeqConflict,
+    /// The seq is below the acknowledged floor. Final.
+    ResponseDiscarded { floor: Seq },
+    /// The seq is at or beyond floor + window. This attempt only.
+    TooManyOutstanding { floor: Seq, window: u64 },
+    /// A replicated limit would be exceeded. This attempt only.
+    ResourceExhausted(Limit),
+    /// Malformed input. Final.
+    InvalidArgument(InvalidArgument),
+    /// The cluster has no id and config yet. This attempt only.
+    NotBootstrapped,
+}
+
+/// The replicated limit a request ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Limit {
+    Sessions,
+    CachedBytesPerSession,
+    KeyBytes,
+    ValueBytes,
+    ListElements,
+    Keys,
+}
+
+/// Malformed requests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum InvalidArgument {
+    #[error("first outstanding seq {first_outstanding_seq} is above the request's seq {seq}")]
+    FloorAboveSeq {
+        seq: Seq,
+        first_outstanding_seq: Seq,
+    },
+    #[error("invalid registry config: {0}")]
+    Config(String),
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Limit::Sessions => "sessions_max",
+            Limit::CachedBytesPerSession => "cached_bytes_per_session_max",
+            Limit::KeyBytes => "key_bytes_max",
+            Limit::ValueBytes => "value_bytes_max",
+            Limit::ListElements => "list_elements_max",
+            Limit::Keys => "keys_max",
+        };
+        f.write_str(name)
+    }
+}

@@ -1,0 +1,4 @@
+//! Shared helpers of the integration tests.
+#![allow(dead_code)]
+
+pub mod registry;

@@ -1,0 +1,114 @@
+//! A small driver that feeds the registry core entries at increasing log
+//! indexes with a controllable cluster clock, as a Raft log would.
+
+use oncekv::registry::{
+    ClientId, ClusterId, Command, Entry, Execute, Nonce, Op, Outcome, Registry, RegistryConfig,
+    Seq, Value,
+};
+
+pub const CLUSTER: ClusterId = ClusterId(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+
+pub struct Driver {
+    pub registry: Registry,
+    /// Index of the last entry applied.
+    pub index: u64,
+    /// Stamp given to the next entry.
+    pub now_ms: u64,
+}
+
+impl Driver {
+    /// A registry bootstrapped with the default config at index 1.
+    pub fn new() -> Driver {
+        Driver::with_config(RegistryConfig::default())
+    }
+
+    pub fn with_config(config: RegistryConfig) -> Driver {
+        let mut driver = Driver {
+            registry: Registry::new(),
+            index: 0,
+            now_ms: 1_000,
+        };
+        let outcome = driver.apply(Op::Bootstrap {
+            cluster_id: CLUSTER,
+            config,
+        });
+        assert!(matches!(outcome, Outcome::Bootstrapped { already: false, .. }));
+        driver
+    }
+
+    pub fn apply(&mut self, op: Op) -> Outcome {
+        self.index += 1;
+        let entry = Entry {
+            stamp_ms: self.now_ms,
+            op,
+        };
+        self.registry.apply(self.index, &entry)
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+    }
+
+    pub fn register(&mut self, nonce: u128) -> ClientId {
+        match self.apply(Op::Register {
+            cluster_id: Some(CLUSTER),
+            nonce: Nonce(nonce),
+        }) {
+            Outcome::Registered(registration) => registration.client_id,
+            other => panic!("register failed: {other:?}"),
+        }
+    }
+
+    pub fn execute(
+        &mut self,
+        client_id: ClientId,
+        seq: Seq,
+        first_outstanding_seq: Seq,
+        command: Command,
+    ) -> Outcome {
+        self.apply(Op::Execute(Execute {
+            cluster_id: CLUSTER,
+            client_id,
+            seq,
+            first_outstanding_seq,
+            command,
+        }))
+    }
+
+    pub fn keep_alive(&mut self, client_id: ClientId, first_outstanding_seq: Seq) -> Outcome {
+        self.apply(Op::KeepAlive {
+            cluster_id: CLUSTER,
+            client_id,
+            first_outstanding_seq,
+        })
+    }
+
+    pub fn int(&self, key: &str) -> Option<i64> {
+        match self.registry.get(key.as_bytes()) {
+            Some(Value::Int(number)) => Some(*number),
+            None => None,
+            Some(other) => panic!("{key} holds {other:?}"),
+        }
+    }
+}
+
+pub fn incr(key: &str, delta: i64) -> Command {
+    Command::Increment {
+        key: key.as_bytes().to_vec(),
+        delta,
+    }
+}
+
+pub fn append(key: &str, element: &str) -> Command {
+    Command::Append {
+        key: key.as_bytes().to_vec(),
+        element: element.as_bytes().to_vec(),
+    }
+}
+
+pub fn put(key: &str, value: Value) -> Command {
+    Command::Put {
+        key: key.as_bytes().to_vec(),
+        value,
+    }
+}
