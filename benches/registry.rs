@@ -1,1 +1,179 @@
-fn main(){}
+//! Benchmark of the registry core alone (no Raft, no IO): applies per second
+//! for new executes, duplicates and a mix, and bytes of memory per idle
+//! session. Run with `cargo bench --bench registry`.
+
+use criterion::{Criterion, Throughput};
+use oncekv::registry::{
+    ClientId, ClusterId, Command, Entry, Execute, Nonce, Op, Registry, RegistryConfig,
+};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Duration;
+
+/// Counts live heap bytes, to measure memory per session.
+struct Counting;
+
+static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE_BYTES.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const CLUSTER: ClusterId = ClusterId(1);
+const SESSIONS: u64 = 1_000;
+
+/// A registry with `SESSIONS` sessions (client ids 2..) and the index of
+/// its last entry.
+fn registry_with_sessions(sessions: u64) -> (Registry, u64) {
+    let mut registry = Registry::new();
+    let config = RegistryConfig {
+        sessions_max: sessions + 1,
+        ..RegistryConfig::default()
+    };
+    registry.apply(
+        1,
+        &Entry {
+            stamp_ms: 0,
+            op: Op::Bootstrap {
+                cluster_id: CLUSTER,
+                config,
+            },
+        },
+    );
+    for index in 2..sessions + 2 {
+        registry.apply(
+            index,
+            &Entry {
+                stamp_ms: 0,
+                op: Op::Register {
+                    cluster_id: Some(CLUSTER),
+                    nonce: Nonce(u128::from(index) * 0x9e37_79b9_7f4a_7c15),
+                },
+            },
+        );
+    }
+    (registry, sessions + 1)
+}
+
+/// The `n`-th small execute of a round-robin over the sessions: an
+/// increment of a per-client counter, acknowledging everything before it.
+fn small_execute(n: u64) -> Entry {
+    let client = 2 + n % SESSIONS;
+    let seq = 1 + n / SESSIONS;
+    Entry {
+        stamp_ms: n / 100,
+        op: Op::Execute(Execute {
+            cluster_id: CLUSTER,
+            client_id: ClientId(client),
+            seq,
+            first_outstanding_seq: seq,
+            command: Command::Increment {
+                key: format!("counter-{client}").into_bytes(),
+                delta: 1,
+            },
+        }),
+    }
+}
+
+/// Applies `iterations` entries produced by `entry`, timing only the applies.
+fn time_applies(
+    registry: &mut Registry,
+    index: &mut u64,
+    entries: impl Iterator<Item = Entry>,
+) -> Duration {
+    let entries: Vec<Entry> = entries.collect();
+    #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
+    let start = std::time::Instant::now();
+    for entry in &entries {
+        *index += 1;
+        black_box(registry.apply(*index, entry));
+    }
+    start.elapsed()
+}
+
+fn applies(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("apply");
+    group.throughput(Throughput::Elements(1));
+
+    group.bench_function("new_execute", |bench| {
+        let (mut registry, mut index) = registry_with_sessions(SESSIONS);
+        let mut next = 0u64;
+        bench.iter_custom(|iterations| {
+            let first = next;
+            next += iterations;
+            time_applies(&mut registry, &mut index, (first..next).map(small_execute))
+        });
+    });
+
+    group.bench_function("duplicate", |bench| {
+        let (mut registry, mut index) = registry_with_sessions(SESSIONS);
+        for n in 0..SESSIONS {
+            index += 1;
+            registry.apply(index, &small_execute(n));
+        }
+        bench.iter_custom(|iterations| {
+            let retries = (0..iterations).map(|n| small_execute(n % SESSIONS));
+            time_applies(&mut registry, &mut index, retries)
+        });
+    });
+
+    group.bench_function("mix_80_new_20_duplicate", |bench| {
+        let (mut registry, mut index) = registry_with_sessions(SESSIONS);
+        let mut next = 0u64;
+        bench.iter_custom(|iterations| {
+            let mut entries = Vec::with_capacity(iterations as usize);
+            for n in 0..iterations {
+                if n % 5 == 4 && next > 0 {
+                    entries.push(small_execute(next - 1));
+                } else {
+                    entries.push(small_execute(next));
+                    next += 1;
+                }
+            }
+            time_applies(&mut registry, &mut index, entries.into_iter())
+        });
+    });
+    group.finish();
+}
+
+/// Heap bytes per idle session (registered, no cached responses).
+fn memory_per_idle_session() {
+    const COUNT: u64 = 100_000;
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let (registry, _) = registry_with_sessions(COUNT);
+    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    let per_session = (after - before) as f64 / COUNT as f64;
+    println!(
+        "memory per idle session: {per_session:.0} bytes ({COUNT} sessions, {} live)",
+        registry.session_count()
+    );
+}
+
+fn main() {
+    memory_per_idle_session();
+    let mut criterion = Criterion::default()
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    applies(&mut criterion);
+    criterion.final_summary();
+}

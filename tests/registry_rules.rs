@@ -5,8 +5,8 @@ mod support;
 
 use oncekv::registry::snapshot;
 use oncekv::registry::{
-    ClientId, ClusterId, Command, CommandResult, Entry, InvalidArgument, Limit, Nonce, Op,
-    Outcome, Registry, RegistryConfig, Rejection, Value, ValueKind,
+    ClientId, ClusterId, Command, CommandResult, Entry, InvalidArgument, Limit, Nonce, Op, Outcome,
+    Registry, RegistryConfig, Rejection, Value, ValueKind,
 };
 use support::registry::{CLUSTER, Driver, append, incr, put};
 
@@ -95,7 +95,9 @@ fn rule04_effect_record_and_applied_index_move_together() {
     let restored = snapshot::from_bytes(&snapshot::to_bytes(&driver.registry)).unwrap();
     assert_eq!(restored.applied_index(), index);
     assert_eq!(restored.get(b"n"), Some(&Value::Int(5)));
-    let cached = restored.cached_response(client, 1).expect("response cached");
+    let cached = restored
+        .cached_response(client, 1)
+        .expect("response cached");
     assert_eq!(cached.result, CommandResult::Incremented { value: 5 });
     driver.registry = restored;
     assert_eq!(
@@ -159,7 +161,10 @@ fn rule05_failed_cas_replays_as_failed_after_data_changed() {
         swapped: false,
         current: Some(Value::Int(1)),
     };
-    assert_eq!(driver.execute(client, 2, 1, cas.clone()), executed(failed.clone()));
+    assert_eq!(
+        driver.execute(client, 2, 1, cas.clone()),
+        executed(failed.clone())
+    );
     driver.execute(client, 3, 1, put("k", Value::Int(2)));
     assert_eq!(driver.execute(client, 2, 1, cas), duplicate(failed));
     assert_eq!(driver.registry.get(b"k"), Some(&Value::Int(2)));
@@ -173,18 +178,37 @@ fn rule05_application_results_are_cached_and_replayed() {
     let client = driver.register(1);
     driver.execute(client, 1, 1, put("max", Value::Int(i64::MAX)));
     let overflow = CommandResult::Overflow { current: i64::MAX };
-    assert_eq!(driver.execute(client, 2, 1, incr("max", 1)), executed(overflow.clone()));
+    assert_eq!(
+        driver.execute(client, 2, 1, incr("max", 1)),
+        executed(overflow.clone())
+    );
     driver.execute(client, 3, 1, put("max", Value::Int(0)));
-    assert_eq!(driver.execute(client, 2, 1, incr("max", 1)), duplicate(overflow));
+    assert_eq!(
+        driver.execute(client, 2, 1, incr("max", 1)),
+        duplicate(overflow)
+    );
     assert_eq!(driver.int("max"), Some(0));
 
     driver.execute(client, 4, 1, put("text", Value::Bytes(b"x".to_vec())));
     let wrong = CommandResult::WrongType {
         actual: ValueKind::Bytes,
     };
-    assert_eq!(driver.execute(client, 5, 1, append("text", "y")), executed(wrong.clone()));
-    driver.execute(client, 6, 1, Command::Delete { key: b"text".to_vec() });
-    assert_eq!(driver.execute(client, 5, 1, append("text", "y")), duplicate(wrong));
+    assert_eq!(
+        driver.execute(client, 5, 1, append("text", "y")),
+        executed(wrong.clone())
+    );
+    driver.execute(
+        client,
+        6,
+        1,
+        Command::Delete {
+            key: b"text".to_vec(),
+        },
+    );
+    assert_eq!(
+        driver.execute(client, 5, 1, append("text", "y")),
+        duplicate(wrong)
+    );
     assert_eq!(driver.registry.get(b"text"), None);
 }
 
@@ -295,7 +319,10 @@ fn rule08_pipelining_within_the_window() {
     for seq in [4, 2, 1, 3] {
         assert!(matches!(
             driver.execute(client, seq, 1, append("log", &seq.to_string())),
-            Outcome::Executed { duplicate: false, .. }
+            Outcome::Executed {
+                duplicate: false,
+                ..
+            }
         ));
     }
     assert_eq!(
@@ -307,7 +334,10 @@ fn rule08_pipelining_within_the_window() {
     );
     assert!(matches!(
         driver.execute(client, 5, 2, append("log", "5")),
-        Outcome::Executed { duplicate: false, .. }
+        Outcome::Executed {
+            duplicate: false,
+            ..
+        }
     ));
     let expected: Vec<Vec<u8>> = ["4", "2", "1", "3", "5"]
         .iter()
@@ -345,7 +375,10 @@ fn rule10_cluster_time_is_the_maximum_stamp() {
     driver.now_ms = 10_000;
     driver.keep_alive(client, 0);
     assert_eq!(driver.registry.cluster_time_ms(), 50_000);
-    assert_eq!(driver.registry.session(client).unwrap().last_active_ms, 50_000);
+    assert_eq!(
+        driver.registry.session(client).unwrap().last_active_ms,
+        50_000
+    );
 }
 
 /// Rule 10: applying the same entries gives the same outcomes and the same
@@ -387,7 +420,10 @@ fn rule11_idle_sessions_expire_deterministically() {
         let busy = driver.register(2);
         driver.advance(1_000);
         driver.keep_alive(busy, 0);
-        assert!(driver.registry.session(idle).is_some(), "idle for exactly the TTL");
+        assert!(
+            driver.registry.session(idle).is_some(),
+            "idle for exactly the TTL"
+        );
         driver.advance(1);
         driver.keep_alive(busy, 0);
         assert!(driver.registry.session(idle).is_none());
@@ -410,7 +446,10 @@ fn rule11_keep_alive_refreshes_activity_and_floor() {
     driver.execute(client, 1, 1, incr("n", 1));
     for _ in 0..10 {
         driver.advance(900);
-        assert!(matches!(driver.keep_alive(client, 2), Outcome::KeptAlive { floor: 2 }));
+        assert!(matches!(
+            driver.keep_alive(client, 2),
+            Outcome::KeptAlive { floor: 2 }
+        ));
     }
     let session = driver.registry.session(client).unwrap();
     assert_eq!((session.floor, session.cached_responses), (2, 0));
@@ -465,7 +504,10 @@ fn rule12_cached_bytes_limit_counts_the_response_about_to_be_cached() {
         driver.execute(client, 2, 1, cas),
         rejected(Rejection::ResourceExhausted(Limit::CachedBytesPerSession))
     );
-    assert_eq!(driver.registry.get(b"big"), Some(&Value::Bytes(vec![7; 2_000])));
+    assert_eq!(
+        driver.registry.get(b"big"),
+        Some(&Value::Bytes(vec![7; 2_000]))
+    );
     assert!(driver.registry.cached_response(client, 1).is_some());
     // A swap that would succeed is refused just the same: no effect.
     let swap = Command::CompareAndSwap {
@@ -477,7 +519,10 @@ fn rule12_cached_bytes_limit_counts_the_response_about_to_be_cached() {
         driver.execute(client, 3, 1, swap),
         rejected(Rejection::ResourceExhausted(Limit::CachedBytesPerSession))
     );
-    assert_eq!(driver.registry.get(b"big"), Some(&Value::Bytes(vec![7; 2_000])));
+    assert_eq!(
+        driver.registry.get(b"big"),
+        Some(&Value::Bytes(vec![7; 2_000]))
+    );
 }
 
 /// Rule 12: key, value, list and key-count limits reject before the effect.
@@ -509,7 +554,10 @@ fn rule12_data_limits_reject_before_the_effect() {
     );
     driver.execute(client, 6, 1, incr("x", 1));
     driver.execute(client, 7, 1, incr("y", 1));
-    assert_eq!(driver.execute(client, 8, 1, incr("z", 1)), exhausted(Limit::Keys));
+    assert_eq!(
+        driver.execute(client, 8, 1, incr("z", 1)),
+        exhausted(Limit::Keys)
+    );
     // Rejections are for this attempt only: the same seq may succeed later.
     driver.execute(client, 9, 1, Command::Delete { key: b"y".to_vec() });
     assert_eq!(
@@ -571,7 +619,10 @@ fn rule13_snapshot_carries_the_whole_registry() {
     let bytes = snapshot::to_bytes(&driver.registry);
     let restored = snapshot::from_bytes(&bytes).unwrap();
     assert_eq!(restored, driver.registry);
-    assert_eq!(snapshot::state_hash(&restored), snapshot::state_hash(&driver.registry));
+    assert_eq!(
+        snapshot::state_hash(&restored),
+        snapshot::state_hash(&driver.registry)
+    );
     driver.registry = restored;
     assert_eq!(driver.register(42), client, "nonce survives the snapshot");
     assert_eq!(
@@ -595,7 +646,8 @@ fn rule15_state_hash_tracks_every_part_of_the_state() {
         driver
     };
     let hash = |driver: &Driver| snapshot::state_hash(&driver.registry);
-    let variants: Vec<Box<dyn Fn(&mut Driver)>> = vec![
+    type Change = Box<dyn Fn(&mut Driver)>;
+    let variants: Vec<Change> = vec![
         Box::new(|d| {
             d.execute(ClientId(2), 2, 1, incr("n", 0));
         }),
@@ -741,7 +793,10 @@ fn order_of_checks_is_the_documented_one() {
     driver.execute(client, 4, 3, incr("n", 1));
     driver.apply(Op::SetConfig {
         cluster_id: CLUSTER,
-        config: RegistryConfig { window: 1, ..config },
+        config: RegistryConfig {
+            window: 1,
+            ..config
+        },
     });
     assert_eq!(
         driver.execute(client, 4, 3, incr("n", 1)),
@@ -769,6 +824,9 @@ fn unregister_ends_the_session() {
         client_id: client,
     };
     assert_eq!(driver.apply(unregister.clone()), Outcome::Unregistered);
-    assert_eq!(driver.apply(unregister), rejected(Rejection::SessionExpired));
+    assert_eq!(
+        driver.apply(unregister),
+        rejected(Rejection::SessionExpired)
+    );
     assert_ne!(driver.register(1), client);
 }

@@ -3,9 +3,9 @@
 //! another command. It must never depend on the floor, the stamp or anything
 //! else that may differ between attempts, nor on any serialisation library.
 //!
-//! Definition (version 1): the first 16 bytes, read little-endian, of
-//! BLAKE3 in key-derivation mode with context
-//! `"oncekv 2026-11 command fingerprint v1"` over the canonical bytes:
+//! Definition (version 1): the first 16 bytes, read little-endian, of the
+//! plain BLAKE3 hash of the domain prefix `"oncekv command fingerprint v1\0"`
+//! followed by the command's canonical bytes:
 //!
 //! | command | bytes |
 //! | --- | --- |
@@ -21,11 +21,12 @@
 
 use super::types::{Command, Fingerprint, Value};
 
-const CONTEXT: &str = "oncekv 2026-11 command fingerprint v1";
+const DOMAIN: &[u8] = b"oncekv command fingerprint v1\0";
 
 /// Computes the fingerprint of `command`.
 pub fn fingerprint(command: &Command) -> Fingerprint {
-    let mut hasher = blake3::Hasher::new_derive_key(CONTEXT);
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(DOMAIN);
     match command {
         Command::Put { key, value } => {
             hasher.update(&[0x01]);
@@ -105,7 +106,8 @@ mod tests {
             key: b"counter".to_vec(),
             delta: 5,
         };
-        let mut hasher = blake3::Hasher::new_derive_key(CONTEXT);
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"oncekv command fingerprint v1\0");
         hasher.update(&[0x03]);
         hasher.update(&7u64.to_le_bytes());
         hasher.update(b"counter");

@@ -56,84 +56,23 @@ impl KvStore {
         })
     }
 
-    /// Works out what `command` would return and do, without doing it.
-    pub(crate) fn plan(&self, command: &Command) -> Plan {
+    /// Works out what `command` would return and do, without doing it, and
+    /// checks the data limits its effect would have to respect.
+    pub(crate) fn plan(&self, command: &Command, config: &RegistryConfig) -> Result<Plan, Limit> {
         let current = self.entries.get(command.key());
-        match command {
-            Command::Put { value, .. } => Plan {
-                result: CommandResult::Stored,
-                effect: Effect::Set(value.clone()),
-            },
-            Command::Delete { .. } => Plan {
-                result: CommandResult::Deleted {
-                    existed: current.is_some(),
-                },
-                effect: if current.is_some() {
-                    Effect::Remove
-                } else {
-                    Effect::Nothing
-                },
-            },
-            Command::Increment { delta, .. } => match current {
-                None | Some(Value::Int(_)) => {
-                    let before = match current {
-                        Some(Value::Int(number)) => *number,
-                        _ => 0,
-                    };
-                    match before.checked_add(*delta) {
-                        Some(after) => Plan {
-                            result: CommandResult::Incremented { value: after },
-                            effect: Effect::Set(Value::Int(after)),
-                        },
-                        None => unchanged(CommandResult::Overflow { current: before }),
-                    }
-                }
-                Some(other) => unchanged(CommandResult::WrongType {
-                    actual: other.kind(),
-                }),
-            },
-            Command::Append { element, .. } => match current {
-                None => Plan {
-                    result: CommandResult::Appended { length: 1 },
-                    effect: Effect::Push(element.clone()),
-                },
-                Some(Value::List(items)) => Plan {
-                    result: CommandResult::Appended {
-                        length: items.len() as u64 + 1,
-                    },
-                    effect: Effect::Push(element.clone()),
-                },
-                Some(other) => unchanged(CommandResult::WrongType {
-                    actual: other.kind(),
-                }),
-            },
-            Command::CompareAndSwap { expected, new, .. } => {
-                if current == expected.as_ref() {
-                    Plan {
-                        result: CommandResult::CompareAndSwap {
-                            swapped: true,
-                            current: Some(new.clone()),
-                        },
-                        effect: Effect::Set(new.clone()),
-                    }
-                } else {
-                    unchanged(CommandResult::CompareAndSwap {
-                        swapped: false,
-                        current: current.cloned(),
-                    })
-                }
-            }
-        }
+        let plan = plan(current, command);
+        self.check_limits(command.key(), current, &plan.effect, config)?;
+        Ok(plan)
     }
 
     /// The data limit, if any, that applying `effect` at `key` would break.
-    pub(crate) fn check_limits(
+    fn check_limits(
         &self,
         key: &[u8],
+        current: Option<&Value>,
         effect: &Effect,
         config: &RegistryConfig,
     ) -> Result<(), Limit> {
-        let current = self.entries.get(key);
         let creates = current.is_none() && matches!(effect, Effect::Set(_) | Effect::Push(_));
         if creates {
             if key.len() as u64 > config.key_bytes_max {
@@ -194,6 +133,74 @@ impl KvStore {
                         .insert(key.to_vec(), Value::List(vec![element]));
                 }
             },
+        }
+    }
+}
+
+fn plan(current: Option<&Value>, command: &Command) -> Plan {
+    match command {
+        Command::Put { value, .. } => Plan {
+            result: CommandResult::Stored,
+            effect: Effect::Set(value.clone()),
+        },
+        Command::Delete { .. } => Plan {
+            result: CommandResult::Deleted {
+                existed: current.is_some(),
+            },
+            effect: if current.is_some() {
+                Effect::Remove
+            } else {
+                Effect::Nothing
+            },
+        },
+        Command::Increment { delta, .. } => match current {
+            None | Some(Value::Int(_)) => {
+                let before = match current {
+                    Some(Value::Int(number)) => *number,
+                    _ => 0,
+                };
+                match before.checked_add(*delta) {
+                    Some(after) => Plan {
+                        result: CommandResult::Incremented { value: after },
+                        effect: Effect::Set(Value::Int(after)),
+                    },
+                    None => unchanged(CommandResult::Overflow { current: before }),
+                }
+            }
+            Some(other) => unchanged(CommandResult::WrongType {
+                actual: other.kind(),
+            }),
+        },
+        Command::Append { element, .. } => match current {
+            None => Plan {
+                result: CommandResult::Appended { length: 1 },
+                effect: Effect::Push(element.clone()),
+            },
+            Some(Value::List(items)) => Plan {
+                result: CommandResult::Appended {
+                    length: items.len() as u64 + 1,
+                },
+                effect: Effect::Push(element.clone()),
+            },
+            Some(other) => unchanged(CommandResult::WrongType {
+                actual: other.kind(),
+            }),
+        },
+        Command::CompareAndSwap { expected, new, .. } => {
+            if current == expected.as_ref() {
+                Plan {
+                    result: CommandResult::CompareAndSwap {
+                        swapped: true,
+                        current: Some(new.clone()),
+                    },
+                    effect: Effect::Set(new.clone()),
+                }
+            } else {
+                unchanged(CommandResult::CompareAndSwap {
+                    swapped: false,
+                    current: current.cloned(),
+                })
+            }
         }
     }
 }

@@ -291,10 +291,9 @@ impl Registry {
                 window: config.window,
             });
         }
-        let plan = self.kv.plan(&request.command);
-        let key = request.command.key();
-        self.kv
-            .check_limits(key, &plan.effect, &config)
+        let plan = self
+            .kv
+            .plan(&request.command, &config)
             .map_err(Rejection::ResourceExhausted)?;
         let session = self
             .sessions
@@ -306,7 +305,7 @@ impl Registry {
             return Err(Rejection::ResourceExhausted(Limit::CachedBytesPerSession));
         }
         session.cache(request.seq, fingerprint, plan.result.clone());
-        self.kv.apply(key, plan.effect);
+        self.kv.apply(request.command.key(), plan.effect);
         Ok(Outcome::Executed {
             result: plan.result,
             duplicate: false,

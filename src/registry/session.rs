@@ -44,10 +44,13 @@ impl Session {
             return;
         }
         self.floor = first_outstanding_seq;
-        let kept = self.responses.split_off(&first_outstanding_seq);
-        let dropped = std::mem::replace(&mut self.responses, kept);
-        for response in dropped.values() {
-            self.cached_bytes -= response.result.cached_size_bytes();
+        // Usually only a few responses fall below the new floor: pop them
+        // one by one rather than splitting the map (which allocates).
+        while let Some(entry) = self.responses.first_entry() {
+            if *entry.key() >= first_outstanding_seq {
+                break;
+            }
+            self.cached_bytes -= entry.remove().result.cached_size_bytes();
         }
     }
 

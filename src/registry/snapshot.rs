@@ -224,8 +224,8 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         let pair: (Vec<u8>, Value) = read_record(&mut input, &mut buffer)?;
         pairs.push(pair);
     }
-    registry.kv = KvStore::from_ordered(pairs)
-        .ok_or(SnapshotError::Inconsistent("keys out of order"))?;
+    registry.kv =
+        KvStore::from_ordered(pairs).ok_or(SnapshotError::Inconsistent("keys out of order"))?;
     let expected = input.hasher.finalize();
     let mut trailer = [0u8; 32];
     read_exact(&mut input.inner, &mut trailer)?;

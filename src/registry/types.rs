@@ -174,14 +174,27 @@ impl Command {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResult {
     Stored,
-    Deleted { existed: bool },
-    Incremented { value: i64 },
+    Deleted {
+        existed: bool,
+    },
+    Incremented {
+        value: i64,
+    },
     /// The increment would overflow; nothing changed.
-    Overflow { current: i64 },
-    Appended { length: u64 },
+    Overflow {
+        current: i64,
+    },
+    Appended {
+        length: u64,
+    },
     /// `current` is the value stored after the operation.
-    CompareAndSwap { swapped: bool, current: Option<Value> },
-    WrongType { actual: ValueKind },
+    CompareAndSwap {
+        swapped: bool,
+        current: Option<Value>,
+    },
+    WrongType {
+        actual: ValueKind,
+    },
 }
 
 impl CommandResult {

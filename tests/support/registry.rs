@@ -32,7 +32,10 @@ impl Driver {
             cluster_id: CLUSTER,
             config,
         });
-        assert!(matches!(outcome, Outcome::Bootstrapped { already: false, .. }));
+        assert!(matches!(
+            outcome,
+            Outcome::Bootstrapped { already: false, .. }
+        ));
         driver
     }
 

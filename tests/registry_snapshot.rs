@@ -1,0 +1,215 @@
+//! Snapshots: a registry restored midway behaves exactly like one that
+//! replayed the whole log, and hostile or damaged snapshot bytes give an
+//! error — never a panic or a huge allocation.
+
+mod support;
+
+use oncekv::registry::snapshot::{self, SnapshotError};
+use oncekv::registry::{Command, Entry, Execute, Nonce, Op, Registry, RegistryConfig, Value};
+use proptest::prelude::*;
+use support::registry::{CLUSTER, Driver, append, incr};
+
+/// A deterministic log: registrations (with a retried nonce), pipelined
+/// appends and increments, duplicates, a conflict, keep-alives, a config
+/// change and an expiry.
+fn log() -> Vec<Entry> {
+    let mut entries = vec![Entry {
+        stamp_ms: 0,
+        op: Op::Bootstrap {
+            cluster_id: CLUSTER,
+            config: RegistryConfig {
+                session_ttl_ms: 2_000,
+                ..RegistryConfig::default()
+            },
+        },
+    }];
+    let register = |nonce| Op::Register {
+        cluster_id: Some(CLUSTER),
+        nonce: Nonce(nonce),
+    };
+    for nonce in 1..=4u128 {
+        entries.push(Entry {
+            stamp_ms: 10,
+            op: register(nonce),
+        });
+    }
+    entries.push(Entry {
+        stamp_ms: 11,
+        op: register(2),
+    });
+    let mut stamp = 20;
+    for round in 0..40u64 {
+        for client in 2..=5u64 {
+            if client == 5 && round > 5 {
+                continue; // this client goes idle and expires
+            }
+            stamp += 70;
+            let seq = round + 1;
+            let command = if round % 3 == 0 {
+                incr("counter", client as i64)
+            } else {
+                append(&format!("list{}", client % 2), &format!("{client}:{seq}"))
+            };
+            let execute = |seq, floor, command: Command| {
+                Op::Execute(Execute {
+                    cluster_id: CLUSTER,
+                    client_id: oncekv::registry::ClientId(client),
+                    seq,
+                    first_outstanding_seq: floor,
+                    command,
+                })
+            };
+            entries.push(Entry {
+                stamp_ms: stamp,
+                op: execute(seq, seq.saturating_sub(2).max(1), command.clone()),
+            });
+            if round % 5 == 1 {
+                // A retry, and a reuse of the seq with another command.
+                entries.push(Entry {
+                    stamp_ms: stamp - 3,
+                    op: execute(seq, seq.saturating_sub(1).max(1), command),
+                });
+                entries.push(Entry {
+                    stamp_ms: stamp,
+                    op: execute(seq, seq, incr("other", 1)),
+                });
+            }
+        }
+        if round == 20 {
+            entries.push(Entry {
+                stamp_ms: stamp,
+                op: Op::SetConfig {
+                    cluster_id: CLUSTER,
+                    config: RegistryConfig {
+                        session_ttl_ms: 1_000,
+                        window: 8,
+                        ..RegistryConfig::default()
+                    },
+                },
+            });
+        }
+    }
+    entries
+}
+
+/// Two registries apply the same entries; one is snapshotted and restored
+/// midway. They give equal answers to every later entry and end with equal
+/// hashes (rules 13 and 15).
+#[test]
+fn restored_midway_equals_full_replay() {
+    let entries = log();
+    for cut in [1, 5, 37, entries.len() / 2, entries.len() - 1] {
+        let mut replayed = Registry::new();
+        let mut restored = Registry::new();
+        for (position, entry) in entries.iter().enumerate() {
+            let index = position as u64 + 1;
+            if position == cut {
+                let bytes = snapshot::to_bytes(&restored);
+                restored = snapshot::from_bytes(&bytes).expect("snapshot reads back");
+                assert_eq!(
+                    snapshot::state_hash(&restored),
+                    snapshot::state_hash(&replayed)
+                );
+            }
+            assert_eq!(
+                restored.apply(index, entry),
+                replayed.apply(index, entry),
+                "entry {index}"
+            );
+        }
+        assert_eq!(
+            snapshot::state_hash(&restored),
+            snapshot::state_hash(&replayed)
+        );
+        assert_eq!(restored, replayed);
+        assert!(replayed.session_count() < 4, "a session expired");
+        assert!(replayed.get(b"counter").is_some());
+    }
+}
+
+fn sample() -> Vec<u8> {
+    let mut driver = Driver::new();
+    let client = driver.register(9);
+    driver.execute(client, 1, 1, append("l", "x"));
+    driver.execute(
+        client,
+        2,
+        1,
+        Command::Put {
+            key: b"b".to_vec(),
+            value: Value::Bytes(vec![1, 2, 3]),
+        },
+    );
+    snapshot::to_bytes(&driver.registry)
+}
+
+/// Every truncation of a valid snapshot is refused.
+#[test]
+fn truncated_snapshot_is_refused() {
+    let bytes = sample();
+    for length in 0..bytes.len() {
+        assert!(
+            snapshot::from_bytes(&bytes[..length]).is_err(),
+            "truncated to {length}"
+        );
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(snapshot::from_bytes(&longer).is_err());
+}
+
+/// Every single-bit flip of a valid snapshot is refused (the checksum, or
+/// an earlier check, catches it).
+#[test]
+fn corrupted_snapshot_is_refused() {
+    let bytes = sample();
+    for position in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut damaged = bytes.clone();
+            damaged[position] ^= 1 << bit;
+            assert!(
+                snapshot::from_bytes(&damaged).is_err(),
+                "bit {bit} of byte {position}"
+            );
+        }
+    }
+}
+
+/// A record length far beyond the limit is refused before any buffer is
+/// sized for it.
+#[test]
+fn huge_record_length_is_refused() {
+    let mut bytes = snapshot::MAGIC.to_vec();
+    bytes.extend_from_slice(&snapshot::SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        snapshot::from_bytes(&bytes),
+        Err(SnapshotError::RecordTooLarge(_))
+    ));
+    bytes.truncate(12);
+    bytes.extend_from_slice(&(1u32 << 20).to_le_bytes());
+    bytes.extend_from_slice(&[0; 10]);
+    assert!(matches!(
+        snapshot::from_bytes(&bytes),
+        Err(SnapshotError::Truncated)
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// Arbitrary bytes after a valid magic and version never panic.
+    #[test]
+    fn hostile_snapshot_bytes_never_panic(tail in prop::collection::vec(any::<u8>(), 0..512)) {
+        let mut bytes = snapshot::MAGIC.to_vec();
+        bytes.extend_from_slice(&snapshot::SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&tail);
+        prop_assert!(snapshot::from_bytes(&bytes).is_err());
+    }
+
+    /// Arbitrary bytes never decode as a log entry by accident into a panic.
+    #[test]
+    fn hostile_entry_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = oncekv::registry::codec::decode_entry(&bytes);
+    }
+}
