@@ -1,0 +1,8 @@
+//! The generated gRPC types and services of `proto/oncekv.proto`.
+#![allow(clippy::all, missing_docs)]
+
+tonic::include_proto!("oncekv.v1");
+
+/// The encoded file descriptor set, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/oncekv_descriptor.bin"));
