@@ -2,4 +2,6 @@
 //! registry on Raft (the Idempotent Receiver). See README.md and DESIGN rules.
 
 pub mod proto;
+pub mod raft_types;
 pub mod registry;
+pub mod storage;

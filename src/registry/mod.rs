@@ -116,8 +116,12 @@ impl Registry {
     }
 
     /// Records that the entry at `log_index` carried nothing for the
-    /// registry (a blank or membership entry of Raft).
+    /// registry (a blank or membership entry of Raft). Raft's initial
+    /// membership entry sits at index 0, which a fresh registry accepts.
     pub fn apply_other(&mut self, log_index: u64) {
+        if log_index == 0 && self.applied_index == 0 {
+            return;
+        }
         self.advance_index(log_index);
     }
 

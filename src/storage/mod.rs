@@ -1,0 +1,10 @@
+//! The storage adapter: openraft's log store and state machine over sled
+//! and snapshot files. It translates between openraft and the registry core
+//! and owns the fsync discipline; it decides nothing.
+
+pub mod flusher;
+pub mod log_store;
+pub mod state_machine;
+
+pub use log_store::SledLogStore;
+pub use state_machine::{SharedState, StateMachineStore};

@@ -1,0 +1,372 @@
+//! openraft's state machine over the registry core: applies committed
+//! entries to the in-memory `Registry`, and keeps it durable as snapshot
+//! files. It translates; every decision is the core's.
+//!
+//! Durability (rules 4 and 14): the applied state lives in memory and is
+//! persisted only as whole snapshots — one file holding the effect, the
+//! cached responses and the applied index of the same log index. A snapshot
+//! is written to a temporary file, fsynced, renamed into place and the
+//! directory fsynced before `build_snapshot` or `install_snapshot` returns,
+//! because openraft purges the log behind it right after. After a crash the
+//! node loads its latest snapshot and openraft re-applies the log after it.
+//!
+//! Snapshot file: `snapshot-<index>.snap` = meta length (u32 LE) | meta
+//! (codec, version byte 1) | registry snapshot bytes (see
+//! `registry::snapshot`).
+
+use crate::raft_types::{
+    Applied, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+use crate::registry::{Registry, codec, snapshot};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder,
+    StorageIOError,
+};
+use std::fs;
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+const META_FORMAT_VERSION: u8 = 1;
+const SNAPSHOT_PREFIX: &str = "snapshot-";
+const SNAPSHOT_SUFFIX: &str = ".snap";
+
+/// The applied state, shared between the state machine, snapshot builders
+/// and the node's read paths.
+#[derive(Debug, Default)]
+pub struct AppliedState {
+    pub registry: Registry,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+}
+
+/// Shared handle on the applied state; readers take the lock briefly.
+#[derive(Clone, Debug, Default)]
+pub struct SharedState(Arc<RwLock<AppliedState>>);
+
+impl SharedState {
+    pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AppliedState> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateMachineError {
+    #[error("snapshot directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("snapshot file {path}: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// The state machine handed to openraft.
+pub struct StateMachineStore {
+    state: SharedState,
+    files: Arc<SnapshotFiles>,
+}
+
+/// Where snapshots live, and which one is current.
+struct SnapshotFiles {
+    dir: PathBuf,
+    current: Mutex<Option<(SnapshotMeta, PathBuf)>>,
+}
+
+impl StateMachineStore {
+    /// Opens the snapshot directory and restores the latest snapshot, if any.
+    pub fn open(dir: &Path) -> Result<StateMachineStore, StateMachineError> {
+        let io = |source| StateMachineError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        fs::create_dir_all(dir).map_err(io)?;
+        let mut latest: Option<(u64, PathBuf)> = None;
+        for entry in fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.ends_with(".tmp") {
+                // A snapshot whose writer crashed before the rename.
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            let index = name
+                .strip_prefix(SNAPSHOT_PREFIX)
+                .and_then(|rest| rest.strip_suffix(SNAPSHOT_SUFFIX))
+                .and_then(|index| index.parse::<u64>().ok());
+            if let Some(index) = index
+                && latest.as_ref().is_none_or(|(best, _)| index > *best)
+            {
+                latest = Some((index, path));
+            }
+        }
+        let state = SharedState::default();
+        let mut current = None;
+        if let Some((_, path)) = latest {
+            let bytes = fs::read(&path).map_err(|source| StateMachineError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let (meta, registry) =
+                decode_file(&bytes).map_err(|reason| StateMachineError::Corrupt {
+                    path: path.clone(),
+                    reason,
+                })?;
+            let mut applied = state.write();
+            applied.registry = registry;
+            applied.last_applied = meta.last_log_id;
+            applied.membership = meta.last_membership.clone();
+            drop(applied);
+            tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), path = %path.display(), "restored snapshot");
+            current = Some((meta, path));
+        }
+        Ok(StateMachineStore {
+            state,
+            files: Arc::new(SnapshotFiles {
+                dir: dir.to_path_buf(),
+                current: Mutex::new(current),
+            }),
+        })
+    }
+
+    pub fn state(&self) -> SharedState {
+        self.state.clone()
+    }
+}
+
+fn encode_file(meta: &SnapshotMeta, registry_bytes: &[u8]) -> Vec<u8> {
+    let meta_bytes = codec::encode_versioned(META_FORMAT_VERSION, meta);
+    let mut file = Vec::with_capacity(4 + meta_bytes.len() + registry_bytes.len());
+    file.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
+    file.extend_from_slice(&meta_bytes);
+    file.extend_from_slice(registry_bytes);
+    file
+}
+
+fn decode_file(bytes: &[u8]) -> Result<(SnapshotMeta, Registry), String> {
+    let (length, rest) = bytes
+        .split_first_chunk::<4>()
+        .ok_or("shorter than its header")?;
+    let length = u32::from_le_bytes(*length) as usize;
+    if length > rest.len() {
+        return Err("meta length beyond the file".into());
+    }
+    let (meta_bytes, registry_bytes) = rest.split_at(length);
+    let meta: SnapshotMeta =
+        codec::decode_versioned(META_FORMAT_VERSION, meta_bytes).map_err(|e| e.to_string())?;
+    let registry = snapshot::from_bytes(registry_bytes).map_err(|e| e.to_string())?;
+    check_meta(&meta, &registry)?;
+    Ok((meta, registry))
+}
+
+fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
+    let index = meta.last_log_id.map_or(0, |id| id.index);
+    if index != registry.applied_index() {
+        return Err(format!(
+            "meta says index {index}, registry says {}",
+            registry.applied_index()
+        ));
+    }
+    Ok(())
+}
+
+impl SnapshotFiles {
+    /// Writes a snapshot file durably: temporary file, fsync, rename,
+    /// directory fsync; then removes older snapshots.
+    fn persist(&self, meta: &SnapshotMeta, registry_bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        let name = format!("{SNAPSHOT_PREFIX}{index:020}{SNAPSHOT_SUFFIX}");
+        let path = self.dir.join(&name);
+        let temporary = self.dir.join(format!("{name}.{}.tmp", meta.snapshot_id));
+        {
+            let mut file = fs::File::create(&temporary)?;
+            file.write_all(&encode_file(meta, registry_bytes))?;
+            file.sync_all()?;
+        }
+        fs::rename(&temporary, &path)?;
+        fs::File::open(&self.dir)?.sync_all()?;
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, old)) = current.replace((meta.clone(), path.clone()))
+            && old != path
+        {
+            let _ = fs::remove_file(old);
+        }
+        Ok(path)
+    }
+
+    fn current(&self) -> Option<(SnapshotMeta, PathBuf)> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn snapshot_error(
+    meta: Option<&SnapshotMeta>,
+    verb: ErrorVerb,
+    error: impl std::error::Error + 'static,
+) -> StorageError {
+    let subject = match meta {
+        Some(meta) => ErrorSubject::Snapshot(Some(meta.signature())),
+        None => ErrorSubject::Snapshot(None),
+    };
+    StorageIOError::new(subject, verb, AnyError::new(&error)).into()
+}
+
+/// Builds snapshots from the shared state while apply goes on.
+pub struct SnapshotBuilder {
+    state: SharedState,
+    files: Arc<SnapshotFiles>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        // Encoding under the read lock captures one point in time; apply
+        // waits only for the in-memory encoding, not for the disk.
+        let (meta, bytes) = {
+            let applied = self.state.read();
+            let last = applied.last_applied;
+            let meta = SnapshotMeta {
+                last_log_id: last,
+                last_membership: applied.membership.clone(),
+                snapshot_id: format!(
+                    "{}-{}",
+                    last.map_or(0, |id| id.leader_id.term),
+                    last.map_or(0, |id| id.index)
+                ),
+            };
+            (meta, snapshot::to_bytes(&applied.registry))
+        };
+        let files = self.files.clone();
+        let persisted_meta = meta.clone();
+        let persisted = bytes.clone();
+        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, &persisted))
+            .await
+            .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?
+            .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?;
+        tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), bytes = bytes.len(), "built snapshot");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = self.state.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut applied = self.state.write();
+        let mut replies = Vec::new();
+        for entry in entries {
+            let index = entry.log_id.index;
+            let reply = match entry.payload {
+                EntryPayload::Blank => {
+                    applied.registry.apply_other(index);
+                    None
+                }
+                EntryPayload::Normal(ref registry_entry) => {
+                    let outcome = applied.registry.apply(index, registry_entry);
+                    tracing::debug!(log_index = index, ?outcome, "applied");
+                    Some(outcome)
+                }
+                EntryPayload::Membership(ref membership) => {
+                    applied.registry.apply_other(index);
+                    applied.membership =
+                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    None
+                }
+            };
+            applied.last_applied = Some(entry.log_id);
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            state: self.state.clone(),
+            files: self.files.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let registry = snapshot::from_bytes(&bytes)
+            .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Read, e))?;
+        check_meta(meta, &registry).map_err(|reason| {
+            snapshot_error(Some(meta), ErrorVerb::Read, std::io::Error::other(reason))
+        })?;
+        // Durable before the state changes and before openraft purges.
+        let files = self.files.clone();
+        let persisted_meta = meta.clone();
+        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, &bytes))
+            .await
+            .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Write, e))?
+            .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Write, e))?;
+        let mut applied = self.state.write();
+        applied.registry = registry;
+        applied.last_applied = meta.last_log_id;
+        applied.membership = meta.last_membership.clone();
+        tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let Some((meta, path)) = self.files.current() else {
+            return Ok(None);
+        };
+        let bytes = fs::read(&path).map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Read, e))?;
+        let (length, _) = bytes.split_first_chunk::<4>().ok_or_else(|| {
+            snapshot_error(
+                Some(&meta),
+                ErrorVerb::Read,
+                std::io::Error::other("snapshot file shorter than its header"),
+            )
+        })?;
+        let start = 4 + u32::from_le_bytes(*length) as usize;
+        let registry_bytes = bytes.get(start..).unwrap_or_default().to_vec();
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(registry_bytes)),
+        }))
+    }
+}
+
+/// Reads a registry entry's data for the client paths without exposing the
+/// lock type.
+pub fn read_registry<T>(
+    state: &SharedState,
+    read: impl FnOnce(&Registry, Option<LogId>) -> T,
+) -> T {
+    let applied = state.read();
+    read(&applied.registry, applied.last_applied)
+}

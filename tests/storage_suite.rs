@@ -1,0 +1,164 @@
+//! The storage adapter against openraft's own conformance suite, plus
+//! restart tests: log entries, vote and committed id survive reopening sled,
+//! and the state machine comes back from its snapshot file with the same
+//! state hash (rules 13, 14).
+#![allow(
+    clippy::result_large_err,
+    reason = "openraft's StorageError (224 bytes) is fixed by its traits"
+)]
+
+use oncekv::raft_types::{StorageError, TypeConfig};
+use oncekv::registry::{ClusterId, Entry, Nonce, Op, RegistryConfig, snapshot};
+use oncekv::storage::{SledLogStore, StateMachineStore};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder, StorageIOError, Vote};
+use std::time::Duration;
+use tempfile::TempDir;
+
+type LogStore = SledLogStore<TypeConfig>;
+
+fn io_error(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::write(openraft::AnyError::new(&e)).into()
+}
+
+fn open_store(dir: &TempDir) -> Result<LogStore, StorageError> {
+    let db = sled::open(dir.path().join("sled")).map_err(io_error)?;
+    LogStore::open(db).map_err(io_error)
+}
+
+/// Reopens after a simulated restart. sled's threads can hold the file lock
+/// for a moment after the last handle drops, so an in-process reopen retries
+/// that one error (a real restart is a new process).
+async fn reopen_store(dir: &TempDir) -> Result<LogStore, StorageError> {
+    for _ in 0..100 {
+        match sled::open(dir.path().join("sled")) {
+            Ok(db) => return LogStore::open(db).map_err(io_error),
+            Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(io_error(e)),
+        }
+    }
+    open_store(dir)
+}
+
+struct Builder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError> {
+        let dir = tempfile::tempdir().map_err(io_error)?;
+        let store = open_store(&dir)?;
+        let state_machine =
+            StateMachineStore::open(&dir.path().join("snapshots")).map_err(io_error)?;
+        Ok((dir, store, state_machine))
+    }
+}
+
+/// openraft's conformance suite for log store and state machine.
+#[test]
+fn openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(Builder)
+}
+
+fn registry_entry(op: Op) -> EntryPayload<TypeConfig> {
+    EntryPayload::Normal(Entry { stamp_ms: 5, op })
+}
+
+/// Appended entries, the vote and the committed id survive a reopen, and
+/// a purge is remembered.
+#[tokio::test]
+async fn log_survives_reopen() -> Result<(), StorageError> {
+    let dir = tempfile::tempdir().map_err(io_error)?;
+    let log_id = |term, index| openraft::testing::log_id(term, 1, index);
+    let entry = |term, index, payload| openraft::Entry::<TypeConfig> {
+        log_id: log_id(term, index),
+        payload,
+    };
+    let vote = Vote::new_committed(2, 1);
+    let committed = Some(log_id(2, 3));
+    let register = registry_entry(Op::Register {
+        cluster_id: None,
+        nonce: Nonce(9),
+    });
+    {
+        let mut store = open_store(&dir)?;
+        store
+            .blocking_append([
+                entry(1, 1, EntryPayload::Blank),
+                entry(1, 2, register.clone()),
+                entry(2, 3, EntryPayload::Blank),
+            ])
+            .await?;
+        store.save_vote(&vote).await?;
+        store.save_committed(committed).await?;
+        store.purge(log_id(1, 1)).await?;
+    }
+    let mut store = reopen_store(&dir).await?;
+    let state = store.get_log_state().await?;
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1)));
+    assert_eq!(state.last_log_id, Some(log_id(2, 3)));
+    assert_eq!(store.read_vote().await?, Some(vote));
+    assert_eq!(store.read_committed().await?, committed);
+    let entries = store.get_log_reader().await.try_get_log_entries(..).await?;
+    let ids: Vec<_> = entries.iter().map(|e| e.log_id).collect();
+    assert_eq!(ids, vec![log_id(1, 2), log_id(2, 3)]);
+    assert_eq!(entries[0].payload, register);
+    Ok(())
+}
+
+/// A built snapshot is durable: a state machine reopened from the same
+/// directory restores the registry at the snapshot's index with the same
+/// state hash, and still knows the session registered before it.
+#[tokio::test]
+async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> {
+    let dir = tempfile::tempdir().map_err(io_error)?;
+    let snapshots = dir.path().join("snapshots");
+    let log_id = |index| openraft::testing::log_id(1, 1, index);
+    let cluster_id = ClusterId(77);
+    let hash_before;
+    {
+        let mut state_machine = StateMachineStore::open(&snapshots).map_err(io_error)?;
+        let entries = vec![
+            openraft::Entry::<TypeConfig> {
+                log_id: log_id(1),
+                payload: registry_entry(Op::Bootstrap {
+                    cluster_id,
+                    config: RegistryConfig::default(),
+                }),
+            },
+            openraft::Entry::<TypeConfig> {
+                log_id: log_id(2),
+                payload: registry_entry(Op::Register {
+                    cluster_id: Some(cluster_id),
+                    nonce: Nonce(3),
+                }),
+            },
+        ];
+        let replies = state_machine.apply(entries).await?;
+        assert_eq!(replies.len(), 2);
+        let built = state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await?;
+        assert_eq!(built.meta.last_log_id, Some(log_id(2)));
+        hash_before = snapshot::state_hash(&state_machine.state().read().registry);
+    }
+    let mut reopened = StateMachineStore::open(&snapshots).map_err(io_error)?;
+    let (applied, _) = reopened.applied_state().await?;
+    assert_eq!(applied, Some(log_id(2)));
+    {
+        let state = reopened.state();
+        let registry = &state.read().registry;
+        assert_eq!(snapshot::state_hash(registry), hash_before);
+        assert_eq!(registry.cluster_id(), Some(cluster_id));
+        assert_eq!(registry.session_count(), 1);
+    }
+    let current = reopened
+        .get_current_snapshot()
+        .await?
+        .expect("current snapshot");
+    assert_eq!(current.meta.last_log_id, Some(log_id(2)));
+    Ok(())
+}
