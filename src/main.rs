@@ -1,1 +1,62 @@
-fn main() {}
+//! The `oncekv` binary: run a node, or talk to a cluster.
+
+use clap::{Parser, Subcommand};
+use oncekv::node::{self, config::NodeOptions};
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "oncekv",
+    version,
+    about = "Exactly-once key-value service on Raft"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one node of a cluster.
+    Node(Box<NodeOptions>),
+}
+
+/// Resolves when the process is asked to stop (SIGTERM or ctrl-c).
+async fn stop_requested() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Node(options) => {
+            init_tracing();
+            let config = options.resolve()?;
+            node::run(config, stop_requested()).await
+        }
+    }
+}

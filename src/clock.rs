@@ -1,0 +1,97 @@
+//! The leader's cluster clock (DESIGN.md rule 11, after LogCabin): the
+//! millisecond stamp a leader puts on every registry entry it proposes.
+//!
+//! At the start of each term the leader confirms its leadership and applies
+//! every entry before its term (read index), then takes as its base the
+//! applied cluster time — the largest stamp in its log — and from there adds
+//! only the time it has itself led, measured on a monotonic clock. Time
+//! without a leader therefore never counts against clients, and a leader
+//! whose wall clock is off by hours changes nothing. The state machine keeps
+//! the maximum stamp it has seen, so stamps never move time backwards.
+
+use crate::raft_types::{NodeId, NodeInfo, Raft};
+use crate::storage::SharedState;
+use openraft::error::{CheckIsLeaderError, RaftError};
+use std::sync::Mutex;
+use tokio::time::Instant;
+
+#[derive(Clone, Copy, Debug)]
+struct TermClock {
+    term: u64,
+    base_ms: u64,
+    started: Instant,
+}
+
+/// Why no stamp could be given.
+#[derive(Debug, thiserror::Error)]
+pub enum ClockError {
+    #[error("not the leader")]
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader: Option<NodeInfo>,
+    },
+    #[error("leadership could not be confirmed: {0}")]
+    Unavailable(String),
+}
+
+pub struct ClusterClock {
+    raft: Raft,
+    state: SharedState,
+    current: Mutex<Option<TermClock>>,
+    /// Serialises the start of a term, so one read index serves everyone.
+    starting: tokio::sync::Mutex<()>,
+}
+
+impl ClusterClock {
+    pub fn new(raft: Raft, state: SharedState) -> ClusterClock {
+        ClusterClock {
+            raft,
+            state,
+            current: Mutex::new(None),
+            starting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn current_for(&self, term: u64) -> Option<u64> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current
+            .filter(|clock| clock.term == term)
+            .map(|clock| clock.base_ms + clock.started.elapsed().as_millis() as u64)
+    }
+
+    /// The stamp for an entry proposed now by this node as leader.
+    pub async fn stamp(&self) -> Result<u64, ClockError> {
+        let term = self.raft.metrics().borrow().current_term;
+        if let Some(stamp) = self.current_for(term) {
+            return Ok(stamp);
+        }
+        let _starting = self.starting.lock().await;
+        if let Some(stamp) = self.current_for(term) {
+            return Ok(stamp);
+        }
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|error| match error {
+                RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+                    ClockError::NotLeader {
+                        leader_id: forward.leader_id,
+                        leader: forward.leader_node,
+                    }
+                }
+                other => ClockError::Unavailable(other.to_string()),
+            })?;
+        // Everything before this term is applied now: the applied cluster
+        // time is the largest stamp in the log.
+        let term = self.raft.metrics().borrow().current_term;
+        let base_ms = self.state.read().registry.cluster_time_ms();
+        tracing::info!(term, base_ms, "cluster clock starts a new term");
+        let clock = TermClock {
+            term,
+            base_ms,
+            started: Instant::now(),
+        };
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(clock);
+        Ok(base_ms)
+    }
+}

@@ -1,0 +1,341 @@
+//! The client-facing gRPC service: validates requests, stamps them with the
+//! cluster clock, proposes them to Raft and maps the applied outcome (or the
+//! failure) to the wire. It never decides new / duplicate / conflict itself:
+//! that happens only when the committed entry is applied (rule 3). The only
+//! early refusals are facts that can never change: malformed input and a
+//! cluster id other than this node's.
+
+use super::convert::{self, ConvertError};
+use super::peer::{cluster_id_bytes, parse_cluster_id};
+use super::status::{ErrorReason, reason_status};
+use crate::clock::{ClockError, ClusterClock};
+use crate::proto::{self, client_server};
+use crate::raft_types::{NodeId, Raft};
+use crate::registry::{
+    ClientId, ClusterId, Entry, Execute, Nonce, Op, Outcome, Registration, snapshot,
+};
+use crate::storage::SharedState;
+use openraft::ServerState;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+/// Largest client message accepted: a value at the hard bound plus room.
+pub const CLIENT_MESSAGE_BYTES_MAX: usize = 8 << 20;
+
+/// Test-only faults, compiled in only with the `fault-injection` feature.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// The first execute is applied, but its reply is never sent (the call
+    /// hangs until the client's deadline), as if the network lost it.
+    pub drop_first_execute_reply: bool,
+}
+
+pub struct ClientApi {
+    node_id: NodeId,
+    raft: Raft,
+    state: SharedState,
+    clock: Arc<ClusterClock>,
+    request_timeout: Duration,
+    faults: Faults,
+    executes_seen: std::sync::atomic::AtomicU64,
+}
+
+impl ClientApi {
+    pub fn new(
+        node_id: NodeId,
+        raft: Raft,
+        state: SharedState,
+        clock: Arc<ClusterClock>,
+        request_timeout: Duration,
+        faults: Faults,
+    ) -> ClientApi {
+        ClientApi {
+            node_id,
+            raft,
+            state,
+            clock,
+            request_timeout,
+            faults,
+            executes_seen: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub fn into_server(self) -> client_server::ClientServer<ClientApi> {
+        client_server::ClientServer::new(self)
+            .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
+    }
+
+    /// The cluster id a request names; an id other than ours is refused at
+    /// once, since it can never become right.
+    fn check_cluster(&self, bytes: &[u8], required: bool) -> Result<Option<ClusterId>, Status> {
+        let claimed = parse_cluster_id(bytes).map_err(|error| invalid(error.to_string()))?;
+        if required && claimed.is_none() {
+            return Err(invalid("cluster_id is required"));
+        }
+        if let (Some(ours), Some(theirs)) = (self.state.read().registry.cluster_id(), claimed)
+            && ours != theirs
+        {
+            return Err(reason_status(ErrorReason::WrongCluster(ours)));
+        }
+        Ok(claimed)
+    }
+
+    fn required_cluster(&self, bytes: &[u8]) -> Result<ClusterId, Status> {
+        self.check_cluster(bytes, true)?
+            .ok_or_else(|| invalid("cluster_id is required"))
+    }
+
+    /// Proposes `op` stamped by the cluster clock and waits, within the
+    /// request timeout, for its entry to be committed and applied.
+    async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
+        let work = async {
+            let stamp_ms = self.clock.stamp().await.map_err(clock_status)?;
+            let entry = Entry { stamp_ms, op };
+            let written = self.raft.client_write(entry).await.map_err(write_status)?;
+            let outcome = written
+                .data
+                .ok_or_else(|| Status::internal("a registry entry applied without an outcome"))?;
+            Ok((outcome, written.log_id.index))
+        };
+        tokio::time::timeout(self.request_timeout, work)
+            .await
+            .map_err(|_| reason_status(ErrorReason::Deadline))?
+    }
+}
+
+fn invalid(why: impl Into<String>) -> Status {
+    reason_status(ErrorReason::InvalidArgument(why.into()))
+}
+
+fn convert_status(error: ConvertError) -> Status {
+    invalid(error.to_string())
+}
+
+fn clock_status(error: ClockError) -> Status {
+    match error {
+        ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
+            leader_id,
+            leader_client_addr: leader.map(|node| node.client_addr),
+        }),
+        ClockError::Unavailable(why) => reason_status(ErrorReason::Unavailable(why)),
+    }
+}
+
+fn write_status(
+    error: RaftError<NodeId, ClientWriteError<NodeId, crate::raft_types::NodeInfo>>,
+) -> Status {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+            reason_status(ErrorReason::NotLeader {
+                leader_id: forward.leader_id,
+                leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+            })
+        }
+        other => reason_status(ErrorReason::Unavailable(other.to_string())),
+    }
+}
+
+fn rejected(outcome: Outcome) -> Status {
+    match outcome {
+        Outcome::Rejected(rejection) => reason_status(rejection.into()),
+        other => Status::internal(format!("unexpected outcome {other:?}")),
+    }
+}
+
+fn parse_nonce(bytes: &[u8]) -> Result<Nonce, Status> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| invalid("nonce must be 16 bytes"))?;
+    Ok(Nonce(u128::from_be_bytes(bytes)))
+}
+
+fn registration_reply(registration: Registration) -> proto::RegisterReply {
+    proto::RegisterReply {
+        cluster_id: cluster_id_bytes(Some(registration.cluster_id)),
+        client_id: registration.client_id.0,
+        session_ttl_ms: registration.session_ttl_ms,
+        window: registration.window,
+        duplicate: registration.duplicate,
+    }
+}
+
+#[tonic::async_trait]
+impl client_server::Client for ClientApi {
+    async fn register(
+        &self,
+        request: Request<proto::RegisterRequest>,
+    ) -> Result<Response<proto::RegisterReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.check_cluster(&request.cluster_id, false)?;
+        let nonce = parse_nonce(&request.nonce)?;
+        match self.propose(Op::Register { cluster_id, nonce }).await? {
+            (Outcome::Registered(registration), log_index) => {
+                tracing::info!(
+                    client_id = registration.client_id.0,
+                    log_index,
+                    duplicate = registration.duplicate,
+                    "registered"
+                );
+                Ok(Response::new(registration_reply(registration)))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn execute(
+        &self,
+        request: Request<proto::ExecuteRequest>,
+    ) -> Result<Response<proto::ExecuteReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let command = convert::command_from_proto(request.command).map_err(convert_status)?;
+        let execute = Execute {
+            cluster_id,
+            client_id: ClientId(request.client_id),
+            seq: request.seq,
+            first_outstanding_seq: request.first_outstanding_seq,
+            command,
+        };
+        let (outcome, log_index) = self.propose(Op::Execute(execute)).await?;
+        tracing::debug!(
+            client_id = request.client_id,
+            seq = request.seq,
+            log_index,
+            ?outcome,
+            "executed"
+        );
+        let reply = match outcome {
+            Outcome::Executed { result, duplicate } => proto::ExecuteReply {
+                result: Some(convert::result_to_proto(&result)),
+                duplicate,
+                log_index,
+            },
+            other => return Err(rejected(other)),
+        };
+        let first = self
+            .executes_seen
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            == 0;
+        if self.faults.drop_first_execute_reply && first {
+            tracing::warn!(
+                client_id = request.client_id,
+                seq = request.seq,
+                log_index,
+                "fault injection: dropping the reply"
+            );
+            std::future::pending::<()>().await;
+        }
+        Ok(Response::new(reply))
+    }
+
+    async fn keep_alive(
+        &self,
+        request: Request<proto::KeepAliveRequest>,
+    ) -> Result<Response<proto::KeepAliveReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let op = Op::KeepAlive {
+            cluster_id,
+            client_id: ClientId(request.client_id),
+            first_outstanding_seq: request.first_outstanding_seq,
+        };
+        match self.propose(op).await? {
+            (Outcome::KeptAlive { floor }, _) => Ok(Response::new(proto::KeepAliveReply { floor })),
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn unregister(
+        &self,
+        request: Request<proto::UnregisterRequest>,
+    ) -> Result<Response<proto::UnregisterReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let op = Op::Unregister {
+            cluster_id,
+            client_id: ClientId(request.client_id),
+        };
+        match self.propose(op).await? {
+            (Outcome::Unregistered, _) => Ok(Response::new(proto::UnregisterReply {})),
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn read(
+        &self,
+        request: Request<proto::ReadRequest>,
+    ) -> Result<Response<proto::ReadReply>, Status> {
+        let request = request.into_inner();
+        self.required_cluster(&request.cluster_id)?;
+        let confirmed = tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable())
+            .await
+            .map_err(|_| reason_status(ErrorReason::Deadline))?;
+        confirmed.map_err(|error| match error {
+            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+                reason_status(ErrorReason::NotLeader {
+                    leader_id: forward.leader_id,
+                    leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+                })
+            }
+            other => reason_status(ErrorReason::Unavailable(other.to_string())),
+        })?;
+        let applied = self.state.read();
+        Ok(Response::new(proto::ReadReply {
+            value: applied
+                .registry
+                .get(&request.key)
+                .map(convert::value_to_proto),
+            applied_index: applied.registry.applied_index(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<proto::StatusRequest>,
+    ) -> Result<Response<proto::StatusReply>, Status> {
+        let metrics = self.raft.metrics().borrow().clone();
+        let role = match metrics.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let membership = metrics.membership_config.membership();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| proto::Member {
+                node_id: *id,
+                peer_addr: node.peer_addr.clone(),
+                client_addr: node.client_addr.clone(),
+                voter: membership.voter_ids().any(|voter| voter == *id),
+            })
+            .collect();
+        let leader_client_addr = metrics
+            .current_leader
+            .and_then(|leader| membership.get_node(&leader))
+            .map(|node| node.client_addr.clone())
+            .unwrap_or_default();
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        Ok(Response::new(proto::StatusReply {
+            node_id: self.node_id,
+            role: role.into(),
+            term: metrics.current_term,
+            leader_id: metrics.current_leader.unwrap_or(0),
+            leader_client_addr,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            applied_index: registry.applied_index(),
+            snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
+            purged_index: metrics.purged.map_or(0, |id| id.index),
+            cluster_id: cluster_id_bytes(registry.cluster_id()),
+            members,
+            state_hash: snapshot::state_hash(registry).to_string(),
+            cluster_time_ms: registry.cluster_time_ms(),
+            sessions: registry.session_count() as u64,
+        }))
+    }
+}

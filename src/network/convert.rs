@@ -1,0 +1,255 @@
+//! Conversion between protobuf messages and the registry core's types, in
+//! both directions, in one place. Decoding from the wire validates shape and
+//! the hard size bounds (`registry::bounds`); replicated limits are the
+//! core's business.
+
+use crate::proto;
+use crate::registry::{Command, CommandResult, Value, ValueKind, bounds};
+
+/// Why a wire message could not become a core value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConvertError {
+    #[error("missing field {0}")]
+    Missing(&'static str),
+    #[error("{0} of {1} bytes exceeds the hard bound of {2} bytes")]
+    TooLarge(&'static str, usize, u64),
+    #[error("unknown value kind {0}")]
+    UnknownKind(i32),
+}
+
+fn bounded(what: &'static str, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>, ConvertError> {
+    if bytes.len() as u64 > max {
+        return Err(ConvertError::TooLarge(what, bytes.len(), max));
+    }
+    Ok(bytes)
+}
+
+fn key(bytes: Vec<u8>) -> Result<Vec<u8>, ConvertError> {
+    bounded("key", bytes, bounds::KEY_BYTES_MAX)
+}
+
+pub fn value_from_proto(value: proto::Value) -> Result<Value, ConvertError> {
+    let value = match value.kind.ok_or(ConvertError::Missing("value.kind"))? {
+        proto::value::Kind::Bytes(bytes) => Value::Bytes(bytes),
+        proto::value::Kind::Int(number) => Value::Int(number),
+        proto::value::Kind::List(list) => Value::List(list.items),
+    };
+    let size = value.size_bytes();
+    if size > bounds::VALUE_BYTES_MAX {
+        return Err(ConvertError::TooLarge(
+            "value",
+            size as usize,
+            bounds::VALUE_BYTES_MAX,
+        ));
+    }
+    Ok(value)
+}
+
+pub fn value_to_proto(value: &Value) -> proto::Value {
+    let kind = match value {
+        Value::Bytes(bytes) => proto::value::Kind::Bytes(bytes.clone()),
+        Value::Int(number) => proto::value::Kind::Int(*number),
+        Value::List(items) => proto::value::Kind::List(proto::ListValue {
+            items: items.clone(),
+        }),
+    };
+    proto::Value { kind: Some(kind) }
+}
+
+fn required_value(value: Option<proto::Value>, field: &'static str) -> Result<Value, ConvertError> {
+    value_from_proto(value.ok_or(ConvertError::Missing(field))?)
+}
+
+pub fn command_from_proto(command: Option<proto::Command>) -> Result<Command, ConvertError> {
+    use proto::command::Op;
+    let op = command
+        .and_then(|command| command.op)
+        .ok_or(ConvertError::Missing("command"))?;
+    Ok(match op {
+        Op::Put(put) => Command::Put {
+            key: key(put.key)?,
+            value: required_value(put.value, "put.value")?,
+        },
+        Op::Delete(delete) => Command::Delete {
+            key: key(delete.key)?,
+        },
+        Op::Increment(increment) => Command::Increment {
+            key: key(increment.key)?,
+            delta: increment.delta,
+        },
+        Op::Append(append) => Command::Append {
+            key: key(append.key)?,
+            element: bounded("element", append.element, bounds::VALUE_BYTES_MAX)?,
+        },
+        Op::CompareAndSwap(cas) => Command::CompareAndSwap {
+            key: key(cas.key)?,
+            expected: cas.expected.map(value_from_proto).transpose()?,
+            new: required_value(cas.new_value, "compare_and_swap.new_value")?,
+        },
+    })
+}
+
+pub fn command_to_proto(command: &Command) -> proto::Command {
+    use proto::command::Op;
+    let op = match command {
+        Command::Put { key, value } => Op::Put(proto::Put {
+            key: key.clone(),
+            value: Some(value_to_proto(value)),
+        }),
+        Command::Delete { key } => Op::Delete(proto::Delete { key: key.clone() }),
+        Command::Increment { key, delta } => Op::Increment(proto::Increment {
+            key: key.clone(),
+            delta: *delta,
+        }),
+        Command::Append { key, element } => Op::Append(proto::Append {
+            key: key.clone(),
+            element: element.clone(),
+        }),
+        Command::CompareAndSwap { key, expected, new } => {
+            Op::CompareAndSwap(proto::CompareAndSwap {
+                key: key.clone(),
+                expected: expected.as_ref().map(value_to_proto),
+                new_value: Some(value_to_proto(new)),
+            })
+        }
+    };
+    proto::Command { op: Some(op) }
+}
+
+fn kind_to_proto(kind: ValueKind) -> proto::ValueKind {
+    match kind {
+        ValueKind::Bytes => proto::ValueKind::Bytes,
+        ValueKind::Int => proto::ValueKind::Int,
+        ValueKind::List => proto::ValueKind::List,
+    }
+}
+
+pub fn result_to_proto(result: &CommandResult) -> proto::CommandResult {
+    use proto::command_result::Result as R;
+    let result = match result {
+        CommandResult::Stored => R::Stored(proto::Stored {}),
+        CommandResult::Deleted { existed } => R::Deleted(proto::Deleted { existed: *existed }),
+        CommandResult::Incremented { value } => {
+            R::Incremented(proto::Incremented { value: *value })
+        }
+        CommandResult::Overflow { current } => R::Overflow(proto::Overflow { current: *current }),
+        CommandResult::Appended { length } => R::Appended(proto::Appended { length: *length }),
+        CommandResult::CompareAndSwap { swapped, current } => {
+            R::CompareAndSwap(proto::CompareAndSwapResult {
+                swapped: *swapped,
+                current: current.as_ref().map(value_to_proto),
+            })
+        }
+        CommandResult::WrongType { actual } => R::WrongType(proto::WrongType {
+            actual: kind_to_proto(*actual) as i32,
+        }),
+    };
+    proto::CommandResult {
+        result: Some(result),
+    }
+}
+
+pub fn result_from_proto(
+    result: Option<proto::CommandResult>,
+) -> Result<CommandResult, ConvertError> {
+    use proto::command_result::Result as R;
+    let result = result
+        .and_then(|result| result.result)
+        .ok_or(ConvertError::Missing("result"))?;
+    Ok(match result {
+        R::Stored(_) => CommandResult::Stored,
+        R::Deleted(deleted) => CommandResult::Deleted {
+            existed: deleted.existed,
+        },
+        R::Incremented(incremented) => CommandResult::Incremented {
+            value: incremented.value,
+        },
+        R::Overflow(overflow) => CommandResult::Overflow {
+            current: overflow.current,
+        },
+        R::Appended(appended) => CommandResult::Appended {
+            length: appended.length,
+        },
+        R::CompareAndSwap(cas) => CommandResult::CompareAndSwap {
+            swapped: cas.swapped,
+            current: cas.current.map(value_from_proto).transpose()?,
+        },
+        R::WrongType(wrong) => CommandResult::WrongType {
+            actual: match proto::ValueKind::try_from(wrong.actual) {
+                Ok(proto::ValueKind::Bytes) => ValueKind::Bytes,
+                Ok(proto::ValueKind::Int) => ValueKind::Int,
+                Ok(proto::ValueKind::List) => ValueKind::List,
+                _ => return Err(ConvertError::UnknownKind(wrong.actual)),
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commands and results survive the round trip through protobuf.
+    #[test]
+    fn round_trips() {
+        let commands = [
+            Command::Put {
+                key: b"k".to_vec(),
+                value: Value::List(vec![b"a".to_vec()]),
+            },
+            Command::Delete { key: b"k".to_vec() },
+            Command::Increment {
+                key: b"k".to_vec(),
+                delta: -4,
+            },
+            Command::Append {
+                key: b"k".to_vec(),
+                element: b"e".to_vec(),
+            },
+            Command::CompareAndSwap {
+                key: b"k".to_vec(),
+                expected: None,
+                new: Value::Int(1),
+            },
+        ];
+        for command in commands {
+            assert_eq!(
+                command_from_proto(Some(command_to_proto(&command))),
+                Ok(command)
+            );
+        }
+        let results = [
+            CommandResult::Stored,
+            CommandResult::Overflow { current: 3 },
+            CommandResult::CompareAndSwap {
+                swapped: false,
+                current: Some(Value::Bytes(b"x".to_vec())),
+            },
+            CommandResult::WrongType {
+                actual: ValueKind::List,
+            },
+        ];
+        for result in results {
+            assert_eq!(
+                result_from_proto(Some(result_to_proto(&result))),
+                Ok(result)
+            );
+        }
+    }
+
+    /// Oversized keys and missing fields are refused at the edge.
+    #[test]
+    fn bad_input_is_refused() {
+        assert_eq!(
+            command_from_proto(None),
+            Err(ConvertError::Missing("command"))
+        );
+        let huge = Command::Delete {
+            key: vec![0; bounds::KEY_BYTES_MAX as usize + 1],
+        };
+        assert!(matches!(
+            command_from_proto(Some(command_to_proto(&huge))),
+            Err(ConvertError::TooLarge("key", ..))
+        ));
+    }
+}

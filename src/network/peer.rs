@@ -1,0 +1,276 @@
+//! Raft traffic between nodes over tonic: the client side openraft calls
+//! (`RaftNetworkFactory` / `RaftNetwork`) and the `Raft` gRPC service that
+//! hands incoming messages to openraft. Messages travel as codec-encoded
+//! bytes with the sender's cluster id (rule 16): a node that knows another
+//! cluster id refuses them.
+
+use super::status::{ErrorReason, reason_status};
+use crate::proto::RaftMessage;
+use crate::proto::raft_client::RaftClient;
+use crate::proto::raft_server;
+use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig};
+use crate::registry::{ClusterId, codec};
+use crate::storage::SharedState;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+/// Version byte of peer message payloads.
+const PEER_FORMAT_VERSION: u8 = 1;
+
+/// Largest gRPC message between peers, both directions. Raft batches are
+/// bounded below it by `max_payload_entries` × the largest entry, and
+/// snapshots travel in chunks of `snapshot_max_chunk_size`.
+pub const PEER_MESSAGE_BYTES_MAX: usize = 512 << 20;
+
+pub fn cluster_id_bytes(cluster_id: Option<ClusterId>) -> Vec<u8> {
+    cluster_id.map_or_else(Vec::new, |id| id.0.to_be_bytes().to_vec())
+}
+
+/// A cluster id on the wire that is neither empty nor 16 bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster id must be 16 bytes (or empty when unknown)")]
+pub struct BadClusterId;
+
+/// Parses a 16-byte cluster id; empty means "not known yet".
+pub fn parse_cluster_id(bytes: &[u8]) -> Result<Option<ClusterId>, BadClusterId> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let bytes: [u8; 16] = bytes.try_into().map_err(|_| BadClusterId)?;
+    Ok(Some(ClusterId(u128::from_be_bytes(bytes))))
+}
+
+/// Creates peer clients for openraft.
+#[derive(Clone)]
+pub struct PeerNetwork {
+    node_id: NodeId,
+    state: SharedState,
+}
+
+impl PeerNetwork {
+    pub fn new(node_id: NodeId, state: SharedState) -> PeerNetwork {
+        PeerNetwork { node_id, state }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
+        let channel = Endpoint::from_shared(format!("http://{}", node.peer_addr))
+            .map(|endpoint| endpoint.tcp_nodelay(true).connect_lazy());
+        PeerClient {
+            from: self.node_id,
+            target,
+            state: self.state.clone(),
+            client: channel.ok().map(|channel| {
+                RaftClient::new(channel)
+                    .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+                    .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
+            }),
+            peer_addr: node.peer_addr.clone(),
+        }
+    }
+}
+
+/// One peer, as openraft sees it.
+pub struct PeerClient {
+    from: NodeId,
+    target: NodeId,
+    state: SharedState,
+    client: Option<RaftClient<Channel>>,
+    peer_addr: String,
+}
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+/// Why a peer call failed below Raft.
+#[derive(Debug, thiserror::Error)]
+enum PeerCallError {
+    #[error("invalid peer address {0}")]
+    BadAddress(String),
+    #[error("peer unreachable: {0}")]
+    Unreachable(tonic::Status),
+    #[error("peer refused: {0}")]
+    Refused(tonic::Status),
+    #[error("undecodable reply: {0}")]
+    Decode(codec::CodecError),
+}
+
+impl PeerClient {
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &mut self,
+        rpc: Rpc,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, PeerCallError> {
+        let client = self
+            .client
+            .as_mut()
+            .ok_or_else(|| PeerCallError::BadAddress(self.peer_addr.clone()))?;
+        let cluster_id = self.state.read().registry.cluster_id();
+        let mut message = tonic::Request::new(RaftMessage {
+            cluster_id: cluster_id_bytes(cluster_id),
+            from_node_id: self.from,
+            payload: codec::encode_versioned(PEER_FORMAT_VERSION, request),
+        });
+        message.set_timeout(option.hard_ttl());
+        let reply = match rpc {
+            Rpc::AppendEntries => client.append_entries(message).await,
+            Rpc::Vote => client.vote(message).await,
+            Rpc::InstallSnapshot => client.install_snapshot(message).await,
+        };
+        let reply = reply.map_err(|status| match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                PeerCallError::Unreachable(status)
+            }
+            _ => PeerCallError::Refused(status),
+        })?;
+        codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
+            .map_err(PeerCallError::Decode)
+    }
+
+    /// Sends `request` and unwraps the remote `Result` openraft returned.
+    async fn raft_call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        request: &Req,
+        option: RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, NodeInfo, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let target = self.target;
+        match self
+            .call::<Req, Result<Resp, E>>(rpc, request, &option)
+            .await
+        {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(target, remote))),
+            Err(error @ (PeerCallError::Unreachable(_) | PeerCallError::BadAddress(_))) => {
+                Err(RPCError::Unreachable(Unreachable::new(&error)))
+            }
+            Err(error) => Err(RPCError::Network(NetworkError::new(&error))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        self.raft_call(Rpc::AppendEntries, &rpc, option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.raft_call(Rpc::InstallSnapshot, &rpc, option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        self.raft_call(Rpc::Vote, &rpc, option).await
+    }
+}
+
+/// The `Raft` gRPC service: decodes peer messages and hands them to openraft.
+pub struct PeerService {
+    raft: Raft,
+    state: SharedState,
+}
+
+impl PeerService {
+    pub fn new(raft: Raft, state: SharedState) -> PeerService {
+        PeerService { raft, state }
+    }
+
+    pub fn into_server(self) -> raft_server::RaftServer<PeerService> {
+        raft_server::RaftServer::new(self)
+            .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
+    }
+
+    /// Checks the sender's cluster id and decodes its payload.
+    fn open<T: DeserializeOwned>(
+        &self,
+        message: tonic::Request<RaftMessage>,
+    ) -> Result<T, tonic::Status> {
+        let message = message.into_inner();
+        let theirs = parse_cluster_id(&message.cluster_id)
+            .map_err(|error| reason_status(ErrorReason::InvalidArgument(error.to_string())))?;
+        let ours = self.state.read().registry.cluster_id();
+        if let (Some(ours), Some(theirs)) = (ours, theirs)
+            && ours != theirs
+        {
+            tracing::warn!(from_node_id = message.from_node_id, %theirs, %ours, "peer of another cluster");
+            return Err(reason_status(ErrorReason::WrongCluster(ours)));
+        }
+        codec::decode_versioned(PEER_FORMAT_VERSION, &message.payload).map_err(|error| {
+            reason_status(ErrorReason::InvalidArgument(format!(
+                "undecodable peer message: {error}"
+            )))
+        })
+    }
+}
+
+fn seal<T: Serialize>(value: &T) -> tonic::Response<RaftMessage> {
+    tonic::Response::new(RaftMessage {
+        cluster_id: Vec::new(),
+        from_node_id: 0,
+        payload: codec::encode_versioned(PEER_FORMAT_VERSION, value),
+    })
+}
+
+#[tonic::async_trait]
+impl raft_server::Raft for PeerService {
+    async fn append_entries(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = self.open(request)?;
+        Ok(seal(&self.raft.append_entries(rpc).await))
+    }
+
+    async fn vote(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let rpc: VoteRequest<NodeId> = self.open(request)?;
+        Ok(seal(&self.raft.vote(rpc).await))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = self.open(request)?;
+        Ok(seal(&self.raft.install_snapshot(rpc).await))
+    }
+}

@@ -1,0 +1,186 @@
+//! The one place where failures become gRPC statuses: each reason of
+//! DESIGN.md's error table maps to a status code, an `ErrorDetail` in the
+//! status details and the `oncekv-reason` metadata entry (see the table at
+//! the top of `proto/oncekv.proto`).
+
+use crate::proto::{ErrorDetail, Reason};
+use crate::registry::{ClusterId, Limit, Rejection, Seq};
+use prost::Message;
+use tonic::Code;
+
+/// Metadata key carrying the reason name.
+pub const REASON_METADATA_KEY: &str = "oncekv-reason";
+
+/// Why a client call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorReason {
+    NotLeader {
+        leader_id: Option<u64>,
+        leader_client_addr: Option<String>,
+    },
+    Unavailable(String),
+    Deadline,
+    TooManyOutstanding {
+        floor: Seq,
+        window: u64,
+    },
+    ResourceExhausted(Limit),
+    SessionExpired,
+    WrongCluster(ClusterId),
+    SeqConflict,
+    ResponseDiscarded {
+        floor: Seq,
+    },
+    InvalidArgument(String),
+}
+
+impl From<Rejection> for ErrorReason {
+    fn from(rejection: Rejection) -> ErrorReason {
+        match rejection {
+            Rejection::SessionExpired => ErrorReason::SessionExpired,
+            Rejection::WrongCluster { expected } => ErrorReason::WrongCluster(expected),
+            Rejection::SeqConflict => ErrorReason::SeqConflict,
+            Rejection::ResponseDiscarded { floor } => ErrorReason::ResponseDiscarded { floor },
+            Rejection::TooManyOutstanding { floor, window } => {
+                ErrorReason::TooManyOutstanding { floor, window }
+            }
+            Rejection::ResourceExhausted(limit) => ErrorReason::ResourceExhausted(limit),
+            Rejection::InvalidArgument(invalid) => {
+                ErrorReason::InvalidArgument(invalid.to_string())
+            }
+            Rejection::NotBootstrapped => {
+                ErrorReason::Unavailable("the cluster is not initialised yet".into())
+            }
+        }
+    }
+}
+
+/// Builds the gRPC status for `reason`.
+pub fn reason_status(reason: ErrorReason) -> tonic::Status {
+    let mut detail = ErrorDetail::default();
+    let (code, wire_reason, message) = match reason {
+        ErrorReason::NotLeader {
+            leader_id,
+            leader_client_addr,
+        } => {
+            detail.leader_id = leader_id.unwrap_or(0);
+            detail.leader_client_addr = leader_client_addr.clone().unwrap_or_default();
+            let message = match leader_client_addr {
+                Some(addr) => format!("not the leader; the leader is at {addr}"),
+                None => "not the leader; no leader known (election in progress)".into(),
+            };
+            (Code::Unavailable, Reason::NotLeader, message)
+        }
+        ErrorReason::Unavailable(why) => (Code::Unavailable, Reason::Unavailable, why),
+        ErrorReason::Deadline => (
+            Code::DeadlineExceeded,
+            Reason::Unavailable,
+            "no answer before the deadline; the request may still be applied".into(),
+        ),
+        ErrorReason::TooManyOutstanding { floor, window } => {
+            detail.floor = floor;
+            detail.window = window;
+            (
+                Code::ResourceExhausted,
+                Reason::TooManyOutstanding,
+                format!("seq at or beyond floor {floor} + window {window}"),
+            )
+        }
+        ErrorReason::ResourceExhausted(limit) => {
+            detail.limit = limit.to_string();
+            (
+                Code::ResourceExhausted,
+                Reason::ResourceExhausted,
+                format!("replicated limit {limit} reached"),
+            )
+        }
+        ErrorReason::SessionExpired => (
+            Code::NotFound,
+            Reason::SessionExpired,
+            "unknown or expired session".into(),
+        ),
+        ErrorReason::WrongCluster(expected) => {
+            detail.expected_cluster_id = expected.0.to_be_bytes().to_vec();
+            (
+                Code::FailedPrecondition,
+                Reason::WrongCluster,
+                format!("this node belongs to cluster {expected}"),
+            )
+        }
+        ErrorReason::SeqConflict => (
+            Code::AlreadyExists,
+            Reason::SeqConflict,
+            "seq already used with another command".into(),
+        ),
+        ErrorReason::ResponseDiscarded { floor } => {
+            detail.floor = floor;
+            (
+                Code::OutOfRange,
+                Reason::ResponseDiscarded,
+                format!("seq below the acknowledged floor {floor}"),
+            )
+        }
+        ErrorReason::InvalidArgument(why) => (Code::InvalidArgument, Reason::InvalidArgument, why),
+    };
+    detail.reason = wire_reason as i32;
+    let mut status = tonic::Status::with_details(code, message, detail.encode_to_vec().into());
+    if let Ok(value) = wire_reason.as_str_name().parse() {
+        status.metadata_mut().insert(REASON_METADATA_KEY, value);
+    }
+    status
+}
+
+/// Reads the `ErrorDetail` of a status produced by [`reason_status`].
+pub fn error_detail(status: &tonic::Status) -> Option<ErrorDetail> {
+    ErrorDetail::decode(status.details()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reason survives the trip through a status, with its code.
+    #[test]
+    fn reasons_round_trip() {
+        let cases = [
+            (
+                ErrorReason::NotLeader {
+                    leader_id: Some(2),
+                    leader_client_addr: Some("127.0.0.1:7102".into()),
+                },
+                Code::Unavailable,
+                Reason::NotLeader,
+            ),
+            (
+                ErrorReason::SessionExpired,
+                Code::NotFound,
+                Reason::SessionExpired,
+            ),
+            (
+                ErrorReason::SeqConflict,
+                Code::AlreadyExists,
+                Reason::SeqConflict,
+            ),
+            (
+                ErrorReason::ResponseDiscarded { floor: 4 },
+                Code::OutOfRange,
+                Reason::ResponseDiscarded,
+            ),
+            (
+                ErrorReason::WrongCluster(ClusterId(9)),
+                Code::FailedPrecondition,
+                Reason::WrongCluster,
+            ),
+        ];
+        for (reason, code, wire) in cases {
+            let status = reason_status(reason);
+            assert_eq!(status.code(), code);
+            let detail = error_detail(&status).expect("detail");
+            assert_eq!(detail.reason(), wire);
+            assert_eq!(
+                status.metadata().get(REASON_METADATA_KEY).unwrap(),
+                wire.as_str_name()
+            );
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! A node: wiring from a validated config to storage, Raft and the gRPC
+//! servers, then cluster initialisation and graceful shutdown. It holds no
+//! logic of its own beyond the order in which things start and stop.
+
+pub mod config;
+
+use crate::clock::ClusterClock;
+use crate::network::client_api::ClientApi;
+use crate::network::peer::{PeerNetwork, PeerService};
+use crate::raft_types::{NodeId, Raft};
+use crate::registry::{ClusterId, Entry, Op, Outcome};
+use crate::storage::{SharedState, SledLogStore, StateMachineStore};
+use anyhow::{Context, bail};
+use config::NodeConfig;
+use openraft::SnapshotPolicy;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most entries in one append RPC: with entries of at most a few MiB this
+/// keeps every batch below the peer message limit.
+const MAX_PAYLOAD_ENTRIES: u64 = 64;
+/// sled's page cache per node; three nodes share one machine.
+const SLED_CACHE_BYTES: u64 = 64 << 20;
+
+/// Refuses a data directory written by another node id; records ours in a
+/// fresh one.
+fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("node_id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let owner: NodeId = text
+                .trim()
+                .parse()
+                .with_context(|| format!("{} is not a node id", path.display()))?;
+            if owner != id {
+                bail!(
+                    "data directory {} belongs to node {owner}, not node {id}",
+                    dir.display()
+                );
+            }
+            Ok(())
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let temporary = dir.join("node_id.tmp");
+            std::fs::write(&temporary, format!("{id}\n"))?;
+            std::fs::File::open(&temporary)?.sync_all()?;
+            std::fs::rename(&temporary, &path)?;
+            std::fs::File::open(dir)?.sync_all()?;
+            Ok(())
+        }
+        Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Runs a node until `shutdown` completes, then stops it gracefully.
+pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    claim_data_dir(&config.data_dir, config.id)?;
+    let db = sled::Config::new()
+        .path(config.data_dir.join("log"))
+        .cache_capacity(SLED_CACHE_BYTES)
+        // Every fsync goes through the log store's single flusher.
+        .flush_every_ms(None)
+        .open()
+        .context("opening the log database")?;
+    let log_store = SledLogStore::open(db).context("opening the log store")?;
+    let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
+        .context("opening the snapshots")?;
+    let state = state_machine.state();
+
+    let raft_config = openraft::Config {
+        cluster_name: "oncekv".into(),
+        heartbeat_interval: config.heartbeat.as_millis() as u64,
+        election_timeout_min: config.election_timeout_min.as_millis() as u64,
+        election_timeout_max: config.election_timeout_max.as_millis() as u64,
+        max_payload_entries: MAX_PAYLOAD_ENTRIES,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
+        install_snapshot_timeout: 5_000,
+        ..openraft::Config::default()
+    }
+    .validate()
+    .context("Raft configuration")?;
+    let network = PeerNetwork::new(config.id, state.clone());
+    let raft = Raft::new(
+        config.id,
+        Arc::new(raft_config),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .context("starting Raft")?;
+
+    let clock = Arc::new(ClusterClock::new(raft.clone(), state.clone()));
+    let client_api = ClientApi::new(
+        config.id,
+        raft.clone(),
+        state.clone(),
+        clock,
+        config.request_timeout,
+        config.faults,
+    );
+    let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
+        .await
+        .with_context(|| format!("binding the peer address {}", config.peer_addr))?;
+    let client_listener = tokio::net::TcpListener::bind(config.client_addr)
+        .await
+        .with_context(|| format!("binding the client address {}", config.client_addr))?;
+    let (stop_servers, servers_stopped) = tokio::sync::watch::channel(false);
+    let stopped = |mut receiver: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = receiver.wait_for(|stop| *stop).await;
+    };
+    let peer_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(PeerService::new(raft.clone(), state.clone()).into_server())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(peer_listener),
+                stopped(servers_stopped.clone()),
+            ),
+    );
+    let client_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(client_api.into_server())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(client_listener),
+                stopped(servers_stopped.clone()),
+            ),
+    );
+    tracing::info!(node_id = config.id, client_addr = %config.client_addr, peer_addr = %config.peer_addr, "node started");
+
+    let bootstrap = if config.initialize {
+        initialize(&raft, &config).await?;
+        Some(tokio::spawn(ensure_bootstrapped(
+            raft.clone(),
+            state.clone(),
+            config.clone(),
+        )))
+    } else {
+        None
+    };
+
+    shutdown.await;
+    tracing::info!(node_id = config.id, "shutting down");
+    if let Some(task) = bootstrap {
+        task.abort();
+    }
+    let _ = stop_servers.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = peer_server.await;
+        let _ = client_server.await;
+    })
+    .await;
+    raft.shutdown().await.ok();
+    tracing::info!(node_id = config.id, "stopped");
+    Ok(())
+}
+
+/// Initialises Raft membership with the configured members, once: a node
+/// whose storage already holds Raft state skips it.
+async fn initialize(raft: &Raft, config: &NodeConfig) -> anyhow::Result<()> {
+    if raft.is_initialized().await.context("reading Raft state")? {
+        tracing::info!(
+            node_id = config.id,
+            "already initialised; --initialize ignored"
+        );
+        return Ok(());
+    }
+    raft.initialize(config.members.clone())
+        .await
+        .context("initialising the cluster")?;
+    tracing::info!(
+        node_id = config.id,
+        members = config.members.len(),
+        "cluster initialised"
+    );
+    Ok(())
+}
+
+/// Makes sure the cluster has its id and initial registry config: when this
+/// node leads and, with everything before its term applied, the registry
+/// still has no cluster id, it proposes the bootstrap entry with a fresh
+/// random id. Ends once the id is applied here.
+async fn ensure_bootstrapped(raft: Raft, state: SharedState, config: NodeConfig) {
+    let clock = ClusterClock::new(raft.clone(), state.clone());
+    let mut metrics = raft.metrics();
+    loop {
+        if state.read().registry.cluster_id().is_some() {
+            return;
+        }
+        let leading = metrics.borrow().state == openraft::ServerState::Leader;
+        if leading && let Ok(stamp_ms) = clock.stamp().await {
+            if state.read().registry.cluster_id().is_some() {
+                return;
+            }
+            #[allow(clippy::disallowed_methods)] // a cluster id is random by definition (rule 16)
+            let cluster_id = ClusterId(rand::random::<u128>());
+            let entry = Entry {
+                stamp_ms,
+                op: Op::Bootstrap {
+                    cluster_id,
+                    config: config.initial_registry,
+                },
+            };
+            match raft.client_write(entry).await {
+                Ok(written) => {
+                    if let Some(Outcome::Bootstrapped { cluster_id, .. }) = written.data {
+                        tracing::info!(%cluster_id, log_index = written.log_id.index, "cluster bootstrapped");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "bootstrap entry not written; will retry"),
+            }
+            continue;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(200), metrics.changed()).await;
+    }
+}
