@@ -18,6 +18,7 @@ use crate::storage::SharedState;
 use openraft::ServerState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
@@ -27,8 +28,10 @@ pub const CLIENT_MESSAGE_BYTES_MAX: usize = 8 << 20;
 /// Test-only faults, compiled in only with the `fault-injection` feature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Faults {
-    /// The first execute is applied, but its reply is never sent (the call
-    /// hangs until the client's deadline), as if the network lost it.
+    /// The first execute this node executes (not a duplicate) is applied,
+    /// but its reply is never sent — the call hangs until the client's
+    /// deadline, as if the network lost it. Retries, answered as
+    /// duplicates, get their replies.
     pub drop_first_execute_reply: bool,
 }
 
@@ -39,7 +42,8 @@ pub struct ClientApi {
     clock: Arc<ClusterClock>,
     request_timeout: Duration,
     faults: Faults,
-    executes_seen: std::sync::atomic::AtomicU64,
+    /// Executions (not duplicates) answered so far, for `Faults`.
+    executes_seen: AtomicU64,
 }
 
 impl ClientApi {
@@ -58,7 +62,7 @@ impl ClientApi {
             clock,
             request_timeout,
             faults,
-            executes_seen: std::sync::atomic::AtomicU64::new(0),
+            executes_seen: AtomicU64::new(0),
         }
     }
 
@@ -215,11 +219,10 @@ impl client_server::Client for ClientApi {
             },
             other => return Err(rejected(other)),
         };
-        let first = self
-            .executes_seen
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            == 0;
-        if self.faults.drop_first_execute_reply && first {
+        if self.faults.drop_first_execute_reply
+            && !reply.duplicate
+            && self.executes_seen.fetch_add(1, Ordering::SeqCst) == 0
+        {
             tracing::warn!(
                 client_id = request.client_id,
                 seq = request.seq,

@@ -1,0 +1,253 @@
+//! Real 3-node clusters on loopback: election and writes through the
+//! leader, `NOT_LEADER` hints, a whole-cluster SIGKILL under load, and a
+//! node that catches up by snapshot and, as leader, still recognises
+//! retries of requests applied before it came back.
+
+mod support;
+
+use oncekv::proto::{Reason, StatusRequest};
+use oncekv::registry::{Command, CommandResult, Value};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use support::cluster::Cluster;
+use support::raw::{Raw, reason};
+use tokio::time::Instant;
+
+const CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+fn incr(key: &str) -> Command {
+    Command::Increment {
+        key: key.as_bytes().to_vec(),
+        delta: 1,
+    }
+}
+
+async fn raw_client(cluster: &Cluster) -> Raw {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        if let Ok(status) = cluster.status(leader).await
+            && !status.cluster_id.is_empty()
+        {
+            return Raw::new(cluster.client_addrs(), status.cluster_id);
+        }
+        assert!(Instant::now() < deadline, "cluster never bootstrapped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every node in `nodes` reports the same applied index (at
+/// least `at_least`) and the same state hash; returns that index.
+async fn wait_converged(cluster: &Cluster, nodes: &[u64], at_least: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut seen = Vec::new();
+        for &node in nodes {
+            if let Ok(status) = cluster.status(node).await {
+                seen.push((status.applied_index, status.state_hash));
+            }
+        }
+        if seen.len() == nodes.len()
+            && seen[0].0 >= at_least
+            && seen.iter().all(|entry| *entry == seen[0])
+        {
+            return seen[0].0;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas did not converge: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A leader is elected; writes go through it; a follower answers with
+/// `NOT_LEADER` and the leader's client address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_writes_and_not_leader_hint() {
+    let cluster = Cluster::start("election").await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(1).await;
+    for seq in 1..=5 {
+        let request = raw.execute_request(session.client_id, seq, seq, &incr("n"));
+        let (result, duplicate) = raw.execute(CALL_DEADLINE, &request).await.unwrap();
+        assert_eq!(result, CommandResult::Incremented { value: seq as i64 });
+        assert!(!duplicate);
+    }
+    assert_eq!(raw.read(b"n").await, Some(Value::Int(5)));
+
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let follower = (1..=3).find(|node| *node != leader).unwrap();
+    let request = raw.execute_request(session.client_id, 6, 6, &incr("n"));
+    let error = cluster
+        .client(follower)
+        .execute(request)
+        .await
+        .expect_err("a follower does not execute");
+    assert_eq!(reason(&error), Some(Reason::NotLeader));
+    let detail = oncekv::network::status::error_detail(&error).unwrap();
+    let leader_now = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    assert_eq!(detail.leader_client_addr, cluster.client_addr(leader_now));
+
+    // Every node serves its status, and all agree on the members.
+    for node in 1..=3 {
+        let status = cluster
+            .client(node)
+            .status(StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(status.node_id, node);
+        assert_eq!(status.members.len(), 3);
+    }
+    wait_converged(&cluster, &[1, 2, 3], 1).await;
+}
+
+/// SIGKILL all three nodes under load and restart them: every acknowledged
+/// increment is present exactly once (each task's counter equals its last
+/// acknowledged seq, and every reply equals its seq), and cached requests
+/// are still answered as duplicates with their original responses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_all_under_load_loses_nothing_acknowledged() {
+    const TASKS: u64 = 4;
+    const OPS_MAX: u64 = 400;
+    let cluster = Cluster::start("kill-all").await;
+    let raw = raw_client(&cluster).await;
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let raw = raw.clone();
+        let acked = acked.clone();
+        let stop = stop.clone();
+        let session = raw.register(100 + u128::from(task)).await;
+        tasks.push(tokio::spawn(async move {
+            let key = format!("counter-{task}");
+            let mut last = 0;
+            for seq in 1..=OPS_MAX {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let request = raw.execute_request(session.client_id, seq, seq, &incr(&key));
+                let (result, _) = raw
+                    .execute(CALL_DEADLINE, &request)
+                    .await
+                    .unwrap_or_else(|error| panic!("{key} seq {seq}: {error}"));
+                assert_eq!(
+                    result,
+                    CommandResult::Incremented { value: seq as i64 },
+                    "{key}: the counter must equal the number of increments"
+                );
+                last = seq;
+                acked.fetch_add(1, Ordering::SeqCst);
+            }
+            (session.client_id, key, last)
+        }));
+    }
+    let wait_acked = |at_least: u64| {
+        let acked = acked.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while acked.load(Ordering::SeqCst) < at_least {
+                assert!(Instant::now() < deadline, "load made no progress");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_acked(40).await;
+    for node in 1..=3 {
+        cluster.kill(node);
+    }
+    let before = acked.load(Ordering::SeqCst);
+    for node in 1..=3 {
+        cluster.restart(node).await;
+    }
+    wait_acked(before + 40).await;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        let (client_id, key, last) = task.await.unwrap();
+        assert!(last > 0);
+        assert_eq!(raw.read(key.as_bytes()).await, Some(Value::Int(last as i64)));
+        let retry = raw.execute_request(client_id, last, last, &incr(&key));
+        assert_eq!(
+            raw.execute(CALL_DEADLINE, &retry).await.unwrap(),
+            (CommandResult::Incremented { value: last as i64 }, true),
+            "{key}: the last request is recognised after the restart"
+        );
+    }
+    wait_converged(&cluster, &[1, 2, 3], 1).await;
+}
+
+/// A node that was down while the others snapshotted and purged their logs
+/// catches up by snapshot; made leader, it still answers a retry of a
+/// request applied before it came back with the original response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_node_catches_up_by_snapshot_and_recognises_retries() {
+    let cluster = Cluster::start_with(
+        "snapshot-catch-up",
+        &["--snapshot-every-entries", "40", "--logs-kept-after-snapshot", "5"],
+    )
+    .await;
+    let raw = raw_client(&cluster).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let lagging = (1..=3).find(|node| *node != leader).unwrap();
+    cluster.kill(lagging);
+    let session = raw.register(7).await;
+    for seq in 1..=150 {
+        let request = raw.execute_request(session.client_id, seq, 1, &incr("k"));
+        raw.execute(CALL_DEADLINE, &request).await.unwrap();
+    }
+    let others: Vec<u64> = (1..=3).filter(|node| *node != lagging).collect();
+    let index = wait_converged(&cluster, &others, 150).await;
+    for &node in &others {
+        let status = cluster.status(node).await.unwrap();
+        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
+        assert!(status.purged_index > 0, "node {node} purged its log");
+    }
+    cluster.restart(lagging).await;
+    wait_converged(&cluster, &[1, 2, 3], index).await;
+    let status = cluster.status(lagging).await.unwrap();
+    assert!(
+        status.snapshot_index > 0,
+        "the lagging node installed a snapshot"
+    );
+
+    // Move leadership to the node that came back: kill whoever leads (and
+    // bring it back) until it does; bounded.
+    for _ in 0..10 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        if leader == lagging {
+            break;
+        }
+        cluster.kill(leader);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let new_leader = cluster.leader().await;
+            if new_leader.is_some_and(|new_leader| new_leader != leader) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no new leader");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        cluster.restart(leader).await;
+    }
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(60)).await,
+        lagging,
+        "leadership moved to the node that caught up"
+    );
+    let retry = raw.execute_request(session.client_id, 75, 1, &incr("k"));
+    let reply = cluster
+        .client(lagging)
+        .execute(retry)
+        .await
+        .expect("the new leader answers")
+        .into_inner();
+    assert!(reply.duplicate, "recognised as a retry");
+    assert_eq!(
+        oncekv::network::convert::result_from_proto(reply.result).unwrap(),
+        CommandResult::Incremented { value: 75 }
+    );
+    assert_eq!(raw.read(b"k").await, Some(Value::Int(150)));
+}

@@ -1,0 +1,157 @@
+//! A raw gRPC test client: exact control of (client id, seq, command), with
+//! leader discovery by following `NOT_LEADER` hints and retrying "this
+//! attempt" failures until a deadline — never changing the request.
+
+use oncekv::network::convert;
+use oncekv::network::status::error_detail;
+use oncekv::proto::{self, Reason, client_client::ClientClient};
+use oncekv::registry::{Command, CommandResult};
+use std::future::Future;
+use std::time::Duration;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+pub async fn connect(addr: &str) -> ClientClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("valid address")
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    ClientClient::new(channel)
+}
+
+/// The reason carried by a status, if it is one of ours.
+pub fn reason(status: &tonic::Status) -> Option<Reason> {
+    error_detail(status).map(|detail| detail.reason())
+}
+
+/// Whether a failure is for this attempt only (retry the same request).
+pub fn retryable(status: &tonic::Status) -> bool {
+    match reason(status) {
+        Some(Reason::NotLeader | Reason::Unavailable | Reason::TooManyOutstanding) => true,
+        Some(_) => false,
+        None => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+    }
+}
+
+/// A cluster seen through its client addresses.
+#[derive(Clone)]
+pub struct Raw {
+    pub addrs: Vec<String>,
+    pub cluster_id: Vec<u8>,
+    leader_hint: std::sync::Arc<std::sync::Mutex<usize>>,
+}
+
+impl Raw {
+    pub fn new(addrs: Vec<String>, cluster_id: Vec<u8>) -> Raw {
+        Raw {
+            addrs,
+            cluster_id,
+            leader_hint: Default::default(),
+        }
+    }
+
+    /// Runs `call` against the leader, following hints and retrying
+    /// retryable failures with a short backoff until `deadline` passes.
+    pub async fn on_leader<T, F, Fut>(&self, deadline: Duration, call: F) -> Result<T, tonic::Status>
+    where
+        F: Fn(ClientClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let until = Instant::now() + deadline;
+        let mut target = *self.leader_hint.lock().unwrap();
+        loop {
+            let client = connect(&self.addrs[target]).await;
+            let error = match call(client).await {
+                Ok(reply) => {
+                    *self.leader_hint.lock().unwrap() = target;
+                    return Ok(reply);
+                }
+                Err(error) => error,
+            };
+            if !retryable(&error) || Instant::now() >= until {
+                return Err(error);
+            }
+            let hinted = error_detail(&error)
+                .filter(|detail| detail.reason() == Reason::NotLeader)
+                .and_then(|detail| {
+                    self.addrs
+                        .iter()
+                        .position(|addr| *addr == detail.leader_client_addr)
+                });
+            match hinted {
+                Some(leader) => target = leader,
+                None => {
+                    target = (target + 1) % self.addrs.len();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    pub async fn register(&self, nonce: u128) -> proto::RegisterReply {
+        let request = proto::RegisterRequest {
+            cluster_id: self.cluster_id.clone(),
+            nonce: nonce.to_be_bytes().to_vec(),
+        };
+        self.on_leader(Duration::from_secs(30), |mut client| {
+            let request = request.clone();
+            async move { client.register(request).await.map(|reply| reply.into_inner()) }
+        })
+        .await
+        .expect("register")
+    }
+
+    pub fn execute_request(
+        &self,
+        client_id: u64,
+        seq: u64,
+        first_outstanding_seq: u64,
+        command: &Command,
+    ) -> proto::ExecuteRequest {
+        proto::ExecuteRequest {
+            cluster_id: self.cluster_id.clone(),
+            client_id,
+            seq,
+            first_outstanding_seq,
+            command: Some(convert::command_to_proto(command)),
+        }
+    }
+
+    /// Executes (client id, seq, command), retrying the same request.
+    pub async fn execute(
+        &self,
+        deadline: Duration,
+        request: &proto::ExecuteRequest,
+    ) -> Result<(CommandResult, bool), tonic::Status> {
+        let reply = self
+            .on_leader(deadline, |mut client| {
+                let request = request.clone();
+                async move { client.execute(request).await.map(|reply| reply.into_inner()) }
+            })
+            .await?;
+        let result = convert::result_from_proto(reply.result).expect("well-formed result");
+        Ok((result, reply.duplicate))
+    }
+
+    /// A linearizable read through the leader.
+    pub async fn read(&self, key: &[u8]) -> Option<oncekv::registry::Value> {
+        let request = proto::ReadRequest {
+            cluster_id: self.cluster_id.clone(),
+            key: key.to_vec(),
+        };
+        let reply = self
+            .on_leader(Duration::from_secs(30), |mut client| {
+                let request = request.clone();
+                async move { client.read(request).await.map(|reply| reply.into_inner()) }
+            })
+            .await
+            .expect("read");
+        reply
+            .value
+            .map(|value| convert::value_from_proto(value).expect("well-formed value"))
+    }
+}
