@@ -1,4 +1,5 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod registry;
