@@ -1,6 +1,7 @@
 //! oncekv: an exactly-once key-value service — a replicated client-session
 //! registry on Raft (the Idempotent Receiver). See README.md and DESIGN rules.
 
+pub mod cli;
 pub mod clock;
 pub mod network;
 pub mod node;

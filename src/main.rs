@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Run one node of a cluster.
     Node(Box<NodeOptions>),
+    /// Show every node's id, role, term and log / applied indexes.
+    Status(oncekv::cli::status::StatusArgs),
 }
 
 /// Resolves when the process is asked to stop (SIGTERM or ctrl-c).
@@ -57,6 +59,12 @@ async fn main() -> anyhow::Result<()> {
             init_tracing();
             let config = options.resolve()?;
             node::run(config, stop_requested()).await
+        }
+        Command::Status(args) => {
+            if !args.run().await? {
+                std::process::exit(1);
+            }
+            Ok(())
         }
     }
 }

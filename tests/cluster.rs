@@ -168,7 +168,10 @@ async fn kill_all_under_load_loses_nothing_acknowledged() {
     for task in tasks {
         let (client_id, key, last) = task.await.unwrap();
         assert!(last > 0);
-        assert_eq!(raw.read(key.as_bytes()).await, Some(Value::Int(last as i64)));
+        assert_eq!(
+            raw.read(key.as_bytes()).await,
+            Some(Value::Int(last as i64))
+        );
         let retry = raw.execute_request(client_id, last, last, &incr(&key));
         assert_eq!(
             raw.execute(CALL_DEADLINE, &retry).await.unwrap(),
@@ -186,7 +189,12 @@ async fn kill_all_under_load_loses_nothing_acknowledged() {
 async fn lagging_node_catches_up_by_snapshot_and_recognises_retries() {
     let cluster = Cluster::start_with(
         "snapshot-catch-up",
-        &["--snapshot-every-entries", "40", "--logs-kept-after-snapshot", "5"],
+        &[
+            "--snapshot-every-entries",
+            "40",
+            "--logs-kept-after-snapshot",
+            "5",
+        ],
     )
     .await;
     let raw = raw_client(&cluster).await;

@@ -67,5 +67,8 @@ async fn retry_after_leader_death_gets_the_original_response() {
     assert_eq!(result, CommandResult::Incremented { value: 5 });
     assert!(duplicate, "answered from the cache, not executed again");
     assert_eq!(raw.read(b"balance").await, Some(Value::Int(5)));
-    assert_ne!(cluster.wait_for_leader(Duration::from_secs(60)).await, leader);
+    assert_ne!(
+        cluster.wait_for_leader(Duration::from_secs(60)).await,
+        leader
+    );
 }

@@ -130,9 +130,12 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
     status
 }
 
-/// Reads the `ErrorDetail` of a status produced by [`reason_status`].
+/// Reads the `ErrorDetail` of a status produced by [`reason_status`];
+/// `None` for any other status (a transport failure, say).
 pub fn error_detail(status: &tonic::Status) -> Option<ErrorDetail> {
-    ErrorDetail::decode(status.details()).ok()
+    ErrorDetail::decode(status.details())
+        .ok()
+        .filter(|detail| detail.reason() != Reason::Unspecified)
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod raw;
 pub mod registry;

@@ -30,9 +30,14 @@ pub fn retryable(status: &tonic::Status) -> bool {
     match reason(status) {
         Some(Reason::NotLeader | Reason::Unavailable | Reason::TooManyOutstanding) => true,
         Some(_) => false,
+        // No detail: the call failed below our service (connection refused
+        // or reset, a deadline): nothing is known of this attempt.
         None => matches!(
             status.code(),
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
         ),
     }
 }
@@ -56,7 +61,11 @@ impl Raw {
 
     /// Runs `call` against the leader, following hints and retrying
     /// retryable failures with a short backoff until `deadline` passes.
-    pub async fn on_leader<T, F, Fut>(&self, deadline: Duration, call: F) -> Result<T, tonic::Status>
+    pub async fn on_leader<T, F, Fut>(
+        &self,
+        deadline: Duration,
+        call: F,
+    ) -> Result<T, tonic::Status>
     where
         F: Fn(ClientClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
@@ -99,7 +108,12 @@ impl Raw {
         };
         self.on_leader(Duration::from_secs(30), |mut client| {
             let request = request.clone();
-            async move { client.register(request).await.map(|reply| reply.into_inner()) }
+            async move {
+                client
+                    .register(request)
+                    .await
+                    .map(|reply| reply.into_inner())
+            }
         })
         .await
         .expect("register")
@@ -130,7 +144,12 @@ impl Raw {
         let reply = self
             .on_leader(deadline, |mut client| {
                 let request = request.clone();
-                async move { client.execute(request).await.map(|reply| reply.into_inner()) }
+                async move {
+                    client
+                        .execute(request)
+                        .await
+                        .map(|reply| reply.into_inner())
+                }
             })
             .await?;
         let result = convert::result_from_proto(reply.result).expect("well-formed result");

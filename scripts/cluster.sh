@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# A local 3-node oncekv cluster on 127.0.0.1, for trying things by hand.
+#
+#   scripts/cluster.sh start | stop | status | kill-leader | restart N
+#
+# Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)) and Raft peers
+# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)). Everything a node owns lives in
+# $ONCEKV_DATA/nN: its Raft data dir (db/), its log (node.log) and, while it
+# runs, its pid file (pid). Stopping keeps the data: a later start resumes the
+# same cluster.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: scripts/cluster.sh COMMAND
+
+commands:
+  start        build (release) and start the three nodes, wait for a leader
+  stop         stop every node (SIGTERM, then SIGKILL after a grace period)
+  status       show every node's view of the cluster
+  kill-leader  SIGKILL the current leader
+  restart N    SIGKILL node N if it runs, then start it again
+
+environment:
+  ONCEKV_DATA        where the nodes keep their data and logs
+                     (default ./data, relative to the current directory)
+  ONCEKV_PORT_BASE   node N listens on base+N (clients) and base+100+N (peers)
+                     (default 7100)
+  RUST_LOG           node log filter (default info)
+EOF
+}
+
+readonly NODES=(1 2 3)
+readonly START_TIMEOUT_S=30
+readonly STOP_TIMEOUT_S=10
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly ROOT
+DATA=${ONCEKV_DATA:-./data}
+case $DATA in
+    /*) ;;
+    *) DATA=$PWD/$DATA ;;
+esac
+readonly DATA
+readonly BASE=${ONCEKV_PORT_BASE:-7100}
+readonly BIN=$ROOT/target/release/oncekv
+
+die() {
+    echo "cluster.sh: $*" >&2
+    exit 1
+}
+
+# ---- addresses and files ---------------------------------------------------
+
+client_addr() { echo "127.0.0.1:$((BASE + $1))"; }
+peer_addr() { echo "127.0.0.1:$((BASE + 100 + $1))"; }
+node_dir() { echo "$DATA/n$1"; }
+pid_file() { echo "$(node_dir "$1")/pid"; }
+log_file() { echo "$(node_dir "$1")/node.log"; }
+
+# The client endpoints of all nodes, comma-separated.
+endpoints() {
+    local n list=()
+    for n in "${NODES[@]}"; do
+        list+=("$(client_addr "$n")")
+    done
+    (IFS=,; echo "${list[*]}")
+}
+
+# ---- processes ---------------------------------------------------------------
+
+# Prints node N's pid if its pid file names a live `oncekv node` process;
+# fails otherwise (a stale pid file is removed).
+running_pid() {
+    local file pid
+    file=$(pid_file "$1")
+    [[ -f $file ]] || return 1
+    pid=$(<"$file")
+    if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
+        && [[ $(ps -o args= -p "$pid") == *"oncekv node"* ]]; then
+        echo "$pid"
+    else
+        rm -f "$file"
+        return 1
+    fi
+}
+
+# Starts node N in the background, in its own session so it outlives this
+# script and the terminal; setsid execs in place, so $! is the node's pid.
+start_node() {
+    local n=$1 dir peers=() m
+    dir=$(node_dir "$n")
+    mkdir -p "$dir/db"
+    for m in "${NODES[@]}"; do
+        peers+=(--peer "$m=$(peer_addr "$m")/$(client_addr "$m")")
+    done
+    local init=()
+    if [[ $n == 1 ]]; then
+        # Ignored by the node once its data dir holds Raft state.
+        init=(--initialize)
+    fi
+    RUST_LOG=${RUST_LOG:-info} setsid "$BIN" node \
+        --id "$n" \
+        --client-addr "$(client_addr "$n")" \
+        --peer-addr "$(peer_addr "$n")" \
+        --data-dir "$dir/db" \
+        "${peers[@]}" "${init[@]}" \
+        </dev/null >>"$(log_file "$n")" 2>&1 &
+    echo $! >"$(pid_file "$n")"
+    echo "node $n started (pid $!, client $(client_addr "$n"), log $(log_file "$n"))"
+}
+
+# Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
+wait_exit() {
+    local pid=$1 deadline=$((SECONDS + $2))
+    while kill -0 "$pid" 2>/dev/null; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+
+# SIGKILLs node N if it runs.
+kill_node() {
+    local pid
+    if pid=$(running_pid "$1"); then
+        kill -KILL "$pid"
+        wait_exit "$pid" 5 || die "node $1 (pid $pid) survived SIGKILL"
+        rm -f "$(pid_file "$1")"
+        echo "node $1 killed (pid $pid)"
+    fi
+}
+
+# ---- status --------------------------------------------------------------------
+
+# `oncekv status` for all nodes; extra args are passed on.
+run_status() {
+    [[ -x $BIN ]] || die "$BIN not built; run: scripts/cluster.sh start"
+    "$BIN" status --endpoints "$(endpoints)" "$@"
+}
+
+# Prints the id of the node that reports role leader (the highest term if
+# several do, e.g. a deposed leader that has not heard yet); fails if none.
+# Reads `status --json` (one compact object per line) with bash alone; the
+# first "node_id" of a line is the node's own: the members list comes last.
+leader_id() {
+    local lines line leader='' best_term=-1
+    lines=$(run_status --json 2>/dev/null) || return 1
+    while IFS= read -r line; do
+        [[ $line =~ \"role\":\"leader\" ]] || continue
+        [[ $line =~ \"term\":([0-9]+) ]] || continue
+        local term=${BASH_REMATCH[1]}
+        [[ $line =~ \"node_id\":([0-9]+) ]] || continue
+        if ((term > best_term)); then
+            best_term=$term
+            leader=${BASH_REMATCH[1]}
+        fi
+    done <<<"$lines"
+    [[ -n $leader ]] && echo "$leader"
+}
+
+# Waits until node N answers Status; fails if it exits or stays silent.
+wait_answers() {
+    local n=$1 deadline=$((SECONDS + START_TIMEOUT_S))
+    until "$BIN" status --endpoints "$(client_addr "$n")" >/dev/null 2>&1; do
+        running_pid "$n" >/dev/null || { print_log_tails; die "node $n exited"; }
+        ((SECONDS < deadline)) || die "node $n silent for ${START_TIMEOUT_S}s"
+        sleep 0.2
+    done
+}
+
+# Fails, showing the logs, if some node is not running.
+check_all_running() {
+    local n
+    for n in "${NODES[@]}"; do
+        if ! running_pid "$n" >/dev/null; then
+            print_log_tails
+            die "node $n is not running"
+        fi
+    done
+}
+
+print_log_tails() {
+    local n
+    for n in "${NODES[@]}"; do
+        echo "----- node $n: last 30 lines of $(log_file "$n") -----" >&2
+        tail -n 30 "$(log_file "$n")" >&2 2>/dev/null || echo "(no log)" >&2
+    done
+}
+
+# ---- commands ------------------------------------------------------------------
+
+cmd_start() {
+    (cd "$ROOT" && cargo build --release --quiet) || die "build failed"
+    local n pid leader
+    for n in "${NODES[@]}"; do
+        if pid=$(running_pid "$n"); then
+            echo "node $n already running (pid $pid)"
+        else
+            start_node "$n"
+        fi
+    done
+    local deadline=$((SECONDS + START_TIMEOUT_S))
+    until leader=$(leader_id); do
+        check_all_running
+        if ((SECONDS >= deadline)); then
+            print_log_tails
+            die "no leader within ${START_TIMEOUT_S}s"
+        fi
+        sleep 0.2
+    done
+    # Two nodes elect a leader; make sure the third did not die meanwhile.
+    check_all_running
+    echo "client endpoints: $(endpoints)"
+    echo "leader: node $leader ($(client_addr "$leader"))"
+}
+
+cmd_stop() {
+    local n pid pids=()
+    for n in "${NODES[@]}"; do
+        if pid=$(running_pid "$n"); then
+            kill -TERM "$pid"
+            pids+=("$n:$pid")
+        fi
+    done
+    local entry
+    for entry in "${pids[@]}"; do
+        n=${entry%%:*}
+        pid=${entry#*:}
+        if wait_exit "$pid" "$STOP_TIMEOUT_S"; then
+            echo "node $n stopped"
+        else
+            kill -KILL "$pid" 2>/dev/null || true
+            wait_exit "$pid" 5 || die "node $n (pid $pid) survived SIGKILL"
+            echo "node $n did not stop within ${STOP_TIMEOUT_S}s: killed"
+        fi
+        rm -f "$(pid_file "$n")"
+    done
+    ((${#pids[@]} > 0)) || echo "no node running"
+}
+
+cmd_status() {
+    run_status
+}
+
+cmd_kill_leader() {
+    local leader pid
+    leader=$(leader_id) || die "no leader known"
+    pid=$(running_pid "$leader") || die "leader is node $leader, but it is not ours (no live pid file)"
+    kill -KILL "$pid"
+    wait_exit "$pid" 5 || die "node $leader (pid $pid) survived SIGKILL"
+    rm -f "$(pid_file "$leader")"
+    echo "killed leader node $leader (pid $pid)"
+}
+
+cmd_restart() {
+    local n=${1:-}
+    [[ $n =~ ^[123]$ ]] || { usage >&2; exit 2; }
+    [[ -x $BIN ]] || die "$BIN not built; run: scripts/cluster.sh start"
+    kill_node "$n"
+    start_node "$n"
+    wait_answers "$n"
+    run_status
+}
+
+main() {
+    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 103 > 65535)); then
+        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65432"
+    fi
+    case ${1:-} in
+        start) cmd_start ;;
+        stop) cmd_stop ;;
+        status) cmd_status ;;
+        kill-leader) cmd_kill_leader ;;
+        restart) shift; cmd_restart "$@" ;;
+        -h | --help | help) usage ;;
+        *) usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"

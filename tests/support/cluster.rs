@@ -1,0 +1,461 @@
+//! A real 3-node oncekv cluster for integration tests: the `oncekv node`
+//! binary run as three child processes on free loopback ports, each with its
+//! own data directory under one temporary directory. It owns those processes
+//! for the life of the `Cluster` value — every child is SIGKILLed and reaped
+//! when it drops, also when a test panics, and then the tail of every node's
+//! log is printed — and it knows nodes only through their `Status` replies.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use oncekv::cli::status::query;
+use oncekv::proto::StatusReply;
+use oncekv::proto::client_client::ClientClient;
+use tempfile::TempDir;
+use tokio::time::{Instant, sleep};
+use tonic::transport::{Channel, Endpoint};
+
+/// The members, in order.
+pub const NODES: [u64; 3] = [1, 2, 3];
+/// How long `start` waits for a leader known by all and a cluster id.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline of one `Status` call made by the harness.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a restarted node may take to answer `Status`.
+pub const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a node may take to exit after SIGTERM.
+pub const TERMINATE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Lines of each node's log printed when a test panics.
+const LOG_TAIL_LINES: usize = 60;
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Raft timing for a loaded 2-core machine (see DESIGN.md, "Timing").
+const TIMING_FLAGS: [&str; 6] = [
+    "--heartbeat-ms",
+    "100",
+    "--election-timeout-min-ms",
+    "400",
+    "--election-timeout-max-ms",
+    "800",
+];
+
+/// A running 3-node cluster; dropping it kills every node.
+pub struct Cluster {
+    name: String,
+    nodes: BTreeMap<u64, Node>,
+    /// Extra `oncekv node` flags given to every node.
+    extra_args: Vec<String>,
+    // Declared last: dropped after the nodes are gone.
+    dir: TempDir,
+}
+
+struct Node {
+    id: u64,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    /// Locked only briefly, never across an await, so every method can take
+    /// `&self` and a test may share the cluster (say, with a nemesis task).
+    child: Mutex<Option<Child>>,
+}
+
+impl Node {
+    fn child(&self) -> MutexGuard<'_, Option<Child>> {
+        // A panic elsewhere must not stop Drop from killing the process.
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Cluster {
+    /// Starts nodes 1..=3 (node 1 with `--initialize`) and waits until all
+    /// three answer `Status`, agree on one leader that says it leads, and
+    /// know the cluster id. Panics (printing the node logs) otherwise.
+    pub async fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, &[]).await
+    }
+
+    /// Like [`Cluster::start`], with extra `oncekv node` flags for every node.
+    pub async fn start_with(name: &str, extra_args: &[&str]) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("oncekv-{name}-"))
+            .tempdir()
+            .expect("create the cluster's temporary directory");
+        let ports = free_ports(2 * NODES.len());
+        let nodes = NODES
+            .iter()
+            .zip(ports.chunks(2))
+            .map(|(&id, ports)| {
+                let node = Node {
+                    id,
+                    client_addr: ports[0],
+                    peer_addr: ports[1],
+                    data_dir: dir.path().join(format!("n{id}")),
+                    log_path: dir.path().join(format!("n{id}.log")),
+                    child: Mutex::new(None),
+                };
+                (id, node)
+            })
+            .collect();
+        let cluster = Cluster {
+            name: name.to_owned(),
+            nodes,
+            extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
+            dir,
+        };
+        for id in NODES {
+            cluster.spawn(id);
+        }
+        cluster
+            .wait_until(
+                START_TIMEOUT,
+                "a leader known by all and a cluster id",
+                |statuses| {
+                    let replies: Vec<&StatusReply> =
+                        statuses.values().filter_map(|s| s.as_ref().ok()).collect();
+                    replies.len() == NODES.len()
+                        && replies.iter().all(|reply| !reply.cluster_id.is_empty())
+                        && agreed_leader(statuses).is_some()
+                },
+            )
+            .await;
+        cluster
+    }
+
+    /// The cluster's name, as given to `start`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The temporary directory holding every node's data dir and log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `127.0.0.1:port` of `node`'s client service.
+    pub fn client_addr(&self, node: u64) -> String {
+        self.node(node).client_addr.to_string()
+    }
+
+    /// `127.0.0.1:port` of `node`'s Raft service.
+    pub fn peer_addr(&self, node: u64) -> String {
+        self.node(node).peer_addr.to_string()
+    }
+
+    /// The client endpoints of all nodes, in node order.
+    pub fn client_addrs(&self) -> Vec<String> {
+        NODES.iter().map(|&id| self.client_addr(id)).collect()
+    }
+
+    pub fn data_dir(&self, node: u64) -> &Path {
+        &self.node(node).data_dir
+    }
+
+    pub fn log_path(&self, node: u64) -> &Path {
+        &self.node(node).log_path
+    }
+
+    /// Whether the harness has a process for `node` (started and not
+    /// killed or terminated by the harness; it may have exited by itself).
+    pub fn is_running(&self, node: u64) -> bool {
+        self.node(node).child().is_some()
+    }
+
+    /// A client of `node`'s client service. The channel connects lazily and
+    /// reconnects after a restart; calls carry no deadline of their own.
+    pub fn client(&self, node: u64) -> ClientClient<Channel> {
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.client_addr(node)))
+            .expect("a loopback address is a valid URI")
+            .connect_timeout(STATUS_TIMEOUT);
+        ClientClient::new(endpoint.connect_lazy())
+    }
+
+    /// `node`'s answer to `Status` (within [`STATUS_TIMEOUT`]), or why none
+    /// came.
+    pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
+        query(&self.client_addr(node), STATUS_TIMEOUT)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// The leader as the running nodes see it now: a node that says it is
+    /// leader and that every running node names as leader. `None` while
+    /// there is none, or while they disagree (an election, a stale leader).
+    pub async fn leader(&self) -> Option<u64> {
+        agreed_leader(&self.statuses().await)
+    }
+
+    /// Waits up to `timeout` for [`Cluster::leader`] to name one; panics
+    /// with every node's status otherwise.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
+        let statuses = self
+            .wait_until(
+                timeout,
+                "a leader agreed by all running nodes",
+                |statuses| agreed_leader(statuses).is_some(),
+            )
+            .await;
+        agreed_leader(&statuses).expect("the condition just held")
+    }
+
+    /// SIGKILLs `node` and reaps it: a crash, nothing flushed.
+    pub fn kill(&self, node: u64) {
+        let mut child = self.take_child(node);
+        signal(&child, Signal::SIGKILL);
+        child.wait().expect("reap a killed node");
+    }
+
+    /// SIGTERMs `node` and waits for it to exit (a clean shutdown), returning
+    /// its exit status. Panics if it has not exited within
+    /// [`TERMINATE_TIMEOUT`] (it is SIGKILLed first).
+    pub async fn terminate(&self, node: u64) -> ExitStatus {
+        let mut child = self.take_child(node);
+        signal(&child, Signal::SIGTERM);
+        let deadline = Instant::now() + TERMINATE_TIMEOUT;
+        loop {
+            if let Some(exit) = child.try_wait().expect("poll a terminating node") {
+                return exit;
+            }
+            if Instant::now() >= deadline {
+                signal(&child, Signal::SIGKILL);
+                child.wait().expect("reap a killed node");
+                panic!(
+                    "[{}] node {node} did not exit within {TERMINATE_TIMEOUT:?} of SIGTERM",
+                    self.name
+                );
+            }
+            sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// SIGKILLs `node` if the harness runs it, then starts it again with the
+    /// same flags and data dir, and waits until it answers `Status` (not
+    /// until it has caught up or a leader is known).
+    pub async fn restart(&self, node: u64) {
+        if self.is_running(node) {
+            self.kill(node);
+        }
+        self.spawn(node);
+        self.wait_until(
+            RESTART_TIMEOUT,
+            &format!("node {node} to answer Status"),
+            |statuses| statuses.get(&node).is_some_and(Result::is_ok),
+        )
+        .await;
+    }
+
+    fn node(&self, node: u64) -> &Node {
+        self.nodes
+            .get(&node)
+            .unwrap_or_else(|| panic!("no node {node}; the members are {NODES:?}"))
+    }
+
+    fn take_child(&self, node: u64) -> Child {
+        self.node(node)
+            .child()
+            .take()
+            .unwrap_or_else(|| panic!("[{}] node {node} is not running", self.name))
+    }
+
+    /// Starts `node`'s process, stdout and stderr appended to its log.
+    fn spawn(&self, node: u64) {
+        let peers: Vec<String> = self
+            .nodes
+            .values()
+            .map(|n| format!("{}={}/{}", n.id, n.peer_addr, n.client_addr))
+            .collect();
+        let node = self.node(node);
+        let mut child = node.child();
+        assert!(child.is_none(), "node {} is already running", node.id);
+        std::fs::create_dir_all(&node.data_dir).expect("create a node's data dir");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log_path)
+            .expect("open a node's log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_oncekv"));
+        command
+            .arg("node")
+            .arg("--id")
+            .arg(node.id.to_string())
+            .arg("--client-addr")
+            .arg(node.client_addr.to_string())
+            .arg("--peer-addr")
+            .arg(node.peer_addr.to_string())
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args(TIMING_FLAGS)
+            .args(&self.extra_args);
+        for peer in &peers {
+            command.arg("--peer").arg(peer);
+        }
+        if node.id == 1 {
+            // Ignored by the node once its data dir holds Raft state.
+            command.arg("--initialize");
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone a log file handle"))
+            .stderr(log);
+        *child = Some(
+            command
+                .spawn()
+                .unwrap_or_else(|error| panic!("spawn node {}: {error}", node.id)),
+        );
+    }
+
+    /// Every node's `Status`, asked concurrently; a node the harness does not
+    /// run is absent.
+    async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
+        let running: Vec<u64> = NODES
+            .into_iter()
+            .filter(|&id| self.is_running(id))
+            .collect();
+        let replies = futures::future::join_all(running.iter().map(|&id| self.status(id))).await;
+        running.into_iter().zip(replies).collect()
+    }
+
+    /// Polls every running node's `Status` until `condition` holds, and
+    /// returns the statuses that satisfied it. Panics, with the last
+    /// statuses, when `timeout` passes or a node process exits by itself.
+    async fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        condition: impl Fn(&BTreeMap<u64, Result<StatusReply, String>>) -> bool,
+    ) -> BTreeMap<u64, Result<StatusReply, String>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive();
+            let statuses = self.statuses().await;
+            if condition(&statuses) {
+                return statuses;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "[{}] no {what} within {timeout:?}; last statuses:\n{}",
+                    self.name,
+                    describe(&statuses)
+                );
+            }
+            sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Panics if a node the harness runs has exited without being told to.
+    fn check_alive(&self) {
+        for node in self.nodes.values() {
+            let mut child = node.child();
+            if let Some(process) = child.as_mut()
+                && let Some(exit) = process.try_wait().expect("poll a node process")
+            {
+                *child = None;
+                drop(child);
+                panic!(
+                    "[{}] node {} exited unexpectedly: {exit}",
+                    self.name, node.id
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values() {
+            if let Some(mut child) = node.child().take() {
+                // An error only means it has already exited; wait still reaps.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        if std::thread::panicking() {
+            for node in self.nodes.values() {
+                eprintln!(
+                    "----- [{}] node {} log ({}), last {LOG_TAIL_LINES} lines -----\n{}",
+                    self.name,
+                    node.id,
+                    node.log_path.display(),
+                    log_tail(&node.log_path, LOG_TAIL_LINES)
+                );
+            }
+        }
+    }
+}
+
+/// The leader every answering node agrees on: it answered as "leader", and
+/// every node that answered names it. Nodes that did not answer (down or
+/// slow) do not veto.
+fn agreed_leader(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> Option<u64> {
+    let replies: Vec<&StatusReply> = statuses.values().filter_map(|s| s.as_ref().ok()).collect();
+    let leader = replies
+        .iter()
+        .filter(|reply| reply.role == "leader")
+        .max_by_key(|reply| reply.term)?;
+    replies
+        .iter()
+        .all(|reply| reply.leader_id == leader.node_id && reply.term == leader.term)
+        .then_some(leader.node_id)
+}
+
+fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String {
+    statuses
+        .iter()
+        .map(|(id, status)| match status {
+            Ok(reply) => format!(
+                "  node {id}: {} term {} leader {} last_log {} applied {} cluster_id {} bytes",
+                reply.role,
+                reply.term,
+                reply.leader_id,
+                reply.last_log_index,
+                reply.applied_index,
+                reply.cluster_id.len()
+            ),
+            Err(error) => format!("  node {id}: {error}"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `count` distinct free loopback ports: all bound at once so none repeats,
+/// then released for the nodes to bind (another process could take one in
+/// between; unlikely enough for tests).
+fn free_ports(count: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().expect("a bound address"))
+        .collect()
+}
+
+fn signal(child: &Child, signal: Signal) {
+    let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid fits in i32"));
+    // ESRCH cannot happen: the child is not reaped yet, so its pid is ours
+    // even if it has exited.
+    kill(pid, signal).unwrap_or_else(|error| panic!("send {signal} to pid {pid}: {error}"));
+}
+
+fn log_tail(path: &Path, lines: usize) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return "(no log)".to_owned();
+    };
+    let mut bytes = Vec::new();
+    if let Err(error) = std::io::Read::read_to_end(&mut file, &mut bytes) {
+        return format!("(unreadable log: {error})");
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
