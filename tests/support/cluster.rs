@@ -212,6 +212,18 @@ impl Cluster {
         child.wait().expect("reap a killed node");
     }
 
+    /// SIGSTOPs `node`: alive but silent, like a long pause of its VM.
+    pub fn pause(&self, node: u64) {
+        let child = self.node(node).child();
+        signal(child.as_ref().expect("node is running"), Signal::SIGSTOP);
+    }
+
+    /// SIGCONTs a paused `node`.
+    pub fn resume(&self, node: u64) {
+        let child = self.node(node).child();
+        signal(child.as_ref().expect("node is running"), Signal::SIGCONT);
+    }
+
     /// SIGTERMs `node` and waits for it to exit (a clean shutdown), returning
     /// its exit status. Panics if it has not exited within
     /// [`TERMINATE_TIMEOUT`] (it is SIGKILLed first).

@@ -1,0 +1,198 @@
+//! DESIGN.md rules that only a running cluster can break: the cluster clock
+//! (rule 11) across a whole-cluster outage, cluster and node identity
+//! (rule 16), linearizable reads on a deposed leader, and graceful shutdown.
+
+mod support;
+
+use oncekv::proto::{self, Reason};
+use oncekv::registry::{Command, CommandResult, Value};
+use std::time::Duration;
+use support::cluster::Cluster;
+use support::raw::{Raw, reason};
+use tokio::time::Instant;
+
+async fn raw_client(cluster: &Cluster) -> Raw {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        if let Ok(status) = cluster.status(leader).await
+            && !status.cluster_id.is_empty()
+        {
+            return Raw::new(cluster.client_addrs(), status.cluster_id);
+        }
+        assert!(Instant::now() < deadline, "cluster never bootstrapped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn keep_alive(raw: &Raw, client_id: u64) -> Result<u64, tonic::Status> {
+    let request = proto::KeepAliveRequest {
+        cluster_id: raw.cluster_id.clone(),
+        client_id,
+        first_outstanding_seq: 0,
+    };
+    raw.on_leader(Duration::from_secs(60), |mut client| {
+        let request = request.clone();
+        async move {
+            client
+                .keep_alive(request)
+                .await
+                .map(|reply| reply.into_inner().floor)
+        }
+    })
+    .await
+}
+
+/// Rule 11: time with no leader does not count against sessions. The whole
+/// cluster is down (cleanly, by SIGTERM) for longer than the TTL and the
+/// session survives; idle for longer than the TTL while the cluster runs,
+/// it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule11_whole_cluster_outage_does_not_expire_sessions() {
+    const TTL: Duration = Duration::from_millis(2_000);
+    let cluster = Cluster::start_with("outage", &["--session-ttl-ms", "2000"]).await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(11).await;
+    assert_eq!(session.session_ttl_ms, 2_000);
+    for node in 1..=3 {
+        let exit = cluster.terminate(node).await;
+        assert!(exit.success(), "node {node} shuts down cleanly: {exit}");
+    }
+    // The outage itself: wall-clock time passes with no leader.
+    tokio::time::sleep(TTL + Duration::from_millis(1_500)).await;
+    for node in 1..=3 {
+        cluster.restart(node).await;
+    }
+    keep_alive(&raw, session.client_id)
+        .await
+        .expect("the session survives an outage longer than its TTL");
+
+    // Idle for longer than the TTL while a leader runs: expired.
+    tokio::time::sleep(TTL + Duration::from_millis(1_500)).await;
+    let error = keep_alive(&raw, session.client_id)
+        .await
+        .expect_err("an idle session expires");
+    assert_eq!(reason(&error), Some(Reason::SessionExpired));
+}
+
+/// Rule 16: a request naming another cluster is refused, final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule16_request_for_another_cluster_is_refused() {
+    let cluster = Cluster::start("wrong-cluster").await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(16).await;
+    let mut other = raw.cluster_id.clone();
+    other[0] ^= 0xff;
+    let stranger = Raw::new(cluster.client_addrs(), other);
+    let request = stranger.execute_request(
+        session.client_id,
+        1,
+        1,
+        &Command::Increment {
+            key: b"n".to_vec(),
+            delta: 1,
+        },
+    );
+    let error = stranger
+        .execute(Duration::from_secs(30), &request)
+        .await
+        .expect_err("another cluster's request");
+    assert_eq!(reason(&error), Some(Reason::WrongCluster));
+    let detail = oncekv::network::status::error_detail(&error).unwrap();
+    assert_eq!(detail.expected_cluster_id, raw.cluster_id);
+    assert_eq!(raw.read(b"n").await, None);
+}
+
+/// Rule 16: a node refuses to start on a data directory written by another
+/// node id, and says why.
+#[tokio::test]
+async fn rule16_node_refuses_another_nodes_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("node_id"), "1\n").unwrap();
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_oncekv"))
+            .args(["node", "--id", "2"])
+            .args(["--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the node exits at once")
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("belongs to node 1"), "{stderr}");
+}
+
+/// A leader paused long enough to be deposed never serves a stale read
+/// when it wakes: it either refuses (not the leader) or answers with the
+/// value written meanwhile under the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposed_leader_serves_no_stale_read() {
+    let cluster = Cluster::start("stale-read").await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(8).await;
+    let put = |seq: u64, value: i64| {
+        raw.execute_request(
+            session.client_id,
+            seq,
+            seq,
+            &Command::Put {
+                key: b"x".to_vec(),
+                value: Value::Int(value),
+            },
+        )
+    };
+    raw.execute(Duration::from_secs(60), &put(1, 1))
+        .await
+        .unwrap();
+    let old = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    cluster.pause(old);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut new_leader = false;
+        for node in (1..=3).filter(|node| *node != old) {
+            if let Ok(status) = cluster.status(node).await {
+                new_leader |= status.role == "leader";
+            }
+        }
+        if new_leader {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader while {old} is paused"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (result, _) = raw
+        .execute(Duration::from_secs(60), &put(2, 2))
+        .await
+        .unwrap();
+    assert_eq!(result, CommandResult::Stored);
+    cluster.resume(old);
+    let read = cluster
+        .client(old)
+        .read(proto::ReadRequest {
+            cluster_id: raw.cluster_id.clone(),
+            key: b"x".to_vec(),
+        })
+        .await;
+    match read {
+        Ok(reply) => assert_eq!(
+            reply.into_inner().value,
+            Some(oncekv::network::convert::value_to_proto(&Value::Int(2))),
+            "a read after the new write must see it"
+        ),
+        Err(error) => assert!(
+            matches!(
+                reason(&error),
+                Some(Reason::NotLeader | Reason::Unavailable)
+            ) || error.code() == tonic::Code::DeadlineExceeded,
+            "{error}"
+        ),
+    }
+}
