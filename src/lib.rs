@@ -2,6 +2,7 @@
 //! registry on Raft (the Idempotent Receiver). See README.md and DESIGN rules.
 
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod network;
 pub mod node;

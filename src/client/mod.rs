@@ -1,0 +1,733 @@
+//! The client library: exactly-once calls made effortless. A [`Client`]
+//! registers a session lazily (idempotently, by a random nonce), numbers
+//! every request, tracks the first outstanding seq, keeps many requests in
+//! flight within the session's window, and retries every "this attempt"
+//! failure with the *same* (client id, seq, command) — following leader
+//! hints, with exponential backoff and full jitter — until the call's
+//! deadline. At the deadline the outcome is unknown: the call says so and
+//! the seq is fenced (the floor moves past it), so a late copy can never
+//! execute. A session the cluster no longer knows is never silently
+//! replaced under in-flight calls: they report an unknown outcome, and only
+//! new calls get a new session.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), oncekv::client::Error> {
+//! let client = oncekv::client::Client::connect(["127.0.0.1:7101", "127.0.0.1:7102"]);
+//! let balance = client.increment(b"balance", 5).await?;
+//! client.close().await;
+//! # let _ = balance; Ok(()) }
+//! ```
+
+pub mod retry;
+pub mod seqs;
+
+use crate::network::convert;
+use crate::network::status::error_detail;
+use crate::proto::{self, Reason, client_client::ClientClient};
+use crate::registry::{Command, CommandResult, Value};
+use rand::Rng;
+use retry::Backoff;
+use seqs::Seqs;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument;
+
+/// Why a call failed. `OutcomeUnknown` is the only one after which the
+/// command may or may not have taken effect; every other error means it
+/// did not.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The deadline passed (or the session vanished) while the request's
+    /// fate was open. The seq has been fenced: it will never execute later.
+    #[error("outcome unknown for seq {seq}: {reason}")]
+    OutcomeUnknown {
+        seq: u64,
+        reason: String,
+        /// The raised floor is committed: no copy of this request can
+        /// execute any more. When false (an earlier seq is still in flight,
+        /// or the cluster stayed unreachable) the next request carries it.
+        fenced: bool,
+    },
+    /// Nothing was executed, and the cluster could not be reached in time.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    #[error("session expired")]
+    SessionExpired,
+    #[error("wrong cluster (this cluster's id is {expected})")]
+    WrongCluster { expected: String },
+    #[error("seq {seq} was already used with another command")]
+    SeqConflict { seq: u64 },
+    #[error("seq {seq} is below the acknowledged floor {floor}")]
+    ResponseDiscarded { seq: u64, floor: u64 },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A replicated limit refused the request until the deadline.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+}
+
+/// Tuning of a [`Client`].
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Overall deadline of one call, retries included.
+    pub call_timeout: Duration,
+    /// Deadline of one attempt (then the next attempt, maybe elsewhere).
+    pub attempt_timeout: Duration,
+    pub backoff: Backoff,
+    /// Keep-alives are sent when idle for this fraction of the TTL.
+    pub keep_alive_fraction: f64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> ClientConfig {
+        ClientConfig {
+            call_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(2),
+            backoff: Backoff::default(),
+            keep_alive_fraction: 1.0 / 3.0,
+        }
+    }
+}
+
+/// A handle on the cluster; cheap to clone and share across tasks.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ClientConfig,
+    endpoints: Mutex<Vec<String>>,
+    channels: Mutex<BTreeMap<String, ClientClient<Channel>>>,
+    /// Index into `endpoints` of the node believed to lead.
+    leader: Mutex<usize>,
+    cluster_id: Mutex<Vec<u8>>,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+}
+
+/// One registered session.
+struct Session {
+    client_id: u64,
+    cluster_id: Vec<u8>,
+    ttl: Duration,
+    seqs: Mutex<Seqs>,
+    /// Signalled whenever a seq finishes (the window may have opened).
+    finished: Notify,
+    expired: std::sync::atomic::AtomicBool,
+    last_sent: Mutex<Instant>,
+}
+
+/// How one attempt ended.
+enum Attempt<T> {
+    Done(T),
+    /// Retry the same request (this attempt failed), maybe elsewhere.
+    Retry {
+        status: tonic::Status,
+        hint: Option<String>,
+    },
+    Final(tonic::Status),
+}
+
+fn classify<T>(result: Result<T, tonic::Status>) -> Attempt<T> {
+    let status = match result {
+        Ok(reply) => return Attempt::Done(reply),
+        Err(status) => status,
+    };
+    match error_detail(&status) {
+        Some(detail) => match detail.reason() {
+            Reason::NotLeader => Attempt::Retry {
+                hint: Some(detail.leader_client_addr).filter(|addr| !addr.is_empty()),
+                status,
+            },
+            Reason::Unavailable | Reason::TooManyOutstanding | Reason::ResourceExhausted => {
+                Attempt::Retry { status, hint: None }
+            }
+            _ => Attempt::Final(status),
+        },
+        // No detail: the attempt failed below the service (connection
+        // refused or reset, a deadline): nothing is known of it.
+        None => match status.code() {
+            tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown => Attempt::Retry { status, hint: None },
+            _ => Attempt::Final(status),
+        },
+    }
+}
+
+fn final_error(status: &tonic::Status, seq: u64) -> Error {
+    let detail = error_detail(status);
+    match detail.as_ref().map(|detail| detail.reason()) {
+        Some(Reason::SessionExpired) => Error::SessionExpired,
+        Some(Reason::WrongCluster) => Error::WrongCluster {
+            expected: hex(&detail.map(|d| d.expected_cluster_id).unwrap_or_default()),
+        },
+        Some(Reason::SeqConflict) => Error::SeqConflict { seq },
+        Some(Reason::ResponseDiscarded) => Error::ResponseDiscarded {
+            seq,
+            floor: detail.map_or(0, |d| d.floor),
+        },
+        _ => Error::InvalidArgument(status.message().to_string()),
+    }
+}
+
+/// The error of an idempotent call (no seq) that gave up.
+fn give_up((status, _attempts): (tonic::Status, u32)) -> Error {
+    match classify::<()>(Err(status)) {
+        Attempt::Final(status) => final_error(&status, 0),
+        Attempt::Retry { status, .. } => Error::Unavailable(status.message().to_string()),
+        Attempt::Done(()) => Error::Unavailable("no reply".into()),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+impl Client {
+    /// A client of the cluster reachable at `endpoints` (`host:port` of
+    /// any members); nothing is contacted until the first call.
+    pub fn connect<I, S>(endpoints: I) -> Client
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Client::with_config(endpoints, ClientConfig::default())
+    }
+
+    pub fn with_config<I, S>(endpoints: I, config: ClientConfig) -> Client
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Client {
+            inner: Arc::new(Inner {
+                config,
+                endpoints: Mutex::new(endpoints.into_iter().map(Into::into).collect()),
+                channels: Mutex::new(BTreeMap::new()),
+                leader: Mutex::new(0),
+                cluster_id: Mutex::new(Vec::new()),
+                session: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    pub async fn put(&self, key: &[u8], value: Value) -> Result<(), Error> {
+        self.execute(Command::Put {
+            key: key.to_vec(),
+            value,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Deletes `key`; returns whether it existed.
+    pub async fn delete(&self, key: &[u8]) -> Result<bool, Error> {
+        match self.execute(Command::Delete { key: key.to_vec() }).await? {
+            CommandResult::Deleted { existed } => Ok(existed),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Adds `delta`; returns the application result (the new value, an
+    /// overflow or a wrong type).
+    pub async fn increment_result(&self, key: &[u8], delta: i64) -> Result<CommandResult, Error> {
+        self.execute(Command::Increment {
+            key: key.to_vec(),
+            delta,
+        })
+        .await
+    }
+
+    /// Adds `delta` and returns the new value; an overflow or a wrong type
+    /// becomes `InvalidArgument` (use `increment_result` to see them).
+    pub async fn increment(&self, key: &[u8], delta: i64) -> Result<i64, Error> {
+        match self.increment_result(key, delta).await? {
+            CommandResult::Incremented { value } => Ok(value),
+            other => Err(Error::InvalidArgument(format!("increment: {other:?}"))),
+        }
+    }
+
+    /// Appends `element`; returns the list's new length.
+    pub async fn append(&self, key: &[u8], element: &[u8]) -> Result<CommandResult, Error> {
+        self.execute(Command::Append {
+            key: key.to_vec(),
+            element: element.to_vec(),
+        })
+        .await
+    }
+
+    /// Stores `new` if the value is `expected` (`None`: absent); returns
+    /// whether it swapped and the value now stored.
+    pub async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        expected: Option<Value>,
+        new: Value,
+    ) -> Result<(bool, Option<Value>), Error> {
+        match self
+            .execute(Command::CompareAndSwap {
+                key: key.to_vec(),
+                expected,
+                new,
+            })
+            .await?
+        {
+            CommandResult::CompareAndSwap { swapped, current } => Ok((swapped, current)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A linearizable read through the leader.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Value>, Error> {
+        let cluster_id = self.cluster_id().await?;
+        let request = proto::ReadRequest {
+            cluster_id,
+            key: key.to_vec(),
+        };
+        let reply = self
+            .on_leader(|mut client| {
+                let request = request.clone();
+                async move { client.read(request).await.map(|r| r.into_inner()) }
+            })
+            .await
+            .map_err(give_up)?;
+        reply
+            .value
+            .map(|value| {
+                convert::value_from_proto(value).map_err(|e| Error::InvalidArgument(e.to_string()))
+            })
+            .transpose()
+    }
+
+    /// Executes `command` exactly once (or reports that its outcome is
+    /// unknown), retrying the same request until the call's deadline.
+    pub async fn execute(&self, command: Command) -> Result<CommandResult, Error> {
+        let deadline = Instant::now() + self.inner.config.call_timeout;
+        let session = self.session().await?;
+        let seq = session.begin(deadline).await?;
+        let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
+        let result = self
+            .execute_seq(&session, seq, &command, deadline)
+            .instrument(span)
+            .await;
+        let floor_moved = session.finish(seq);
+        let result = match result {
+            Err(Error::OutcomeUnknown { seq, reason, .. }) => {
+                // Fence: commit the raised floor before reporting, so a
+                // late copy of this request can never execute.
+                let fenced = floor_moved
+                    && !session.expired.load(std::sync::atomic::Ordering::SeqCst)
+                    && self.keep_alive(&session).await;
+                Err(Error::OutcomeUnknown {
+                    seq,
+                    reason,
+                    fenced,
+                })
+            }
+            other => other,
+        };
+        if session.expired.load(std::sync::atomic::Ordering::SeqCst) {
+            self.drop_session(&session).await;
+        }
+        result
+    }
+
+    async fn execute_seq(
+        &self,
+        session: &Arc<Session>,
+        seq: u64,
+        command: &Command,
+        deadline: Instant,
+    ) -> Result<CommandResult, Error> {
+        let proto_command = convert::command_to_proto(command);
+        let mut attempt: u32 = 0;
+        loop {
+            let request = proto::ExecuteRequest {
+                cluster_id: session.cluster_id.clone(),
+                client_id: session.client_id,
+                seq,
+                first_outstanding_seq: session.first_outstanding(),
+                command: Some(proto_command.clone()),
+            };
+            session.sent();
+            let target = self.leader_endpoint();
+            let mut client = self.channel(&target)?;
+            let mut call = tonic::Request::new(request);
+            call.set_timeout(self.attempt_timeout(deadline));
+            tracing::trace!(attempt, endpoint = %target, "attempt");
+            match classify(client.execute(call).await) {
+                Attempt::Done(reply) => {
+                    return convert::result_from_proto(reply.into_inner().result)
+                        .map_err(|error| Error::InvalidArgument(error.to_string()));
+                }
+                Attempt::Final(status) => {
+                    let error = final_error(&status, seq);
+                    if error == Error::SessionExpired {
+                        session
+                            .expired
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                        // An earlier attempt may have executed before the
+                        // session expired: the outcome is unknown.
+                        return Err(if attempt == 0 {
+                            Error::SessionExpired
+                        } else {
+                            Error::OutcomeUnknown {
+                                seq,
+                                reason: "session expired".into(),
+                                fenced: false,
+                            }
+                        });
+                    }
+                    return Err(error);
+                }
+                Attempt::Retry { status, hint } => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::OutcomeUnknown {
+                            seq,
+                            reason: status.message().to_string(),
+                            fenced: false,
+                        });
+                    }
+                    self.follow(hint.as_deref(), attempt, deadline).await;
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Ends the session (best effort).
+    pub async fn close(&self) {
+        let session = self.inner.session.lock().await.take();
+        if let Some(session) = session {
+            let request = proto::UnregisterRequest {
+                cluster_id: session.cluster_id.clone(),
+                client_id: session.client_id,
+            };
+            let _ = self
+                .on_leader(|mut client| {
+                    let request = request.clone();
+                    async move { client.unregister(request).await }
+                })
+                .await;
+        }
+    }
+
+    /// The client id of the current session, registering one if needed.
+    pub async fn client_id(&self) -> Result<u64, Error> {
+        Ok(self.session().await?.client_id)
+    }
+
+    fn attempt_timeout(&self, deadline: Instant) -> Duration {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.inner.config.attempt_timeout)
+            .max(Duration::from_millis(1))
+    }
+
+    fn leader_endpoint(&self) -> String {
+        let endpoints = self
+            .inner
+            .endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let leader = *self.inner.leader.lock().unwrap_or_else(|p| p.into_inner());
+        endpoints[leader % endpoints.len().max(1)].clone()
+    }
+
+    fn channel(&self, endpoint: &str) -> Result<ClientClient<Channel>, Error> {
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = channels.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+            .map_err(|error| Error::InvalidArgument(format!("endpoint {endpoint}: {error}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = ClientClient::new(channel)
+            .max_decoding_message_size(crate::network::client_api::CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(crate::network::client_api::CLIENT_MESSAGE_BYTES_MAX);
+        channels.insert(endpoint.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// After a retryable failure: go where the hint points at once, or try
+    /// the next endpoint after a jittered backoff.
+    async fn follow(&self, hint: Option<&str>, attempt: u32, deadline: Instant) {
+        if self.redirect(hint) {
+            return;
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        #[allow(clippy::disallowed_methods)] // jitter is the client's, not the registry's
+        let unit: f64 = rand::thread_rng().r#gen();
+        tokio::time::sleep(self.inner.config.backoff.delay(attempt, unit, remaining)).await;
+    }
+
+    /// Points the leader cache at the hinted node (adding it if unknown);
+    /// true when that is a new target worth trying at once. Without a hint,
+    /// moves on to the next endpoint and returns false (back off first).
+    fn redirect(&self, hint: Option<&str>) -> bool {
+        let mut endpoints = self
+            .inner
+            .endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut leader = self.inner.leader.lock().unwrap_or_else(|p| p.into_inner());
+        match hint {
+            Some(hint) => {
+                let index = match endpoints.iter().position(|endpoint| endpoint == hint) {
+                    Some(index) => index,
+                    None => {
+                        endpoints.push(hint.to_string());
+                        endpoints.len() - 1
+                    }
+                };
+                let new_target = *leader != index;
+                *leader = index;
+                new_target
+            }
+            None => {
+                *leader = (*leader + 1) % endpoints.len().max(1);
+                false
+            }
+        }
+    }
+
+    /// Runs an idempotent call on the leader with retries until the call
+    /// timeout; returns the last failure on giving up.
+    async fn on_leader<T, F, Fut>(&self, call: F) -> Result<T, (tonic::Status, u32)>
+    where
+        F: Fn(ClientClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.inner.config.call_timeout;
+        let mut attempt = 0;
+        loop {
+            let target = self.leader_endpoint();
+            let client = self
+                .channel(&target)
+                .map_err(|error| (tonic::Status::invalid_argument(error.to_string()), attempt))?;
+            let result = tokio::time::timeout(self.attempt_timeout(deadline), call(client))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
+            match classify(result) {
+                Attempt::Done(reply) => return Ok(reply),
+                Attempt::Final(status) => return Err((status, attempt)),
+                Attempt::Retry { status, hint } => {
+                    if Instant::now() >= deadline {
+                        return Err((status, attempt));
+                    }
+                    self.follow(hint.as_deref(), attempt, deadline).await;
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    /// The cluster's id, asked of any node once.
+    async fn cluster_id(&self) -> Result<Vec<u8>, Error> {
+        let known = self
+            .inner
+            .cluster_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if !known.is_empty() {
+            return Ok(known);
+        }
+        let status = self
+            .on_leader(|mut client| async move {
+                let status = client.status(proto::StatusRequest {}).await?.into_inner();
+                if status.cluster_id.is_empty() || status.role != "leader" {
+                    // Ask the leader: it has applied the bootstrap entry.
+                    let hint = status.leader_client_addr;
+                    let detail = proto::ErrorDetail {
+                        reason: Reason::NotLeader as i32,
+                        leader_client_addr: hint,
+                        ..Default::default()
+                    };
+                    return Err(tonic::Status::with_details(
+                        tonic::Code::Unavailable,
+                        "not the leader",
+                        prost::Message::encode_to_vec(&detail).into(),
+                    ));
+                }
+                Ok(status)
+            })
+            .await
+            .map_err(|(status, _)| Error::Unavailable(status.message().to_string()))?;
+        *self
+            .inner
+            .cluster_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = status.cluster_id.clone();
+        Ok(status.cluster_id)
+    }
+
+    /// The live session, registering one (idempotently) if there is none.
+    async fn session(&self) -> Result<Arc<Session>, Error> {
+        let mut slot = self.inner.session.lock().await;
+        if let Some(session) = slot.as_ref()
+            && !session.expired.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(session.clone());
+        }
+        let cluster_id = self.cluster_id().await?;
+        #[allow(clippy::disallowed_methods)] // a nonce is random by definition (rule 2)
+        let nonce: u128 = rand::random();
+        let request = proto::RegisterRequest {
+            cluster_id: cluster_id.clone(),
+            nonce: nonce.to_be_bytes().to_vec(),
+        };
+        // Retried with the same nonce: a lost reply never leaks a session.
+        let reply = self
+            .on_leader(|mut client| {
+                let request = request.clone();
+                async move { client.register(request).await.map(|r| r.into_inner()) }
+            })
+            .await
+            .map_err(give_up)?;
+        tracing::debug!(client_id = reply.client_id, "session registered");
+        let session = Arc::new(Session {
+            client_id: reply.client_id,
+            cluster_id: reply.cluster_id,
+            ttl: Duration::from_millis(reply.session_ttl_ms),
+            seqs: Mutex::new(Seqs::new(reply.window)),
+            finished: Notify::new(),
+            expired: std::sync::atomic::AtomicBool::new(false),
+            last_sent: Mutex::new(Instant::now()),
+        });
+        self.spawn_keep_alive(Arc::downgrade(&session));
+        *slot = Some(session.clone());
+        Ok(session)
+    }
+
+    async fn drop_session(&self, expired: &Arc<Session>) {
+        let mut slot = self.inner.session.lock().await;
+        if slot
+            .as_ref()
+            .is_some_and(|current| Arc::ptr_eq(current, expired))
+        {
+            *slot = None;
+        }
+    }
+
+    /// Sends keep-alives while the session is idle for a fraction of its
+    /// TTL; stops when the session is gone.
+    fn spawn_keep_alive(&self, session: Weak<Session>) {
+        let client = Arc::downgrade(&self.inner);
+        let fraction = self.inner.config.keep_alive_fraction;
+        tokio::spawn(async move {
+            loop {
+                let Some(live) = session.upgrade() else {
+                    return;
+                };
+                let period = live.ttl.mul_f64(fraction).max(Duration::from_millis(10));
+                let idle = live
+                    .last_sent
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .elapsed();
+                drop(live);
+                if idle < period {
+                    tokio::time::sleep(period - idle).await;
+                    continue;
+                }
+                let (Some(inner), Some(live)) = (client.upgrade(), session.upgrade()) else {
+                    return;
+                };
+                if live.expired.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                Client { inner }.keep_alive(&live).await;
+            }
+        });
+    }
+
+    /// Sends a keep-alive carrying the current floor; true once applied.
+    async fn keep_alive(&self, session: &Arc<Session>) -> bool {
+        session.sent();
+        let request = proto::KeepAliveRequest {
+            cluster_id: session.cluster_id.clone(),
+            client_id: session.client_id,
+            first_outstanding_seq: session.first_outstanding(),
+        };
+        let result = self
+            .on_leader(|mut client| {
+                let request = request.clone();
+                async move { client.keep_alive(request).await }
+            })
+            .await;
+        match result {
+            Ok(_) => true,
+            Err((status, _)) => {
+                if error_detail(&status)
+                    .is_some_and(|detail| detail.reason() == Reason::SessionExpired)
+                {
+                    session
+                        .expired
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                false
+            }
+        }
+    }
+}
+
+impl Session {
+    fn first_outstanding(&self) -> u64 {
+        self.seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first_outstanding()
+    }
+
+    fn sent(&self) {
+        *self.last_sent.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Waits (until `deadline`) for room in the window, then takes a seq.
+    async fn begin(&self, deadline: Instant) -> Result<u64, Error> {
+        loop {
+            let notified = self.finished.notified();
+            if let Some(seq) = self
+                .seqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .try_begin()
+            {
+                return Ok(seq);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(Error::Unavailable(
+                    "the session's window stayed full".into(),
+                ));
+            }
+        }
+    }
+
+    fn finish(&self, seq: u64) -> bool {
+        let moved = self
+            .seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .finish(seq);
+        self.finished.notify_waiters();
+        moved
+    }
+}
+
+fn unexpected(result: CommandResult) -> Error {
+    Error::InvalidArgument(format!("unexpected result {result:?}"))
+}

@@ -1,0 +1,287 @@
+//! The client library against real 3-node clusters: typed operations,
+//! many requests in flight across a leader change, fencing at the deadline,
+//! session expiry and keep-alive, and shared counters under leader kills.
+
+mod support;
+
+use oncekv::client::{Client, ClientConfig, Error};
+use oncekv::proto::Reason;
+use oncekv::registry::{Command, CommandResult, Value};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use support::cluster::Cluster;
+use support::raw::{Raw, reason};
+use tokio::time::Instant;
+
+fn client(cluster: &Cluster, config: ClientConfig) -> Client {
+    Client::with_config(cluster.client_addrs(), config)
+}
+
+fn patient() -> ClientConfig {
+    ClientConfig {
+        call_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    }
+}
+
+/// Waits until a node other than `old` leads.
+async fn wait_for_new_leader(cluster: &Cluster, old: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for node in (1..=3).filter(|node| *node != old) {
+            if let Ok(status) = cluster.status(node).await
+                && status.role == "leader"
+            {
+                return node;
+            }
+        }
+        assert!(Instant::now() < deadline, "no new leader after {old}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every typed operation returns its typed result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_operations() {
+    let cluster = Cluster::start("client-ops").await;
+    let client = client(&cluster, patient());
+    client
+        .put(b"name", Value::Bytes(b"once".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(
+        client.get(b"name").await.unwrap(),
+        Some(Value::Bytes(b"once".to_vec()))
+    );
+    assert_eq!(client.increment(b"n", 5).await.unwrap(), 5);
+    assert_eq!(client.increment(b"n", -2).await.unwrap(), 3);
+    assert_eq!(
+        client.increment_result(b"name", 1).await.unwrap(),
+        CommandResult::WrongType {
+            actual: oncekv::registry::ValueKind::Bytes
+        }
+    );
+    assert_eq!(
+        client.append(b"list", b"a").await.unwrap(),
+        CommandResult::Appended { length: 1 }
+    );
+    assert_eq!(
+        client
+            .compare_and_swap(b"n", Some(Value::Int(4)), Value::Int(9))
+            .await
+            .unwrap(),
+        (false, Some(Value::Int(3)))
+    );
+    assert_eq!(
+        client
+            .compare_and_swap(b"n", Some(Value::Int(3)), Value::Int(9))
+            .await
+            .unwrap(),
+        (true, Some(Value::Int(9)))
+    );
+    assert!(client.delete(b"n").await.unwrap());
+    assert!(!client.delete(b"n").await.unwrap());
+    assert_eq!(client.get(b"n").await.unwrap(), None);
+    client.close().await;
+}
+
+/// 64 requests in flight on one session across a leader change: every one
+/// takes effect exactly once (the counter ends at 64 and the 64 replies
+/// are exactly 1..=64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_in_flight_across_a_leader_change() {
+    let cluster = Cluster::start("client-in-flight").await;
+    let client = client(&cluster, patient());
+    client.client_id().await.unwrap();
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let calls: Vec<_> = (0..64)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.increment(b"counter", 1).await })
+        })
+        .collect();
+    cluster.kill(leader);
+    let mut values = BTreeSet::new();
+    for call in calls {
+        values.insert(call.await.unwrap().expect("every call succeeds"));
+    }
+    assert_eq!(values, (1..=64).collect::<BTreeSet<i64>>());
+    assert_eq!(client.get(b"counter").await.unwrap(), Some(Value::Int(64)));
+}
+
+/// A call that hits its deadline reports an unknown outcome and is fenced:
+/// a copy of it delivered afterwards is discarded, never executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_fences_the_request() {
+    let cluster = Cluster::start("client-fence").await;
+    let hasty = client(
+        &cluster,
+        ClientConfig {
+            call_timeout: Duration::from_millis(300),
+            attempt_timeout: Duration::from_millis(300),
+            ..ClientConfig::default()
+        },
+    );
+    let client_id = hasty.client_id().await.unwrap();
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    cluster.pause(leader);
+    let error = hasty
+        .increment(b"fenced", 1)
+        .await
+        .expect_err("no leader answers in time");
+    cluster.resume(leader);
+    let Error::OutcomeUnknown { seq, fenced, .. } = error else {
+        panic!("expected an unknown outcome, got {error}")
+    };
+    if !fenced {
+        // The fence could not be committed within the short deadline;
+        // commit it now with a patient call on the same session.
+        let _ = hasty.get(b"fenced").await;
+    }
+    let raw = {
+        let status = cluster
+            .status(cluster.wait_for_leader(Duration::from_secs(60)).await)
+            .await
+            .unwrap();
+        Raw::new(cluster.client_addrs(), status.cluster_id)
+    };
+    // Make sure the fence is in the log: a keep-alive with the raised floor.
+    let fence = oncekv::proto::KeepAliveRequest {
+        cluster_id: raw.cluster_id.clone(),
+        client_id,
+        first_outstanding_seq: seq + 1,
+    };
+    raw.on_leader(Duration::from_secs(60), |mut client| {
+        let fence = fence.clone();
+        async move { client.keep_alive(fence).await }
+    })
+    .await
+    .expect("fence");
+    let late = raw.execute_request(
+        client_id,
+        seq,
+        seq,
+        &Command::Increment {
+            key: b"fenced".to_vec(),
+            delta: 1,
+        },
+    );
+    let error = raw
+        .execute(Duration::from_secs(60), &late)
+        .await
+        .expect_err("a late copy is not executed");
+    assert_eq!(reason(&error), Some(Reason::ResponseDiscarded));
+    let value = raw.read(b"fenced").await;
+    assert!(
+        value.is_none() || value == Some(Value::Int(1)),
+        "at most once: {value:?}"
+    );
+}
+
+/// Idle past the TTL without keep-alives, a session expires (the call
+/// fails, nothing executes, and the next call gets a new session); with the
+/// library's keep-alives it survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_keeps_a_session_and_its_absence_expires_it() {
+    let cluster = Cluster::start_with("client-ttl", &["--session-ttl-ms", "1500"]).await;
+    let kept = client(&cluster, patient());
+    let silent = client(
+        &cluster,
+        ClientConfig {
+            keep_alive_fraction: 1_000.0,
+            ..patient()
+        },
+    );
+    let kept_id = kept.client_id().await.unwrap();
+    let silent_id = silent.client_id().await.unwrap();
+    // Idle time must pass in real time for a TTL to elapse.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(kept.increment(b"k", 1).await.unwrap(), 1);
+    assert_eq!(kept.client_id().await.unwrap(), kept_id, "same session");
+    assert_eq!(
+        silent.increment(b"s", 1).await,
+        Err(Error::SessionExpired),
+        "an expired session executes nothing"
+    );
+    assert_eq!(silent.get(b"s").await.unwrap(), None);
+    assert_eq!(silent.increment(b"s", 1).await.unwrap(), 1);
+    assert_ne!(
+        silent.client_id().await.unwrap(),
+        silent_id,
+        "a new session"
+    );
+}
+
+/// 8 tasks × 500 increments of shared counters while the leader is killed
+/// and restarted twice: each final counter lies between the acknowledged
+/// increments and those plus the unknown ones, and the values increments
+/// returned are distinct and never above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_counters_under_leader_kills() {
+    const TASKS: usize = 8;
+    const PER_TASK: usize = 500;
+    let cluster = Arc::new(Cluster::start("client-counters").await);
+    let client = client(&cluster, patient());
+    let acked = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let client = client.clone();
+        let acked = acked.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = format!("c{}", task % 2);
+            let (mut ok, mut unknown, mut values) = (0u64, 0u64, Vec::new());
+            for _ in 0..PER_TASK {
+                match client.increment(key.as_bytes(), 1).await {
+                    Ok(value) => {
+                        ok += 1;
+                        values.push(value);
+                        acked.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(Error::OutcomeUnknown { .. }) => unknown += 1,
+                    Err(other) => panic!("{key}: {other}"),
+                }
+            }
+            (key, ok, unknown, values)
+        }));
+    }
+    for threshold in [1_000, 2_500] {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while acked.load(Ordering::SeqCst) < threshold {
+            assert!(Instant::now() < deadline, "load stalled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        cluster.kill(leader);
+        wait_for_new_leader(&cluster, leader).await;
+        cluster.restart(leader).await;
+    }
+    let mut per_key: std::collections::BTreeMap<String, (u64, u64, Vec<i64>)> = Default::default();
+    for task in tasks {
+        let (key, ok, unknown, values) = task.await.unwrap();
+        let entry = per_key.entry(key).or_default();
+        entry.0 += ok;
+        entry.1 += unknown;
+        entry.2.extend(values);
+    }
+    for (key, (ok, unknown, mut values)) in per_key {
+        let Some(Value::Int(final_value)) = client.get(key.as_bytes()).await.unwrap() else {
+            panic!("{key} missing")
+        };
+        let final_value = final_value as u64;
+        assert!(
+            ok <= final_value && final_value <= ok + unknown,
+            "{key}: {ok} acknowledged, {unknown} unknown, final {final_value}"
+        );
+        let count = values.len();
+        values.sort_unstable();
+        values.dedup();
+        assert_eq!(
+            values.len(),
+            count,
+            "{key}: two increments returned the same value"
+        );
+        assert!(values.iter().all(|value| *value as u64 <= final_value));
+    }
+}
