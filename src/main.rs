@@ -22,6 +22,8 @@ enum Command {
     Node(Box<NodeOptions>),
     /// Show every node's id, role, term and log / applied indexes.
     Status(oncekv::cli::status::StatusArgs),
+    /// Closed-loop load against a running cluster: throughput and latency.
+    Bench(oncekv::cli::bench::BenchArgs),
 }
 
 /// Resolves when the process is asked to stop (SIGTERM or ctrl-c).
@@ -60,6 +62,7 @@ async fn main() -> anyhow::Result<()> {
             let config = options.resolve()?;
             node::run(config, stop_requested()).await
         }
+        Command::Bench(args) => args.run().await,
         Command::Status(args) => {
             if !args.run().await? {
                 std::process::exit(1);

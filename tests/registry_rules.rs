@@ -830,3 +830,20 @@ fn unregister_ends_the_session() {
     );
     assert_ne!(driver.register(1), client);
 }
+
+/// The plain path (no session) executes every copy it is given: it is
+/// at-least-once, the baseline the registry's cost is measured against.
+#[test]
+fn plain_execute_is_at_least_once() {
+    let mut driver = Driver::new();
+    for expected in 1..=2 {
+        assert_eq!(
+            driver.apply(Op::ExecutePlain {
+                cluster_id: CLUSTER,
+                command: incr("plain", 1),
+            }),
+            executed(CommandResult::Incremented { value: expected })
+        );
+    }
+    assert_eq!(driver.int("plain"), Some(2));
+}

@@ -3,6 +3,7 @@
 //! parsing of the whole binary and process exit codes belong to `main.rs`;
 //! nothing here decides anything about the cluster.
 
+pub mod bench;
 pub mod status;
 
 /// Client port base of the local cluster when `ONCEKV_PORT_BASE` is unset:

@@ -402,6 +402,25 @@ impl Client {
         }
     }
 
+    /// Executes `command` with no session: AT-LEAST-ONCE. Retried on "this
+    /// attempt" failures like any call, so a retry after a lost reply may
+    /// apply it twice. A baseline for measuring what exactly-once costs.
+    pub async fn execute_plain(&self, command: Command) -> Result<CommandResult, Error> {
+        let request = proto::ExecutePlainRequest {
+            cluster_id: self.cluster_id().await?,
+            command: Some(convert::command_to_proto(&command)),
+        };
+        let reply = self
+            .on_leader(|mut client| {
+                let request = request.clone();
+                async move { client.execute_plain(request).await.map(|r| r.into_inner()) }
+            })
+            .await
+            .map_err(give_up)?;
+        convert::result_from_proto(reply.result)
+            .map_err(|error| Error::InvalidArgument(error.to_string()))
+    }
+
     /// Ends the session (best effort).
     pub async fn close(&self) {
         let session = self.inner.session.lock().await.take();

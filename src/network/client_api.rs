@@ -234,6 +234,31 @@ impl client_server::Client for ClientApi {
         Ok(Response::new(reply))
     }
 
+    async fn execute_plain(
+        &self,
+        request: Request<proto::ExecutePlainRequest>,
+    ) -> Result<Response<proto::ExecuteReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let command = convert::command_from_proto(request.command).map_err(convert_status)?;
+        match self
+            .propose(Op::ExecutePlain {
+                cluster_id,
+                command,
+            })
+            .await?
+        {
+            (Outcome::Executed { result, duplicate }, log_index) => {
+                Ok(Response::new(proto::ExecuteReply {
+                    result: Some(convert::result_to_proto(&result)),
+                    duplicate,
+                    log_index,
+                }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
     async fn keep_alive(
         &self,
         request: Request<proto::KeepAliveRequest>,

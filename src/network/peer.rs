@@ -12,7 +12,8 @@ use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig};
 use crate::registry::{ClusterId, codec};
 use crate::storage::SharedState;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -26,10 +27,15 @@ use tonic::transport::{Channel, Endpoint};
 /// Version byte of peer message payloads.
 const PEER_FORMAT_VERSION: u8 = 1;
 
-/// Largest gRPC message between peers, both directions. Raft batches are
-/// bounded below it by `max_payload_entries` × the largest entry, and
-/// snapshots travel in chunks of `snapshot_max_chunk_size`.
-pub const PEER_MESSAGE_BYTES_MAX: usize = 512 << 20;
+/// Largest encoded Raft message a node sends: an append batch above it is
+/// refused locally as "payload too large", and openraft retries with fewer
+/// entries. One entry is at most a client message (8 MiB), so a batch of
+/// one always fits; snapshots travel in chunks of a few MiB.
+pub const PEER_PAYLOAD_BYTES_MAX: usize = 32 << 20;
+
+/// Largest gRPC message between peers, both directions: the payload bound
+/// plus framing, and below the codec's decode limit.
+pub const PEER_MESSAGE_BYTES_MAX: usize = PEER_PAYLOAD_BYTES_MAX + (1 << 20);
 
 pub fn cluster_id_bytes(cluster_id: Option<ClusterId>) -> Vec<u8> {
     cluster_id.map_or_else(Vec::new, |id| id.0.to_be_bytes().to_vec())
@@ -109,6 +115,8 @@ enum PeerCallError {
     Refused(tonic::Status),
     #[error("undecodable reply: {0}")]
     Decode(codec::CodecError),
+    #[error("message of {0} bytes exceeds the peer payload limit")]
+    TooLarge(usize),
 }
 
 impl PeerClient {
@@ -122,11 +130,15 @@ impl PeerClient {
             .client
             .as_mut()
             .ok_or_else(|| PeerCallError::BadAddress(self.peer_addr.clone()))?;
+        let payload = codec::encode_versioned(PEER_FORMAT_VERSION, request);
+        if payload.len() > PEER_PAYLOAD_BYTES_MAX {
+            return Err(PeerCallError::TooLarge(payload.len()));
+        }
         let cluster_id = self.state.read().registry.cluster_id();
         let mut message = tonic::Request::new(RaftMessage {
             cluster_id: cluster_id_bytes(cluster_id),
             from_node_id: self.from,
-            payload: codec::encode_versioned(PEER_FORMAT_VERSION, request),
+            payload,
         });
         message.set_timeout(option.hard_ttl());
         let reply = match rpc {
@@ -149,6 +161,7 @@ impl PeerClient {
         &mut self,
         rpc: Rpc,
         request: &Req,
+        entries_hint: u64,
         option: RPCOption,
     ) -> Result<Resp, RPCError<NodeId, NodeInfo, E>>
     where
@@ -161,6 +174,16 @@ impl PeerClient {
             .call::<Req, Result<Resp, E>>(rpc, request, &option)
             .await
         {
+            Err(PeerCallError::TooLarge(bytes)) if entries_hint > 1 => {
+                tracing::debug!(
+                    bytes,
+                    entries = entries_hint,
+                    "append batch too large; openraft will shrink it"
+                );
+                Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint((entries_hint / 2).max(1)),
+                ))
+            }
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(target, remote))),
             Err(error @ (PeerCallError::Unreachable(_) | PeerCallError::BadAddress(_))) => {
@@ -177,7 +200,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        self.raft_call(Rpc::AppendEntries, &rpc, option).await
+        let entries = rpc.entries.len() as u64;
+        self.raft_call(Rpc::AppendEntries, &rpc, entries, option)
+            .await
     }
 
     async fn install_snapshot(
@@ -188,7 +213,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.raft_call(Rpc::InstallSnapshot, &rpc, option).await
+        self.raft_call(Rpc::InstallSnapshot, &rpc, 0, option).await
     }
 
     async fn vote(
@@ -196,7 +221,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        self.raft_call(Rpc::Vote, &rpc, option).await
+        self.raft_call(Rpc::Vote, &rpc, 0, option).await
     }
 }
 

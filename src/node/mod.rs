@@ -65,9 +65,19 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         .flush_every_ms(None)
         .open()
         .context("opening the log database")?;
-    let log_store = SledLogStore::open(db).context("opening the log store")?;
+    let mut log_store = SledLogStore::open(db).context("opening the log store")?;
     let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
         .context("opening the snapshots")?;
+    let snapshot_index = *state_machine.durable_snapshot_index().borrow();
+    if let Some(purged) = log_store.last_purged_index()?
+        && purged > snapshot_index
+    {
+        bail!(
+            "the log is purged up to index {purged} but the newest snapshot covers only \
+             {snapshot_index}: entries in between are lost; refusing to start"
+        );
+    }
+    log_store.purge_after_durable_snapshots(state_machine.durable_snapshot_index());
     let state = state_machine.state();
 
     let raft_config = openraft::Config {

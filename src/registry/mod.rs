@@ -148,6 +148,10 @@ impl Registry {
                 client_id,
             } => self.unregister(*cluster_id, *client_id),
             Op::SetConfig { cluster_id, config } => self.set_config(*cluster_id, config),
+            Op::ExecutePlain {
+                cluster_id,
+                command,
+            } => self.execute_plain(*cluster_id, command),
         };
         result.unwrap_or_else(Outcome::Rejected)
     }
@@ -310,6 +314,23 @@ impl Registry {
         }
         session.cache(request.seq, fingerprint, plan.result.clone());
         self.kv.apply(request.command.key(), plan.effect);
+        Ok(Outcome::Executed {
+            result: plan.result,
+            duplicate: false,
+        })
+    }
+
+    fn execute_plain(
+        &mut self,
+        cluster_id: ClusterId,
+        command: &Command,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        let plan = self
+            .kv
+            .plan(command, &self.config)
+            .map_err(Rejection::ResourceExhausted)?;
+        self.kv.apply(command.key(), plan.effect);
         Ok(Outcome::Executed {
             result: plan.result,
             duplicate: false,

@@ -79,6 +79,13 @@ pub enum Op {
         cluster_id: ClusterId,
         config: RegistryConfig,
     },
+    /// A command outside any session: executed every time it is applied,
+    /// never cached — at-least-once, for comparison and for callers that
+    /// accept duplicates. Data limits still apply.
+    ExecutePlain {
+        cluster_id: ClusterId,
+        command: Command,
+    },
 }
 
 /// A client's request, tagged for exactly-once execution.

@@ -98,6 +98,10 @@ pub struct SledLogStore<C> {
     reader: SledLogReader<C>,
     meta: sled::Tree,
     flusher: Flusher,
+    /// Index covered by the newest durable snapshot, when attached: a purge
+    /// waits until the snapshot behind it is on disk (openraft may purge
+    /// while an installed snapshot is still being written).
+    durable_snapshot: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl<C> SledLogStore<C>
@@ -111,6 +115,7 @@ where
         let meta = db.open_tree(META_TREE)?;
         let flusher = Flusher::spawn(db).map_err(LogStoreError::SpawnFlusher)?;
         Ok(Self {
+            durable_snapshot: None,
             reader: SledLogReader {
                 log,
                 _config: PhantomData,
@@ -169,7 +174,25 @@ where
 
     /// Deletes entries up to `log_id` and records it as last purged, atomically and durably, so
     /// the log state never shows a purged id beyond the entries still present.
+    /// Makes purges wait until a snapshot covering the purged entries is
+    /// durable (rule 14).
+    pub fn purge_after_durable_snapshots(&mut self, durable: tokio::sync::watch::Receiver<u64>) {
+        self.durable_snapshot = Some(durable);
+    }
+
+    /// The last purged log index, as stored.
+    pub fn last_purged_index(&self) -> Result<Option<u64>, LogStoreError> {
+        Ok(self
+            .read_meta::<LogId<C::NodeId>>(LAST_PURGED_KEY)?
+            .map(|log_id| log_id.index))
+    }
+
     async fn purge_upto(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogStoreError> {
+        if let Some(durable) = &self.durable_snapshot {
+            let mut durable = durable.clone();
+            // An error means the state machine is gone: nothing to wait for.
+            let _ = durable.wait_for(|index| *index >= log_id.index).await;
+        }
         let removals = self.removals_in(..=log_id.index.to_be_bytes())?;
         let purged = codec::encode_versioned(FORMAT_VERSION, log_id);
         (self.log(), &self.meta).transaction(|(log, meta)| {
@@ -405,6 +428,29 @@ mod tests {
 
         meta.insert(VOTE_KEY, &[7u8, 0])?;
         assert!(store.read_vote().await.is_err());
+        Ok(())
+    }
+
+    /// With a durable-snapshot watch attached, a purge waits until a
+    /// snapshot covering the purged entries is on disk.
+    #[tokio::test]
+    async fn purge_waits_for_a_durable_snapshot() -> Result<(), LogStoreError> {
+        let db = sled::Config::new().temporary(true).open()?;
+        let mut store = SledLogStore::<TestConfig>::open(db)?;
+        let (durable, watch) = tokio::sync::watch::channel(0u64);
+        store.purge_after_durable_snapshots(watch);
+        let log_id = openraft::testing::log_id(1, 1, 5);
+        let purge = store.purge_upto(&log_id);
+        tokio::pin!(purge);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut purge)
+                .await
+                .is_err(),
+            "no snapshot covers index 5 yet"
+        );
+        durable.send_replace(5);
+        purge.await?;
+        assert_eq!(store.last_purged_index()?, Some(5));
         Ok(())
     }
 

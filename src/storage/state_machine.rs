@@ -77,10 +77,27 @@ pub struct StateMachineStore {
     files: Arc<SnapshotFiles>,
 }
 
-/// Where snapshots live, and which one is current.
+/// Where snapshots live, and which one is current. The current snapshot's
+/// registry bytes are also kept in memory, so serving it never races with
+/// a newer snapshot replacing the file.
 struct SnapshotFiles {
     dir: PathBuf,
-    current: Mutex<Option<(SnapshotMeta, PathBuf)>>,
+    current: Mutex<Option<CurrentSnapshot>>,
+    /// Log index covered by the newest durable snapshot; the log store waits
+    /// on it before purging (the log behind a snapshot may only go once the
+    /// snapshot is on disk).
+    durable_index: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Clone)]
+struct CurrentSnapshot {
+    meta: SnapshotMeta,
+    path: PathBuf,
+    registry_bytes: Arc<Vec<u8>>,
+}
+
+fn snapshot_index(meta: &SnapshotMeta) -> u64 {
+    meta.last_log_id.map_or(0, |id| id.index)
 }
 
 impl StateMachineStore {
@@ -122,25 +139,39 @@ impl StateMachineStore {
                     path: path.clone(),
                     reason,
                 })?;
+            let registry_bytes = Arc::new(snapshot::to_bytes(&registry));
             let mut applied = state.write();
             applied.registry = registry;
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
             drop(applied);
             tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), path = %path.display(), "restored snapshot");
-            current = Some((meta, path));
+            current = Some(CurrentSnapshot {
+                meta,
+                path,
+                registry_bytes,
+            });
         }
+        let durable = current
+            .as_ref()
+            .map_or(0, |current| snapshot_index(&current.meta));
         Ok(StateMachineStore {
             state,
             files: Arc::new(SnapshotFiles {
                 dir: dir.to_path_buf(),
                 current: Mutex::new(current),
+                durable_index: tokio::sync::watch::Sender::new(durable),
             }),
         })
     }
 
     pub fn state(&self) -> SharedState {
         self.state.clone()
+    }
+
+    /// The log index covered by the newest durable snapshot, as it moves.
+    pub fn durable_snapshot_index(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.files.durable_index.subscribe()
     }
 }
 
@@ -181,30 +212,48 @@ fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
 }
 
 impl SnapshotFiles {
-    /// Writes a snapshot file durably: temporary file, fsync, rename,
-    /// directory fsync; then removes older snapshots.
-    fn persist(&self, meta: &SnapshotMeta, registry_bytes: &[u8]) -> std::io::Result<PathBuf> {
-        let index = meta.last_log_id.map_or(0, |id| id.index);
+    /// Writes a snapshot file durably (temporary file, fsync, rename,
+    /// directory fsync) and makes it current — unless a snapshot at least as
+    /// new is already current (a build can finish after an install), in
+    /// which case the older one is discarded. Only strictly older files are
+    /// ever deleted. Holds the lock throughout, so concurrent builds and
+    /// installs are ordered.
+    fn persist(&self, meta: &SnapshotMeta, registry_bytes: Arc<Vec<u8>>) -> std::io::Result<()> {
+        let index = snapshot_index(meta);
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = current.as_ref()
+            && snapshot_index(&existing.meta) >= index
+            && existing.meta.last_log_id.is_some()
+        {
+            tracing::debug!(log_index = index, "older snapshot discarded");
+            return Ok(());
+        }
         let name = format!("{SNAPSHOT_PREFIX}{index:020}{SNAPSHOT_SUFFIX}");
         let path = self.dir.join(&name);
-        let temporary = self.dir.join(format!("{name}.{}.tmp", meta.snapshot_id));
+        let temporary = self.dir.join(format!("{name}.tmp"));
         {
             let mut file = fs::File::create(&temporary)?;
-            file.write_all(&encode_file(meta, registry_bytes))?;
+            file.write_all(&encode_file(meta, &registry_bytes))?;
             file.sync_all()?;
         }
         fs::rename(&temporary, &path)?;
         fs::File::open(&self.dir)?.sync_all()?;
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, old)) = current.replace((meta.clone(), path.clone()))
-            && old != path
+        let previous = current.replace(CurrentSnapshot {
+            meta: meta.clone(),
+            path: path.clone(),
+            registry_bytes,
+        });
+        if let Some(previous) = previous
+            && previous.path != path
         {
-            let _ = fs::remove_file(old);
+            let _ = fs::remove_file(previous.path);
         }
-        Ok(path)
+        self.durable_index
+            .send_modify(|durable| *durable = (*durable).max(index));
+        Ok(())
     }
 
-    fn current(&self) -> Option<(SnapshotMeta, PathBuf)> {
+    fn current(&self) -> Option<CurrentSnapshot> {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -248,17 +297,18 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             };
             (meta, snapshot::to_bytes(&applied.registry))
         };
+        let bytes = Arc::new(bytes);
         let files = self.files.clone();
         let persisted_meta = meta.clone();
         let persisted = bytes.clone();
-        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, &persisted))
+        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, persisted))
             .await
             .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?
             .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?;
         tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), bytes = bytes.len(), "built snapshot");
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: Box::new(Cursor::new(bytes.as_ref().clone())),
         })
     }
 }
@@ -328,7 +378,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Durable before the state changes and before openraft purges.
         let files = self.files.clone();
         let persisted_meta = meta.clone();
-        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, &bytes))
+        let bytes = Arc::new(bytes);
+        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, bytes))
             .await
             .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Write, e))?
             .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Write, e))?;
@@ -341,22 +392,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let Some((meta, path)) = self.files.current() else {
-            return Ok(None);
-        };
-        let bytes = fs::read(&path).map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Read, e))?;
-        let (length, _) = bytes.split_first_chunk::<4>().ok_or_else(|| {
-            snapshot_error(
-                Some(&meta),
-                ErrorVerb::Read,
-                std::io::Error::other("snapshot file shorter than its header"),
-            )
-        })?;
-        let start = 4 + u32::from_le_bytes(*length) as usize;
-        let registry_bytes = bytes.get(start..).unwrap_or_default().to_vec();
-        Ok(Some(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(registry_bytes)),
+        Ok(self.files.current().map(|current| Snapshot {
+            meta: current.meta,
+            snapshot: Box::new(Cursor::new(current.registry_bytes.as_ref().clone())),
         }))
     }
 }
@@ -369,4 +407,42 @@ pub fn read_registry<T>(
 ) -> T {
     let applied = state.read();
     read(&applied.registry, applied.last_applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(openraft::testing::log_id(1, 1, index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("1-{index}"),
+        }
+    }
+
+    /// A snapshot that finishes after a newer one (a build overtaken by an
+    /// install) is discarded: the newer file stays current and on disk.
+    #[test]
+    fn older_snapshot_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateMachineStore::open(dir.path()).unwrap();
+        let durable = store.durable_snapshot_index();
+        let bytes = |index| {
+            let mut registry = Registry::new();
+            registry.apply_other(index);
+            Arc::new(snapshot::to_bytes(&registry))
+        };
+        store.files.persist(&meta(9), bytes(9)).unwrap();
+        store.files.persist(&meta(4), bytes(4)).unwrap();
+        let current = store.files.current().unwrap();
+        assert_eq!(snapshot_index(&current.meta), 9);
+        assert!(current.path.exists());
+        assert_eq!(*durable.borrow(), 9);
+        let files: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(files.len(), 1, "only the newest snapshot file remains");
+        drop(store);
+        let reopened = StateMachineStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.state().read().registry.applied_index(), 9);
+    }
 }
