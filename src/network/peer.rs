@@ -15,7 +15,9 @@ use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
     Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::Timeout;
+use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use std::time::Duration;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -111,6 +113,8 @@ enum PeerCallError {
     BadAddress(String),
     #[error("peer unreachable: {0}")]
     Unreachable(tonic::Status),
+    #[error("peer call timed out: {0}")]
+    Timeout(tonic::Status),
     #[error("peer refused: {0}")]
     Refused(tonic::Status),
     #[error("undecodable reply: {0}")]
@@ -147,9 +151,11 @@ impl PeerClient {
             Rpc::InstallSnapshot => client.install_snapshot(message).await,
         };
         let reply = reply.map_err(|status| match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                PeerCallError::Unreachable(status)
-            }
+            // A slow peer is not an unreachable one: openraft backs off for
+            // half a second after `Unreachable`, which would starve the
+            // followers of heartbeats and cause elections.
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => PeerCallError::Timeout(status),
+            tonic::Code::Unavailable => PeerCallError::Unreachable(status),
             _ => PeerCallError::Refused(status),
         })?;
         codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
@@ -186,6 +192,16 @@ impl PeerClient {
             }
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(target, remote))),
+            Err(PeerCallError::Timeout(_)) => Err(RPCError::Timeout(Timeout {
+                action: match rpc {
+                    Rpc::AppendEntries => RPCTypes::AppendEntries,
+                    Rpc::Vote => RPCTypes::Vote,
+                    Rpc::InstallSnapshot => RPCTypes::InstallSnapshot,
+                },
+                id: self.from,
+                target,
+                timeout: option.hard_ttl(),
+            })),
             Err(error @ (PeerCallError::Unreachable(_) | PeerCallError::BadAddress(_))) => {
                 Err(RPCError::Unreachable(Unreachable::new(&error)))
             }
@@ -222,6 +238,17 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
         self.raft_call(Rpc::Vote, &rpc, 0, option).await
+    }
+
+    /// After `Unreachable` (connection refused: the peer is down), retry
+    /// soon — a restarted node should rejoin within a heartbeat or two.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(
+            [50u64, 100, 200]
+                .into_iter()
+                .chain(std::iter::repeat(250))
+                .map(Duration::from_millis),
+        )
     }
 }
 

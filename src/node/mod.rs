@@ -24,6 +24,13 @@ const MAX_PAYLOAD_ENTRIES: u64 = 64;
 /// sled's page cache per node; three nodes share one machine.
 const SLED_CACHE_BYTES: u64 = 64 << 20;
 
+/// Accepted connections with Nagle off: request/response traffic would
+/// otherwise wait for delayed acknowledgements (tens of milliseconds).
+/// (`Server::tcp_nodelay` applies only to listeners tonic binds itself.)
+fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// Refuses a data directory written by another node id; records ours in a
 /// fresh one.
 fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
@@ -128,7 +135,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             .tcp_nodelay(true)
             .add_service(PeerService::new(raft.clone(), state.clone()).into_server())
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(peer_listener),
+                incoming(peer_listener),
                 stopped(servers_stopped.clone()),
             ),
     );
@@ -137,7 +144,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             .tcp_nodelay(true)
             .add_service(client_api.into_server())
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(client_listener),
+                incoming(client_listener),
                 stopped(servers_stopped.clone()),
             ),
     );
