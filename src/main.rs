@@ -9,7 +9,8 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "oncekv",
     version,
-    about = "Exactly-once key-value service on Raft"
+    about = "Exactly-once key-value service on Raft",
+    after_help = oncekv::cli::kv::EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,6 +25,9 @@ enum Command {
     Status(oncekv::cli::status::StatusArgs),
     /// Closed-loop load against a running cluster: throughput and latency.
     Bench(oncekv::cli::bench::BenchArgs),
+    /// The key-value commands: put, get, del, incr, append, cas, sessions.
+    #[command(flatten)]
+    Kv(oncekv::cli::kv::KvCommand),
 }
 
 /// Resolves when the process is asked to stop (SIGTERM or ctrl-c).
@@ -68,6 +72,13 @@ async fn main() -> anyhow::Result<()> {
                 std::process::exit(1);
             }
             Ok(())
+        }
+        Command::Kv(command) => {
+            // The client library's tracing, only when asked for (stderr).
+            if std::env::var_os("RUST_LOG").is_some() {
+                init_tracing();
+            }
+            std::process::exit(command.run().await);
         }
     }
 }

@@ -1,9 +1,11 @@
 //! Command-line front ends for people: each submodule owns one subcommand's
 //! talking to the cluster and its presentation (plain text or JSON). Argument
-//! parsing of the whole binary and process exit codes belong to `main.rs`;
+//! parsing of the whole binary and exiting belong to `main.rs` (the key-value
+//! commands of `kv` return their documented exit code for it to exit with);
 //! nothing here decides anything about the cluster.
 
 pub mod bench;
+pub mod kv;
 pub mod status;
 
 /// Client port base of the local cluster when `ONCEKV_PORT_BASE` is unset:

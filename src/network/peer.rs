@@ -11,19 +11,19 @@ use crate::proto::raft_server;
 use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig};
 use crate::registry::{ClusterId, codec};
 use crate::storage::SharedState;
+use openraft::error::Timeout;
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
     Unreachable,
 };
-use openraft::error::Timeout;
 use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
-use std::time::Duration;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 /// Version byte of peer message payloads.
@@ -154,7 +154,9 @@ impl PeerClient {
             // A slow peer is not an unreachable one: openraft backs off for
             // half a second after `Unreachable`, which would starve the
             // followers of heartbeats and cause elections.
-            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => PeerCallError::Timeout(status),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                PeerCallError::Timeout(status)
+            }
             tonic::Code::Unavailable => PeerCallError::Unreachable(status),
             _ => PeerCallError::Refused(status),
         })?;

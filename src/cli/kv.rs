@@ -1,0 +1,994 @@
+//! `oncekv put | get | del | incr | append | cas | sessions`: the key-value
+//! commands for people and scripts. Each command (but `sessions`) makes one
+//! [`Client`], runs one call through it — exactly once, with the library's
+//! retries until the `--timeout-ms` deadline — and closes the client, which
+//! unregisters its session, so CLI calls leave no sessions behind.
+//! `sessions` only asks every node for its `Status`.
+//!
+//! # Commands
+//!
+//! | command | prints (plain) |
+//! | --- | --- |
+//! | `put KEY VALUE [--int \| --list]` | `OK` |
+//! | `get KEY` | the value; nothing (and exit 1) when the key is absent |
+//! | `del KEY` | `deleted`, or `absent` when there was nothing to delete |
+//! | `incr KEY [DELTA]` | the new value (DELTA defaults to 1) |
+//! | `append KEY ELEMENT` | the list's new length |
+//! | `cas KEY NEW (--expected VALUE \| --absent) [--int]` | `swapped <current>` or `not swapped <current>` |
+//! | `sessions` | one line per node: id, endpoint, role, applied index, live sessions, cluster time |
+//!
+//! VALUE, ELEMENT, NEW and `--expected` are taken as UTF-8 bytes; with `--int`
+//! they are parsed as an i64, and `put --list` takes comma-separated items
+//! (an empty string is the empty list). Every command takes `--endpoints
+//! a,b,c` (default: [`super::default_endpoints`]), `--json` and
+//! `--timeout-ms` (the call's deadline, retries included; default 10000).
+//!
+//! Plain values: bytes print as text when they are valid UTF-8, otherwise as
+//! hex with a `0x` prefix; ints in decimal; a list one item per line (in a
+//! `cas` line, comma-separated); an absent `cas` value as `(absent)`.
+//!
+//! # JSON
+//!
+//! With `--json` the result is one JSON object on one line of stdout, with
+//! `"ok"` telling success from failure:
+//!
+//! - `{"ok":true,"key":"k","value":{"int":5}}` (`get`); a value is
+//!   `{"bytes":"text"}` or `{"bytes_hex":"00ff"}`, `{"int":5}`, or
+//!   `{"list":["a","b"]}` (`{"list_hex":[…]}` when an item is not UTF-8);
+//! - `put` echoes `"value"`, `del` gives `"existed"`, `incr` `"value"` (a
+//!   number), `append` `"length"`, `cas` `"swapped"` and `"current"` (a value
+//!   or null), `sessions` `"nodes"` (one object per endpoint);
+//! - `{"ok":false,"error":"…","kind":"unavailable","outcome":"none"}` on a
+//!   failure: `kind` names the error (`not_found`, `unavailable`,
+//!   `outcome_unknown`, `session_expired`, `wrong_cluster`, `seq_conflict`,
+//!   `response_discarded`, `invalid_argument`, `resource_exhausted`,
+//!   `overflow`, `wrong_type`), and `outcome` is `"none"` (the command had no
+//!   effect) or `"unknown"` (it may have had one; then `"seq"` and `"fenced"`
+//!   are given too).
+//!
+//! The error is also written to stderr, in both modes.
+//!
+//! # Exit codes
+//!
+//! - 0: success (a `cas` that did not swap, and a `del` of an absent key,
+//!   are successes: the command ran and the answer is definite).
+//! - 1: definite failure, nothing was executed: invalid argument, wrong
+//!   cluster, seq conflict, response discarded, session expired on the first
+//!   attempt, cluster unavailable before the command was sent (no node
+//!   reachable, no leader, no session), an increment that would overflow or a
+//!   value of the wrong type (nothing changed), the key absent for `get`; for
+//!   `sessions`, no node answered.
+//! - 2: usage error (clap's, or a VALUE that is not an i64 with `--int`);
+//!   reported on stderr only, even with `--json`.
+//! - 3: outcome unknown ([`Error::OutcomeUnknown`]): the command may or may
+//!   not have taken effect. When `fenced` is true the raised floor is
+//!   committed, so no late copy can execute; either way the session is then
+//!   closed (best effort), which also stops late copies.
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::client::{Client, ClientConfig, Error};
+use crate::proto::StatusReply;
+use crate::registry::{CommandResult, Value, ValueKind};
+
+use super::default_endpoints;
+use super::status::{QueryError, query};
+
+/// Exit code of a success.
+pub const EXIT_OK: i32 = 0;
+/// Exit code of a definite failure: nothing was executed.
+pub const EXIT_FAILED: i32 = 1;
+/// Exit code of a usage error (as clap's).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code of an unknown outcome: the command may have been executed.
+pub const EXIT_UNKNOWN: i32 = 3;
+
+/// The exit codes, for `--help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes of put, get, del, incr, append, cas and sessions:
+  0  success (also a cas that did not swap, a del of an absent key)
+  1  definite failure, nothing executed: invalid argument, wrong cluster, seq
+     conflict, response discarded, session expired, cluster unavailable before
+     the command was sent, overflow or wrong type, key absent (get), no node
+     answered (sessions)
+  2  usage error
+  3  outcome unknown: the command may or may not have taken effect (the error
+     says whether its seq is fenced; the session is closed either way)
+
+With --json the result is one JSON object on stdout: {\"ok\":true,...} or
+{\"ok\":false,\"error\":...,\"kind\":...,\"outcome\":\"none\"|\"unknown\"}.";
+
+/// The options every key-value command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// Client endpoints, as host:port, comma-separated or repeated [default:
+    /// the local cluster of scripts/cluster.sh, 127.0.0.1 ports
+    /// ONCEKV_PORT_BASE+1..=+3]
+    #[arg(long, value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// Print one JSON object on stdout instead of plain text.
+    #[arg(long)]
+    pub json: bool,
+    /// Deadline of the call in milliseconds, retries included.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+}
+
+impl CommonArgs {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    fn endpoints(&self) -> Result<Vec<String>, Failure> {
+        if self.endpoints.is_empty() {
+            Ok(default_endpoints())
+        } else {
+            normalize_endpoints(&self.endpoints)
+        }
+    }
+}
+
+/// The key-value commands, flattened into the binary's subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum KvCommand {
+    /// Store VALUE at KEY, replacing any value; prints OK.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Put(PutArgs),
+    /// Print the value at KEY (a linearizable read through the leader);
+    /// nothing, "key not found" on stderr and exit 1 when it is absent.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Get(KeyArgs),
+    /// Delete KEY; prints "deleted", or "absent" when there was none.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Del(KeyArgs),
+    /// Add DELTA (default 1) to the int at KEY (absent counts as 0); prints
+    /// the new value.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Incr(IncrArgs),
+    /// Append ELEMENT to the list at KEY (absent counts as empty); prints the
+    /// list's new length.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Append(AppendArgs),
+    /// Store NEW at KEY if its value is --expected (or it is --absent);
+    /// prints "swapped <current>" or "not swapped <current>".
+    #[command(after_help = EXIT_CODES_HELP)]
+    Cas(CasArgs),
+    /// Summarise every node's Status: id, role, applied index, live
+    /// sessions, cluster time.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Sessions(SessionsArgs),
+}
+
+/// `put KEY VALUE [--int | --list]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PutArgs {
+    pub key: String,
+    /// The value: UTF-8 bytes, an i64 with --int, comma-separated items
+    /// with --list.
+    #[arg(allow_hyphen_values = true)]
+    pub value: String,
+    /// Store VALUE as an i64.
+    #[arg(long, conflicts_with = "list")]
+    pub int: bool,
+    /// Store VALUE as a list of comma-separated items ("" is the empty list).
+    #[arg(long)]
+    pub list: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `get KEY`, `del KEY`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeyArgs {
+    pub key: String,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `incr KEY [DELTA]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IncrArgs {
+    pub key: String,
+    /// How much to add; may be negative.
+    #[arg(default_value_t = 1, allow_negative_numbers = true)]
+    pub delta: i64,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `append KEY ELEMENT`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AppendArgs {
+    pub key: String,
+    /// The element, as UTF-8 bytes.
+    #[arg(allow_hyphen_values = true)]
+    pub element: String,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `cas KEY NEW (--expected VALUE | --absent) [--int]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CasArgs {
+    pub key: String,
+    /// The value to store if the current one is as expected.
+    #[arg(allow_hyphen_values = true)]
+    pub new: String,
+    /// Swap only if the current value equals this one.
+    #[arg(
+        long,
+        value_name = "VALUE",
+        allow_hyphen_values = true,
+        required_unless_present = "absent",
+        conflicts_with = "absent"
+    )]
+    pub expected: Option<String>,
+    /// Swap only if the key is absent.
+    #[arg(long)]
+    pub absent: bool,
+    /// NEW and --expected are i64s (otherwise UTF-8 bytes).
+    #[arg(long)]
+    pub int: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `sessions`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SessionsArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// One key-value call, its arguments parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Op {
+    Put {
+        key: String,
+        value: Value,
+    },
+    Get {
+        key: String,
+    },
+    Del {
+        key: String,
+    },
+    Incr {
+        key: String,
+        delta: i64,
+    },
+    Append {
+        key: String,
+        element: String,
+    },
+    Cas {
+        key: String,
+        expected: Option<Value>,
+        new: Value,
+    },
+}
+
+/// What a command prints when it succeeds: plain lines, or the fields of
+/// the JSON object (besides `"ok":true`).
+#[derive(Debug, Default)]
+struct Success {
+    lines: Vec<String>,
+    fields: Map<String, Json>,
+}
+
+/// Whether a failed command may have taken effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// It certainly had no effect.
+    None,
+    /// It may or may not have had an effect.
+    Unknown,
+}
+
+/// Why a command failed, and how to report it.
+#[derive(Debug)]
+struct Failure {
+    exit: i32,
+    kind: &'static str,
+    message: String,
+    outcome: Outcome,
+    /// Extra JSON fields (the key, the seq of an unknown outcome, …).
+    fields: Map<String, Json>,
+}
+
+impl Failure {
+    fn new(kind: &'static str, message: impl Into<String>) -> Failure {
+        Failure {
+            exit: EXIT_FAILED,
+            kind,
+            message: message.into(),
+            outcome: Outcome::None,
+            fields: Map::new(),
+        }
+    }
+
+    fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            exit: EXIT_USAGE,
+            ..Failure::new("usage", message)
+        }
+    }
+
+    fn with(mut self, field: &str, value: Json) -> Failure {
+        self.fields.insert(field.to_owned(), value);
+        self
+    }
+
+    /// The failure of a client call on `key`.
+    fn from_client(error: &Error, key: &str) -> Failure {
+        let kind = match error {
+            Error::OutcomeUnknown { .. } => "outcome_unknown",
+            Error::Unavailable(_) => "unavailable",
+            Error::SessionExpired => "session_expired",
+            Error::WrongCluster { .. } => "wrong_cluster",
+            Error::SeqConflict { .. } => "seq_conflict",
+            Error::ResponseDiscarded { .. } => "response_discarded",
+            Error::InvalidArgument(_) => "invalid_argument",
+            Error::ResourceExhausted(_) => "resource_exhausted",
+        };
+        let failure = Failure::new(kind, error.to_string()).with("key", json!(key));
+        match error {
+            Error::OutcomeUnknown { seq, fenced, .. } => {
+                let fence = if *fenced {
+                    "its seq is fenced: no late copy can execute"
+                } else {
+                    "the fence was not confirmed; the session is closed (best effort)"
+                };
+                Failure {
+                    exit: EXIT_UNKNOWN,
+                    outcome: Outcome::Unknown,
+                    message: format!(
+                        "{error}; the command may or may not have taken effect ({fence})"
+                    ),
+                    ..failure
+                }
+                .with("seq", json!(seq))
+                .with("fenced", json!(fenced))
+            }
+            _ => failure,
+        }
+    }
+}
+
+impl KvCommand {
+    /// Runs the command, prints its result (stdout) or error (stderr), and
+    /// returns the process exit code.
+    pub async fn run(&self) -> i32 {
+        let report = self.execute().await;
+        let stdout = std::io::stdout();
+        let stderr = std::io::stderr();
+        print_report(
+            &mut stdout.lock(),
+            &mut stderr.lock(),
+            self.common().json,
+            report,
+        )
+    }
+
+    /// The options common to every command.
+    pub fn common(&self) -> &CommonArgs {
+        match self {
+            KvCommand::Put(args) => &args.common,
+            KvCommand::Get(args) | KvCommand::Del(args) => &args.common,
+            KvCommand::Incr(args) => &args.common,
+            KvCommand::Append(args) => &args.common,
+            KvCommand::Cas(args) => &args.common,
+            KvCommand::Sessions(args) => &args.common,
+        }
+    }
+
+    async fn execute(&self) -> Result<Success, Failure> {
+        let common = self.common();
+        let endpoints = common.endpoints()?;
+        let op = match self {
+            KvCommand::Sessions(_) => return sessions(&endpoints, common.timeout()).await,
+            KvCommand::Put(args) => Op::Put {
+                key: args.key.clone(),
+                value: parse_put_value(&args.value, args.int, args.list)?,
+            },
+            KvCommand::Get(args) => Op::Get {
+                key: args.key.clone(),
+            },
+            KvCommand::Del(args) => Op::Del {
+                key: args.key.clone(),
+            },
+            KvCommand::Incr(args) => Op::Incr {
+                key: args.key.clone(),
+                delta: args.delta,
+            },
+            KvCommand::Append(args) => Op::Append {
+                key: args.key.clone(),
+                element: args.element.clone(),
+            },
+            KvCommand::Cas(args) => Op::Cas {
+                key: args.key.clone(),
+                expected: args
+                    .expected
+                    .as_deref()
+                    .map(|text| parse_scalar(text, args.int, "--expected"))
+                    .transpose()?,
+                new: parse_scalar(&args.new, args.int, "NEW")?,
+            },
+        };
+        let client = Client::with_config(
+            endpoints,
+            ClientConfig {
+                call_timeout: common.timeout(),
+                ..ClientConfig::default()
+            },
+        );
+        let result = call(&client, op).await;
+        // Unregister, so the CLI leaves no session behind (a no-op when no
+        // session was registered, as for `get`).
+        client.close().await;
+        result
+    }
+}
+
+/// Runs `op` through `client`.
+async fn call(client: &Client, op: Op) -> Result<Success, Failure> {
+    match op {
+        Op::Put { key, value } => {
+            client
+                .put(key.as_bytes(), value.clone())
+                .await
+                .map_err(|error| Failure::from_client(&error, &key))?;
+            Ok(success(
+                vec!["OK".to_owned()],
+                [("key", json!(key)), ("value", value_json(&value))],
+            ))
+        }
+        Op::Get { key } => {
+            let value = client
+                .get(key.as_bytes())
+                .await
+                .map_err(|error| Failure::from_client(&error, &key))?;
+            match value {
+                Some(value) => Ok(success(
+                    value_lines(&value),
+                    [("key", json!(key)), ("value", value_json(&value))],
+                )),
+                None => Err(Failure::new("not_found", "key not found")
+                    .with("key", json!(key))
+                    .with("value", Json::Null)),
+            }
+        }
+        Op::Del { key } => {
+            let existed = client
+                .delete(key.as_bytes())
+                .await
+                .map_err(|error| Failure::from_client(&error, &key))?;
+            let line = if existed { "deleted" } else { "absent" };
+            Ok(success(
+                vec![line.to_owned()],
+                [("key", json!(key)), ("existed", json!(existed))],
+            ))
+        }
+        Op::Incr { key, delta } => {
+            let result = client
+                .increment_result(key.as_bytes(), delta)
+                .await
+                .map_err(|error| Failure::from_client(&error, &key))?;
+            match result {
+                CommandResult::Incremented { value } => Ok(success(
+                    vec![value.to_string()],
+                    [("key", json!(key)), ("value", json!(value))],
+                )),
+                other => Err(application_failure(&key, other)),
+            }
+        }
+        Op::Append { key, element } => {
+            let result = client
+                .append(key.as_bytes(), element.as_bytes())
+                .await
+                .map_err(|error| Failure::from_client(&error, &key))?;
+            match result {
+                CommandResult::Appended { length } => Ok(success(
+                    vec![length.to_string()],
+                    [("key", json!(key)), ("length", json!(length))],
+                )),
+                other => Err(application_failure(&key, other)),
+            }
+        }
+        Op::Cas { key, expected, new } => {
+            let (swapped, current) = client
+                .compare_and_swap(key.as_bytes(), expected, new)
+                .await
+                .map_err(|error| Failure::from_client(&error, &key))?;
+            let verdict = if swapped { "swapped" } else { "not swapped" };
+            Ok(success(
+                vec![format!("{verdict} {}", value_inline(current.as_ref()))],
+                [
+                    ("key", json!(key)),
+                    ("swapped", json!(swapped)),
+                    ("current", current.as_ref().map_or(Json::Null, value_json)),
+                ],
+            ))
+        }
+    }
+}
+
+fn success<const N: usize>(lines: Vec<String>, fields: [(&str, Json); N]) -> Success {
+    Success {
+        lines,
+        fields: fields
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect(),
+    }
+}
+
+/// An executed command whose application result is a refusal (nothing
+/// changed): an overflow or a wrong type.
+fn application_failure(key: &str, result: CommandResult) -> Failure {
+    let failure = match result {
+        CommandResult::Overflow { current } => Failure::new(
+            "overflow",
+            format!("the increment would overflow the value {current}; nothing changed"),
+        )
+        .with("current", json!(current)),
+        CommandResult::WrongType { actual } => Failure::new(
+            "wrong_type",
+            format!(
+                "the value at {key:?} is {}; nothing changed",
+                kind_name(actual)
+            ),
+        )
+        .with("actual", json!(kind_name(actual))),
+        other => Failure::new(
+            "invalid_argument",
+            format!("unexpected result from the cluster: {other:?}"),
+        ),
+    };
+    failure.with("key", json!(key))
+}
+
+fn kind_name(kind: ValueKind) -> &'static str {
+    match kind {
+        ValueKind::Bytes => "bytes",
+        ValueKind::Int => "an int",
+        ValueKind::List => "a list",
+    }
+}
+
+/// `oncekv sessions`: every endpoint's `Status`, asked concurrently.
+async fn sessions(endpoints: &[String], timeout: Duration) -> Result<Success, Failure> {
+    let answers =
+        futures::future::join_all(endpoints.iter().map(|endpoint| query(endpoint, timeout))).await;
+    let lines = endpoints
+        .iter()
+        .zip(&answers)
+        .map(|(endpoint, answer)| sessions_line(endpoint, answer))
+        .collect::<Vec<_>>();
+    let nodes: Vec<Json> = endpoints
+        .iter()
+        .zip(&answers)
+        .map(|(endpoint, answer)| sessions_json(endpoint, answer))
+        .collect();
+    if answers.iter().any(Result::is_ok) {
+        Ok(success(lines, [("nodes", Json::Array(nodes))]))
+    } else {
+        Err(Failure::new(
+            "unavailable",
+            format!("no node answered: {}", lines.join("; ")),
+        )
+        .with("nodes", Json::Array(nodes)))
+    }
+}
+
+/// `node 1  127.0.0.1:7101  leader     applied 42  sessions 3  cluster_time 12.345s`
+/// or `127.0.0.1:7103  unreachable (<reason>)`.
+fn sessions_line(endpoint: &str, answer: &Result<StatusReply, QueryError>) -> String {
+    match answer {
+        Ok(reply) => format!(
+            "node {}  {}  {:<9}  applied {}  sessions {}  cluster_time {}.{:03}s",
+            reply.node_id,
+            endpoint,
+            reply.role,
+            reply.applied_index,
+            reply.sessions,
+            reply.cluster_time_ms / 1000,
+            reply.cluster_time_ms % 1000,
+        ),
+        Err(error) => format!("{endpoint}  unreachable ({error})"),
+    }
+}
+
+fn sessions_json(endpoint: &str, answer: &Result<StatusReply, QueryError>) -> Json {
+    match answer {
+        Ok(reply) => json!({
+            "endpoint": endpoint,
+            "reachable": true,
+            "node_id": reply.node_id,
+            "role": reply.role,
+            "applied_index": reply.applied_index,
+            "sessions": reply.sessions,
+            "cluster_time_ms": reply.cluster_time_ms,
+        }),
+        Err(error) => json!({
+            "endpoint": endpoint,
+            "reachable": false,
+            "error": error.to_string(),
+        }),
+    }
+}
+
+/// Prints a command's result and returns its exit code. A success goes to
+/// `out` (plain lines, or one JSON object); a failure goes to `err`, and with
+/// `json` (unless it is a usage error) also as one JSON object to `out`.
+fn print_report(
+    out: &mut impl Write,
+    err: &mut impl Write,
+    json: bool,
+    report: Result<Success, Failure>,
+) -> i32 {
+    // A broken stdout (say, a closed pipe) cannot be reported anywhere
+    // better than stderr; the exit code still tells the command's fate.
+    let printed = match &report {
+        Ok(success) => {
+            if json {
+                let mut object = Map::new();
+                object.insert("ok".to_owned(), Json::Bool(true));
+                object.extend(success.fields.clone());
+                writeln!(out, "{}", Json::Object(object))
+            } else {
+                success
+                    .lines
+                    .iter()
+                    .try_for_each(|line| writeln!(out, "{line}"))
+            }
+        }
+        Err(failure) => {
+            let _ = writeln!(err, "error: {}", failure.message);
+            if json && failure.exit != EXIT_USAGE {
+                writeln!(out, "{}", failure_json(failure))
+            } else {
+                Ok(())
+            }
+        }
+    };
+    if let Err(error) = printed.and_then(|()| out.flush()) {
+        let _ = writeln!(err, "error: cannot write the result: {error}");
+    }
+    let _ = err.flush();
+    match report {
+        Ok(_) => EXIT_OK,
+        Err(failure) => failure.exit,
+    }
+}
+
+fn failure_json(failure: &Failure) -> Json {
+    let mut object = Map::new();
+    object.insert("ok".to_owned(), Json::Bool(false));
+    object.insert("error".to_owned(), json!(failure.message));
+    object.insert("kind".to_owned(), json!(failure.kind));
+    let outcome = match failure.outcome {
+        Outcome::None => "none",
+        Outcome::Unknown => "unknown",
+    };
+    object.insert("outcome".to_owned(), json!(outcome));
+    object.extend(failure.fields.clone());
+    Json::Object(object)
+}
+
+/// `host:port` endpoints without blanks; a leading `http://` is dropped (the
+/// client library adds it). Empty entries are ignored; none left, or another
+/// scheme, is a usage error.
+fn normalize_endpoints(given: &[String]) -> Result<Vec<String>, Failure> {
+    let mut endpoints = Vec::new();
+    for endpoint in given.iter().map(|endpoint| endpoint.trim()) {
+        if endpoint.is_empty() {
+            continue;
+        }
+        let endpoint = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+        if endpoint.contains("://") {
+            return Err(Failure::usage(format!(
+                "endpoint {endpoint:?}: give host:port (plain http only)"
+            )));
+        }
+        endpoints.push(endpoint.trim_end_matches('/').to_owned());
+    }
+    if endpoints.is_empty() {
+        return Err(Failure::usage("--endpoints names no endpoint"));
+    }
+    Ok(endpoints)
+}
+
+/// `put`'s VALUE: bytes, an i64 (`int`) or comma-separated items (`list`).
+fn parse_put_value(text: &str, int: bool, list: bool) -> Result<Value, Failure> {
+    if list {
+        let items = if text.is_empty() {
+            Vec::new()
+        } else {
+            text.split(',')
+                .map(|item| item.as_bytes().to_vec())
+                .collect()
+        };
+        Ok(Value::List(items))
+    } else {
+        parse_scalar(text, int, "VALUE")
+    }
+}
+
+/// Bytes, or with `int` an i64.
+fn parse_scalar(text: &str, int: bool, what: &str) -> Result<Value, Failure> {
+    if int {
+        text.trim()
+            .parse::<i64>()
+            .map(Value::Int)
+            .map_err(|error| Failure::usage(format!("invalid {what} {text:?} with --int: {error}")))
+    } else {
+        Ok(Value::Bytes(text.as_bytes().to_vec()))
+    }
+}
+
+/// Bytes as text when valid UTF-8, else `0x` and hex.
+fn bytes_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("0x{}", hex(bytes)),
+    }
+}
+
+/// The plain lines of a `get`: one, or one per list item (none for an
+/// empty list).
+fn value_lines(value: &Value) -> Vec<String> {
+    match value {
+        Value::Bytes(bytes) => vec![bytes_text(bytes)],
+        Value::Int(number) => vec![number.to_string()],
+        Value::List(items) => items.iter().map(|item| bytes_text(item)).collect(),
+    }
+}
+
+/// A value on one line (a `cas` result): list items comma-separated.
+fn value_inline(value: Option<&Value>) -> String {
+    match value {
+        None => "(absent)".to_owned(),
+        Some(Value::List(items)) => items
+            .iter()
+            .map(|item| bytes_text(item))
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(value) => value_lines(value).concat(),
+    }
+}
+
+/// `{"bytes":…}` / `{"bytes_hex":…}`, `{"int":…}`, `{"list":[…]}` /
+/// `{"list_hex":[…]}` (hex when any item is not UTF-8).
+fn value_json(value: &Value) -> Json {
+    match value {
+        Value::Bytes(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => json!({ "bytes": text }),
+            Err(_) => json!({ "bytes_hex": hex(bytes) }),
+        },
+        Value::Int(number) => json!({ "int": number }),
+        Value::List(items) => {
+            let texts: Option<Vec<&str>> = items
+                .iter()
+                .map(|item| std::str::from_utf8(item).ok())
+                .collect();
+            match texts {
+                Some(texts) => json!({ "list": texts }),
+                None => {
+                    json!({ "list_hex": items.iter().map(|item| hex(item)).collect::<Vec<_>>() })
+                }
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: KvCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<KvCommand, clap::Error> {
+        Cli::try_parse_from(std::iter::once("oncekv").chain(args.iter().copied()))
+            .map(|cli| cli.command)
+    }
+
+    /// Bytes print as text when UTF-8, else as 0x-hex; lists one item per
+    /// line; the JSON form says which.
+    #[test]
+    fn values_print_as_text_or_hex() {
+        assert_eq!(value_lines(&Value::Bytes(b"hello".to_vec())), ["hello"]);
+        assert_eq!(value_lines(&Value::Bytes(vec![0xff, 0x00])), ["0xff00"]);
+        assert_eq!(value_lines(&Value::Int(-7)), ["-7"]);
+        let list = Value::List(vec![b"a".to_vec(), vec![0xfe]]);
+        assert_eq!(value_lines(&list), ["a", "0xfe"]);
+        assert_eq!(value_inline(Some(&list)), "a,0xfe");
+        assert_eq!(value_inline(None), "(absent)");
+        assert!(value_lines(&Value::List(Vec::new())).is_empty());
+
+        assert_eq!(
+            value_json(&Value::Bytes(b"hi".to_vec())),
+            json!({"bytes": "hi"})
+        );
+        assert_eq!(
+            value_json(&Value::Bytes(vec![0xff])),
+            json!({"bytes_hex": "ff"})
+        );
+        assert_eq!(value_json(&Value::Int(5)), json!({"int": 5}));
+        assert_eq!(
+            value_json(&Value::List(vec![b"a".to_vec(), b"b".to_vec()])),
+            json!({"list": ["a", "b"]})
+        );
+        assert_eq!(value_json(&list), json!({"list_hex": ["61", "fe"]}));
+    }
+
+    /// `--int` parses an i64, `--list` splits on commas, anything else is bytes.
+    #[test]
+    fn put_values_parse_by_flag() {
+        assert_eq!(
+            parse_put_value("a,b", false, false).unwrap(),
+            Value::Bytes(b"a,b".to_vec())
+        );
+        assert_eq!(
+            parse_put_value("-42", true, false).unwrap(),
+            Value::Int(-42)
+        );
+        assert_eq!(
+            parse_put_value("a,,b", false, true).unwrap(),
+            Value::List(vec![b"a".to_vec(), Vec::new(), b"b".to_vec()])
+        );
+        assert_eq!(
+            parse_put_value("", false, true).unwrap(),
+            Value::List(Vec::new())
+        );
+        let failure = parse_put_value("12x", true, false).unwrap_err();
+        assert_eq!(failure.exit, EXIT_USAGE);
+        assert!(failure.message.contains("\"12x\""), "{}", failure.message);
+    }
+
+    /// Negative numbers and dash-leading values are values, not flags.
+    #[test]
+    fn negative_numbers_are_values() {
+        let KvCommand::Incr(args) = parse(&["incr", "k", "-3", "--json"]).unwrap() else {
+            panic!("not incr");
+        };
+        assert_eq!(args.delta, -3);
+        assert!(args.common.json);
+        let KvCommand::Put(args) = parse(&["put", "k", "-5", "--int"]).unwrap() else {
+            panic!("not put");
+        };
+        assert_eq!((args.value.as_str(), args.int), ("-5", true));
+        let KvCommand::Cas(args) = parse(&["cas", "k", "-1", "--int", "--expected", "-2"]).unwrap()
+        else {
+            panic!("not cas");
+        };
+        assert_eq!(args.expected.as_deref(), Some("-2"));
+        assert_eq!(args.new, "-1");
+    }
+
+    /// The defaults, and the argument rules clap enforces (exit 2).
+    #[test]
+    fn argument_rules() {
+        let KvCommand::Incr(args) = parse(&["incr", "k"]).unwrap() else {
+            panic!("not incr");
+        };
+        assert_eq!(args.delta, 1);
+        assert_eq!(args.common.timeout_ms, 10_000);
+        assert!(args.common.endpoints.is_empty());
+        let KvCommand::Get(args) = parse(&["get", "k", "--endpoints", "a:1,b:2"]).unwrap() else {
+            panic!("not get");
+        };
+        assert_eq!(args.common.endpoints, ["a:1", "b:2"]);
+        for bad in [
+            &["cas", "k", "v"][..],
+            &["cas", "k", "v", "--absent", "--expected", "x"],
+            &["put", "k", "v", "--int", "--list"],
+            &["put", "k"],
+            &["incr", "k", "x"],
+            &["get", "k", "--timeout-ms", "0"],
+        ] {
+            let error = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
+            assert_eq!(error.exit_code(), EXIT_USAGE, "{bad:?}");
+        }
+    }
+
+    /// Endpoints are trimmed, `http://` is dropped, other schemes and an
+    /// empty list are usage errors.
+    #[test]
+    fn endpoints_are_normalized() {
+        let given = [" 127.0.0.1:1 ", "", "http://h:2/"].map(String::from);
+        assert_eq!(normalize_endpoints(&given).unwrap(), ["127.0.0.1:1", "h:2"]);
+        assert_eq!(
+            normalize_endpoints(&["https://h:1".to_owned()])
+                .unwrap_err()
+                .exit,
+            EXIT_USAGE
+        );
+        assert_eq!(
+            normalize_endpoints(&[String::new()]).unwrap_err().exit,
+            EXIT_USAGE
+        );
+    }
+
+    /// Each client error maps to its exit code; only an unknown outcome is 3.
+    #[test]
+    fn client_errors_map_to_exit_codes() {
+        let definite = [
+            Error::Unavailable("x".into()),
+            Error::SessionExpired,
+            Error::WrongCluster {
+                expected: "ab".into(),
+            },
+            Error::SeqConflict { seq: 1 },
+            Error::ResponseDiscarded { seq: 1, floor: 2 },
+            Error::InvalidArgument("x".into()),
+            Error::ResourceExhausted("x".into()),
+        ];
+        for error in definite {
+            let failure = Failure::from_client(&error, "k");
+            assert_eq!(failure.exit, EXIT_FAILED, "{error:?}");
+            assert_eq!(failure_json(&failure)["outcome"], "none");
+        }
+        let unknown = Failure::from_client(
+            &Error::OutcomeUnknown {
+                seq: 4,
+                reason: "deadline".into(),
+                fenced: true,
+            },
+            "k",
+        );
+        assert_eq!(unknown.exit, EXIT_UNKNOWN);
+        let object = failure_json(&unknown);
+        assert_eq!(object["ok"], false);
+        assert_eq!(object["outcome"], "unknown");
+        assert_eq!(object["kind"], "outcome_unknown");
+        assert_eq!(object["seq"], 4);
+        assert_eq!(object["fenced"], true);
+        assert_eq!(object["key"], "k");
+    }
+
+    /// A success prints plain lines or one JSON object; a failure goes to
+    /// stderr, and with --json also to stdout, except usage errors.
+    #[test]
+    fn reports_print_to_the_right_stream() {
+        let print = |json: bool, report: Result<Success, Failure>| {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let code = print_report(&mut out, &mut err, json, report);
+            (
+                code,
+                String::from_utf8(out).unwrap(),
+                String::from_utf8(err).unwrap(),
+            )
+        };
+        let ok = || success(vec!["a".into(), "b".into()], [("key", json!("k"))]);
+        assert_eq!(print(false, Ok(ok())), (0, "a\nb\n".into(), String::new()));
+        assert_eq!(
+            print(true, Ok(ok())),
+            (0, "{\"key\":\"k\",\"ok\":true}\n".into(), String::new())
+        );
+        let absent = || Failure::new("not_found", "key not found").with("value", Json::Null);
+        assert_eq!(
+            print(false, Err(absent())),
+            (1, String::new(), "error: key not found\n".into())
+        );
+        let (code, out, err) = print(true, Err(absent()));
+        assert_eq!((code, err.as_str()), (1, "error: key not found\n"));
+        let object: Json = serde_json::from_str(&out).unwrap();
+        assert_eq!(object["ok"], false);
+        assert_eq!(object["value"], Json::Null);
+        let (code, out, _) = print(true, Err(Failure::usage("bad")));
+        assert_eq!((code, out.as_str()), (EXIT_USAGE, ""));
+    }
+}
