@@ -181,7 +181,7 @@ fn final_error(status: &tonic::Status, seq: u64) -> Error {
 fn give_up((status, _attempts): (tonic::Status, u32)) -> Error {
     match classify::<()>(Err(status)) {
         Attempt::Final(status) => final_error(&status, 0),
-        Attempt::Retry { status, .. } => Error::Unavailable(status.message().to_string()),
+        Attempt::Retry { status, .. } => Error::Unavailable(status.to_string()),
         Attempt::Done(()) => Error::Unavailable("no reply".into()),
     }
 }
@@ -286,13 +286,14 @@ impl Client {
 
     /// A linearizable read through the leader.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Value>, Error> {
-        let cluster_id = self.cluster_id().await?;
+        let deadline = self.deadline();
+        let cluster_id = self.cluster_id(deadline).await?;
         let request = proto::ReadRequest {
             cluster_id,
             key: key.to_vec(),
         };
         let reply = self
-            .on_leader(|mut client| {
+            .on_leader(deadline, |mut client| {
                 let request = request.clone();
                 async move { client.read(request).await.map(|r| r.into_inner()) }
             })
@@ -310,7 +311,7 @@ impl Client {
     /// unknown), retrying the same request until the call's deadline.
     pub async fn execute(&self, command: Command) -> Result<CommandResult, Error> {
         let deadline = Instant::now() + self.inner.config.call_timeout;
-        let session = self.session().await?;
+        let session = self.session(deadline).await?;
         let seq = session.begin(deadline).await?;
         let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
         let result = self
@@ -357,15 +358,21 @@ impl Client {
                 command: Some(proto_command.clone()),
             };
             session.sent();
-            let target = self.leader_endpoint();
+            let target = self.leader_endpoint()?;
             let mut client = self.channel(&target)?;
             let mut call = tonic::Request::new(request);
             call.set_timeout(self.attempt_timeout(deadline));
             tracing::trace!(attempt, endpoint = %target, "attempt");
             match classify(client.execute(call).await) {
                 Attempt::Done(reply) => {
-                    return convert::result_from_proto(reply.into_inner().result)
-                        .map_err(|error| Error::InvalidArgument(error.to_string()));
+                    // Executed, but the answer is unreadable: unknown to us.
+                    return convert::result_from_proto(reply.into_inner().result).map_err(
+                        |error| Error::OutcomeUnknown {
+                            seq,
+                            reason: format!("undecodable reply: {error}"),
+                            fenced: false,
+                        },
+                    );
                 }
                 Attempt::Final(status) => {
                     let error = final_error(&status, seq);
@@ -406,12 +413,13 @@ impl Client {
     /// attempt" failures like any call, so a retry after a lost reply may
     /// apply it twice. A baseline for measuring what exactly-once costs.
     pub async fn execute_plain(&self, command: Command) -> Result<CommandResult, Error> {
+        let deadline = self.deadline();
         let request = proto::ExecutePlainRequest {
-            cluster_id: self.cluster_id().await?,
+            cluster_id: self.cluster_id(deadline).await?,
             command: Some(convert::command_to_proto(&command)),
         };
         let reply = self
-            .on_leader(|mut client| {
+            .on_leader(deadline, |mut client| {
                 let request = request.clone();
                 async move { client.execute_plain(request).await.map(|r| r.into_inner()) }
             })
@@ -421,26 +429,34 @@ impl Client {
             .map_err(|error| Error::InvalidArgument(error.to_string()))
     }
 
-    /// Ends the session (best effort).
-    pub async fn close(&self) {
+    /// Ends the session; true when the cluster confirmed it (or there was
+    /// none). Best effort: an unconfirmed session simply expires later.
+    pub async fn close(&self) -> bool {
         let session = self.inner.session.lock().await.take();
-        if let Some(session) = session {
-            let request = proto::UnregisterRequest {
-                cluster_id: session.cluster_id.clone(),
-                client_id: session.client_id,
-            };
-            let _ = self
-                .on_leader(|mut client| {
-                    let request = request.clone();
-                    async move { client.unregister(request).await }
-                })
-                .await;
-        }
+        let Some(session) = session else {
+            return true;
+        };
+        let request = proto::UnregisterRequest {
+            cluster_id: session.cluster_id.clone(),
+            client_id: session.client_id,
+        };
+        self.on_leader(self.deadline(), |mut client| {
+            let request = request.clone();
+            async move { client.unregister(request).await }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// The deadline of a call starting now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.config.call_timeout
     }
 
     /// The client id of the current session, registering one if needed.
     pub async fn client_id(&self) -> Result<u64, Error> {
-        Ok(self.session().await?.client_id)
+        let deadline = Instant::now() + self.inner.config.call_timeout;
+        Ok(self.session(deadline).await?.client_id)
     }
 
     fn attempt_timeout(&self, deadline: Instant) -> Duration {
@@ -450,14 +466,17 @@ impl Client {
             .max(Duration::from_millis(1))
     }
 
-    fn leader_endpoint(&self) -> String {
+    fn leader_endpoint(&self) -> Result<String, Error> {
         let endpoints = self
             .inner
             .endpoints
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let leader = *self.inner.leader.lock().unwrap_or_else(|p| p.into_inner());
-        endpoints[leader % endpoints.len().max(1)].clone()
+        if endpoints.is_empty() {
+            return Err(Error::InvalidArgument("no endpoints given".into()));
+        }
+        Ok(endpoints[leader % endpoints.len()].clone())
     }
 
     fn channel(&self, endpoint: &str) -> Result<ClientClient<Channel>, Error> {
@@ -525,15 +544,20 @@ impl Client {
 
     /// Runs an idempotent call on the leader with retries until the call
     /// timeout; returns the last failure on giving up.
-    async fn on_leader<T, F, Fut>(&self, call: F) -> Result<T, (tonic::Status, u32)>
+    async fn on_leader<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        call: F,
+    ) -> Result<T, (tonic::Status, u32)>
     where
         F: Fn(ClientClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        let deadline = Instant::now() + self.inner.config.call_timeout;
         let mut attempt = 0;
         loop {
-            let target = self.leader_endpoint();
+            let target = self
+                .leader_endpoint()
+                .map_err(|error| (tonic::Status::invalid_argument(error.to_string()), attempt))?;
             let client = self
                 .channel(&target)
                 .map_err(|error| (tonic::Status::invalid_argument(error.to_string()), attempt))?;
@@ -555,7 +579,7 @@ impl Client {
     }
 
     /// The cluster's id, asked of any node once.
-    async fn cluster_id(&self) -> Result<Vec<u8>, Error> {
+    async fn cluster_id(&self, deadline: Instant) -> Result<Vec<u8>, Error> {
         let known = self
             .inner
             .cluster_id
@@ -566,7 +590,7 @@ impl Client {
             return Ok(known);
         }
         let status = self
-            .on_leader(|mut client| async move {
+            .on_leader(deadline, |mut client| async move {
                 let status = client.status(proto::StatusRequest {}).await?.into_inner();
                 if status.cluster_id.is_empty() || status.role != "leader" {
                     // Ask the leader: it has applied the bootstrap entry.
@@ -585,7 +609,7 @@ impl Client {
                 Ok(status)
             })
             .await
-            .map_err(|(status, _)| Error::Unavailable(status.message().to_string()))?;
+            .map_err(|(status, _)| Error::Unavailable(status.to_string()))?;
         *self
             .inner
             .cluster_id
@@ -595,14 +619,14 @@ impl Client {
     }
 
     /// The live session, registering one (idempotently) if there is none.
-    async fn session(&self) -> Result<Arc<Session>, Error> {
+    async fn session(&self, deadline: Instant) -> Result<Arc<Session>, Error> {
         let mut slot = self.inner.session.lock().await;
         if let Some(session) = slot.as_ref()
             && !session.expired.load(std::sync::atomic::Ordering::SeqCst)
         {
             return Ok(session.clone());
         }
-        let cluster_id = self.cluster_id().await?;
+        let cluster_id = self.cluster_id(deadline).await?;
         #[allow(clippy::disallowed_methods)] // a nonce is random by definition (rule 2)
         let nonce: u128 = rand::random();
         let request = proto::RegisterRequest {
@@ -611,7 +635,7 @@ impl Client {
         };
         // Retried with the same nonce: a lost reply never leaks a session.
         let reply = self
-            .on_leader(|mut client| {
+            .on_leader(deadline, |mut client| {
                 let request = request.clone();
                 async move { client.register(request).await.map(|r| r.into_inner()) }
             })
@@ -674,8 +698,10 @@ impl Client {
         });
     }
 
-    /// Sends a keep-alive carrying the current floor; true once applied.
+    /// Sends a keep-alive carrying the current floor, within one attempt
+    /// timeout (so a fence adds at most that to a call); true once applied.
     async fn keep_alive(&self, session: &Arc<Session>) -> bool {
+        let deadline = Instant::now() + self.inner.config.attempt_timeout;
         session.sent();
         let request = proto::KeepAliveRequest {
             cluster_id: session.cluster_id.clone(),
@@ -683,7 +709,7 @@ impl Client {
             first_outstanding_seq: session.first_outstanding(),
         };
         let result = self
-            .on_leader(|mut client| {
+            .on_leader(deadline, |mut client| {
                 let request = request.clone();
                 async move { client.keep_alive(request).await }
             })
