@@ -196,3 +196,34 @@ async fn deposed_leader_serves_no_stale_read() {
         ),
     }
 }
+
+/// Rule 16: peer RPCs carry the cluster id; a node refuses Raft messages
+/// from another cluster, and from a peer that names no cluster at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule16_peer_messages_of_another_cluster_are_refused() {
+    let cluster = Cluster::start("peer-identity").await;
+    let raw = raw_client(&cluster).await;
+    let mut other = raw.cluster_id.clone();
+    other[15] ^= 1;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.peer_addr(1)))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut peer = proto::raft_client::RaftClient::new(channel);
+    for cluster_id in [other, Vec::new()] {
+        let error = peer
+            .vote(proto::RaftMessage {
+                cluster_id,
+                from_node_id: 9,
+                payload: vec![1, 2, 3],
+            })
+            .await
+            .expect_err("a stranger's vote request is refused");
+        assert_eq!(reason(&error), Some(Reason::WrongCluster), "{error}");
+    }
+    // The cluster is unharmed.
+    let session = raw.register(99).await;
+    assert!(session.client_id > 0);
+}

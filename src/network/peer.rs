@@ -10,7 +10,7 @@ use crate::proto::raft_client::RaftClient;
 use crate::proto::raft_server;
 use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig};
 use crate::registry::{ClusterId, codec};
-use crate::storage::SharedState;
+use crate::storage::ClusterIdentity;
 use openraft::error::Timeout;
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
@@ -61,12 +61,12 @@ pub fn parse_cluster_id(bytes: &[u8]) -> Result<Option<ClusterId>, BadClusterId>
 #[derive(Clone)]
 pub struct PeerNetwork {
     node_id: NodeId,
-    state: SharedState,
+    identity: ClusterIdentity,
 }
 
 impl PeerNetwork {
-    pub fn new(node_id: NodeId, state: SharedState) -> PeerNetwork {
-        PeerNetwork { node_id, state }
+    pub fn new(node_id: NodeId, identity: ClusterIdentity) -> PeerNetwork {
+        PeerNetwork { node_id, identity }
     }
 }
 
@@ -79,7 +79,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerClient {
             from: self.node_id,
             target,
-            state: self.state.clone(),
+            identity: self.identity.clone(),
             client: channel.ok().map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
@@ -94,7 +94,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 pub struct PeerClient {
     from: NodeId,
     target: NodeId,
-    state: SharedState,
+    identity: ClusterIdentity,
     client: Option<RaftClient<Channel>>,
     peer_addr: String,
 }
@@ -138,7 +138,7 @@ impl PeerClient {
         if payload.len() > PEER_PAYLOAD_BYTES_MAX {
             return Err(PeerCallError::TooLarge(payload.len()));
         }
-        let cluster_id = self.state.read().registry.cluster_id();
+        let cluster_id = self.identity.get();
         let mut message = tonic::Request::new(RaftMessage {
             cluster_id: cluster_id_bytes(cluster_id),
             from_node_id: self.from,
@@ -257,12 +257,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// The `Raft` gRPC service: decodes peer messages and hands them to openraft.
 pub struct PeerService {
     raft: Raft,
-    state: SharedState,
+    identity: ClusterIdentity,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, state: SharedState) -> PeerService {
-        PeerService { raft, state }
+    pub fn new(raft: Raft, identity: ClusterIdentity) -> PeerService {
+        PeerService { raft, identity }
     }
 
     pub fn into_server(self) -> raft_server::RaftServer<PeerService> {
@@ -279,12 +279,26 @@ impl PeerService {
         let message = message.into_inner();
         let theirs = parse_cluster_id(&message.cluster_id)
             .map_err(|error| reason_status(ErrorReason::InvalidArgument(error.to_string())))?;
-        let ours = self.state.read().registry.cluster_id();
-        if let (Some(ours), Some(theirs)) = (ours, theirs)
-            && ours != theirs
-        {
-            tracing::warn!(from_node_id = message.from_node_id, %theirs, %ours, "peer of another cluster");
-            return Err(reason_status(ErrorReason::WrongCluster(ours)));
+        match (self.identity.get(), theirs) {
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                tracing::warn!(from_node_id = message.from_node_id, %theirs, %ours, "peer of another cluster");
+                return Err(reason_status(ErrorReason::WrongCluster(ours)));
+            }
+            // Once this node knows its cluster, unidentified peers are
+            // strangers (a node of a wiped cluster, say).
+            (Some(ours), None) => {
+                tracing::warn!(
+                    from_node_id = message.from_node_id,
+                    "peer without a cluster id"
+                );
+                return Err(reason_status(ErrorReason::WrongCluster(ours)));
+            }
+            (None, Some(theirs)) => self.identity.adopt(theirs).map_err(|error| {
+                reason_status(ErrorReason::Unavailable(format!(
+                    "cannot record the cluster id: {error}"
+                )))
+            })?,
+            _ => {}
         }
         codec::decode_versioned(PEER_FORMAT_VERSION, &message.payload).map_err(|error| {
             reason_status(ErrorReason::InvalidArgument(format!(

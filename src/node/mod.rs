@@ -9,7 +9,7 @@ use crate::network::client_api::ClientApi;
 use crate::network::peer::{PeerNetwork, PeerService};
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
-use crate::storage::{SharedState, SledLogStore, StateMachineStore};
+use crate::storage::{ClusterIdentity, SharedState, SledLogStore, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use openraft::SnapshotPolicy;
@@ -85,6 +85,15 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         );
     }
     log_store.purge_after_durable_snapshots(state_machine.durable_snapshot_index());
+    let identity = ClusterIdentity::open(&config.data_dir).context("reading the cluster id")?;
+    let applied_cluster_id = state_machine.state().read().registry.cluster_id();
+    if let Some(applied) = applied_cluster_id {
+        // A data directory from before the id file existed, or a crash
+        // between adopting and persisting: the applied state knows.
+        identity
+            .adopt(applied)
+            .context("the applied state names another cluster than the id file")?;
+    }
     let state = state_machine.state();
 
     let raft_config = openraft::Config {
@@ -100,7 +109,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     }
     .validate()
     .context("Raft configuration")?;
-    let network = PeerNetwork::new(config.id, state.clone());
+    let network = PeerNetwork::new(config.id, identity.clone());
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config),
@@ -133,7 +142,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let peer_server = tokio::spawn(
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .add_service(PeerService::new(raft.clone(), state.clone()).into_server())
+            .add_service(PeerService::new(raft.clone(), identity.clone()).into_server())
             .serve_with_incoming_shutdown(
                 incoming(peer_listener),
                 stopped(servers_stopped.clone()),
@@ -151,10 +160,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     tracing::info!(node_id = config.id, client_addr = %config.client_addr, peer_addr = %config.peer_addr, "node started");
 
     let bootstrap = if config.initialize {
-        initialize(&raft, &config).await?;
+        initialize(&raft, &config, &identity).await?;
         Some(tokio::spawn(ensure_bootstrapped(
             raft.clone(),
             state.clone(),
+            identity.clone(),
             config.clone(),
         )))
     } else {
@@ -178,14 +188,26 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
 }
 
 /// Initialises Raft membership with the configured members, once: a node
-/// whose storage already holds Raft state skips it.
-async fn initialize(raft: &Raft, config: &NodeConfig) -> anyhow::Result<()> {
+/// whose storage already holds Raft state skips it. A fresh cluster id is
+/// recorded first, so the very first peer messages carry it.
+async fn initialize(
+    raft: &Raft,
+    config: &NodeConfig,
+    identity: &ClusterIdentity,
+) -> anyhow::Result<()> {
     if raft.is_initialized().await.context("reading Raft state")? {
         tracing::info!(
             node_id = config.id,
             "already initialised; --initialize ignored"
         );
         return Ok(());
+    }
+    if identity.get().is_none() {
+        #[allow(clippy::disallowed_methods)] // a cluster id is random by definition (rule 16)
+        let cluster_id = ClusterId(rand::random::<u128>());
+        identity
+            .adopt(cluster_id)
+            .context("recording the new cluster id")?;
     }
     raft.initialize(config.members.clone())
         .await
@@ -200,9 +222,14 @@ async fn initialize(raft: &Raft, config: &NodeConfig) -> anyhow::Result<()> {
 
 /// Makes sure the cluster has its id and initial registry config: when this
 /// node leads and, with everything before its term applied, the registry
-/// still has no cluster id, it proposes the bootstrap entry with a fresh
-/// random id. Ends once the id is applied here.
-async fn ensure_bootstrapped(raft: Raft, state: SharedState, config: NodeConfig) {
+/// still has no cluster id, it proposes the bootstrap entry with the id
+/// recorded at initialisation. Ends once the id is applied here.
+async fn ensure_bootstrapped(
+    raft: Raft,
+    state: SharedState,
+    identity: ClusterIdentity,
+    config: NodeConfig,
+) {
     let clock = ClusterClock::new(raft.clone(), state.clone());
     let mut metrics = raft.metrics();
     loop {
@@ -214,8 +241,20 @@ async fn ensure_bootstrapped(raft: Raft, state: SharedState, config: NodeConfig)
             if state.read().registry.cluster_id().is_some() {
                 return;
             }
-            #[allow(clippy::disallowed_methods)] // a cluster id is random by definition (rule 16)
-            let cluster_id = ClusterId(rand::random::<u128>());
+            let cluster_id = match identity.get() {
+                Some(cluster_id) => cluster_id,
+                // Initialised by an older build or before the id file was
+                // written: no peer can know an id yet, so make one now.
+                None => {
+                    #[allow(clippy::disallowed_methods)] // random by definition (rule 16)
+                    let cluster_id = ClusterId(rand::random::<u128>());
+                    if let Err(error) = identity.adopt(cluster_id) {
+                        tracing::error!(%error, "cannot record a cluster id");
+                        return;
+                    }
+                    cluster_id
+                }
+            };
             let entry = Entry {
                 stamp_ms,
                 op: Op::Bootstrap {

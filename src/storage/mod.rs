@@ -3,8 +3,10 @@
 //! and owns the fsync discipline; it decides nothing.
 
 pub mod flusher;
+pub mod identity;
 pub mod log_store;
 pub mod state_machine;
 
+pub use identity::ClusterIdentity;
 pub use log_store::SledLogStore;
 pub use state_machine::{SharedState, StateMachineStore};

@@ -1,0 +1,115 @@
+//! The node's record of which cluster it belongs to (rule 16), kept in the
+//! file `cluster_id` of its data directory. The initialising node creates
+//! the id before Raft's first entry; every other node adopts the id of the
+//! first peer message it receives and keeps it forever after. Peer messages
+//! of another cluster — or without an id, once one is known — are refused,
+//! so a node of a wiped and re-created cluster can never exchange log
+//! entries with the new one.
+
+use crate::registry::ClusterId;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+const FILE_NAME: &str = "cluster_id";
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} does not hold a cluster id")]
+    Corrupt(PathBuf),
+    #[error("this node belongs to cluster {ours}, not {theirs}")]
+    Mismatch { ours: ClusterId, theirs: ClusterId },
+}
+
+/// Shared handle on the node's cluster id.
+#[derive(Clone, Debug)]
+pub struct ClusterIdentity {
+    path: PathBuf,
+    id: Arc<Mutex<Option<ClusterId>>>,
+}
+
+impl ClusterIdentity {
+    /// Loads the id recorded in `data_dir`, if any.
+    pub fn open(data_dir: &Path) -> Result<ClusterIdentity, IdentityError> {
+        let path = data_dir.join(FILE_NAME);
+        let id = match fs::read_to_string(&path) {
+            Ok(text) => Some(
+                u128::from_str_radix(text.trim(), 16)
+                    .map(ClusterId)
+                    .map_err(|_| IdentityError::Corrupt(path.clone()))?,
+            ),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(IdentityError::Io { path, source }),
+        };
+        Ok(ClusterIdentity {
+            path,
+            id: Arc::new(Mutex::new(id)),
+        })
+    }
+
+    pub fn get(&self) -> Option<ClusterId> {
+        *self.id.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `id` durably if no id is known yet; an equal id is accepted,
+    /// another one refused.
+    pub fn adopt(&self, id: ClusterId) -> Result<(), IdentityError> {
+        let mut current = self.id.lock().unwrap_or_else(|p| p.into_inner());
+        match *current {
+            Some(ours) if ours == id => Ok(()),
+            Some(ours) => Err(IdentityError::Mismatch { ours, theirs: id }),
+            None => {
+                self.persist(id)?;
+                *current = Some(id);
+                tracing::info!(cluster_id = %id, "joined cluster");
+                Ok(())
+            }
+        }
+    }
+
+    fn persist(&self, id: ClusterId) -> Result<(), IdentityError> {
+        let io = |source| IdentityError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let temporary = self.path.with_extension("tmp");
+        let mut file = fs::File::create(&temporary).map_err(io)?;
+        file.write_all(format!("{id}\n").as_bytes()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        fs::rename(&temporary, &self.path).map_err(io)?;
+        if let Some(dir) = self.path.parent() {
+            fs::File::open(dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An adopted id survives a reopen; another id is refused.
+    #[test]
+    fn adopt_once_then_refuse_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = ClusterIdentity::open(dir.path()).unwrap();
+        assert_eq!(identity.get(), None);
+        identity.adopt(ClusterId(7)).unwrap();
+        identity.adopt(ClusterId(7)).unwrap();
+        assert!(matches!(
+            identity.adopt(ClusterId(8)),
+            Err(IdentityError::Mismatch { .. })
+        ));
+        let reopened = ClusterIdentity::open(dir.path()).unwrap();
+        assert_eq!(reopened.get(), Some(ClusterId(7)));
+    }
+}
