@@ -44,6 +44,9 @@ pub struct ClientApi {
     faults: Faults,
     /// Executions (not duplicates) answered so far, for `Faults`.
     executes_seen: AtomicU64,
+    /// (applied index, state hash): hashing encodes the whole state, so it
+    /// is done once per applied index however often `Status` is asked.
+    hash_cache: std::sync::Mutex<(u64, String)>,
 }
 
 impl ClientApi {
@@ -63,6 +66,7 @@ impl ClientApi {
             request_timeout,
             faults,
             executes_seen: AtomicU64::new(0),
+            hash_cache: std::sync::Mutex::new((u64::MAX, String::new())),
         }
     }
 
@@ -107,6 +111,19 @@ impl ClientApi {
         tokio::time::timeout(self.request_timeout, work)
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?
+    }
+}
+
+impl ClientApi {
+    fn state_hash(&self, registry: &crate::registry::Registry) -> String {
+        let mut cache = self.hash_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.0 != registry.applied_index() {
+            *cache = (
+                registry.applied_index(),
+                snapshot::state_hash(registry).to_string(),
+            );
+        }
+        cache.1.clone()
     }
 }
 
@@ -361,7 +378,7 @@ impl client_server::Client for ClientApi {
             purged_index: metrics.purged.map_or(0, |id| id.index),
             cluster_id: cluster_id_bytes(registry.cluster_id()),
             members,
-            state_hash: snapshot::state_hash(registry).to_string(),
+            state_hash: self.state_hash(registry),
             cluster_time_ms: registry.cluster_time_ms(),
             sessions: registry.session_count() as u64,
         }))
