@@ -23,7 +23,8 @@ enum Command {
     Node(Box<NodeOptions>),
     /// Show every node's id, role, term and log / applied indexes.
     Status(oncekv::cli::status::StatusArgs),
-    /// Closed-loop load against a running cluster: throughput and latency.
+    /// Closed-loop load against a running cluster: throughput and latency;
+    /// or, with --failover, leader kills on a fresh local cluster of its own.
     Bench(oncekv::cli::bench::BenchArgs),
     /// The key-value commands: put, get, del, incr, append, cas, sessions.
     #[command(flatten)]
@@ -66,7 +67,15 @@ async fn main() -> anyhow::Result<()> {
             let config = options.resolve()?;
             node::run(config, stop_requested()).await
         }
-        Command::Bench(args) => args.run().await,
+        Command::Bench(args) => {
+            // Progress events (and the client library's tracing), only when
+            // asked for (stderr): `--failover` logs its kills, for reading
+            // side by side with the node logs.
+            if std::env::var_os("RUST_LOG").is_some() {
+                init_tracing();
+            }
+            args.run().await
+        }
         Command::Status(args) => {
             if !args.run().await? {
                 std::process::exit(1);

@@ -4,6 +4,8 @@
 //! figures in DESIGN.md were measured). Prints throughput and latency
 //! percentiles; `--compare` runs the same load through the plain
 //! (at-least-once, sessionless) path too and prints the registry's cost.
+//! `--failover` runs the failover benchmark of `super::failover` instead, on
+//! a fresh local cluster of its own.
 
 use crate::client::{Client, ClientConfig, Error};
 use crate::registry::{Command, Value};
@@ -53,6 +55,32 @@ pub struct BenchArgs {
     /// Print one JSON object per run.
     #[arg(long)]
     pub json: bool,
+    /// Failover benchmark instead: start a fresh local 3-node cluster,
+    /// SIGKILL its leader --kills times while one client writes, and time
+    /// each kill to the next acknowledged write. Takes no --endpoints and
+    /// none of the load options.
+    #[arg(
+        long,
+        conflicts_with_all = ["endpoints", "clients", "duration", "pipeline", "mix", "value_size", "plain", "compare"]
+    )]
+    pub failover: bool,
+    /// Leader kills of --failover.
+    #[arg(long, default_value_t = 30, requires = "failover",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub kills: u32,
+    /// Raft heartbeat of the --failover cluster's nodes.
+    #[arg(long, default_value_t = 100, requires = "failover")]
+    pub heartbeat_ms: u64,
+    /// Minimum election timeout of the --failover cluster's nodes.
+    #[arg(long, default_value_t = 400, requires = "failover")]
+    pub election_timeout_min_ms: u64,
+    /// Maximum election timeout of the --failover cluster's nodes.
+    #[arg(long, default_value_t = 800, requires = "failover")]
+    pub election_timeout_max_ms: u64,
+    /// Keep the --failover cluster's data and node logs (the path is printed
+    /// on stderr).
+    #[arg(long, requires = "failover")]
+    pub keep_cluster_dir: bool,
 }
 
 /// The figures of one run.
@@ -98,7 +126,7 @@ fn command(mix: Mix, client: usize, n: u64, value: &[u8]) -> Command {
     }
 }
 
-fn percentile(sorted_micros: &[u32], fraction: f64) -> f64 {
+pub(crate) fn percentile(sorted_micros: &[u32], fraction: f64) -> f64 {
     if sorted_micros.is_empty() {
         return 0.0;
     }
@@ -213,6 +241,19 @@ fn print(report: &Report, json: bool) -> anyhow::Result<()> {
 
 impl BenchArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
+        if self.failover {
+            return super::failover::run(&super::failover::FailoverOptions {
+                kills: self.kills,
+                timing: super::local_cluster::Timing {
+                    heartbeat_ms: self.heartbeat_ms,
+                    election_timeout_min_ms: self.election_timeout_min_ms,
+                    election_timeout_max_ms: self.election_timeout_max_ms,
+                },
+                json: self.json,
+                keep_dir: self.keep_cluster_dir,
+            })
+            .await;
+        }
         let endpoints = if self.endpoints.is_empty() {
             super::default_endpoints()
         } else {

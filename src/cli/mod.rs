@@ -5,7 +5,9 @@
 //! nothing here decides anything about the cluster.
 
 pub mod bench;
+pub mod failover;
 pub mod kv;
+pub mod local_cluster;
 pub mod status;
 
 /// Client port base of the local cluster when `ONCEKV_PORT_BASE` is unset:
