@@ -1,12 +1,17 @@
 //! oncekv: an exactly-once key-value service — a replicated client-session
 //! registry on Raft (the Idempotent Receiver). See README.md and DESIGN rules.
 
+#[cfg(feature = "server")]
 pub mod cli;
 pub mod client;
+#[cfg(feature = "server")]
 pub mod clock;
 pub mod network;
+#[cfg(feature = "server")]
 pub mod node;
 pub mod proto;
+#[cfg(feature = "server")]
 pub mod raft_types;
 pub mod registry;
+#[cfg(feature = "server")]
 pub mod storage;

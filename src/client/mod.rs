@@ -494,8 +494,8 @@ impl Client {
             .tcp_nodelay(true)
             .connect_lazy();
         let client = ClientClient::new(channel)
-            .max_decoding_message_size(crate::network::client_api::CLIENT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(crate::network::client_api::CLIENT_MESSAGE_BYTES_MAX);
+            .max_decoding_message_size(crate::network::CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(crate::network::CLIENT_MESSAGE_BYTES_MAX);
         channels.insert(endpoint.to_string(), client.clone());
         Ok(client)
     }

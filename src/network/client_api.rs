@@ -22,8 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
-/// Largest client message accepted: a value at the hard bound plus room.
-pub const CLIENT_MESSAGE_BYTES_MAX: usize = 8 << 20;
+pub use super::CLIENT_MESSAGE_BYTES_MAX;
 
 /// Test-only faults, compiled in only with the `fault-injection` feature.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
