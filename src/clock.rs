@@ -4,7 +4,8 @@
 //! At the start of each term the leader confirms its leadership and applies
 //! every entry before its term (read index), then takes as its base the
 //! applied cluster time — the largest stamp in its log — and from there adds
-//! only the time it has itself led, measured on a monotonic clock. Time
+//! only the time it has itself led (since it became leader, idle or not),
+//! measured on a monotonic clock. Time
 //! without a leader therefore never counts against clients, and a leader
 //! whose wall clock is off by hours changes nothing. The state machine keeps
 //! the maximum stamp it has seen, so stamps never move time backwards.
@@ -34,20 +35,57 @@ pub enum ClockError {
     Unavailable(String),
 }
 
+/// Records when this node became leader of `term` (first sighting only).
+fn note_leading(since: &Mutex<Option<(u64, Instant)>>, leading: bool, term: u64) {
+    let mut since = since.lock().unwrap_or_else(|p| p.into_inner());
+    if leading && since.is_none_or(|(seen, _)| seen != term) {
+        *since = Some((term, Instant::now()));
+    }
+}
+
 pub struct ClusterClock {
     raft: Raft,
     state: SharedState,
     current: Mutex<Option<TermClock>>,
+    /// (term, instant) at which this node was seen to become leader: the
+    /// clock counts leader time from there, not from the term's first
+    /// request, so an idle leader's time counts too.
+    leading_since: std::sync::Arc<Mutex<Option<(u64, Instant)>>>,
     /// Serialises the start of a term, so one read index serves everyone.
     starting: tokio::sync::Mutex<()>,
 }
 
 impl ClusterClock {
+    /// A clock for `raft`; must be created inside a tokio runtime (it
+    /// watches the metrics for this node becoming leader).
     pub fn new(raft: Raft, state: SharedState) -> ClusterClock {
+        let leading_since = std::sync::Arc::new(Mutex::new(None));
+        let watched = std::sync::Arc::downgrade(&leading_since);
+        let mut metrics = raft.metrics();
+        tokio::spawn(async move {
+            loop {
+                let (leading, term) = {
+                    let metrics = metrics.borrow_and_update();
+                    (
+                        metrics.state == openraft::ServerState::Leader,
+                        metrics.current_term,
+                    )
+                };
+                let Some(since) = watched.upgrade() else {
+                    return;
+                };
+                note_leading(&since, leading, term);
+                drop(since);
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
         ClusterClock {
             raft,
             state,
             current: Mutex::new(None),
+            leading_since,
             starting: tokio::sync::Mutex::new(()),
         }
     }
@@ -85,13 +123,19 @@ impl ClusterClock {
         // time is the largest stamp in the log.
         let term = self.raft.metrics().borrow().current_term;
         let base_ms = self.state.read().registry.cluster_time_ms();
+        let started = self
+            .leading_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .filter(|(seen, _)| *seen == term)
+            .map_or_else(Instant::now, |(_, since)| since);
         tracing::info!(term, base_ms, "cluster clock starts a new term");
         let clock = TermClock {
             term,
             base_ms,
-            started: Instant::now(),
+            started,
         };
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(clock);
-        Ok(base_ms)
+        Ok(clock.base_ms + started.elapsed().as_millis() as u64)
     }
 }

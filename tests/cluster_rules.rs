@@ -227,3 +227,29 @@ async fn rule16_peer_messages_of_another_cluster_are_refused() {
     let session = raw.register(99).await;
     assert!(session.client_id > 0);
 }
+
+/// Rule 11: a leader's own time counts even while it is idle. After a
+/// restart (a new term) nobody calls for longer than the TTL; the first
+/// request then finds the idle session expired, because the leader's clock
+/// runs from the moment it was elected, not from the term's first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule11_an_idle_leaders_time_counts() {
+    const TTL: Duration = Duration::from_millis(2_000);
+    let cluster = Cluster::start_with("idle-leader", &["--session-ttl-ms", "2000"]).await;
+    let raw = raw_client(&cluster).await;
+    let idle = raw.register(21).await;
+    for node in 1..=3 {
+        cluster.terminate(node).await;
+    }
+    for node in 1..=3 {
+        cluster.restart(node).await;
+    }
+    cluster.wait_for_leader(Duration::from_secs(60)).await;
+    // The new leader leads, idle, for longer than the TTL.
+    tokio::time::sleep(TTL + Duration::from_millis(1_500)).await;
+    raw.register(22).await;
+    let error = keep_alive(&raw, idle.client_id)
+        .await
+        .expect_err("idle for longer than the TTL of leader time");
+    assert_eq!(reason(&error), Some(Reason::SessionExpired));
+}
