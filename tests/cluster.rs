@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use support::cluster::Cluster;
-use support::raw::{Raw, reason};
+use support::raw::{raw_client, reason};
 use tokio::time::Instant;
 
 const CALL_DEADLINE: Duration = Duration::from_secs(60);
@@ -20,20 +20,6 @@ fn incr(key: &str) -> Command {
     Command::Increment {
         key: key.as_bytes().to_vec(),
         delta: 1,
-    }
-}
-
-async fn raw_client(cluster: &Cluster) -> Raw {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
-        if let Ok(status) = cluster.status(leader).await
-            && !status.cluster_id.is_empty()
-        {
-            return Raw::new(cluster.client_addrs(), status.cluster_id);
-        }
-        assert!(Instant::now() < deadline, "cluster never bootstrapped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -8,22 +8,8 @@ use oncekv::proto::{self, Reason};
 use oncekv::registry::{Command, CommandResult, Value};
 use std::time::Duration;
 use support::cluster::Cluster;
-use support::raw::{Raw, reason};
+use support::raw::{Raw, raw_client, reason};
 use tokio::time::Instant;
-
-async fn raw_client(cluster: &Cluster) -> Raw {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
-        if let Ok(status) = cluster.status(leader).await
-            && !status.cluster_id.is_empty()
-        {
-            return Raw::new(cluster.client_addrs(), status.cluster_id);
-        }
-        assert!(Instant::now() < deadline, "cluster never bootstrapped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 async fn keep_alive(raw: &Raw, client_id: u64) -> Result<u64, tonic::Status> {
     let request = proto::KeepAliveRequest {

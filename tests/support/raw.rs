@@ -11,6 +11,21 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
+/// A raw client of `cluster`, once it has a leader and a cluster id.
+pub async fn raw_client(cluster: &super::cluster::Cluster) -> Raw {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        if let Ok(status) = cluster.status(leader).await
+            && !status.cluster_id.is_empty()
+        {
+            return Raw::new(cluster.client_addrs(), status.cluster_id);
+        }
+        assert!(Instant::now() < deadline, "cluster never bootstrapped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub async fn connect(addr: &str) -> ClientClient<Channel> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("valid address")
