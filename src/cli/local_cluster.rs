@@ -427,7 +427,7 @@ pub fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String
 
 /// `count` distinct free loopback ports: all bound at once so none repeats,
 /// then released for the nodes to bind.
-fn free_ports(count: usize) -> anyhow::Result<Vec<SocketAddr>> {
+pub fn free_ports(count: usize) -> anyhow::Result<Vec<SocketAddr>> {
     let listeners = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()
@@ -438,7 +438,7 @@ fn free_ports(count: usize) -> anyhow::Result<Vec<SocketAddr>> {
         .collect()
 }
 
-fn log_tail(path: &Path, lines: usize) -> String {
+pub fn log_tail(path: &Path, lines: usize) -> String {
     let Ok(mut file) = File::open(path) else {
         return "(no log)".to_owned();
     };

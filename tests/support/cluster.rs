@@ -6,8 +6,8 @@
 //! log is printed — and it knows nodes only through their `Status` replies.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::net::{SocketAddr, TcpListener};
+use std::fs::OpenOptions;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use oncekv::cli::local_cluster::{agreed_leader, describe, free_ports, log_tail};
 use oncekv::cli::status::query;
 use oncekv::proto::StatusReply;
 use oncekv::proto::client_client::ClientClient;
@@ -88,7 +89,7 @@ impl Cluster {
             .prefix(&format!("oncekv-{name}-"))
             .tempdir()
             .expect("create the cluster's temporary directory");
-        let ports = free_ports(2 * NODES.len());
+        let ports = free_ports(2 * NODES.len()).expect("free loopback ports");
         let nodes = NODES
             .iter()
             .zip(ports.chunks(2))
@@ -405,69 +406,9 @@ impl Drop for Cluster {
     }
 }
 
-/// The leader every answering node agrees on: it answered as "leader", and
-/// every node that answered names it. Nodes that did not answer (down or
-/// slow) do not veto.
-fn agreed_leader(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> Option<u64> {
-    let replies: Vec<&StatusReply> = statuses.values().filter_map(|s| s.as_ref().ok()).collect();
-    let leader = replies
-        .iter()
-        .filter(|reply| reply.role == "leader")
-        .max_by_key(|reply| reply.term)?;
-    replies
-        .iter()
-        .all(|reply| reply.leader_id == leader.node_id && reply.term == leader.term)
-        .then_some(leader.node_id)
-}
-
-fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String {
-    statuses
-        .iter()
-        .map(|(id, status)| match status {
-            Ok(reply) => format!(
-                "  node {id}: {} term {} leader {} last_log {} applied {} cluster_id {} bytes",
-                reply.role,
-                reply.term,
-                reply.leader_id,
-                reply.last_log_index,
-                reply.applied_index,
-                reply.cluster_id.len()
-            ),
-            Err(error) => format!("  node {id}: {error}"),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// `count` distinct free loopback ports: all bound at once so none repeats,
-/// then released for the nodes to bind (another process could take one in
-/// between; unlikely enough for tests).
-fn free_ports(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().expect("a bound address"))
-        .collect()
-}
-
 fn signal(child: &Child, signal: Signal) {
     let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid fits in i32"));
     // ESRCH cannot happen: the child is not reaped yet, so its pid is ours
     // even if it has exited.
     kill(pid, signal).unwrap_or_else(|error| panic!("send {signal} to pid {pid}: {error}"));
-}
-
-fn log_tail(path: &Path, lines: usize) -> String {
-    let Ok(mut file) = File::open(path) else {
-        return "(no log)".to_owned();
-    };
-    let mut bytes = Vec::new();
-    if let Err(error) = std::io::Read::read_to_end(&mut file, &mut bytes) {
-        return format!("(unreadable log: {error})");
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
