@@ -72,3 +72,62 @@ async fn retry_after_leader_death_gets_the_original_response() {
         leader
     );
 }
+
+/// The client library's attempt observer sees its internal retries: the
+/// first attempt's reply is lost (it times out and is retried), and the
+/// retry is answered from the registry's cache, flagged as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_observer_sees_a_retry_answered_as_duplicate() {
+    use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig};
+    use std::sync::{Arc, Mutex};
+
+    let cluster = Cluster::start_with("observer", &["--fault", "drop-first-execute-reply"]).await;
+    cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let events: Arc<Mutex<Vec<AttemptEvent>>> = Arc::default();
+    let seen = events.clone();
+    let client = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            call_timeout: Duration::from_secs(60),
+            attempt_timeout: Duration::from_secs(2),
+            observer: Some(AttemptObserver::new(move |event| {
+                seen.lock().unwrap().push(event.clone());
+            })),
+            ..ClientConfig::default()
+        },
+    );
+    assert_eq!(client.increment(b"observed", 3).await.unwrap(), 3);
+    let events = events.lock().unwrap().clone();
+    let client_id = client.client_id().await.unwrap();
+    assert!(
+        events
+            .iter()
+            .all(|e| e.client_id == client_id && e.seq == 1),
+        "{events:?}"
+    );
+    // Every attempt is announced, then ends exactly once, in order.
+    for (index, pair) in events.chunks(2).enumerate() {
+        assert_eq!(pair[0].attempt, index as u32, "{events:?}");
+        assert_eq!(pair[0].outcome, AttemptOutcome::Started, "{events:?}");
+        assert_eq!(pair[1].attempt, index as u32, "{events:?}");
+        assert_eq!(pair[1].endpoint, pair[0].endpoint, "{events:?}");
+    }
+    assert!(
+        events.iter().any(|e| matches!(
+            &e.outcome,
+            AttemptOutcome::Retry { reason } if reason == "DeadlineExceeded" || reason == "Cancelled"
+        )),
+        "the lost reply shows as a retried attempt: {events:?}"
+    );
+    assert!(
+        matches!(
+            events.last().map(|e| &e.outcome),
+            Some(AttemptOutcome::Answered {
+                duplicate: true,
+                ..
+            })
+        ),
+        "the retry is answered from the cache: {events:?}"
+    );
+    client.close().await;
+}

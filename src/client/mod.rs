@@ -81,6 +81,56 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Keep-alives are sent when idle for this fraction of the TTL.
     pub keep_alive_fraction: f64,
+    /// Told about every attempt of every `execute` (none by default).
+    pub observer: Option<AttemptObserver>,
+}
+
+/// One step of one attempt of an `execute` call, as an [`AttemptObserver`]
+/// sees it: which (client id, seq) went where, and how that attempt ended.
+/// Lets a harness or a metrics layer see the retries the library makes
+/// internally (an attempt answered as a duplicate is a retry of a request
+/// that had already been applied).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptEvent {
+    pub client_id: u64,
+    pub seq: u64,
+    /// 0 for the first attempt of the call, then 1, 2, ...
+    pub attempt: u32,
+    /// The endpoint (`host:port`) the attempt was sent to.
+    pub endpoint: String,
+    pub outcome: AttemptOutcome,
+}
+
+/// What an [`AttemptEvent`] reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// The attempt is about to be sent.
+    Started,
+    /// The node answered with a result; `duplicate` when it came from the
+    /// registry's cache (the command had already been executed).
+    Answered { duplicate: bool, log_index: u64 },
+    /// This attempt failed; the call retries the same request (or, at its
+    /// deadline, reports the outcome as unknown).
+    Retry { reason: String },
+    /// A final error: the call ends with it.
+    Final { reason: String },
+}
+
+/// A callback told synchronously about every attempt of every `execute`;
+/// it must be cheap and must not block (it runs on the calling task).
+#[derive(Clone)]
+pub struct AttemptObserver(pub Arc<dyn Fn(&AttemptEvent) + Send + Sync>);
+
+impl AttemptObserver {
+    pub fn new(callback: impl Fn(&AttemptEvent) + Send + Sync + 'static) -> AttemptObserver {
+        AttemptObserver(Arc::new(callback))
+    }
+}
+
+impl std::fmt::Debug for AttemptObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttemptObserver(..)")
+    }
 }
 
 impl Default for ClientConfig {
@@ -90,6 +140,7 @@ impl Default for ClientConfig {
             attempt_timeout: Duration::from_secs(2),
             backoff: Backoff::default(),
             keep_alive_fraction: 1.0 / 3.0,
+            observer: None,
         }
     }
 }
@@ -183,6 +234,15 @@ fn give_up((status, _attempts): (tonic::Status, u32)) -> Error {
         Attempt::Final(status) => final_error(&status, 0),
         Attempt::Retry { status, .. } => Error::Unavailable(status.to_string()),
         Attempt::Done(()) => Error::Unavailable("no reply".into()),
+    }
+}
+
+/// A short machine-readable reason of a failed attempt: the registry's
+/// reason when the status carries one, else the gRPC code.
+fn status_reason(status: &tonic::Status) -> String {
+    match error_detail(status) {
+        Some(detail) => detail.reason().as_str_name().to_string(),
+        None => format!("{:?}", status.code()),
     }
 }
 
@@ -363,7 +423,32 @@ impl Client {
             let mut call = tonic::Request::new(request);
             call.set_timeout(self.attempt_timeout(deadline));
             tracing::trace!(attempt, endpoint = %target, "attempt");
-            match classify(client.execute(call).await) {
+            let observe = |outcome: AttemptOutcome| {
+                if let Some(observer) = &self.inner.config.observer {
+                    (observer.0)(&AttemptEvent {
+                        client_id: session.client_id,
+                        seq,
+                        attempt,
+                        endpoint: target.clone(),
+                        outcome,
+                    });
+                }
+            };
+            observe(AttemptOutcome::Started);
+            let answer = classify(client.execute(call).await);
+            observe(match &answer {
+                Attempt::Done(reply) => AttemptOutcome::Answered {
+                    duplicate: reply.get_ref().duplicate,
+                    log_index: reply.get_ref().log_index,
+                },
+                Attempt::Retry { status, .. } => AttemptOutcome::Retry {
+                    reason: status_reason(status),
+                },
+                Attempt::Final(status) => AttemptOutcome::Final {
+                    reason: status_reason(status),
+                },
+            });
+            match answer {
                 Attempt::Done(reply) => {
                     // Executed, but the answer is unreadable: unknown to us.
                     return convert::result_from_proto(reply.into_inner().result).map_err(
