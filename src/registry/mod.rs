@@ -283,7 +283,20 @@ impl Registry {
             });
         }
         let fingerprint = fingerprint::fingerprint(&request.command);
-        if let Some(cached) = session.responses.get(&request.seq) {
+        // DELIBERATELY BROKEN when built with `broken-skip-dedup` (a
+        // fault-injection build for the jepsen-like harness only, to prove
+        // its checker catches a registry that executes retries again): a
+        // cached (client, seq) with the same fingerprint is executed anew.
+        #[cfg(feature = "broken-skip-dedup")]
+        let skip_dedup = session
+            .responses
+            .get(&request.seq)
+            .is_some_and(|cached| cached.fingerprint == fingerprint);
+        #[cfg(not(feature = "broken-skip-dedup"))]
+        let skip_dedup = false;
+        if let Some(cached) = session.responses.get(&request.seq)
+            && !skip_dedup
+        {
             return if cached.fingerprint == fingerprint {
                 Ok(Outcome::Executed {
                     result: cached.result.clone(),

@@ -112,6 +112,22 @@ fn ordered_pairs<S: Serializer>(
 
 /// Writes the snapshot of `registry` to `out`.
 pub fn write<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
+    // DELIBERATELY BROKEN when built with `broken-snapshot-drops-sessions`
+    // (a fault-injection build for the jepsen-like harness only, to prove its
+    // checker catches it): snapshots leave out every session's cached
+    // responses, so a node restored from one cannot recognise retries. The
+    // state hash (`state_hash`) still covers the real state.
+    #[cfg(feature = "broken-snapshot-drops-sessions")]
+    let stripped = {
+        let mut stripped = registry.clone();
+        for session in stripped.sessions.values_mut() {
+            session.responses.clear();
+            session.cached_bytes = 0;
+        }
+        stripped
+    };
+    #[cfg(feature = "broken-snapshot-drops-sessions")]
+    let registry = &stripped;
     let mut out = HashingWriter {
         inner: out,
         hasher: blake3::Hasher::new(),

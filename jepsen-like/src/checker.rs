@@ -1,0 +1,1184 @@
+//! The checker: a pure function from a run's history and the final state
+//! read from every replica to safety counters and a verdict. It owns what
+//! "exactly once" means for this harness and must not do any IO.
+//!
+//! Lists (appends of unique values):
+//! - *duplicated*: a value appears more than once in a list on any replica;
+//! - *lost*: an acknowledged append is missing from some replica;
+//! - *phantom*: a value nobody appended, or one whose every request
+//!   definitely failed, is present;
+//! - *order violations*: an acknowledged append A completed before append B
+//!   was invoked (any clients), or A of the same client completed in any way
+//!   before B was invoked, yet B precedes A in the list;
+//! - *reply mismatches*: two replies to the same (session, seq) differ, or
+//!   an append's reply length does not match its position in the list.
+//!
+//! Counters (increments with positive deltas): the final value lies within
+//! acknowledged + [0, unknown] deltas; the values returned by acknowledged
+//! increments are distinct, respect real-time order, and each one equals the
+//! previous returned value plus its own delta plus a sum of unknown deltas
+//! (anything else means some increment executed twice or vanished).
+//!
+//! Session lifecycle: a request below the floor or a conflicting seq must not
+//! be answered as a success; a retry of an acknowledged seq must be answered
+//! as a duplicate.
+//!
+//! Replicas: after healing, every replica has the same applied index, state
+//! hash and values (*divergence* otherwise).
+
+use crate::history::{self, Event, EventType, Expect, Op, Operation, Process, Reply};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How many problem descriptions are kept.
+const PROBLEMS_KEPT: usize = 50;
+/// Above this sum of unknown deltas the subset-sum check is skipped (only
+/// the bounds are checked).
+const SUBSET_SUM_LIMIT: i64 = 10_000_000;
+
+/// A value read back from one replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalValue {
+    Absent,
+    List(Vec<String>),
+    Int(i64),
+    Other(String),
+}
+
+/// One replica after healing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFinal {
+    pub node: u64,
+    pub applied_index: u64,
+    pub state_hash: String,
+    /// Every key of the run as read from this replica's own applied state;
+    /// `None` when this replica's values could not be read on their own (the
+    /// state hash still covers them).
+    pub values: Option<BTreeMap<String, FinalValue>>,
+}
+
+/// The safety counters; any of them above zero makes the run invalid.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Safety {
+    pub duplicated: u64,
+    pub lost: u64,
+    pub phantom: u64,
+    pub order_violations: u64,
+    pub reply_mismatches: u64,
+    pub counter_violations: u64,
+    pub lifecycle_violations: u64,
+    pub divergence: u64,
+    /// The history itself is malformed (an unpaired completion).
+    pub malformed: u64,
+}
+
+impl Safety {
+    pub fn total(&self) -> u64 {
+        self.duplicated
+            + self.lost
+            + self.phantom
+            + self.order_violations
+            + self.reply_mismatches
+            + self.counter_violations
+            + self.lifecycle_violations
+            + self.divergence
+            + self.malformed
+    }
+}
+
+/// The checker's findings.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Findings {
+    pub safety: Safety,
+    /// The first problems, described.
+    pub problems: Vec<String>,
+    /// Replicas whose values were compared.
+    pub replicas_read: u64,
+}
+
+impl Findings {
+    pub fn valid(&self) -> bool {
+        self.safety.total() == 0
+    }
+
+    fn problem(&mut self, text: String) {
+        if self.problems.len() < PROBLEMS_KEPT {
+            self.problems.push(text);
+        }
+    }
+}
+
+/// Checks `events` against the replicas' final state.
+pub fn check(events: &[Event], finals: &[NodeFinal]) -> Findings {
+    let mut findings = Findings::default();
+    let operations = match history::pair(events) {
+        Ok(operations) => operations,
+        Err(error) => {
+            findings.safety.malformed += 1;
+            findings.problem(format!("malformed history: {error}"));
+            return findings;
+        }
+    };
+    let reads: Vec<(u64, &BTreeMap<String, FinalValue>)> = finals
+        .iter()
+        .filter_map(|n| n.values.as_ref().map(|v| (n.node, v)))
+        .collect();
+    findings.replicas_read = reads.len() as u64;
+    check_divergence(finals, &mut findings);
+    check_replies(&operations, &mut findings);
+    check_lifecycle(&operations, &mut findings);
+    check_lists(&operations, &reads, &mut findings);
+    check_counters(&operations, &reads, &mut findings);
+    findings
+}
+
+fn check_divergence(finals: &[NodeFinal], findings: &mut Findings) {
+    let states: BTreeSet<(u64, &str)> = finals
+        .iter()
+        .map(|n| (n.applied_index, n.state_hash.as_str()))
+        .collect();
+    if states.len() > 1 {
+        findings.safety.divergence += states.len() as u64 - 1;
+        let described: Vec<String> = finals
+            .iter()
+            .map(|n| {
+                format!(
+                    "node {} applied {} hash {}",
+                    n.node, n.applied_index, n.state_hash
+                )
+            })
+            .collect();
+        findings.problem(format!(
+            "replicas diverge after healing: {}",
+            described.join("; ")
+        ));
+    }
+    let read: Vec<&NodeFinal> = finals.iter().filter(|n| n.values.is_some()).collect();
+    if let Some((first, rest)) = read.split_first() {
+        let first_values = first.values.as_ref().expect("filtered");
+        for other in rest {
+            let values = other.values.as_ref().expect("filtered");
+            let keys: BTreeSet<&String> = first_values.keys().chain(values.keys()).collect();
+            for key in keys {
+                if first_values.get(key) != values.get(key) {
+                    findings.safety.divergence += 1;
+                    findings.problem(format!(
+                        "key {key:?} differs between node {} and node {}",
+                        first.node, other.node
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Every reply to the same (session, seq) must be identical.
+fn check_replies(operations: &[Operation], findings: &mut Findings) {
+    let mut first: BTreeMap<(u64, u64), (&Reply, &Operation)> = BTreeMap::new();
+    for operation in operations {
+        let Some(done) = &operation.completion else {
+            continue;
+        };
+        let (EventType::Ok, Some(session), Some(seq), Some(reply)) =
+            (done.kind, done.session, done.seq, &done.reply)
+        else {
+            continue;
+        };
+        match first.get(&(session, seq)) {
+            None => {
+                first.insert((session, seq), (reply, operation));
+            }
+            Some((earlier, earlier_op)) if *earlier != reply => {
+                findings.safety.reply_mismatches += 1;
+                findings.problem(format!(
+                    "session {session} seq {seq}: reply {reply:?} to {:?} op {} differs from \
+                     {earlier:?} to {:?} op {}",
+                    operation.process, operation.op_id, earlier_op.process, earlier_op.op_id
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+fn check_lifecycle(operations: &[Operation], findings: &mut Findings) {
+    for operation in operations {
+        let Op::Lifecycle { expect, value, .. } = &operation.op else {
+            continue;
+        };
+        let Some(done) = &operation.completion else {
+            continue;
+        };
+        let wrong = match (expect, done.kind) {
+            (Expect::Discarded | Expect::Conflict, EventType::Ok) => true,
+            (Expect::Duplicate, EventType::Ok) => !done.duplicate,
+            _ => false,
+        };
+        if wrong {
+            findings.safety.lifecycle_violations += 1;
+            findings.problem(format!(
+                "lifecycle request for {value} expected {expect:?} but was answered ok \
+                 (duplicate: {}, reply {:?})",
+                done.duplicate, done.reply
+            ));
+        }
+    }
+}
+
+/// What is known of one appended value across the requests that carried it
+/// (a lifecycle retry carries the same value as its original request).
+#[derive(Debug)]
+struct Written {
+    process: Process,
+    /// Earliest invoke of any request carrying it.
+    invoke_ns: u64,
+    /// Earliest `ok` completion, if any.
+    acked_ns: Option<u64>,
+    /// Earliest completion of any kind, if any.
+    completed_ns: Option<u64>,
+    /// Some request's outcome is unknown.
+    unknown: bool,
+    /// Acknowledged list lengths (the value's position + 1).
+    lengths: Vec<u64>,
+}
+
+fn check_lists(
+    operations: &[Operation],
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
+    let mut keys: BTreeMap<&str, BTreeMap<&str, Written>> = BTreeMap::new();
+    for operation in operations {
+        let (key, value) = match &operation.op {
+            Op::Append { key, value } | Op::Lifecycle { key, value, .. } => (key, value),
+            _ => continue,
+        };
+        let written = keys
+            .entry(key)
+            .or_default()
+            .entry(value)
+            .or_insert(Written {
+                process: operation.process,
+                invoke_ns: operation.invoke_ns,
+                acked_ns: None,
+                completed_ns: None,
+                unknown: false,
+                lengths: Vec::new(),
+            });
+        written.invoke_ns = written.invoke_ns.min(operation.invoke_ns);
+        let done = operation.completion.as_ref();
+        if let Some(done) = done {
+            written.completed_ns = Some(
+                written
+                    .completed_ns
+                    .map_or(done.time_ns, |t| t.min(done.time_ns)),
+            );
+        }
+        match operation.outcome() {
+            EventType::Ok => {
+                let done = done.expect("ok has a completion");
+                written.acked_ns = Some(
+                    written
+                        .acked_ns
+                        .map_or(done.time_ns, |t| t.min(done.time_ns)),
+                );
+                if let Some(Reply::Appended { length }) = &done.reply {
+                    written.lengths.push(*length);
+                }
+            }
+            EventType::Info | EventType::Invoke => written.unknown = true,
+            EventType::Fail => {}
+        }
+    }
+    for (key, written) in &keys {
+        for (node, values) in reads {
+            let list: &[String] = match values.get(*key) {
+                Some(FinalValue::List(list)) => list,
+                None | Some(FinalValue::Absent) => &[],
+                Some(other) => {
+                    findings.safety.phantom += 1;
+                    findings.problem(format!(
+                        "node {node}: key {key:?} holds {other:?}, not a list"
+                    ));
+                    continue;
+                }
+            };
+            check_list(*node, key, list, written, findings);
+        }
+    }
+}
+
+fn check_list(
+    node: u64,
+    key: &str,
+    list: &[String],
+    written: &BTreeMap<&str, Written>,
+    findings: &mut Findings,
+) {
+    let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut duplicated = BTreeSet::new();
+    for (position, value) in list.iter().enumerate() {
+        if positions.insert(value, position).is_some() {
+            duplicated.insert(value.as_str());
+        } else if let Some(record) = written.get(value.as_str()) {
+            if record.acked_ns.is_none() && !record.unknown {
+                findings.safety.phantom += 1;
+                findings.problem(format!(
+                    "node {node}: {value} in {key:?} although every request for it failed"
+                ));
+            }
+        } else {
+            findings.safety.phantom += 1;
+            findings.problem(format!(
+                "node {node}: {value} in {key:?} was never appended"
+            ));
+        }
+    }
+    // Positions of the first occurrence (a duplicate's later copy is
+    // already counted).
+    let mut first_positions: BTreeMap<&str, usize> = BTreeMap::new();
+    for (position, value) in list.iter().enumerate() {
+        first_positions.entry(value.as_str()).or_insert(position);
+    }
+    for value in &duplicated {
+        findings.safety.duplicated += 1;
+        let count = list.iter().filter(|v| v.as_str() == *value).count();
+        findings.problem(format!(
+            "node {node}: {value} appears {count} times in {key:?}"
+        ));
+    }
+    for (value, record) in written {
+        let position = first_positions.get(value).copied();
+        if record.acked_ns.is_some() && position.is_none() {
+            findings.safety.lost += 1;
+            findings.problem(format!(
+                "node {node}: acknowledged {value} missing from {key:?}"
+            ));
+        }
+        if let Some(position) = position {
+            for length in &record.lengths {
+                if *length != position as u64 + 1 {
+                    findings.safety.reply_mismatches += 1;
+                    findings.problem(format!(
+                        "node {node}: {value} was acknowledged with length {length} but sits at \
+                         position {} of {key:?}",
+                        position + 1
+                    ));
+                }
+            }
+        }
+    }
+    // Real-time order of acknowledged appends (any clients).
+    let items: Vec<OrderItem> = written
+        .iter()
+        .map(|(value, record)| OrderItem {
+            name: (*value).to_string(),
+            group: 0,
+            before_ns: record.acked_ns,
+            invoke_ns: record.invoke_ns,
+            position: first_positions.get(value).copied(),
+        })
+        .collect();
+    for (a, b) in order_violations(&items) {
+        findings.safety.order_violations += 1;
+        findings.problem(format!(
+            "node {node}: {b} precedes {a} in {key:?}, but {a} was acknowledged before {b} began"
+        ));
+    }
+    // Per-client order: any completion of an earlier request of the same client.
+    let items: Vec<OrderItem> = written
+        .iter()
+        .map(|(value, record)| OrderItem {
+            name: (*value).to_string(),
+            group: match record.process {
+                Process::Client(client) => client,
+                _ => u64::MAX,
+            },
+            before_ns: record.completed_ns,
+            invoke_ns: record.invoke_ns,
+            position: first_positions.get(value).copied(),
+        })
+        .collect();
+    for (a, b) in order_violations(&items) {
+        findings.safety.order_violations += 1;
+        findings.problem(format!(
+            "node {node}: {b} precedes {a} in {key:?}, but the same client finished {a} before \
+             it began {b}"
+        ));
+    }
+}
+
+/// One element for [`order_violations`].
+struct OrderItem {
+    name: String,
+    /// Only items of the same group are compared.
+    group: u64,
+    /// When it is known to have taken effect (if at all) at the latest.
+    before_ns: Option<u64>,
+    invoke_ns: u64,
+    /// Its position in the serial order (absent: not applied).
+    position: Option<usize>,
+}
+
+/// Pairs (A, B), by name, where A took effect before B was invoked but B
+/// sits before A in the serial order; at most one A per B (the one placed
+/// furthest after B). O(n log n) per group.
+fn order_violations(items: &[OrderItem]) -> Vec<(String, String)> {
+    let mut groups: BTreeMap<u64, Vec<&OrderItem>> = BTreeMap::new();
+    for item in items {
+        groups.entry(item.group).or_default().push(item);
+    }
+    let mut violations = Vec::new();
+    for members in groups.values() {
+        // Predecessors sorted by the time they are known done, with the
+        // running maximum of their positions.
+        let mut predecessors: Vec<(u64, usize, &str)> = members
+            .iter()
+            .filter_map(|item| Some((item.before_ns?, item.position?, item.name.as_str())))
+            .collect();
+        predecessors.sort_unstable();
+        let mut running_max: Vec<(usize, &str)> = Vec::with_capacity(predecessors.len());
+        for &(_, position, name) in &predecessors {
+            let best = match running_max.last() {
+                Some(&(max, max_name)) if max >= position => (max, max_name),
+                _ => (position, name),
+            };
+            running_max.push(best);
+        }
+        for item in members {
+            let Some(position) = item.position else {
+                continue;
+            };
+            let done_before = predecessors.partition_point(|&(t, _, _)| t < item.invoke_ns);
+            if done_before == 0 {
+                continue;
+            }
+            let (max, name) = running_max[done_before - 1];
+            if max > position {
+                violations.push((name.to_string(), item.name.clone()));
+            }
+        }
+    }
+    violations
+}
+
+#[derive(Debug, Default)]
+struct Counter<'a> {
+    acked: Vec<(&'a Operation, i64, Option<i64>)>,
+    unknown: Vec<i64>,
+}
+
+fn check_counters(
+    operations: &[Operation],
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
+    let mut counters: BTreeMap<&str, Counter> = BTreeMap::new();
+    for operation in operations {
+        let Op::Increment { key, delta } = &operation.op else {
+            continue;
+        };
+        let counter = counters.entry(key).or_default();
+        match operation.outcome() {
+            EventType::Ok => {
+                let returned = match operation.completion.as_ref().and_then(|c| c.reply.as_ref()) {
+                    Some(Reply::Incremented { value }) => Some(*value),
+                    _ => None,
+                };
+                counter.acked.push((operation, *delta, returned));
+            }
+            EventType::Info | EventType::Invoke => counter.unknown.push(*delta),
+            EventType::Fail => {}
+        }
+    }
+    for (key, counter) in &counters {
+        check_returned_values(key, counter, findings);
+        for (node, values) in reads {
+            let final_value = match values.get(*key) {
+                Some(FinalValue::Int(value)) => *value,
+                None | Some(FinalValue::Absent) => 0,
+                Some(other) => {
+                    findings.safety.counter_violations += 1;
+                    findings.problem(format!("node {node}: counter {key:?} holds {other:?}"));
+                    continue;
+                }
+            };
+            check_final_counter(*node, key, counter, final_value, findings);
+        }
+    }
+}
+
+/// The final value must lie within acknowledged + [negative, positive]
+/// unknown deltas, and (positive deltas) the last returned value plus a
+/// subset of unknown deltas.
+fn check_final_counter(
+    node: u64,
+    key: &str,
+    counter: &Counter,
+    final_value: i64,
+    findings: &mut Findings,
+) {
+    let acked: i64 = counter.acked.iter().map(|(_, delta, _)| delta).sum();
+    let low = acked + counter.unknown.iter().filter(|d| **d < 0).sum::<i64>();
+    let high = acked + counter.unknown.iter().filter(|d| **d > 0).sum::<i64>();
+    if final_value < low || final_value > high {
+        findings.safety.counter_violations += 1;
+        findings.problem(format!(
+            "node {node}: counter {key:?} is {final_value}, outside [{low}, {high}] \
+             (acknowledged {acked}, {} unknown increments)",
+            counter.unknown.len()
+        ));
+        return;
+    }
+    if all_positive(counter)
+        && let Some(sums) = subset_sums(&counter.unknown)
+        && !sums.contains(&(final_value - acked))
+    {
+        findings.safety.counter_violations += 1;
+        findings.problem(format!(
+            "node {node}: counter {key:?} is {final_value}: acknowledged {acked} plus no subset \
+             of the unknown deltas {:?}",
+            counter.unknown
+        ));
+    }
+}
+
+fn all_positive(counter: &Counter) -> bool {
+    counter.acked.iter().all(|(_, delta, _)| *delta > 0) && counter.unknown.iter().all(|d| *d > 0)
+}
+
+/// With positive deltas the returned values order the acknowledged
+/// increments serially: distinct, consistent with real time, and each one
+/// the previous plus its own delta plus unknown deltas applied in between.
+fn check_returned_values(key: &str, counter: &Counter, findings: &mut Findings) {
+    if !all_positive(counter) {
+        return;
+    }
+    let mut returned: Vec<(i64, i64, &Operation)> = Vec::new();
+    for (operation, delta, value) in &counter.acked {
+        match value {
+            Some(value) => returned.push((*value, *delta, operation)),
+            None => {
+                findings.safety.counter_violations += 1;
+                findings.problem(format!(
+                    "counter {key:?}: acknowledged increment by {:?} op {} returned no value",
+                    operation.process, operation.op_id
+                ));
+            }
+        }
+    }
+    returned.sort_by_key(|(value, _, _)| *value);
+    let sums = subset_sums(&counter.unknown);
+    let unknown_total: i64 = counter.unknown.iter().sum();
+    let mut previous = 0;
+    for (index, &(value, delta, operation)) in returned.iter().enumerate() {
+        if index > 0 && returned[index - 1].0 == value {
+            findings.safety.counter_violations += 1;
+            findings.problem(format!(
+                "counter {key:?}: two acknowledged increments returned {value}"
+            ));
+            continue;
+        }
+        let gap = value - delta - previous;
+        let explained = match &sums {
+            Some(sums) => sums.contains(&gap),
+            None => (0..=unknown_total).contains(&gap),
+        };
+        if !explained {
+            findings.safety.counter_violations += 1;
+            findings.problem(format!(
+                "counter {key:?}: {:?} op {} added {delta} and returned {value}, but the previous \
+                 returned value is {previous}: {gap} is no sum of unknown deltas",
+                operation.process, operation.op_id
+            ));
+        }
+        previous = value;
+    }
+    let items: Vec<OrderItem> = returned
+        .iter()
+        .enumerate()
+        .map(|(position, (value, _, operation))| OrderItem {
+            name: format!(
+                "{:?} op {} (returned {value})",
+                operation.process, operation.op_id
+            ),
+            group: 0,
+            before_ns: Some(operation.complete_ns()),
+            invoke_ns: operation.invoke_ns,
+            position: Some(position),
+        })
+        .collect();
+    for (a, b) in order_violations(&items) {
+        findings.safety.order_violations += 1;
+        findings.problem(format!(
+            "counter {key:?}: {b} is ordered before {a}, which was acknowledged before it began"
+        ));
+    }
+}
+
+/// Every sum of a subset of `deltas` (all positive), or `None` when their
+/// total is too large to enumerate.
+fn subset_sums(deltas: &[i64]) -> Option<BTreeSet<i64>> {
+    let total: i64 = deltas.iter().sum();
+    if total > SUBSET_SUM_LIMIT {
+        return None;
+    }
+    let mut reachable = vec![false; usize::try_from(total).ok()? + 1];
+    reachable[0] = true;
+    let mut high = 0usize;
+    for &delta in deltas {
+        let delta = usize::try_from(delta).ok()?;
+        for sum in (0..=high).rev() {
+            if reachable[sum] {
+                reachable[sum + delta] = true;
+            }
+        }
+        high += delta;
+    }
+    Some(
+        reachable
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| **r)
+            .map(|(sum, _)| sum as i64)
+            .collect(),
+    )
+}
+
+/// Whether a run exercised the fault paths it is meant to (counted from the
+/// history alone: server metrics are reset by a kill).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exercise {
+    pub leader_kills_planned: u64,
+    pub leader_kills: u64,
+    /// Leader kills with no acknowledged operation invoked after them.
+    pub kills_without_ack: u64,
+    /// Acknowledged operations during which the leader changed (a kill or a
+    /// new leader seen by the monitor).
+    pub acks_after_leader_change: u64,
+    /// Of those, answered by the registry as duplicates after a retry.
+    pub duplicates_after_leader_change: u64,
+    /// Every acknowledged operation answered as a duplicate.
+    pub duplicates: u64,
+    /// Acknowledged operations retried at least once.
+    pub retried: u64,
+    /// Why the run is not conclusive (empty: it is).
+    pub missing: Vec<String>,
+}
+
+/// The fault kinds that kill the leader.
+pub const LEADER_KILL_KINDS: [&str; 1] = ["kill-leader"];
+
+/// Counts what the run exercised; `planned_leader_kills` is what the
+/// schedule promised.
+pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
+    let mut result = Exercise {
+        leader_kills_planned: planned_leader_kills,
+        ..Exercise::default()
+    };
+    let operations = history::pair(events).unwrap_or_default();
+    let mut kills = Vec::new();
+    let mut changes = Vec::new();
+    for event in events {
+        match (&event.op, event.kind) {
+            (Op::Fault { kind, .. }, EventType::Invoke)
+                if LEADER_KILL_KINDS.contains(&kind.as_str()) =>
+            {
+                kills.push(event.time_ns);
+                changes.push(event.time_ns);
+            }
+            (Op::LeaderChange { .. }, _) => changes.push(event.time_ns),
+            _ => {}
+        }
+    }
+    changes.sort_unstable();
+    result.leader_kills = kills.len() as u64;
+    let acked: Vec<&Operation> = operations
+        .iter()
+        .filter(|o| matches!(o.process, Process::Client(_)) && o.outcome() == EventType::Ok)
+        .collect();
+    for kill in &kills {
+        if !acked.iter().any(|o| o.invoke_ns > *kill) {
+            result.kills_without_ack += 1;
+        }
+    }
+    for operation in &acked {
+        let done = operation.completion.as_ref().expect("ok has a completion");
+        if done.duplicate {
+            result.duplicates += 1;
+        }
+        if done.attempts > 1 {
+            result.retried += 1;
+        }
+        let first_change = changes.partition_point(|t| *t <= operation.invoke_ns);
+        let changed = changes.get(first_change).is_some_and(|t| *t < done.time_ns);
+        if changed {
+            result.acks_after_leader_change += 1;
+            if done.duplicate && done.attempts > 1 {
+                result.duplicates_after_leader_change += 1;
+            }
+        }
+    }
+    if result.leader_kills < planned_leader_kills {
+        result.missing.push(format!(
+            "only {} of {planned_leader_kills} planned leader kills happened",
+            result.leader_kills
+        ));
+    }
+    if result.kills_without_ack > 0 {
+        result.missing.push(format!(
+            "{} leader kills were not followed by an acknowledged operation",
+            result.kills_without_ack
+        ));
+    }
+    if result.duplicates_after_leader_change == 0 {
+        result
+            .missing
+            .push("no retry after a leader change was answered as a duplicate".into());
+    }
+    result
+}
+
+/// The run's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Valid,
+    Invalid,
+    Unknown,
+}
+
+impl Verdict {
+    /// Invalid on any safety violation; else unknown unless exercised.
+    pub fn of(findings: &Findings, exercise: &Exercise) -> Verdict {
+        if !findings.valid() {
+            Verdict::Invalid
+        } else if !exercise.missing.is_empty() {
+            Verdict::Unknown
+        } else {
+            Verdict::Valid
+        }
+    }
+
+    /// The process exit code: 0 valid, 1 invalid, 2 unknown.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Valid => 0,
+            Verdict::Invalid => 1,
+            Verdict::Unknown => 2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Hand-made histories: one per violation the checker must catch, and
+    //! valid ones it must pass.
+    use super::*;
+    use crate::history::Event;
+
+    /// Builds a history event by event, with explicit times.
+    #[derive(Default)]
+    struct H {
+        events: Vec<Event>,
+        seq: BTreeMap<u64, u64>,
+    }
+
+    impl H {
+        fn invoke(&mut self, t: u64, client: u64, op_id: u64, op: Op) -> &mut Self {
+            self.events
+                .push(Event::invoke(t, Process::Client(client), op_id, op));
+            self
+        }
+
+        fn complete(
+            &mut self,
+            t: u64,
+            client: u64,
+            op_id: u64,
+            kind: EventType,
+            reply: Option<Reply>,
+        ) -> &mut Self {
+            let invoke = self
+                .events
+                .iter()
+                .find(|e| e.process == Process::Client(client) && e.op_id == op_id)
+                .expect("invoked")
+                .clone();
+            let mut done = Event::complete(&invoke, kind, t);
+            done.reply = reply;
+            done.attempts = 1;
+            done.session = Some(client);
+            let seq = self.seq.entry(client).or_default();
+            *seq += 1;
+            done.seq = Some(*seq);
+            self.events.push(done);
+            self
+        }
+
+        /// An append of `c{client}-s{op_id}` to "k", invoked at `t0` and
+        /// completed as `kind` at `t1` with the given length.
+        fn append(
+            &mut self,
+            client: u64,
+            op_id: u64,
+            t0: u64,
+            t1: u64,
+            kind: EventType,
+            length: u64,
+        ) -> &mut Self {
+            self.invoke(t0, client, op_id, append_op(client, op_id));
+            let reply = (kind == EventType::Ok).then_some(Reply::Appended { length });
+            self.complete(t1, client, op_id, kind, reply)
+        }
+
+        fn incr(
+            &mut self,
+            client: u64,
+            op_id: u64,
+            delta: i64,
+            t0: u64,
+            t1: u64,
+            kind: EventType,
+            value: i64,
+        ) -> &mut Self {
+            self.invoke(
+                t0,
+                client,
+                op_id,
+                Op::Increment {
+                    key: "n".into(),
+                    delta,
+                },
+            );
+            let reply = (kind == EventType::Ok).then_some(Reply::Incremented { value });
+            self.complete(t1, client, op_id, kind, reply)
+        }
+    }
+
+    fn append_op(client: u64, op_id: u64) -> Op {
+        Op::Append {
+            key: "k".into(),
+            value: format!("c{client}-s{op_id}"),
+        }
+    }
+
+    /// Three identical replicas holding `list` at "k" and `counter` at "n".
+    fn replicas(list: &[&str], counter: i64) -> Vec<NodeFinal> {
+        (1..=3)
+            .map(|node| NodeFinal {
+                node,
+                applied_index: 100,
+                state_hash: "abc".into(),
+                values: Some(BTreeMap::from([
+                    (
+                        "k".to_string(),
+                        FinalValue::List(list.iter().map(|v| v.to_string()).collect()),
+                    ),
+                    ("n".to_string(), FinalValue::Int(counter)),
+                ])),
+            })
+            .collect()
+    }
+
+    /// A valid history: sequential and concurrent appends, an unknown
+    /// append present once and another absent, a failed append absent,
+    /// counters with an unknown increment that took effect.
+    fn valid() -> (H, Vec<NodeFinal>) {
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Ok, 1)
+            .append(2, 1, 5, 30, EventType::Ok, 2) // concurrent with c1-s1
+            .append(1, 2, 20, 40, EventType::Info, 0) // unknown, applied
+            .append(2, 2, 45, 50, EventType::Info, 0) // unknown, not applied
+            .append(1, 3, 60, 70, EventType::Fail, 0) // failed, absent
+            .append(1, 4, 80, 90, EventType::Ok, 4)
+            .incr(1, 5, 5, 100, 110, EventType::Ok, 5)
+            .incr(2, 3, 7, 105, 115, EventType::Info, 0) // unknown, applied
+            .incr(2, 4, 3, 120, 130, EventType::Ok, 15);
+        let finals = replicas(&["c1-s1", "c2-s1", "c1-s2", "c1-s4"], 15);
+        (h, finals)
+    }
+
+    #[test]
+    fn a_valid_history_passes() {
+        let (h, finals) = valid();
+        let findings = check(&h.events, &finals);
+        assert!(findings.valid(), "{findings:#?}");
+        assert_eq!(findings.replicas_read, 3);
+    }
+
+    #[test]
+    fn a_value_appended_twice_is_duplicated() {
+        let (h, _) = valid();
+        let finals = replicas(&["c1-s1", "c2-s1", "c1-s2", "c1-s2", "c1-s4"], 15);
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.duplicated, 3, "{findings:#?}"); // on each replica
+    }
+
+    #[test]
+    fn a_duplicate_on_one_replica_is_caught() {
+        let (h, mut finals) = valid();
+        finals[2].values.as_mut().unwrap().insert(
+            "k".into(),
+            FinalValue::List(
+                ["c1-s1", "c1-s1", "c2-s1", "c1-s2", "c1-s4"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+        );
+        let findings = check(&h.events, &finals);
+        assert!(findings.safety.duplicated >= 1, "{findings:#?}");
+        assert!(findings.safety.divergence >= 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_missing_acknowledged_value_is_lost() {
+        let (h, _) = valid();
+        let finals = replicas(&["c1-s1", "c1-s2", "c1-s4"], 15);
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.lost, 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_value_never_appended_is_phantom() {
+        let (h, _) = valid();
+        let finals = replicas(&["c1-s1", "c2-s1", "c1-s2", "c9-s9", "c1-s4"], 15);
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.phantom, 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_failed_append_present_is_phantom() {
+        let (h, _) = valid();
+        let finals = replicas(&["c1-s1", "c2-s1", "c1-s2", "c1-s3", "c1-s4"], 15);
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.phantom, 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn acknowledged_appends_out_of_real_time_order_are_caught() {
+        // c1-s1 acknowledged at 10, c2-s1 invoked at 20, yet c2-s1 first.
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Ok, 2)
+            .append(2, 1, 20, 30, EventType::Ok, 1);
+        let finals = replicas(&["c2-s1", "c1-s1"], 0);
+        let findings = check(&h.events, &finals);
+        assert!(findings.safety.order_violations >= 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn one_clients_unknown_append_landing_after_its_next_is_caught() {
+        // c1-s1 unknown (finished at 10), c1-s2 begun at 20: s1 may be
+        // absent, but never after s2.
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Info, 0)
+            .append(1, 2, 20, 30, EventType::Ok, 1);
+        let ok = check(&h.events, &replicas(&["c1-s2"], 0));
+        assert!(ok.valid(), "{ok:#?}");
+        let findings = check(&h.events, &replicas(&["c1-s2", "c1-s1"], 0));
+        assert_eq!(findings.safety.order_violations, 3, "{findings:#?}");
+        assert_eq!(findings.safety.reply_mismatches, 0, "{findings:#?}");
+    }
+
+    #[test]
+    fn concurrent_appends_may_land_in_any_order() {
+        let mut h = H::default();
+        h.append(1, 1, 0, 30, EventType::Ok, 2)
+            .append(2, 1, 10, 20, EventType::Ok, 1);
+        let findings = check(&h.events, &replicas(&["c2-s1", "c1-s1"], 0));
+        assert!(findings.valid(), "{findings:#?}");
+    }
+
+    #[test]
+    fn different_replies_to_one_seq_are_caught() {
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Ok, 1);
+        // A retry of the same (session, seq) answered differently.
+        h.invoke(20, 1, 2, append_op(1, 1));
+        let mut done = Event::complete(h.events.last().unwrap(), EventType::Ok, 30);
+        done.session = Some(1);
+        done.seq = Some(1);
+        done.duplicate = true;
+        done.reply = Some(Reply::Appended { length: 2 });
+        h.events.push(done);
+        let findings = check(&h.events, &replicas(&["c1-s1"], 0));
+        // The mismatch between the replies, and the second length against
+        // the list on each replica.
+        assert_eq!(findings.safety.reply_mismatches, 1 + 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_length_that_does_not_match_the_position_is_caught() {
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Ok, 1)
+            .append(2, 1, 20, 30, EventType::Ok, 1);
+        let findings = check(&h.events, &replicas(&["c1-s1", "c2-s1"], 0));
+        assert_eq!(findings.safety.reply_mismatches, 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_counter_beyond_its_bounds_is_caught() {
+        let (h, _) = valid();
+        // Acknowledged 5 + 3, unknown 7: 8..=15 allowed.
+        let findings = check(
+            &h.events,
+            &replicas(&["c1-s1", "c2-s1", "c1-s2", "c1-s4"], 18),
+        );
+        assert_eq!(findings.safety.counter_violations, 3, "{findings:#?}");
+        let findings = check(
+            &h.events,
+            &replicas(&["c1-s1", "c2-s1", "c1-s2", "c1-s4"], 7),
+        );
+        assert_eq!(findings.safety.counter_violations, 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_counter_within_bounds_but_no_subset_sum_is_caught() {
+        let mut h = H::default();
+        h.incr(1, 1, 5, 0, 10, EventType::Ok, 5)
+            .incr(2, 1, 7, 0, 10, EventType::Info, 0)
+            .incr(3, 1, 4, 0, 10, EventType::Info, 0);
+        // 5 + {0, 4, 7, 11}: 14 is within [5, 16] but no subset.
+        let findings = check(&h.events, &replicas(&[], 14));
+        assert_eq!(findings.safety.counter_violations, 3, "{findings:#?}");
+        let findings = check(&h.events, &replicas(&[], 16));
+        assert!(findings.valid(), "{findings:#?}");
+    }
+
+    #[test]
+    fn an_increment_applied_twice_shows_in_the_returned_values() {
+        // Two increments of 5: the second returned 15, so something added
+        // another 5 in between, yet nothing was unknown.
+        let mut h = H::default();
+        h.incr(1, 1, 5, 0, 10, EventType::Ok, 5)
+            .incr(1, 2, 5, 20, 30, EventType::Ok, 15);
+        let findings = check(&h.events, &replicas(&[], 15));
+        assert!(findings.safety.counter_violations >= 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn equal_returned_values_are_caught() {
+        let mut h = H::default();
+        h.incr(1, 1, 5, 0, 10, EventType::Ok, 5)
+            .incr(2, 1, 5, 0, 10, EventType::Ok, 5);
+        let findings = check(&h.events, &replicas(&[], 10));
+        assert!(findings.safety.counter_violations >= 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn returned_values_against_real_time_are_caught() {
+        // Client 2 began after client 1 was acknowledged, yet returned the
+        // smaller value: it was applied first.
+        let mut h = H::default();
+        h.incr(1, 1, 5, 0, 10, EventType::Ok, 8)
+            .incr(2, 1, 3, 20, 30, EventType::Ok, 3);
+        let findings = check(&h.events, &replicas(&[], 8));
+        assert_eq!(findings.safety.order_violations, 1, "{findings:#?}");
+        assert_eq!(findings.safety.counter_violations, 0, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_discarded_retry_answered_ok_is_caught() {
+        let mut h = H::default();
+        h.invoke(
+            0,
+            1,
+            1,
+            Op::Lifecycle {
+                key: "k".into(),
+                value: "c1-s1".into(),
+                expect: Expect::Applied,
+            },
+        )
+        .complete(10, 1, 1, EventType::Ok, Some(Reply::Appended { length: 1 }));
+        h.invoke(
+            20,
+            1,
+            2,
+            Op::Lifecycle {
+                key: "k".into(),
+                value: "c1-s1".into(),
+                expect: Expect::Discarded,
+            },
+        )
+        .complete(30, 1, 2, EventType::Ok, Some(Reply::Appended { length: 1 }));
+        let findings = check(&h.events, &replicas(&["c1-s1"], 0));
+        assert_eq!(findings.safety.lifecycle_violations, 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn different_state_hashes_are_divergence() {
+        let (h, mut finals) = valid();
+        finals[1].state_hash = "def".into();
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.divergence, 1, "{findings:#?}");
+        let (h, mut finals) = valid();
+        finals[2].applied_index = 99;
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.divergence, 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn an_unpaired_completion_is_malformed() {
+        let (mut h, finals) = valid();
+        h.events.remove(0);
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.malformed, 1, "{findings:#?}");
+    }
+
+    fn fault(t: u64, op_id: u64, kind: &str, event: EventType) -> Event {
+        let mut e = Event::invoke(
+            t,
+            Process::Nemesis,
+            op_id,
+            Op::Fault {
+                kind: kind.into(),
+                nodes: vec![1],
+            },
+        );
+        e.kind = event;
+        e
+    }
+
+    #[test]
+    fn exercise_counts_kills_and_duplicates_after_leader_changes() {
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Ok, 1);
+        h.events
+            .push(fault(15, 1, "kill-leader", EventType::Invoke));
+        h.append(1, 2, 12, 40, EventType::Ok, 2);
+        let last = h.events.len() - 1;
+        h.events[last].duplicate = true;
+        h.events[last].attempts = 3;
+        h.events.push(fault(45, 1, "kill-leader", EventType::Info));
+        h.events.sort_by_key(|e| e.time_ns);
+        let exercise = exercise(&h.events, 1);
+        assert_eq!(exercise.leader_kills, 1);
+        // The duplicate's op was invoked before the kill: no ack after it.
+        assert_eq!(exercise.kills_without_ack, 1);
+        assert_eq!(exercise.duplicates_after_leader_change, 1);
+        assert_eq!(exercise.acks_after_leader_change, 1);
+        assert_eq!(exercise.missing.len(), 1, "{exercise:?}");
+        let findings = check(&h.events, &replicas(&["c1-s1", "c1-s2"], 0));
+        assert_eq!(Verdict::of(&findings, &exercise), Verdict::Unknown);
+
+        h.append(1, 3, 50, 60, EventType::Ok, 3);
+        let exercise_more = super::exercise(&h.events, 1);
+        assert!(exercise_more.missing.is_empty(), "{exercise_more:?}");
+        let findings = check(&h.events, &replicas(&["c1-s1", "c1-s2", "c1-s3"], 0));
+        assert_eq!(Verdict::of(&findings, &exercise_more), Verdict::Valid);
+        let findings = check(&h.events, &replicas(&["c1-s1", "c1-s3"], 0));
+        assert_eq!(Verdict::of(&findings, &exercise_more), Verdict::Invalid);
+        assert_eq!(super::exercise(&h.events, 2).missing.len(), 1);
+    }
+
+    #[test]
+    fn subset_sums_are_exact() {
+        let sums = subset_sums(&[1, 4, 7]).unwrap();
+        assert_eq!(
+            sums.into_iter().collect::<Vec<_>>(),
+            [0, 1, 4, 5, 7, 8, 11, 12]
+        );
+    }
+}

@@ -1,0 +1,8 @@
+//! oncekv-jepsen: a fault-injection harness for oncekv. It runs a throwaway
+//! 3-node cluster, drives client workloads through the client library while
+//! a seeded schedule of faults (kills, pauses, partitions, lost replies, a
+//! short session TTL) plays, heals everything, reads every replica back and
+//! checks the history for any violation of exactly-once.
+
+pub mod checker;
+pub mod history;
