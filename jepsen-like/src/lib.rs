@@ -5,4 +5,6 @@
 //! checks the history for any violation of exactly-once.
 
 pub mod checker;
+pub mod faults;
 pub mod history;
+pub mod proxy;
