@@ -259,11 +259,16 @@ impl Operation {
 }
 
 /// Pairs every invoke with the next completion of the same (process,
-/// op id), in invoke order. A completion without an invoke is an error.
+/// op id), in invoke order; the monitor's observations are skipped. A
+/// completion without an invoke is an error.
 pub fn pair(events: &[Event]) -> Result<Vec<Operation>, String> {
     let mut open: BTreeMap<(Process, u64), usize> = BTreeMap::new();
     let mut operations: Vec<Operation> = Vec::new();
     for event in events {
+        if event.process == Process::Monitor {
+            // Observations, not operations: nothing to pair.
+            continue;
+        }
         let id = (event.process, event.op_id);
         if event.kind == EventType::Invoke {
             if open.contains_key(&id) {

@@ -5,6 +5,9 @@
 //! checks the history for any violation of exactly-once.
 
 pub mod checker;
+pub mod cluster;
 pub mod faults;
 pub mod history;
 pub mod proxy;
+pub mod report;
+pub mod workload;

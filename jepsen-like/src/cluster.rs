@@ -1,0 +1,469 @@
+//! Process control of a throwaway 3-node cluster of `oncekv node` release
+//! processes for the harness: start, SIGKILL, SIGSTOP / SIGCONT, restart,
+//! statuses. Nodes dial each other through the per-link proxies when the
+//! server supports `--peer-via`. The [`Cluster`] owns its processes:
+//! dropping it SIGKILLs and reaps every one of them, stopped ones included,
+//! on every path out. It decides nothing about faults.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use oncekv::proto::client_client::ClientClient;
+use oncekv::proto::{StatusReply, StatusRequest};
+use tokio::time::{Instant, sleep};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proxy::Proxies;
+
+/// The members, in order.
+pub const NODES: [u64; 3] = [1, 2, 3];
+/// Deadline of one `Status` call.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(50);
+
+/// What the server binary under test supports, from its `node --help`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Capabilities {
+    /// `--peer-via ID=ADDR`: peer links can go through proxies.
+    pub peer_via: bool,
+    /// `--fault`: a fault-injection build.
+    pub fault_flag: bool,
+}
+
+impl Capabilities {
+    /// Asks `server_bin node --help`.
+    pub fn probe(server_bin: &Path) -> anyhow::Result<Capabilities> {
+        let output = Command::new(server_bin)
+            .args(["node", "--help"])
+            .output()
+            .with_context(|| format!("run {} node --help", server_bin.display()))?;
+        if !output.status.success() {
+            bail!(
+                "{} node --help failed: {}",
+                server_bin.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let help = String::from_utf8_lossy(&output.stdout);
+        Ok(Capabilities {
+            peer_via: help.contains("--peer-via"),
+            fault_flag: help.contains("--fault"),
+        })
+    }
+}
+
+/// How to start a [`Cluster`].
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub server_bin: PathBuf,
+    /// Where data directories and logs go.
+    pub dir: PathBuf,
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_every_entries: u64,
+    pub logs_kept_after_snapshot: u64,
+    pub session_ttl_ms: u64,
+    /// Route peer links through proxies (needs `--peer-via`).
+    pub proxies: bool,
+    /// Extra flags for every node.
+    pub extra_args: Vec<String>,
+    pub start_timeout: Duration,
+}
+
+/// A running 3-node cluster; dropping it kills every node.
+pub struct Cluster {
+    options: ClusterOptions,
+    nodes: BTreeMap<u64, Node>,
+    proxies: Option<Proxies>,
+}
+
+struct Node {
+    id: u64,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    status_client: ClientClient<Channel>,
+    /// Locked only briefly, never across an await.
+    process: Mutex<Process>,
+}
+
+#[derive(Default)]
+struct Process {
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Node {
+    fn process(&self) -> MutexGuard<'_, Process> {
+        self.process.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Cluster {
+    /// Starts nodes 1..=3 (node 1 initialises) and waits until all answer,
+    /// agree on a leader and know the cluster id.
+    pub async fn start(options: ClusterOptions) -> anyhow::Result<Cluster> {
+        let ports = free_ports(2 * NODES.len())?;
+        let mut nodes = BTreeMap::new();
+        for (&id, ports) in NODES.iter().zip(ports.chunks(2)) {
+            let endpoint = Endpoint::from_shared(format!("http://{}", ports[0]))?
+                .connect_timeout(STATUS_TIMEOUT)
+                .tcp_nodelay(true);
+            nodes.insert(
+                id,
+                Node {
+                    id,
+                    client_addr: ports[0],
+                    peer_addr: ports[1],
+                    data_dir: options.dir.join(format!("n{id}")),
+                    log_path: options.dir.join(format!("n{id}.log")),
+                    status_client: ClientClient::new(endpoint.connect_lazy()),
+                    process: Mutex::default(),
+                },
+            );
+        }
+        let proxies = if options.proxies {
+            let peers = nodes.iter().map(|(id, n)| (*id, n.peer_addr)).collect();
+            Some(Proxies::start(&peers).await?)
+        } else {
+            None
+        };
+        let cluster = Cluster {
+            options,
+            nodes,
+            proxies,
+        };
+        for id in NODES {
+            cluster.spawn(id)?;
+        }
+        cluster
+            .wait_until(
+                cluster.options.start_timeout,
+                "a leader known by all and a cluster id",
+                |statuses| {
+                    let replies: Vec<&StatusReply> =
+                        statuses.values().filter_map(|s| s.as_ref().ok()).collect();
+                    replies.len() == NODES.len()
+                        && replies.iter().all(|reply| !reply.cluster_id.is_empty())
+                        && agreed_leader(statuses).is_some()
+                },
+            )
+            .await?;
+        Ok(cluster)
+    }
+
+    pub fn proxies(&self) -> Option<&Proxies> {
+        self.proxies.as_ref()
+    }
+
+    pub fn client_addr(&self, node: u64) -> String {
+        self.node(node).client_addr.to_string()
+    }
+
+    /// The client endpoints of all nodes, in node order.
+    pub fn client_addrs(&self) -> Vec<String> {
+        NODES.iter().map(|&id| self.client_addr(id)).collect()
+    }
+
+    /// The node whose client endpoint is `addr`.
+    pub fn node_of(&self, addr: &str) -> Option<u64> {
+        self.nodes
+            .values()
+            .find(|n| n.client_addr.to_string() == addr)
+            .map(|n| n.id)
+    }
+
+    pub fn log_path(&self, node: u64) -> &Path {
+        &self.node(node).log_path
+    }
+
+    /// Started and not killed by us.
+    pub fn is_running(&self, node: u64) -> bool {
+        self.node(node).process().child.is_some()
+    }
+
+    pub fn is_paused(&self, node: u64) -> bool {
+        self.node(node).process().paused
+    }
+
+    /// `node`'s `Status` within [`STATUS_TIMEOUT`].
+    pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
+        let mut client = self.node(node).status_client.clone();
+        match tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {})).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+            Err(_) => Err(format!("no answer within {STATUS_TIMEOUT:?}")),
+        }
+    }
+
+    /// Every running, unpaused node's `Status`, asked concurrently.
+    pub async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
+        let live: Vec<u64> = NODES
+            .into_iter()
+            .filter(|&id| self.is_running(id) && !self.is_paused(id))
+            .collect();
+        let replies = futures::future::join_all(live.iter().map(|&id| self.status(id))).await;
+        live.into_iter().zip(replies).collect()
+    }
+
+    /// SIGKILLs `node` and reaps it.
+    pub fn kill(&self, node: u64) -> anyhow::Result<()> {
+        let mut process = self.node(node).process();
+        let mut child = process
+            .child
+            .take()
+            .with_context(|| format!("node {node} is not running"))?;
+        process.paused = false;
+        // SIGKILL also ends a stopped process; an error only means it has
+        // already exited, and wait reaps it either way.
+        let _ = child.kill();
+        child.wait().with_context(|| format!("reap node {node}"))?;
+        Ok(())
+    }
+
+    /// Starts `node` again with the same flags and data directory (it must
+    /// not be running).
+    pub fn restart(&self, node: u64) -> anyhow::Result<()> {
+        self.spawn(node)
+    }
+
+    /// SIGSTOPs `node`.
+    pub fn pause(&self, node: u64) -> anyhow::Result<()> {
+        self.signal(node, Signal::SIGSTOP)?;
+        self.node(node).process().paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs `node`.
+    pub fn resume(&self, node: u64) -> anyhow::Result<()> {
+        self.signal(node, Signal::SIGCONT)?;
+        self.node(node).process().paused = false;
+        Ok(())
+    }
+
+    fn signal(&self, node: u64, signal: Signal) -> anyhow::Result<()> {
+        let process = self.node(node).process();
+        let child = process
+            .child
+            .as_ref()
+            .with_context(|| format!("node {node} is not running"))?;
+        let pid = Pid::from_raw(i32::try_from(child.id()).context("pid")?);
+        kill(pid, signal).with_context(|| format!("{signal} node {node}"))?;
+        Ok(())
+    }
+
+    /// An error naming a node that exited without being killed by us.
+    pub fn check_alive(&self) -> anyhow::Result<()> {
+        for node in self.nodes.values() {
+            let mut process = node.process();
+            if let Some(child) = process.child.as_mut()
+                && let Some(exit) = child.try_wait().context("poll a node process")?
+            {
+                process.child = None;
+                bail!("node {} exited by itself: {exit}", node.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The last `lines` lines of every node's log.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.nodes
+            .values()
+            .map(|node| {
+                format!(
+                    "----- node {} log, last {lines} lines -----\n{}",
+                    node.id,
+                    log_tail(&node.log_path, lines)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Polls the live nodes' `Status` until `condition` holds; an error
+    /// with the last statuses when `timeout` passes or a node died.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        condition: impl Fn(&BTreeMap<u64, Result<StatusReply, String>>) -> bool,
+    ) -> anyhow::Result<BTreeMap<u64, Result<StatusReply, String>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            let statuses = self.statuses().await;
+            if condition(&statuses) {
+                return Ok(statuses);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "no {what} within {timeout:?}; last statuses:\n{}",
+                    describe(&statuses)
+                );
+            }
+            sleep(POLL).await;
+        }
+    }
+
+    /// The leader all live nodes agree on, waiting up to `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<u64> {
+        let statuses = self
+            .wait_until(timeout, "agreed leader", |s| agreed_leader(s).is_some())
+            .await?;
+        agreed_leader(&statuses).context("a leader")
+    }
+
+    fn node(&self, node: u64) -> &Node {
+        self.nodes
+            .get(&node)
+            .unwrap_or_else(|| panic!("no node {node}; the members are {NODES:?}"))
+    }
+
+    fn spawn(&self, id: u64) -> anyhow::Result<()> {
+        let options = &self.options;
+        let node = self.node(id);
+        let mut process = node.process();
+        if process.child.is_some() {
+            bail!("node {id} is already running");
+        }
+        std::fs::create_dir_all(&node.data_dir)
+            .with_context(|| format!("create {}", node.data_dir.display()))?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log_path)
+            .with_context(|| format!("open {}", node.log_path.display()))?;
+        let mut command = Command::new(&options.server_bin);
+        command
+            .arg("node")
+            .args(["--id", &id.to_string()])
+            .args(["--client-addr", &node.client_addr.to_string()])
+            .args(["--peer-addr", &node.peer_addr.to_string()])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .args(["--heartbeat-ms", &options.heartbeat_ms.to_string()])
+            .args([
+                "--election-timeout-min-ms",
+                &options.election_timeout_min_ms.to_string(),
+            ])
+            .args([
+                "--election-timeout-max-ms",
+                &options.election_timeout_max_ms.to_string(),
+            ])
+            .args([
+                "--snapshot-every-entries",
+                &options.snapshot_every_entries.to_string(),
+            ])
+            .args([
+                "--logs-kept-after-snapshot",
+                &options.logs_kept_after_snapshot.to_string(),
+            ])
+            .args(["--session-ttl-ms", &options.session_ttl_ms.to_string()])
+            .args(&options.extra_args);
+        for other in self.nodes.values() {
+            command.arg("--peer").arg(format!(
+                "{}={}/{}",
+                other.id, other.peer_addr, other.client_addr
+            ));
+            if let Some(proxies) = &self.proxies
+                && other.id != id
+                && let Some(via) = proxies.addr(id, other.id)
+            {
+                command.arg("--peer-via").arg(format!("{}={via}", other.id));
+            }
+        }
+        if id == 1 {
+            // Ignored once the data directory holds Raft state.
+            command.arg("--initialize");
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("clone a log handle")?)
+            .stderr(log);
+        process.child = Some(
+            command
+                .spawn()
+                .with_context(|| format!("spawn node {id}"))?,
+        );
+        process.paused = false;
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values() {
+            let mut process = node.process();
+            if let Some(mut child) = process.child.take() {
+                // SIGKILL ends stopped processes too; wait reaps.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// The leader every answering node names in the same term, if any.
+pub fn agreed_leader(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> Option<u64> {
+    let replies: Vec<&StatusReply> = statuses.values().filter_map(|s| s.as_ref().ok()).collect();
+    let leader = replies
+        .iter()
+        .filter(|reply| reply.role == "leader")
+        .max_by_key(|reply| reply.term)?;
+    replies
+        .iter()
+        .all(|reply| reply.leader_id == leader.node_id && reply.term == leader.term)
+        .then_some(leader.node_id)
+}
+
+/// One line per node: role, term, leader, indexes, or why it did not answer.
+pub fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String {
+    statuses
+        .iter()
+        .map(|(id, status)| match status {
+            Ok(r) => format!(
+                "  node {id}: {} term {} leader {} last_log {} applied {}",
+                r.role, r.term, r.leader_id, r.last_log_index, r.applied_index,
+            ),
+            Err(error) => format!("  node {id}: {error}"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `count` distinct free loopback ports.
+pub fn free_ports(count: usize) -> anyhow::Result<Vec<SocketAddr>> {
+    let listeners = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("bind a free loopback port")?;
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().context("a bound address"))
+        .collect()
+}
+
+fn log_tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(error) => format!("(no log: {error})"),
+    }
+}

@@ -1,0 +1,625 @@
+//! Figures of a run, computed from its history alone, and their
+//! presentation: the printed summary and a self-contained HTML report with
+//! SVG plots (throughput and latency over time, fault windows shaded, a
+//! mark per leader change) drawn with plotters. Judging belongs to the
+//! checker; this module only counts and draws.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Verdict};
+use crate::history::{self, Event, EventType, Op, Process};
+
+/// A fault as it happened.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FaultWindow {
+    pub kind: String,
+    pub nodes: Vec<u64>,
+    pub start_s: f64,
+    /// When it was healed (`None`: never, which the runner does not allow).
+    pub end_s: Option<f64>,
+}
+
+/// Kill → first acknowledgement statistics, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Recovery {
+    pub samples_ms: Vec<f64>,
+    pub median_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Acknowledged operations per second in the phases of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Before the first fault.
+    pub before: f64,
+    /// While some fault was active.
+    pub during: f64,
+    /// Between faults (none active, after the first, before the last heal).
+    pub between: f64,
+    /// After the last fault was healed.
+    pub after: f64,
+}
+
+/// Every figure of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Figures {
+    pub seed: u64,
+    pub duration_s: f64,
+    pub clients: u64,
+    pub attempted: u64,
+    pub ok: u64,
+    pub fail: u64,
+    pub info: u64,
+    /// Attempts beyond the first, over all operations.
+    pub retries: u64,
+    /// Acknowledged operations answered by the registry as duplicates.
+    pub duplicates: u64,
+    pub acks_after_leader_change: u64,
+    pub duplicates_after_leader_change: u64,
+    pub leader_changes: u64,
+    pub faults_by_kind: BTreeMap<String, u64>,
+    pub faults: Vec<FaultWindow>,
+    pub kill_to_first_ack: Recovery,
+    pub throughput: Throughput,
+}
+
+/// Sorted-sample percentile (nearest rank); 0 when empty.
+pub fn percentile(sorted: &[f64], quantile: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((quantile * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// The fault windows of a history.
+pub fn fault_windows(events: &[Event]) -> Vec<FaultWindow> {
+    let mut windows: Vec<FaultWindow> = Vec::new();
+    let mut open: BTreeMap<u64, usize> = BTreeMap::new();
+    for event in events {
+        let (Process::Nemesis, Op::Fault { kind, nodes }) = (&event.process, &event.op) else {
+            continue;
+        };
+        if event.kind == EventType::Invoke {
+            open.insert(event.op_id, windows.len());
+            windows.push(FaultWindow {
+                kind: kind.clone(),
+                nodes: nodes.clone(),
+                start_s: seconds(event.time_ns),
+                end_s: None,
+            });
+        } else if let Some(index) = open.remove(&event.op_id) {
+            windows[index].end_s = Some(seconds(event.time_ns));
+        }
+    }
+    windows
+}
+
+/// Computes the figures; `workload_end_ns` is when the clients stopped,
+/// `new_leader_floor_ns` the least time after a kill at which an
+/// acknowledgement can come from a new leader (sooner ones are replies the
+/// dying leader sent).
+pub fn figures(
+    seed: u64,
+    clients: u64,
+    events: &[Event],
+    exercise: &Exercise,
+    workload_end_ns: u64,
+    new_leader_floor_ns: u64,
+) -> Figures {
+    let operations = history::pair(events).unwrap_or_default();
+    let client_ops: Vec<&history::Operation> = operations
+        .iter()
+        .filter(|o| matches!(o.process, Process::Client(_)))
+        .collect();
+    let count = |kind: EventType| client_ops.iter().filter(|o| o.outcome() == kind).count() as u64;
+    let retries = client_ops
+        .iter()
+        .filter_map(|o| o.completion.as_ref())
+        .map(|c| u64::from(c.attempts.saturating_sub(1)))
+        .sum();
+    let faults = fault_windows(events);
+    let mut faults_by_kind = BTreeMap::new();
+    for fault in &faults {
+        *faults_by_kind.entry(fault.kind.clone()).or_insert(0) += 1;
+    }
+    let mut acks: Vec<u64> = client_ops
+        .iter()
+        .filter(|o| o.outcome() == EventType::Ok)
+        .map(|o| o.complete_ns())
+        .collect();
+    acks.sort_unstable();
+    let mut samples: Vec<f64> = faults
+        .iter()
+        .filter(|f| LEADER_KILL_KINDS.contains(&f.kind.as_str()))
+        .filter_map(|f| {
+            let kill_ns = (f.start_s * 1e9) as u64;
+            let from = acks.partition_point(|t| *t < kill_ns + new_leader_floor_ns);
+            acks.get(from).map(|t| (t - kill_ns) as f64 / 1e6)
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    let kill_to_first_ack = Recovery {
+        median_ms: percentile(&samples, 0.5),
+        p99_ms: percentile(&samples, 0.99),
+        max_ms: percentile(&samples, 1.0),
+        samples_ms: samples,
+    };
+    Figures {
+        seed,
+        duration_s: seconds(workload_end_ns),
+        clients,
+        attempted: client_ops.len() as u64,
+        ok: count(EventType::Ok),
+        fail: count(EventType::Fail),
+        info: count(EventType::Info),
+        retries,
+        duplicates: exercise.duplicates,
+        acks_after_leader_change: exercise.acks_after_leader_change,
+        duplicates_after_leader_change: exercise.duplicates_after_leader_change,
+        leader_changes: events
+            .iter()
+            .filter(|e| matches!(e.op, Op::LeaderChange { .. }))
+            .count() as u64,
+        faults_by_kind,
+        throughput: throughput(&acks, &faults, seconds(workload_end_ns)),
+        faults,
+        kill_to_first_ack,
+    }
+}
+
+fn throughput(acks_ns: &[u64], faults: &[FaultWindow], end_s: f64) -> Throughput {
+    let first = faults.first().map_or(end_s, |f| f.start_s);
+    let last = faults
+        .iter()
+        .map(|f| f.end_s.unwrap_or(end_s))
+        .fold(first, f64::max);
+    let inside = |t: f64| {
+        faults
+            .iter()
+            .any(|f| f.start_s <= t && t < f.end_s.unwrap_or(end_s))
+    };
+    // Time spent in each phase, by 10 ms steps.
+    let step = 0.01;
+    let mut time = [0.0f64; 4];
+    let phase = |t: f64| {
+        if t < first {
+            0
+        } else if t >= last {
+            3
+        } else if inside(t) {
+            1
+        } else {
+            2
+        }
+    };
+    let mut t = 0.0;
+    while t < end_s {
+        time[phase(t)] += step;
+        t += step;
+    }
+    let mut count = [0u64; 4];
+    for ack in acks_ns {
+        let t = seconds(*ack);
+        if t <= end_s {
+            count[phase(t)] += 1;
+        }
+    }
+    let rate = |i: usize| {
+        if time[i] > 0.05 {
+            count[i] as f64 / time[i]
+        } else {
+            0.0
+        }
+    };
+    Throughput {
+        before: rate(0),
+        during: rate(1),
+        between: rate(2),
+        after: rate(3),
+    }
+}
+
+/// The printed summary.
+pub fn summary(
+    figures: &Figures,
+    findings: &Findings,
+    exercise: &Exercise,
+    verdict: Verdict,
+) -> String {
+    let mut out = String::new();
+    let f = figures;
+    let s = &findings.safety;
+    let _ = writeln!(
+        out,
+        "seed {}  duration {:.1} s  clients {}",
+        f.seed, f.duration_s, f.clients
+    );
+    let _ = writeln!(
+        out,
+        "operations: {} attempted, {} ok, {} fail, {} info; {} retries; {} answered as duplicates by the registry",
+        f.attempted, f.ok, f.fail, f.info, f.retries, f.duplicates
+    );
+    let _ = writeln!(
+        out,
+        "leader changes seen: {}; acknowledgements after a leader change: {} ({} of them duplicates of a retried request)",
+        f.leader_changes, f.acks_after_leader_change, f.duplicates_after_leader_change
+    );
+    let kinds: Vec<String> = f
+        .faults_by_kind
+        .iter()
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "faults: {} ({})",
+        f.faults.len(),
+        if kinds.is_empty() {
+            "none".to_string()
+        } else {
+            kinds.join(", ")
+        }
+    );
+    let r = &f.kill_to_first_ack;
+    let _ = writeln!(
+        out,
+        "leader kill -> first acknowledgement: {} kills, median {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        r.samples_ms.len(),
+        r.median_ms,
+        r.p99_ms,
+        r.max_ms
+    );
+    let t = &f.throughput;
+    let _ = writeln!(
+        out,
+        "throughput (acknowledged ops/s): before faults {:.0}, during faults {:.0}, between faults {:.0}, after faults {:.0}",
+        t.before, t.during, t.between, t.after
+    );
+    let _ = writeln!(
+        out,
+        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, divergence {}{}",
+        s.duplicated,
+        s.lost,
+        s.phantom,
+        s.order_violations,
+        s.reply_mismatches,
+        s.counter_violations,
+        s.lifecycle_violations,
+        s.divergence,
+        if s.malformed > 0 {
+            format!(", malformed history {}", s.malformed)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "replicas whose values were read on their own: {}",
+        findings.replicas_read
+    );
+    for problem in findings.problems.iter().take(10) {
+        let _ = writeln!(out, "  problem: {problem}");
+    }
+    for missing in &exercise.missing {
+        let _ = writeln!(out, "  not exercised: {missing}");
+    }
+    let _ = write!(
+        out,
+        "verdict: {}",
+        match verdict {
+            Verdict::Valid => "VALID",
+            Verdict::Invalid => "INVALID",
+            Verdict::Unknown => "UNKNOWN (the run did not exercise enough)",
+        }
+    );
+    out
+}
+
+/// Per-bucket series for the plots.
+struct Series {
+    bucket_s: f64,
+    ok_per_s: Vec<(f64, f64)>,
+    p50_ms: Vec<(f64, f64)>,
+    p99_ms: Vec<(f64, f64)>,
+    max_ms: Vec<(f64, f64)>,
+}
+
+fn series(events: &[Event], end_s: f64) -> Series {
+    let bucket_s = 0.5;
+    let buckets = ((end_s / bucket_s).ceil() as usize).max(1);
+    let mut ok = vec![0u64; buckets];
+    let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); buckets];
+    for operation in history::pair(events).unwrap_or_default() {
+        if !matches!(operation.process, Process::Client(_)) || operation.outcome() != EventType::Ok
+        {
+            continue;
+        }
+        let done = seconds(operation.complete_ns());
+        let index = ((done / bucket_s) as usize).min(buckets - 1);
+        ok[index] += 1;
+        latencies[index].push((operation.complete_ns() - operation.invoke_ns) as f64 / 1e6);
+    }
+    let at = |i: usize| (i as f64 + 0.5) * bucket_s;
+    let mut series = Series {
+        bucket_s,
+        ok_per_s: ok
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (at(i), *n as f64 / bucket_s))
+            .collect(),
+        p50_ms: Vec::new(),
+        p99_ms: Vec::new(),
+        max_ms: Vec::new(),
+    };
+    for (i, mut bucket) in latencies.into_iter().enumerate() {
+        if bucket.is_empty() {
+            continue;
+        }
+        bucket.sort_by(f64::total_cmp);
+        series.p50_ms.push((at(i), percentile(&bucket, 0.5)));
+        series.p99_ms.push((at(i), percentile(&bucket, 0.99)));
+        series.max_ms.push((at(i), percentile(&bucket, 1.0)));
+    }
+    series
+}
+
+const FAULT_COLOURS: [RGBColor; 6] = [
+    RGBColor(255, 205, 210),
+    RGBColor(255, 224, 178),
+    RGBColor(200, 230, 201),
+    RGBColor(187, 222, 251),
+    RGBColor(225, 190, 231),
+    RGBColor(255, 249, 196),
+];
+
+fn colour_of(kind: &str, kinds: &[String]) -> RGBColor {
+    let index = kinds.iter().position(|k| k == kind).unwrap_or(0);
+    FAULT_COLOURS[index % FAULT_COLOURS.len()]
+}
+
+/// Draws one time chart: fault windows shaded, leader changes marked,
+/// then the given lines.
+fn chart(
+    title: &str,
+    y_label: &str,
+    end_s: f64,
+    y_max: f64,
+    faults: &[FaultWindow],
+    leader_changes: &[(f64, u64)],
+    lines: &[(&str, RGBColor, &[(f64, f64)])],
+) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1100, 380)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..end_s.max(1.0), 0f64..y_max.max(1.0))
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since start")
+            .y_desc(y_label)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let kinds: Vec<String> = {
+            let mut kinds: Vec<String> = faults.iter().map(|f| f.kind.clone()).collect();
+            kinds.sort();
+            kinds.dedup();
+            kinds
+        };
+        let top = y_max.max(1.0);
+        for fault in faults {
+            let end = fault.end_s.unwrap_or(end_s);
+            let colour = colour_of(&fault.kind, &kinds);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(fault.start_s, 0.0), (end, top)],
+                    colour.mix(0.6).filled(),
+                )))
+                .map_err(|e| e.to_string())?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    fault.kind.clone(),
+                    (fault.start_s, top * 0.97),
+                    ("sans-serif", 11).into_font(),
+                )))
+                .map_err(|e| e.to_string())?;
+        }
+        for (at, leader) in leader_changes {
+            chart
+                .draw_series(LineSeries::new(
+                    [(*at, 0.0), (*at, top)],
+                    BLACK.mix(0.5).stroke_width(1),
+                ))
+                .map_err(|e| e.to_string())?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("n{leader}"),
+                    (*at, top * 0.9),
+                    ("sans-serif", 10).into_font(),
+                )))
+                .map_err(|e| e.to_string())?;
+        }
+        for (name, colour, points) in lines {
+            let colour = *colour;
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    colour.stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 18, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The self-contained HTML report.
+pub fn html(
+    events: &[Event],
+    figures: &Figures,
+    summary: &str,
+    verdict: Verdict,
+) -> Result<String, String> {
+    let end_s = figures.duration_s.max(
+        figures
+            .faults
+            .iter()
+            .filter_map(|f| f.end_s)
+            .fold(0.0, f64::max),
+    );
+    let series = series(events, end_s);
+    let leader_changes: Vec<(f64, u64)> = events
+        .iter()
+        .filter_map(|e| match e.op {
+            Op::LeaderChange { leader, .. } => Some((seconds(e.time_ns), leader)),
+            _ => None,
+        })
+        .collect();
+    let max_of = |points: &[(f64, f64)]| points.iter().map(|p| p.1).fold(0.0, f64::max);
+    let throughput = chart(
+        &format!(
+            "Acknowledged operations per second ({} s buckets)",
+            series.bucket_s
+        ),
+        "ops/s",
+        end_s,
+        max_of(&series.ok_per_s) * 1.15,
+        &figures.faults,
+        &leader_changes,
+        &[("ok/s", RGBColor(25, 118, 210), &series.ok_per_s)],
+    )?;
+    let latency = chart(
+        "Latency of acknowledged operations, invoke to ok (ms)",
+        "ms",
+        end_s,
+        max_of(&series.max_ms) * 1.15,
+        &figures.faults,
+        &leader_changes,
+        &[
+            ("p50", RGBColor(56, 142, 60), &series.p50_ms),
+            ("p99", RGBColor(245, 124, 0), &series.p99_ms),
+            ("max", RGBColor(211, 47, 47), &series.max_ms),
+        ],
+    )?;
+    let mut rows = String::new();
+    for fault in &figures.faults {
+        let _ = writeln!(
+            rows,
+            "<tr><td>{}</td><td>{:?}</td><td>{:.2}</td><td>{}</td></tr>",
+            escape(&fault.kind),
+            fault.nodes,
+            fault.start_s,
+            fault
+                .end_s
+                .map_or("never".to_string(), |end| format!("{end:.2}")),
+        );
+    }
+    let colour = match verdict {
+        Verdict::Valid => "#2e7d32",
+        Verdict::Invalid => "#c62828",
+        Verdict::Unknown => "#ef6c00",
+    };
+    Ok(format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>oncekv jepsen-like run, seed {seed}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
+pre {{ background: #f5f5f5; padding: 1em; white-space: pre-wrap; }}
+.verdict {{ color: white; background: {colour}; padding: 0.3em 0.8em; border-radius: 4px; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; }}
+</style></head><body>
+<h1>oncekv jepsen-like run, seed {seed} <span class="verdict">{verdict:?}</span></h1>
+<p>Shaded: fault windows (labelled by kind). Vertical lines: a new leader seen by the monitor (labelled with its node).</p>
+{throughput}
+{latency}
+<h2>Figures</h2>
+<pre>{summary}</pre>
+<h2>Faults</h2>
+<table><tr><th>kind</th><th>nodes</th><th>start (s)</th><th>healed (s)</th></tr>
+{rows}</table>
+</body></html>
+"#,
+        seed = figures.seed,
+        summary = escape(summary),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let samples = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile(&samples, 0.5), 2.0);
+        assert_eq!(percentile(&samples, 0.99), 4.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    /// The HTML report is self-contained: inline SVG, no external links.
+    #[test]
+    fn html_report_inlines_its_svg() {
+        let invoke = Event::invoke(
+            1_000_000,
+            Process::Client(1),
+            1,
+            Op::Append {
+                key: "k".into(),
+                value: "c1-s1".into(),
+            },
+        );
+        let mut ok = Event::complete(&invoke, EventType::Ok, 3_000_000);
+        ok.reply = Some(history::Reply::Appended { length: 1 });
+        let fault = Event::invoke(
+            2_000_000_000,
+            Process::Nemesis,
+            1,
+            Op::Fault {
+                kind: "kill-leader".into(),
+                nodes: vec![1],
+            },
+        );
+        let healed = Event::complete(&fault, EventType::Info, 3_000_000_000);
+        let events = [invoke, ok, fault, healed];
+        let exercise = crate::checker::exercise(&events, 1);
+        let figures = figures(1, 1, &events, &exercise, 4_000_000_000, 0);
+        assert_eq!(figures.faults_by_kind.get("kill-leader"), Some(&1));
+        let html = html(&events, &figures, "summary <ok>", Verdict::Unknown).unwrap();
+        assert!(html.contains("<svg"), "inline SVG");
+        assert!(html.contains("summary &lt;ok&gt;"));
+        assert!(!html.contains("src=\"http"), "no external resources");
+    }
+}

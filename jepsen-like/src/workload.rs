@@ -1,0 +1,586 @@
+//! The client tasks: appenders of unique values to a few hot lists,
+//! incrementers of shared counters, and a session-lifecycle client that
+//! speaks the raw protocol to provoke duplicates, discarded and conflicting
+//! seqs and expired sessions. Every operation is recorded as an invoke and
+//! exactly one completion; what to make of them is the checker's business.
+//! Each task's operation stream comes from its own RNG seeded from the run's
+//! seed, so the same seed gives the same operations.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
+use oncekv::network::{convert, status::error_detail};
+use oncekv::proto::{self, Reason, client_client::ClientClient};
+use oncekv::registry::{Command, CommandResult};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::history::{Event, EventType, Expect, Op, Process, Recorder, Reply};
+
+/// The hot lists appenders write to.
+pub const LIST_KEYS: [&str; 3] = ["list-0", "list-1", "list-2"];
+/// The counters incrementers add to.
+pub const COUNTER_KEYS: [&str; 2] = ["counter-0", "counter-1"];
+/// The list the lifecycle client appends to.
+pub const LIFECYCLE_KEY: &str = "life";
+/// Overall deadline of one call, retries included.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of one attempt (a lost reply is retried after it).
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1_500);
+
+/// Every key the workloads touch.
+pub fn all_keys() -> Vec<String> {
+    LIST_KEYS
+        .iter()
+        .chain(COUNTER_KEYS.iter())
+        .chain(std::iter::once(&LIFECYCLE_KEY))
+        .map(|k| k.to_string())
+        .collect()
+}
+
+/// Live counts for the progress line.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub ok: AtomicU64,
+    pub fail: AtomicU64,
+    pub info: AtomicU64,
+}
+
+impl Counts {
+    fn count(&self, kind: EventType) {
+        let counter = match kind {
+            EventType::Ok => &self.ok,
+            EventType::Fail => &self.fail,
+            _ => &self.info,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What every task shares.
+#[derive(Clone)]
+pub struct Context {
+    pub seed: u64,
+    pub endpoints: Vec<String>,
+    pub recorder: Recorder,
+    pub counts: Arc<Counts>,
+    pub stop: watch::Receiver<bool>,
+    /// The registry's current session TTL (the short-TTL phase changes it).
+    pub session_ttl: watch::Receiver<Duration>,
+}
+
+impl Context {
+    fn rng(&self, client: u64) -> ChaCha8Rng {
+        ChaCha8Rng::seed_from_u64(self.seed.wrapping_mul(1_000_003).wrapping_add(client))
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+}
+
+/// The kind of a library-driven client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Appender,
+    Incrementer,
+}
+
+/// Runs one closed-loop client (one operation at a time) through the
+/// client library until told to stop; returns its number of operations.
+pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64 {
+    let mut rng = context.rng(client_number);
+    let attempts: Arc<Mutex<Vec<AttemptEvent>>> = Arc::default();
+    let seen = attempts.clone();
+    let client = Client::with_config(
+        context.endpoints.clone(),
+        ClientConfig {
+            call_timeout: CALL_TIMEOUT,
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            observer: Some(AttemptObserver::new(move |event| {
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(event.clone());
+            })),
+            ..ClientConfig::default()
+        },
+    );
+    let process = Process::Client(client_number);
+    let mut op_id = 0;
+    while !context.stopped() {
+        op_id += 1;
+        let (op, command) = match role {
+            Role::Appender => {
+                let key = LIST_KEYS[rng.gen_range(0..LIST_KEYS.len())];
+                let value = format!("c{client_number}-s{op_id}");
+                (
+                    Op::Append {
+                        key: key.to_string(),
+                        value: value.clone(),
+                    },
+                    Command::Append {
+                        key: key.as_bytes().to_vec(),
+                        element: value.into_bytes(),
+                    },
+                )
+            }
+            Role::Incrementer => {
+                let key = COUNTER_KEYS[rng.gen_range(0..COUNTER_KEYS.len())];
+                let delta = rng.gen_range(1..=100);
+                (
+                    Op::Increment {
+                        key: key.to_string(),
+                        delta,
+                    },
+                    Command::Increment {
+                        key: key.as_bytes().to_vec(),
+                        delta,
+                    },
+                )
+            }
+        };
+        attempts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        let invoke = Event::invoke(0, process, op_id, op);
+        context.recorder.record(invoke.clone());
+        let result = client.execute(command).await;
+        let seen = std::mem::take(&mut *attempts.lock().unwrap_or_else(PoisonError::into_inner));
+        let done = completion(&invoke, result, &seen);
+        context.counts.count(done.kind);
+        let failed = done.kind != EventType::Ok;
+        context.recorder.record(done);
+        if failed {
+            // Do not spin when failures come back at once.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    client.close().await;
+    op_id
+}
+
+/// The completion event of a library call from its result and the
+/// attempts the observer saw.
+pub fn completion(
+    invoke: &Event,
+    result: Result<CommandResult, Error>,
+    attempts: &[AttemptEvent],
+) -> Event {
+    let (kind, reply, error) = match result {
+        Ok(result) => (EventType::Ok, Some(reply_of(&result)), None),
+        Err(error) => {
+            let kind = match &error {
+                // Sent, and not answered in time: it may have been applied.
+                Error::OutcomeUnknown { .. } | Error::ResourceExhausted(_) => EventType::Info,
+                // Nothing was executed.
+                Error::Unavailable(_)
+                | Error::SessionExpired
+                | Error::WrongCluster { .. }
+                | Error::SeqConflict { .. }
+                | Error::ResponseDiscarded { .. }
+                | Error::InvalidArgument(_) => EventType::Fail,
+            };
+            (kind, None, Some(error.to_string()))
+        }
+    };
+    let mut done = Event::complete(invoke, kind, 0);
+    done.reply = reply;
+    done.error = error;
+    done.attempts = attempts
+        .iter()
+        .filter(|a| a.outcome == AttemptOutcome::Started)
+        .count() as u32;
+    if let Some(last) = attempts.last() {
+        done.session = Some(last.client_id);
+        done.seq = Some(last.seq);
+        done.node = Some(last.endpoint.clone());
+        done.duplicate = matches!(
+            last.outcome,
+            AttemptOutcome::Answered {
+                duplicate: true,
+                ..
+            }
+        ) && kind == EventType::Ok;
+    }
+    done
+}
+
+fn reply_of(result: &CommandResult) -> Reply {
+    match result {
+        CommandResult::Appended { length } => Reply::Appended { length: *length },
+        CommandResult::Incremented { value } => Reply::Incremented { value: *value },
+        other => Reply::Other {
+            text: format!("{other:?}"),
+        },
+    }
+}
+
+/// How a raw request ended.
+enum RawOutcome {
+    Answered {
+        reply: Reply,
+        duplicate: bool,
+    },
+    /// A final refusal (the registry's reason) on the given attempt (0: first).
+    Refused {
+        reason: Reason,
+        attempt: u32,
+    },
+    /// No answer before the deadline.
+    Unknown(String),
+}
+
+/// A minimal raw-protocol client: follows leader hints and retries the
+/// same request on "this attempt" failures until its deadline, nothing
+/// more (no floors or sessions of its own: the lifecycle client sets them).
+struct Raw {
+    endpoints: Vec<String>,
+    target: usize,
+    channels: Vec<ClientClient<Channel>>,
+    cluster_id: Vec<u8>,
+}
+
+impl Raw {
+    fn new(endpoints: Vec<String>) -> anyhow::Result<Raw> {
+        let channels = endpoints
+            .iter()
+            .map(|endpoint| {
+                Ok(ClientClient::new(
+                    Endpoint::from_shared(format!("http://{endpoint}"))?
+                        .connect_timeout(Duration::from_secs(1))
+                        .tcp_nodelay(true)
+                        .connect_lazy(),
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Raw {
+            endpoints,
+            target: 0,
+            channels,
+            cluster_id: Vec::new(),
+        })
+    }
+
+    /// Moves to the hinted endpoint, or the next one.
+    fn follow(&mut self, hint: Option<&str>) {
+        match hint.and_then(|hint| self.endpoints.iter().position(|e| e == hint)) {
+            Some(index) => self.target = index,
+            None => self.target = (self.target + 1) % self.endpoints.len(),
+        }
+    }
+
+    /// Runs `call` on the current target until it is answered or refused
+    /// for good, or `deadline` passes; returns the answer or the last
+    /// status, and the number of attempts.
+    async fn call<T, F, Fut>(
+        &mut self,
+        deadline: Instant,
+        call: F,
+    ) -> (Result<T, tonic::Status>, u32)
+    where
+        F: Fn(ClientClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let result = tokio::time::timeout(
+                left.min(ATTEMPT_TIMEOUT),
+                call(self.channels[self.target].clone()),
+            )
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
+            let status = match result {
+                Ok(value) => return (Ok(value), attempts),
+                Err(status) => status,
+            };
+            let detail = error_detail(&status);
+            let retry = match detail.as_ref().map(|d| d.reason()) {
+                Some(Reason::NotLeader) => {
+                    let hint = detail.map(|d| d.leader_client_addr).unwrap_or_default();
+                    self.follow(Some(&hint).filter(|h| !h.is_empty()).map(|h| h.as_str()));
+                    true
+                }
+                Some(
+                    Reason::Unavailable | Reason::TooManyOutstanding | Reason::ResourceExhausted,
+                ) => {
+                    self.follow(None);
+                    true
+                }
+                Some(_) => false,
+                None => {
+                    self.follow(None);
+                    matches!(
+                        status.code(),
+                        tonic::Code::Unavailable
+                            | tonic::Code::DeadlineExceeded
+                            | tonic::Code::Cancelled
+                            | tonic::Code::Unknown
+                    )
+                }
+            };
+            if !retry || Instant::now() >= deadline {
+                return (Err(status), attempts);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn cluster_id(&mut self) -> anyhow::Result<Vec<u8>> {
+        if self.cluster_id.is_empty() {
+            let deadline = Instant::now() + CALL_TIMEOUT;
+            let (status, _) = self
+                .call(deadline, |mut client| async move {
+                    client
+                        .status(proto::StatusRequest {})
+                        .await
+                        .map(|r| r.into_inner())
+                })
+                .await;
+            let status = status?;
+            if status.cluster_id.is_empty() {
+                anyhow::bail!("the cluster id is not known yet");
+            }
+            self.cluster_id = status.cluster_id;
+        }
+        Ok(self.cluster_id.clone())
+    }
+
+    async fn register(&mut self, nonce: u128) -> anyhow::Result<u64> {
+        let request = proto::RegisterRequest {
+            cluster_id: self.cluster_id().await?,
+            nonce: nonce.to_be_bytes().to_vec(),
+        };
+        let (reply, _) = self
+            .call(Instant::now() + CALL_TIMEOUT, |mut client| {
+                let request = request.clone();
+                async move { client.register(request).await.map(|r| r.into_inner()) }
+            })
+            .await;
+        Ok(reply?.client_id)
+    }
+
+    async fn execute(
+        &mut self,
+        client_id: u64,
+        seq: u64,
+        first_outstanding_seq: u64,
+        command: &Command,
+    ) -> (RawOutcome, u32, String) {
+        let cluster_id = match self.cluster_id().await {
+            Ok(id) => id,
+            Err(error) => return (RawOutcome::Unknown(error.to_string()), 0, String::new()),
+        };
+        let request = proto::ExecuteRequest {
+            cluster_id,
+            client_id,
+            seq,
+            first_outstanding_seq,
+            command: Some(convert::command_to_proto(command)),
+        };
+        let (result, attempts) = self
+            .call(Instant::now() + CALL_TIMEOUT, |mut client| {
+                let request = request.clone();
+                async move { client.execute(request).await.map(|r| r.into_inner()) }
+            })
+            .await;
+        let node = self.endpoints[self.target].clone();
+        let outcome = match result {
+            Ok(reply) => match convert::result_from_proto(reply.result) {
+                Ok(result) => RawOutcome::Answered {
+                    reply: reply_of(&result),
+                    duplicate: reply.duplicate,
+                },
+                Err(error) => RawOutcome::Unknown(format!("undecodable reply: {error}")),
+            },
+            Err(status) => match error_detail(&status).map(|d| d.reason()) {
+                Some(
+                    reason @ (Reason::SessionExpired
+                    | Reason::SeqConflict
+                    | Reason::ResponseDiscarded
+                    | Reason::InvalidArgument
+                    | Reason::WrongCluster),
+                ) => RawOutcome::Refused {
+                    reason,
+                    attempt: attempts - 1,
+                },
+                _ => RawOutcome::Unknown(status.message().to_string()),
+            },
+        };
+        (outcome, attempts, node)
+    }
+}
+
+/// The session-lifecycle client: in cycles, registers a session and sends
+/// raw requests that must be applied, answered as a duplicate, discarded
+/// below the floor, refused as a seq conflict, and — when the TTL is short
+/// enough to wait out — refused as expired after idling past the TTL. A
+/// cycle ends early as soon as a step's outcome is not the one expected
+/// (faults make that happen), so later steps always start from a known
+/// state.
+pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
+    let mut rng = context.rng(client_number);
+    let mut raw = match Raw::new(context.endpoints.clone()) {
+        Ok(raw) => raw,
+        Err(error) => {
+            eprintln!("lifecycle client: {error:#}");
+            return 0;
+        }
+    };
+    let process = Process::Client(client_number);
+    let mut op_id = 0u64;
+    while !context.stopped() {
+        let nonce: u128 = rng.r#gen();
+        let Ok(session) = raw.register(nonce).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut step = |expect: Expect, value: String| {
+            op_id += 1;
+            (op_id, expect, value)
+        };
+        let first = step(Expect::Applied, String::new());
+        let v1 = format!("c{client_number}-s{}", first.0);
+        let second = step(Expect::Duplicate, v1.clone());
+        let third = step(Expect::Applied, String::new());
+        let v2 = format!("c{client_number}-s{}", third.0);
+        let fourth = step(Expect::Discarded, v1.clone());
+        let fifth = step(Expect::Conflict, String::new());
+        let v3 = format!("c{client_number}-s{}", fifth.0);
+        // (seq, first outstanding seq, value, expectation, op id)
+        let plan = [
+            (1, 1, v1.clone(), Expect::Applied, first.0),
+            (1, 1, v1.clone(), Expect::Duplicate, second.0),
+            (2, 2, v2, Expect::Applied, third.0),
+            (1, 2, v1, Expect::Discarded, fourth.0),
+            (2, 2, v3, Expect::Conflict, fifth.0),
+        ];
+        let mut on_track = true;
+        for (seq, floor, value, expect, id) in plan {
+            if context.stopped() {
+                return op_id;
+            }
+            on_track = lifecycle_request(
+                &context, &mut raw, process, id, session, seq, floor, &value, expect,
+            )
+            .await;
+            if !on_track {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(20..100))).await;
+        }
+        // Expiry: only when the TTL is short enough to idle it out now.
+        let ttl = *context.session_ttl.borrow();
+        if on_track && ttl <= Duration::from_secs(5) && !context.stopped() {
+            // Idle past the TTL in cluster time (other clients keep entries
+            // flowing, so the cluster clock advances meanwhile).
+            tokio::time::sleep(ttl * 2 + Duration::from_millis(500)).await;
+            op_id += 1;
+            let value = format!("c{client_number}-s{op_id}");
+            lifecycle_request(
+                &context,
+                &mut raw,
+                process,
+                op_id,
+                session,
+                3,
+                3,
+                &value,
+                Expect::Expired,
+            )
+            .await;
+        }
+    }
+    op_id
+}
+
+/// Sends one lifecycle request and records it; true when the outcome was
+/// the expected one.
+#[allow(clippy::too_many_arguments)]
+async fn lifecycle_request(
+    context: &Context,
+    raw: &mut Raw,
+    process: Process,
+    op_id: u64,
+    session: u64,
+    seq: u64,
+    first_outstanding_seq: u64,
+    value: &str,
+    expect: Expect,
+) -> bool {
+    let invoke = Event::invoke(
+        0,
+        process,
+        op_id,
+        Op::Lifecycle {
+            key: LIFECYCLE_KEY.to_string(),
+            value: value.to_string(),
+            expect,
+        },
+    );
+    context.recorder.record(invoke.clone());
+    let command = Command::Append {
+        key: LIFECYCLE_KEY.as_bytes().to_vec(),
+        element: value.as_bytes().to_vec(),
+    };
+    let (outcome, attempts, node) = raw
+        .execute(session, seq, first_outstanding_seq, &command)
+        .await;
+    let (kind, expected) = match &outcome {
+        RawOutcome::Answered { duplicate, .. } => (
+            EventType::Ok,
+            match expect {
+                Expect::Applied => !duplicate,
+                Expect::Duplicate => *duplicate,
+                _ => false,
+            },
+        ),
+        RawOutcome::Refused { reason, attempt } => {
+            // A refusal after retries may hide an earlier attempt that was
+            // applied — except where the refusal is the very point.
+            let definite = *attempt == 0
+                || matches!(
+                    (expect, reason),
+                    (Expect::Discarded, Reason::ResponseDiscarded)
+                        | (Expect::Conflict, Reason::SeqConflict)
+                );
+            (
+                if definite {
+                    EventType::Fail
+                } else {
+                    EventType::Info
+                },
+                matches!(
+                    (expect, reason),
+                    (Expect::Discarded, Reason::ResponseDiscarded)
+                        | (Expect::Conflict, Reason::SeqConflict)
+                        | (Expect::Expired, Reason::SessionExpired)
+                ),
+            )
+        }
+        RawOutcome::Unknown(_) => (EventType::Info, false),
+    };
+    let mut done = Event::complete(&invoke, kind, 0);
+    done.session = Some(session);
+    done.seq = Some(seq);
+    done.attempts = attempts;
+    done.node = Some(node);
+    match outcome {
+        RawOutcome::Answered { reply, duplicate } => {
+            done.reply = Some(reply);
+            done.duplicate = duplicate;
+        }
+        RawOutcome::Refused { reason, .. } => done.error = Some(reason.as_str_name().to_string()),
+        RawOutcome::Unknown(text) => done.error = Some(text),
+    }
+    context.counts.count(kind);
+    context.recorder.record(done);
+    expected
+}
