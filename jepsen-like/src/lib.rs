@@ -10,4 +10,5 @@ pub mod faults;
 pub mod history;
 pub mod proxy;
 pub mod report;
+pub mod run;
 pub mod workload;

@@ -1,1 +1,114 @@
-fn main() {}
+//! `jepsen-like`: runs one seeded fault-injection run against a fresh
+//! 3-node oncekv cluster and exits 0 (valid), 1 (invalid) or 2 (unknown:
+//! the run did not exercise enough; also for a run that could not finish).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use oncekv_jepsen::run::{RunOptions, run};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "jepsen-like",
+    about = "Fault-injection run against a throwaway oncekv cluster"
+)]
+struct Args {
+    /// Seeds the fault schedule and the operation streams.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds of workload (the schedule may stretch it a little).
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// Leader kills to plan [default: one per 12 s of duration, at least 1].
+    #[arg(long)]
+    leader_kills: Option<u32>,
+    /// Clients appending unique values to the hot lists.
+    #[arg(long, default_value_t = 4)]
+    appenders: u64,
+    /// Clients incrementing the shared counters.
+    #[arg(long, default_value_t = 2)]
+    incrementers: u64,
+    /// The oncekv binary to run (a release build, with the
+    /// `fault-injection` feature for lost replies).
+    #[arg(long, default_value = "target/release/oncekv")]
+    server_bin: PathBuf,
+    /// Where the history, results and report go [default: target/jepsen/seed-N].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Keep the cluster's data directories and logs.
+    #[arg(long)]
+    keep_cluster_dir: bool,
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    #[arg(long, default_value_t = 400)]
+    election_timeout_min_ms: u64,
+    #[arg(long, default_value_t = 800)]
+    election_timeout_max_ms: u64,
+    /// Small, so that restarts load snapshots and lagging nodes install them.
+    #[arg(long, default_value_t = 200)]
+    snapshot_every_entries: u64,
+    #[arg(long, default_value_t = 50)]
+    logs_kept_after_snapshot: u64,
+    /// The registry's session TTL at initialisation.
+    #[arg(long, default_value_t = 10_000)]
+    session_ttl_ms: u64,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let options = RunOptions {
+        seed: args.seed,
+        duration: Duration::from_secs(args.duration),
+        leader_kills: args
+            .leader_kills
+            .unwrap_or_else(|| (args.duration / 12).max(1) as u32),
+        appenders: args.appenders,
+        incrementers: args.incrementers,
+        server_bin: args.server_bin,
+        out_dir: args
+            .out
+            .unwrap_or_else(|| PathBuf::from(format!("target/jepsen/seed-{}", args.seed))),
+        keep_cluster_dir: args.keep_cluster_dir,
+        heartbeat_ms: args.heartbeat_ms,
+        election_timeout_min_ms: args.election_timeout_min_ms,
+        election_timeout_max_ms: args.election_timeout_max_ms,
+        snapshot_every_entries: args.snapshot_every_entries,
+        logs_kept_after_snapshot: args.logs_kept_after_snapshot,
+        session_ttl_ms: args.session_ttl_ms,
+        quiet: args.quiet,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("jepsen-like: cannot start the runtime: {error}");
+            std::process::exit(2);
+        }
+    };
+    let code = runtime.block_on(async {
+        tokio::select! {
+            result = run(&options) => match result {
+                Ok(verdict) => verdict.exit_code(),
+                Err(error) => {
+                    eprintln!("jepsen-like: the run could not finish: {error:#}");
+                    2
+                }
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("jepsen-like: interrupted");
+                2
+            }
+        }
+    });
+    // The cluster was dropped (its nodes killed and reaped) inside `run`,
+    // also on the interrupt path (the future is dropped by the select).
+    drop(runtime);
+    std::process::exit(code);
+}

@@ -28,6 +28,8 @@ pub const LIST_KEYS: [&str; 3] = ["list-0", "list-1", "list-2"];
 pub const COUNTER_KEYS: [&str; 2] = ["counter-0", "counter-1"];
 /// The list the lifecycle client appends to.
 pub const LIFECYCLE_KEY: &str = "life";
+/// A TTL at most this long is idled out in every lifecycle cycle.
+pub const SHORT_TTL: Duration = Duration::from_secs(5);
 /// Overall deadline of one call, retries included.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline of one attempt (a lost reply is retried after it).
@@ -436,6 +438,7 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
     };
     let process = Process::Client(client_number);
     let mut op_id = 0u64;
+    let mut cycle = 0u64;
     while !context.stopped() {
         let nonce: u128 = rng.r#gen();
         let Ok(session) = raw.register(nonce).await else {
@@ -476,12 +479,18 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
             }
             tokio::time::sleep(Duration::from_millis(rng.gen_range(20..100))).await;
         }
-        // Expiry: only when the TTL is short enough to idle it out now.
+        // Expiry: every cycle while the TTL is short (the short-TTL
+        // phase), every fourth cycle otherwise, as idling takes two TTLs.
+        cycle += 1;
         let ttl = *context.session_ttl.borrow();
-        if on_track && ttl <= Duration::from_secs(5) && !context.stopped() {
-            // Idle past the TTL in cluster time (other clients keep entries
-            // flowing, so the cluster clock advances meanwhile).
-            tokio::time::sleep(ttl * 2 + Duration::from_millis(500)).await;
+        if on_track && (ttl <= SHORT_TTL || cycle % 4 == 1) && !context.stopped() {
+            // Idle past the TTL in cluster time (the leader's clock runs
+            // while it leads, idle or not).
+            let mut stop = context.stop.clone();
+            tokio::select! {
+                () = tokio::time::sleep(ttl * 2 + Duration::from_millis(500)) => {}
+                _ = stop.wait_for(|stop| *stop) => return op_id,
+            }
             op_id += 1;
             let value = format!("c{client_number}-s{op_id}");
             lifecycle_request(

@@ -1,0 +1,666 @@
+//! One run of the harness, start to verdict: start a fresh cluster, run
+//! the workloads while the nemesis plays the seeded schedule and the
+//! monitor records leader changes, stop the clients, heal every fault, wait
+//! until the replicas agree on an applied index, read every replica, check,
+//! and write the history, the results and the HTML report.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use oncekv::client::{Client, ClientConfig};
+use oncekv::registry::Value;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::checker::{self, Exercise, FinalValue, Findings, NodeFinal, Verdict};
+use crate::cluster::{Capabilities, Cluster, ClusterOptions, NODES, agreed_leader, describe};
+use crate::faults::{self, FaultKind, PlannedFault, ScheduleOptions};
+use crate::history::{self, Event, EventType, Op, Process, Recorder};
+use crate::report::{self, Figures};
+use crate::workload::{self, Context, Counts, Role};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub seed: u64,
+    pub duration: Duration,
+    pub leader_kills: u32,
+    pub appenders: u64,
+    pub incrementers: u64,
+    pub server_bin: PathBuf,
+    pub out_dir: PathBuf,
+    pub keep_cluster_dir: bool,
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_every_entries: u64,
+    pub logs_kept_after_snapshot: u64,
+    pub session_ttl_ms: u64,
+    pub quiet: bool,
+}
+
+/// The results file.
+#[derive(Serialize)]
+pub struct Results {
+    pub verdict: Verdict,
+    pub seed: u64,
+    pub duration_requested_s: f64,
+    pub capabilities: Capabilities,
+    /// Fault kinds left out because the server does not support them.
+    pub kinds_unsupported: Vec<String>,
+    pub schedule: Vec<PlannedFault>,
+    /// Planned faults that did not run (the run's time was up).
+    pub faults_skipped: u64,
+    pub figures: Figures,
+    pub safety: checker::Safety,
+    pub exercise: Exercise,
+    pub problems: Vec<String>,
+    /// How the final state was read.
+    pub final_read: String,
+    pub finals: Vec<NodeFinal>,
+}
+
+/// No ack this soon after a kill comes from a new leader.
+fn new_leader_floor(options: &RunOptions) -> Duration {
+    Duration::from_millis(
+        options
+            .election_timeout_min_ms
+            .saturating_sub(options.heartbeat_ms)
+            / 2,
+    )
+}
+
+/// Runs the harness; returns the verdict (after writing every output).
+pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
+    std::fs::create_dir_all(&options.out_dir)
+        .with_context(|| format!("create {}", options.out_dir.display()))?;
+    let capabilities = Capabilities::probe(&options.server_bin)?;
+    let kinds: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|kind| supported(*kind, capabilities))
+        .collect();
+    let kinds_unsupported: Vec<String> = FaultKind::ALL
+        .into_iter()
+        .filter(|kind| !kinds.contains(kind))
+        .map(|kind| kind.name().to_string())
+        .collect();
+    let schedule = faults::schedule(&ScheduleOptions {
+        seed: options.seed,
+        duration: options.duration,
+        leader_kills: options.leader_kills,
+        kinds: kinds.clone(),
+        election_timeout_max: Duration::from_millis(options.election_timeout_max_ms),
+    });
+    if !options.quiet {
+        eprintln!(
+            "seed {}: {} faults planned ({} leader kills); unsupported by this server: {}",
+            options.seed,
+            schedule.len(),
+            options.leader_kills,
+            if kinds_unsupported.is_empty() {
+                "none".to_string()
+            } else {
+                kinds_unsupported.join(", ")
+            }
+        );
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("oncekv-jepsen-")
+        .tempdir()
+        .context("create the cluster's temporary directory")?;
+    let mut extra_args = Vec::new();
+    if capabilities.fault_flag {
+        // Every node process drops the reply to its first new execute:
+        // a lost reply after every restart, so that clients retry requests
+        // that were applied.
+        extra_args.extend([
+            "--fault".to_string(),
+            "drop-first-execute-reply".to_string(),
+        ]);
+    }
+    let cluster = Arc::new(
+        Cluster::start(ClusterOptions {
+            server_bin: options.server_bin.clone(),
+            dir: dir.path().to_path_buf(),
+            heartbeat_ms: options.heartbeat_ms,
+            election_timeout_min_ms: options.election_timeout_min_ms,
+            election_timeout_max_ms: options.election_timeout_max_ms,
+            snapshot_every_entries: options.snapshot_every_entries,
+            logs_kept_after_snapshot: options.logs_kept_after_snapshot,
+            session_ttl_ms: options.session_ttl_ms,
+            proxies: capabilities.peer_via,
+            extra_args,
+            start_timeout: Duration::from_secs(60),
+        })
+        .await
+        .context("start the cluster")?,
+    );
+    let outcome = drive(options, &cluster, &schedule).await;
+    let verdict = match outcome {
+        Ok(driven) => {
+            let verdict = finish(
+                options,
+                &cluster,
+                capabilities,
+                kinds_unsupported,
+                schedule,
+                driven,
+            )?;
+            if verdict != Verdict::Valid {
+                keep_logs(options, &cluster);
+            }
+            verdict
+        }
+        Err(error) => {
+            keep_logs(options, &cluster);
+            return Err(error);
+        }
+    };
+    drop(cluster);
+    if options.keep_cluster_dir {
+        let kept = dir.keep();
+        eprintln!("kept the cluster's data and logs in {}", kept.display());
+    }
+    Ok(verdict)
+}
+
+fn supported(kind: FaultKind, capabilities: Capabilities) -> bool {
+    match kind {
+        FaultKind::KillLeader
+        | FaultKind::KillRandom
+        | FaultKind::KillAll
+        | FaultKind::PauseLeader => true,
+        FaultKind::IsolateLeader
+        | FaultKind::IsolateFollower
+        | FaultKind::Bridge
+        | FaultKind::OneWay => capabilities.peer_via,
+        // Both need the Admin service (InjectFault, SetConfig), which this
+        // server does not offer.
+        FaultKind::DropReply | FaultKind::ShortTtl => false,
+    }
+}
+
+fn keep_logs(options: &RunOptions, cluster: &Cluster) {
+    for node in NODES {
+        let target = options.out_dir.join(format!("node{node}.log"));
+        if let Err(error) = std::fs::copy(cluster.log_path(node), &target) {
+            eprintln!("could not keep node {node}'s log: {error}");
+        }
+    }
+}
+
+/// What the workload phase produced.
+struct Driven {
+    recorder: Recorder,
+    workload_end_ns: u64,
+    faults_skipped: u64,
+    finals: Vec<NodeFinal>,
+    final_read: String,
+}
+
+/// The current leader as the monitor last saw it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    leader: u64,
+    term: u64,
+}
+
+async fn drive(
+    options: &RunOptions,
+    cluster: &Arc<Cluster>,
+    schedule: &[PlannedFault],
+) -> anyhow::Result<Driven> {
+    let recorder = Recorder::start();
+    let counts = Arc::new(Counts::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (ttl_tx, ttl_rx) = watch::channel(Duration::from_millis(options.session_ttl_ms));
+    let context = Context {
+        seed: options.seed,
+        endpoints: cluster.client_addrs(),
+        recorder: recorder.clone(),
+        counts: counts.clone(),
+        stop: stop_rx.clone(),
+        session_ttl: ttl_rx,
+    };
+    let _keep_ttl_sender = ttl_tx;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let faults_done = Arc::new(AtomicU64::new(0));
+
+    // Clients: appenders, incrementers and one lifecycle client.
+    let mut clients = Vec::new();
+    let mut number = 0;
+    for _ in 0..options.appenders {
+        number += 1;
+        clients.push(tokio::spawn(workload::run_client(
+            context.clone(),
+            number,
+            Role::Appender,
+        )));
+    }
+    for _ in 0..options.incrementers {
+        number += 1;
+        clients.push(tokio::spawn(workload::run_client(
+            context.clone(),
+            number,
+            Role::Incrementer,
+        )));
+    }
+    number += 1;
+    clients.push(tokio::spawn(workload::run_lifecycle(
+        context.clone(),
+        number,
+    )));
+
+    let monitor = tokio::spawn(monitor(
+        cluster.clone(),
+        recorder.clone(),
+        seen.clone(),
+        stop_rx.clone(),
+    ));
+    let progress = (!options.quiet).then(|| {
+        tokio::spawn(progress(
+            recorder.clone(),
+            counts.clone(),
+            seen.clone(),
+            faults_done.clone(),
+            schedule.len() as u64,
+            stop_rx.clone(),
+        ))
+    });
+
+    // The nemesis runs the schedule; the workload lasts the requested
+    // duration, or until the nemesis is done and the cluster has served
+    // a few requests since (whichever is later), capped.
+    let nemesis_result =
+        nemesis(options, cluster, schedule, &recorder, &counts, &faults_done).await;
+    let end = Duration::from_secs_f64(options.duration.as_secs_f64());
+    if recorder.elapsed() < end {
+        sleep(end - recorder.elapsed()).await;
+    }
+    let workload_end_ns = recorder.now_ns();
+    let _ = stop_tx.send(true);
+    // Heal whatever may still be broken (an error mid-fault).
+    heal_everything(cluster).await;
+    let (skipped, nemesis_error) = match nemesis_result {
+        Ok(skipped) => (skipped, None),
+        Err(error) => (0, Some(error)),
+    };
+    // Clients finish their current call (bounded by its deadline).
+    let deadline = Instant::now() + workload::CALL_TIMEOUT + Duration::from_secs(10);
+    for client in clients {
+        if tokio::time::timeout_at(deadline, client).await.is_err() {
+            eprintln!("a client did not stop in time; its open operation stays unknown");
+        }
+    }
+    let _ = monitor.await;
+    if let Some(progress) = progress {
+        let _ = progress.await;
+    }
+    if let Some(error) = nemesis_error {
+        return Err(error.context("the nemesis failed"));
+    }
+    if !options.quiet {
+        eprintln!("workload stopped; waiting for the replicas to converge");
+    }
+    // Quiet period, then wait for every replica to apply the same index.
+    sleep(Duration::from_secs(2)).await;
+    let statuses = converge(cluster).await?;
+    let (finals, final_read) = read_finals(cluster, statuses).await?;
+    Ok(Driven {
+        recorder,
+        workload_end_ns,
+        faults_skipped: skipped,
+        finals,
+        final_read,
+    })
+}
+
+/// Plays the schedule; returns how many planned faults were skipped
+/// because the run's time was up.
+async fn nemesis(
+    options: &RunOptions,
+    cluster: &Arc<Cluster>,
+    schedule: &[PlannedFault],
+    recorder: &Recorder,
+    counts: &Counts,
+    faults_done: &AtomicU64,
+) -> anyhow::Result<u64> {
+    let started = Instant::now() - recorder.elapsed();
+    // Planned faults may push the run past its duration by this much.
+    let hard_end = options.duration + Duration::from_secs(30);
+    let mut skipped = 0;
+    for (op_id, planned) in (1u64..).zip(schedule) {
+        sleep_until(started + planned.start).await;
+        // Ready: a leader all nodes agree on, and a few requests
+        // acknowledged since the last fault healed.
+        let acked = counts.ok.load(Ordering::Relaxed);
+        let ready_deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < ready_deadline && counts.ok.load(Ordering::Relaxed) < acked + 3 {
+            sleep(Duration::from_millis(50)).await;
+        }
+        if recorder.elapsed() > hard_end {
+            skipped += 1;
+            continue;
+        }
+        cluster.check_alive()?;
+        inject(options, cluster, planned, op_id, recorder)
+            .await
+            .with_context(|| format!("fault {op_id} ({})", planned.kind.name()))?;
+        faults_done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(skipped)
+}
+
+/// Injects one fault, waits its duration, heals it; recorded as an invoke
+/// when it starts and an info when it is healed.
+async fn inject(
+    options: &RunOptions,
+    cluster: &Cluster,
+    planned: &PlannedFault,
+    op_id: u64,
+    recorder: &Recorder,
+) -> anyhow::Result<()> {
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await?;
+    let followers: Vec<u64> = NODES.into_iter().filter(|n| *n != leader).collect();
+    let follower = followers[planned.pick as usize % followers.len()];
+    let nodes = match planned.kind {
+        FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::IsolateLeader => vec![leader],
+        FaultKind::KillRandom => vec![NODES[planned.pick as usize % NODES.len()]],
+        FaultKind::KillAll => NODES.to_vec(),
+        FaultKind::IsolateFollower => vec![follower],
+        FaultKind::Bridge | FaultKind::OneWay => vec![leader, follower],
+        FaultKind::DropReply | FaultKind::ShortTtl => vec![leader],
+    };
+    let invoke = Event::invoke(
+        0,
+        Process::Nemesis,
+        op_id,
+        Op::Fault {
+            kind: planned.kind.name().to_string(),
+            nodes: nodes.clone(),
+        },
+    );
+    recorder.record(invoke.clone());
+    let proxies = || {
+        cluster
+            .proxies()
+            .context("partitions need the per-link proxies")
+    };
+    match planned.kind {
+        FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::KillAll => {
+            for node in &nodes {
+                cluster.kill(*node)?;
+            }
+            sleep(planned.duration).await;
+            for node in &nodes {
+                cluster.restart(*node)?;
+            }
+        }
+        FaultKind::PauseLeader => {
+            cluster.pause(leader)?;
+            sleep(planned.duration).await;
+            cluster.resume(leader)?;
+        }
+        FaultKind::IsolateLeader | FaultKind::IsolateFollower => {
+            proxies()?.isolate(nodes[0]);
+            sleep(planned.duration).await;
+            proxies()?.heal();
+        }
+        FaultKind::Bridge => {
+            proxies()?.cut(leader, follower);
+            sleep(planned.duration).await;
+            proxies()?.heal();
+        }
+        FaultKind::OneWay => {
+            proxies()?.block(leader, follower);
+            sleep(planned.duration).await;
+            proxies()?.heal();
+        }
+        FaultKind::DropReply | FaultKind::ShortTtl => {
+            bail!("{} is not supported by this server", planned.kind.name())
+        }
+    }
+    let _ = options;
+    recorder.record(Event::complete(&invoke, EventType::Info, 0));
+    Ok(())
+}
+
+/// Restarts every node not running, resumes paused ones, heals the links.
+async fn heal_everything(cluster: &Cluster) {
+    if let Some(proxies) = cluster.proxies() {
+        proxies.heal();
+    }
+    for node in NODES {
+        if cluster.is_paused(node)
+            && let Err(error) = cluster.resume(node)
+        {
+            eprintln!("heal: {error:#}");
+        }
+        if !cluster.is_running(node)
+            && let Err(error) = cluster.restart(node)
+        {
+            eprintln!("heal: {error:#}");
+        }
+    }
+}
+
+/// Records every new (leader, term) the nodes report, until stopped.
+async fn monitor(
+    cluster: Arc<Cluster>,
+    recorder: Recorder,
+    seen: Arc<Mutex<Seen>>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut term = 0;
+    while !*stop.borrow() {
+        let statuses = cluster.statuses().await;
+        if let Some(leader) = statuses
+            .values()
+            .filter_map(|s| s.as_ref().ok())
+            .filter(|s| s.role == "leader" && s.term > term)
+            .max_by_key(|s| s.term)
+        {
+            term = leader.term;
+            *seen.lock().unwrap_or_else(PoisonError::into_inner) = Seen {
+                leader: leader.node_id,
+                term,
+            };
+            let mut event = Event::invoke(
+                0,
+                Process::Monitor,
+                term,
+                Op::LeaderChange {
+                    leader: leader.node_id,
+                    term,
+                },
+            );
+            event.kind = EventType::Info;
+            recorder.record(event);
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One progress line a second on stderr.
+async fn progress(
+    recorder: Recorder,
+    counts: Arc<Counts>,
+    seen: Arc<Mutex<Seen>>,
+    faults_done: Arc<AtomicU64>,
+    faults_planned: u64,
+    stop: watch::Receiver<bool>,
+) {
+    while !*stop.borrow() {
+        sleep(Duration::from_secs(1)).await;
+        let seen = *seen.lock().unwrap_or_else(PoisonError::into_inner);
+        eprintln!(
+            "[{:6.1}s] ok {} fail {} info {} | faults {}/{} | leader n{} term {}",
+            recorder.elapsed().as_secs_f64(),
+            counts.ok.load(Ordering::Relaxed),
+            counts.fail.load(Ordering::Relaxed),
+            counts.info.load(Ordering::Relaxed),
+            faults_done.load(Ordering::Relaxed),
+            faults_planned,
+            seen.leader,
+            seen.term,
+        );
+    }
+}
+
+type Statuses = BTreeMap<u64, Result<oncekv::proto::StatusReply, String>>;
+
+/// Waits until all three nodes answer with a leader they agree on and the
+/// same applied index, twice in a row half a second apart.
+async fn converge(cluster: &Cluster) -> anyhow::Result<Statuses> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut previous: Option<Vec<u64>> = None;
+    loop {
+        let statuses = cluster.statuses().await;
+        let applied: Vec<u64> = statuses
+            .values()
+            .filter_map(|s| s.as_ref().ok())
+            .map(|s| s.applied_index)
+            .collect();
+        let settled = applied.len() == NODES.len()
+            && applied.windows(2).all(|w| w[0] == w[1])
+            && agreed_leader(&statuses).is_some();
+        if settled && previous.as_ref() == Some(&applied) {
+            return Ok(statuses);
+        }
+        previous = settled.then_some(applied);
+        if Instant::now() >= deadline {
+            bail!(
+                "the replicas did not converge within 90 s:\n{}",
+                describe(&statuses)
+            );
+        }
+        sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Every node's applied index and state hash (from `Status`), and the
+/// values of every key. This server has no per-node local read, so the
+/// values come from one linearizable read per key through the leader,
+/// attributed to the leader; the equal state hashes at equal applied
+/// indexes vouch for the other replicas' data.
+async fn read_finals(
+    cluster: &Cluster,
+    statuses: Statuses,
+) -> anyhow::Result<(Vec<NodeFinal>, String)> {
+    let leader = agreed_leader(&statuses).context("a leader after converging")?;
+    let client = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            call_timeout: Duration::from_secs(30),
+            ..ClientConfig::default()
+        },
+    );
+    let mut values = BTreeMap::new();
+    for key in workload::all_keys() {
+        let value = client
+            .get(key.as_bytes())
+            .await
+            .with_context(|| format!("read {key}"))?;
+        values.insert(key, final_value(value));
+    }
+    client.close().await;
+    // Status again: the reads must not have moved the state.
+    let after = cluster.statuses().await;
+    let mut finals = Vec::new();
+    for node in NODES {
+        let status = after
+            .get(&node)
+            .and_then(|s| s.as_ref().ok())
+            .with_context(|| format!("node {node}'s status after the reads"))?;
+        finals.push(NodeFinal {
+            node,
+            applied_index: status.applied_index,
+            state_hash: status.state_hash.clone(),
+            values: (node == leader).then(|| values.clone()),
+        });
+    }
+    Ok((
+        finals,
+        format!(
+            "values through the leader (node {leader}); applied index and state hash from every node's Status"
+        ),
+    ))
+}
+
+fn final_value(value: Option<Value>) -> FinalValue {
+    match value {
+        None => FinalValue::Absent,
+        Some(Value::List(items)) => FinalValue::List(
+            items
+                .into_iter()
+                .map(|item| String::from_utf8_lossy(&item).into_owned())
+                .collect(),
+        ),
+        Some(Value::Int(value)) => FinalValue::Int(value),
+        Some(Value::Bytes(bytes)) => FinalValue::Other(format!("{bytes:?}")),
+    }
+}
+
+/// Checks, counts, prints and writes the outputs; returns the verdict.
+fn finish(
+    options: &RunOptions,
+    cluster: &Cluster,
+    capabilities: Capabilities,
+    kinds_unsupported: Vec<String>,
+    schedule: Vec<PlannedFault>,
+    driven: Driven,
+) -> anyhow::Result<Verdict> {
+    let _ = cluster;
+    let events = driven.recorder.snapshot();
+    let findings: Findings = checker::check(&events, &driven.finals);
+    let exercise = checker::exercise(&events, u64::from(options.leader_kills));
+    let verdict = Verdict::of(&findings, &exercise);
+    let clients = options.appenders + options.incrementers + 1;
+    let figures = report::figures(
+        options.seed,
+        clients,
+        &events,
+        &exercise,
+        driven.workload_end_ns,
+        u64::try_from(new_leader_floor(options).as_nanos()).unwrap_or(0),
+    );
+    let summary = report::summary(&figures, &findings, &exercise, verdict);
+    println!("{summary}");
+    let history_path = options.out_dir.join("history.jsonl");
+    history::write_jsonl(
+        &events,
+        std::io::BufWriter::new(std::fs::File::create(&history_path)?),
+    )?;
+    let results = Results {
+        verdict,
+        seed: options.seed,
+        duration_requested_s: options.duration.as_secs_f64(),
+        capabilities,
+        kinds_unsupported,
+        schedule,
+        faults_skipped: driven.faults_skipped,
+        figures: figures.clone(),
+        safety: findings.safety.clone(),
+        exercise,
+        problems: findings.problems.clone(),
+        final_read: driven.final_read,
+        finals: driven.finals,
+    };
+    std::fs::write(
+        options.out_dir.join("results.json"),
+        serde_json::to_vec_pretty(&results)?,
+    )?;
+    let html = report::html(&events, &figures, &summary, verdict)
+        .map_err(|error| anyhow::anyhow!("draw the report: {error}"))?;
+    std::fs::write(options.out_dir.join("report.html"), html)?;
+    println!(
+        "history, results.json and report.html in {}",
+        options.out_dir.display()
+    );
+    Ok(verdict)
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The jepsen-like harness (jepsen-like/, README "jepsen-like"):
+#
+#   scripts/jepsen.sh smoke                    one 45 s run, seed 1, 3 leader kills (what CI runs)
+#   scripts/jepsen.sh long [SEEDS] [DURATION]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
+#   scripts/jepsen.sh broken                   both deliberately broken servers; each must be found invalid
+#
+# Every run writes history.jsonl, results.json and report.html under
+# target/jepsen/. Exit status: 0 when every run came out as required
+# (smoke and long: valid; broken: invalid), 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+harness=target/release/jepsen-like
+
+build_server() { # [FEATURES] [TARGET_DIR]
+    local features=${1:-fault-injection} target_dir=${2:-target}
+    cargo build --release --features "$features" --target-dir "$target_dir"
+}
+
+build_harness() {
+    cargo build --release -p oncekv-jepsen
+}
+
+# run NAME EXPECTED_EXIT SERVER_BIN [HARNESS FLAGS...]: one run, its
+# figures printed, a line added to the summary.
+summary=()
+failures=0
+run() {
+    local name=$1 expected=$2 server=$3
+    shift 3
+    local out=target/jepsen/$name
+    echo "=== $name: $* (server $server)"
+    set +e
+    "$harness" --server-bin "$server" --out "$out" "$@" | tee "$out.txt"
+    local code=${PIPESTATUS[0]}
+    set -e
+    local verdict
+    case $code in
+        0) verdict=valid ;;
+        1) verdict=INVALID ;;
+        *) verdict=unknown ;;
+    esac
+    local ops dups kills
+    ops=$(grep -m1 '^operations:' "$out.txt" | sed 's/^operations: //' || true)
+    dups=$(grep -m1 '^leader changes seen:' "$out.txt" | sed 's/^leader changes seen: //' || true)
+    kills=$(grep -m1 '^leader kill' "$out.txt" | sed 's/^leader kill -> first acknowledgement: //' || true)
+    local status=as-required
+    if [ "$code" != "$expected" ]; then
+        status=NOT-AS-REQUIRED
+        failures=$((failures + 1))
+    fi
+    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$kills" "$dups")")
+}
+
+print_summary() {
+    echo
+    echo "=== summary"
+    printf '%s\n' "${summary[@]}"
+    if [ "$failures" -gt 0 ]; then
+        echo "$failures run(s) did not come out as required"
+        exit 1
+    fi
+    echo "every run came out as required"
+}
+
+mkdir -p target/jepsen
+case ${1:-} in
+    smoke)
+        build_server
+        build_harness
+        run smoke 0 target/release/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet
+        print_summary
+        ;;
+    long)
+        seeds=${2:-20}
+        duration=${3:-60}
+        build_server
+        build_harness
+        for seed in $(seq 1 "$seeds"); do
+            run "long-seed-$seed" 0 target/release/oncekv --seed "$seed" --duration "$duration" --quiet
+        done
+        print_summary
+        ;;
+    broken)
+        build_harness
+        for feature in broken-skip-dedup broken-snapshot-drops-sessions; do
+            build_server "fault-injection,$feature" "target/$feature"
+            run "$feature" 1 "target/$feature/release/oncekv" --seed 1 --duration 45 --leader-kills 3 --quiet
+        done
+        print_summary
+        ;;
+    *)
+        sed -n '2,12p' "$0"
+        exit 2
+        ;;
+esac
