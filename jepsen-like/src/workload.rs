@@ -462,7 +462,7 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
             (1, 1, v1.clone(), Expect::Applied, first.0),
             (1, 1, v1.clone(), Expect::Duplicate, second.0),
             (2, 2, v2, Expect::Applied, third.0),
-            (1, 2, v1, Expect::Discarded, fourth.0),
+            (1, 1, v1, Expect::Discarded, fourth.0),
             (2, 2, v3, Expect::Conflict, fifth.0),
         ];
         let mut on_track = true;
