@@ -3,8 +3,9 @@
 #
 #   scripts/cluster.sh start | stop | status | kill-leader | restart N
 #
-# Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)) and Raft peers
-# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)). Everything a node owns lives in
+# Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)), Raft peers
+# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)) and Prometheus metrics on
+# http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + N))/metrics. Everything a node owns lives in
 # $ONCEKV_DATA/nN: its Raft data dir (db/), its log (node.log) and, while it
 # runs, its pid file (pid). Stopping keeps the data: a later start resumes the
 # same cluster.
@@ -24,8 +25,8 @@ commands:
 environment:
   ONCEKV_DATA        where the nodes keep their data and logs
                      (default ./data, relative to the current directory)
-  ONCEKV_PORT_BASE   node N listens on base+N (clients) and base+100+N (peers)
-                     (default 7100)
+  ONCEKV_PORT_BASE   node N listens on base+N (clients), base+100+N (peers)
+                     and base+200+N (metrics) (default 7100)
   RUST_LOG           node log filter (default info)
 EOF
 }
@@ -54,6 +55,8 @@ die() {
 
 client_addr() { echo "127.0.0.1:$((BASE + $1))"; }
 peer_addr() { echo "127.0.0.1:$((BASE + 100 + $1))"; }
+metrics_addr() { echo "127.0.0.1:$((BASE + 200 + $1))"; }
+metrics_url() { echo "http://$(metrics_addr "$1")/metrics"; }
 node_dir() { echo "$DATA/n$1"; }
 pid_file() { echo "$(node_dir "$1")/pid"; }
 log_file() { echo "$(node_dir "$1")/node.log"; }
@@ -103,11 +106,12 @@ start_node() {
         --id "$n" \
         --client-addr "$(client_addr "$n")" \
         --peer-addr "$(peer_addr "$n")" \
+        --metrics-addr "$(metrics_addr "$n")" \
         --data-dir "$dir/db" \
         "${peers[@]}" "${init[@]}" \
         </dev/null >>"$(log_file "$n")" 2>&1 &
     echo $! >"$(pid_file "$n")"
-    echo "node $n started (pid $!, client $(client_addr "$n"), log $(log_file "$n"))"
+    echo "node $n started (pid $!, client $(client_addr "$n"), metrics $(metrics_url "$n"), log $(log_file "$n"))"
 }
 
 # Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
@@ -211,7 +215,15 @@ cmd_start() {
     # Two nodes elect a leader; make sure the third did not die meanwhile.
     check_all_running
     echo "client endpoints: $(endpoints)"
+    print_metrics_urls
     echo "leader: node $leader ($(client_addr "$leader"))"
+}
+
+print_metrics_urls() {
+    local n
+    for n in "${NODES[@]}"; do
+        echo "node $n metrics: $(metrics_url "$n")"
+    done
 }
 
 cmd_stop() {
@@ -239,7 +251,10 @@ cmd_stop() {
 }
 
 cmd_status() {
-    run_status
+    local rc=0
+    run_status || rc=$?
+    print_metrics_urls
+    return "$rc"
 }
 
 cmd_kill_leader() {
@@ -263,8 +278,8 @@ cmd_restart() {
 }
 
 main() {
-    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 103 > 65535)); then
-        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65432"
+    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 203 > 65535)); then
+        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65332"
     fi
     case ${1:-} in
         start) cmd_start ;;

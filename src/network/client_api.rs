@@ -2,13 +2,18 @@
 //! cluster clock, proposes them to Raft and maps the applied outcome (or the
 //! failure) to the wire. It never decides new / duplicate / conflict itself:
 //! that happens only when the committed entry is applied (rule 3). The only
-//! early refusals are facts that can never change: malformed input and a
-//! cluster id other than this node's.
+//! early refusals are facts that can never change — malformed input and a
+//! cluster id other than this node's — and admission control: beyond
+//! `--max-pending-proposals` proposals in flight a request is refused at once
+//! with `UNAVAILABLE` ("overloaded", this attempt only), so overload never
+//! builds an unbounded queue.
 
 use super::convert::{self, ConvertError};
 use super::peer::{cluster_id_bytes, parse_cluster_id};
 use super::status::{ErrorReason, reason_status};
 use crate::clock::{ClockError, ClusterClock};
+use crate::metrics::{self, NodeMetrics};
+use crate::node::config::DEFAULT_MAX_PENDING_PROPOSALS;
 use crate::proto::{self, client_server};
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{
@@ -20,6 +25,7 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 pub use super::CLIENT_MESSAGE_BYTES_MAX;
@@ -46,6 +52,33 @@ pub struct ClientApi {
     /// (applied index, state hash): hashing encodes the whole state, so it
     /// is done once per applied index however often `Status` is asked.
     hash_cache: std::sync::Mutex<(u64, String)>,
+    /// One permit per proposal in flight (admission control).
+    admission: Arc<Semaphore>,
+    max_pending_proposals: usize,
+    metrics: Arc<NodeMetrics>,
+}
+
+/// A proposal in flight: holds its admission permit and counts itself in
+/// the pending-proposals gauge until dropped.
+struct Pending {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl Pending {
+    fn new(permit: OwnedSemaphorePermit, metrics: Arc<NodeMetrics>) -> Pending {
+        metrics.pending_proposals.inc();
+        Pending {
+            _permit: permit,
+            metrics,
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.metrics.pending_proposals.dec();
+    }
 }
 
 impl ClientApi {
@@ -66,7 +99,24 @@ impl ClientApi {
             faults,
             executes_seen: AtomicU64::new(0),
             hash_cache: std::sync::Mutex::new((u64::MAX, String::new())),
+            admission: Arc::new(Semaphore::new(DEFAULT_MAX_PENDING_PROPOSALS)),
+            max_pending_proposals: DEFAULT_MAX_PENDING_PROPOSALS,
+            metrics: Arc::default(),
         }
+    }
+
+    /// Admits at most `max_pending_proposals` proposals at once and counts
+    /// into `metrics`.
+    pub fn with_admission(
+        mut self,
+        max_pending_proposals: usize,
+        metrics: Arc<NodeMetrics>,
+    ) -> ClientApi {
+        metrics.set_max_pending_proposals(max_pending_proposals);
+        self.admission = Arc::new(Semaphore::new(max_pending_proposals));
+        self.max_pending_proposals = max_pending_proposals;
+        self.metrics = metrics;
+        self
     }
 
     pub fn into_server(self) -> client_server::ClientServer<ClientApi> {
@@ -97,19 +147,42 @@ impl ClientApi {
 
     /// Proposes `op` stamped by the cluster clock and waits, within the
     /// request timeout, for its entry to be committed and applied.
+    ///
+    /// Admission: the proposal needs one of `max_pending_proposals` permits,
+    /// taken without waiting — none free means `UNAVAILABLE` (overloaded)
+    /// at once. The proposal then runs in its own task that keeps the permit
+    /// until Raft answers or the request timeout passes, even if the caller
+    /// gives up first: a dropped call does not withdraw its entry from Raft,
+    /// so it must not make room for another.
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
-        let work = async {
-            let stamp_ms = self.clock.stamp().await.map_err(clock_status)?;
+        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
+            self.metrics.overloaded.inc();
+            return Err(reason_status(ErrorReason::Unavailable(format!(
+                "overloaded: {} proposals already pending on this node; retry with backoff",
+                self.max_pending_proposals
+            ))));
+        };
+        let pending = Pending::new(permit, self.metrics.clone());
+        let (raft, clock) = (self.raft.clone(), self.clock.clone());
+        let request_timeout = self.request_timeout;
+        let work = async move {
+            let started = metrics::now();
+            let stamp_ms = clock.stamp().await.map_err(clock_status)?;
             let entry = Entry { stamp_ms, op };
-            let written = self.raft.client_write(entry).await.map_err(write_status)?;
+            let written = raft.client_write(entry).await.map_err(write_status)?;
             let outcome = written
                 .data
                 .ok_or_else(|| Status::internal("a registry entry applied without an outcome"))?;
+            metrics::observe_since(&pending.metrics.proposal_duration, started);
             Ok((outcome, written.log_id.index))
         };
-        tokio::time::timeout(self.request_timeout, work)
-            .await
-            .map_err(|_| reason_status(ErrorReason::Deadline))?
+        let task = tokio::spawn(async move {
+            tokio::time::timeout(request_timeout, work)
+                .await
+                .map_err(|_| reason_status(ErrorReason::Deadline))?
+        });
+        task.await
+            .map_err(|error| Status::internal(format!("proposal task failed: {error}")))?
     }
 }
 

@@ -61,6 +61,8 @@ struct Node {
     id: u64,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
+    /// Where the node serves `GET /metrics`.
+    metrics_addr: SocketAddr,
     data_dir: PathBuf,
     log_path: PathBuf,
     /// Locked only briefly, never across an await, so every method can take
@@ -89,15 +91,16 @@ impl Cluster {
             .prefix(&format!("oncekv-{name}-"))
             .tempdir()
             .expect("create the cluster's temporary directory");
-        let ports = free_ports(2 * NODES.len()).expect("free loopback ports");
+        let ports = free_ports(3 * NODES.len()).expect("free loopback ports");
         let nodes = NODES
             .iter()
-            .zip(ports.chunks(2))
+            .zip(ports.chunks(3))
             .map(|(&id, ports)| {
                 let node = Node {
                     id,
                     client_addr: ports[0],
                     peer_addr: ports[1],
+                    metrics_addr: ports[2],
                     data_dir: dir.path().join(format!("n{id}")),
                     log_path: dir.path().join(format!("n{id}.log")),
                     child: Mutex::new(None),
@@ -148,6 +151,22 @@ impl Cluster {
     /// `127.0.0.1:port` of `node`'s Raft service.
     pub fn peer_addr(&self, node: u64) -> String {
         self.node(node).peer_addr.to_string()
+    }
+
+    /// `127.0.0.1:port` of `node`'s metrics endpoint (`GET /metrics`).
+    pub fn metrics_addr(&self, node: u64) -> String {
+        self.node(node).metrics_addr.to_string()
+    }
+
+    /// `node`'s Prometheus exposition, scraped once (within
+    /// [`STATUS_TIMEOUT`]), or why it could not be.
+    pub async fn scrape(&self, node: u64) -> Result<String, String> {
+        super::metrics::scrape(&self.metrics_addr(node), STATUS_TIMEOUT).await
+    }
+
+    /// The pid of `node`'s process, while the harness runs it.
+    pub fn pid(&self, node: u64) -> Option<u32> {
+        self.node(node).child().as_ref().map(Child::id)
     }
 
     /// The client endpoints of all nodes, in node order.
@@ -302,6 +321,8 @@ impl Cluster {
             .arg(node.client_addr.to_string())
             .arg("--peer-addr")
             .arg(node.peer_addr.to_string())
+            .arg("--metrics-addr")
+            .arg(node.metrics_addr.to_string())
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args(TIMING_FLAGS)
