@@ -6,6 +6,7 @@
 //! cluster id other than this node's.
 
 use super::convert::{self, ConvertError};
+use super::faults::FaultControl;
 use super::peer::{cluster_id_bytes, parse_cluster_id};
 use super::status::{ErrorReason, reason_status};
 use crate::clock::{ClockError, ClusterClock};
@@ -18,21 +19,10 @@ use crate::storage::SharedState;
 use openraft::ServerState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 pub use super::CLIENT_MESSAGE_BYTES_MAX;
-
-/// Test-only faults, compiled in only with the `fault-injection` feature.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Faults {
-    /// The first execute this node executes (not a duplicate) is applied,
-    /// but its reply is never sent — the call hangs until the client's
-    /// deadline, as if the network lost it. Retries, answered as
-    /// duplicates, get their replies.
-    pub drop_first_execute_reply: bool,
-}
 
 pub struct ClientApi {
     node_id: NodeId,
@@ -40,9 +30,8 @@ pub struct ClientApi {
     state: SharedState,
     clock: Arc<ClusterClock>,
     request_timeout: Duration,
-    faults: Faults,
-    /// Executions (not duplicates) answered so far, for `Faults`.
-    executes_seen: AtomicU64,
+    /// Test-only: executes whose replies are dropped (see `FaultControl`).
+    faults: FaultControl,
     /// (applied index, state hash): hashing encodes the whole state, so it
     /// is done once per applied index however often `Status` is asked.
     hash_cache: std::sync::Mutex<(u64, String)>,
@@ -55,7 +44,7 @@ impl ClientApi {
         state: SharedState,
         clock: Arc<ClusterClock>,
         request_timeout: Duration,
-        faults: Faults,
+        faults: FaultControl,
     ) -> ClientApi {
         ClientApi {
             node_id,
@@ -64,7 +53,6 @@ impl ClientApi {
             clock,
             request_timeout,
             faults,
-            executes_seen: AtomicU64::new(0),
             hash_cache: std::sync::Mutex::new((u64::MAX, String::new())),
         }
     }
@@ -126,7 +114,7 @@ impl ClientApi {
     }
 }
 
-fn invalid(why: impl Into<String>) -> Status {
+pub(super) fn invalid(why: impl Into<String>) -> Status {
     reason_status(ErrorReason::InvalidArgument(why.into()))
 }
 
@@ -134,7 +122,7 @@ fn convert_status(error: ConvertError) -> Status {
     invalid(error.to_string())
 }
 
-fn clock_status(error: ClockError) -> Status {
+pub(super) fn clock_status(error: ClockError) -> Status {
     match error {
         ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
             leader_id,
@@ -144,7 +132,7 @@ fn clock_status(error: ClockError) -> Status {
     }
 }
 
-fn write_status(
+pub(super) fn write_status(
     error: RaftError<NodeId, ClientWriteError<NodeId, crate::raft_types::NodeInfo>>,
 ) -> Status {
     match error {
@@ -158,7 +146,7 @@ fn write_status(
     }
 }
 
-fn rejected(outcome: Outcome) -> Status {
+pub(super) fn rejected(outcome: Outcome) -> Status {
     match outcome {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
         other => Status::internal(format!("unexpected outcome {other:?}")),
@@ -235,10 +223,7 @@ impl client_server::Client for ClientApi {
             },
             other => return Err(rejected(other)),
         };
-        if self.faults.drop_first_execute_reply
-            && !reply.duplicate
-            && self.executes_seen.fetch_add(1, Ordering::SeqCst) == 0
-        {
+        if !reply.duplicate && self.faults.take_execute_reply_drop() {
             tracing::warn!(
                 client_id = request.client_id,
                 seq = request.seq,

@@ -5,6 +5,7 @@
 pub mod config;
 
 use crate::clock::ClusterClock;
+use crate::network::admin_api::AdminApi;
 use crate::network::client_api::ClientApi;
 use crate::network::peer::{PeerNetwork, PeerService};
 use crate::raft_types::{NodeId, Raft};
@@ -121,13 +122,21 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .context("starting Raft")?;
 
     let clock = Arc::new(ClusterClock::new(raft.clone(), state.clone()));
+    let admin_api = AdminApi::new(
+        config.id,
+        raft.clone(),
+        state.clone(),
+        clock.clone(),
+        config.request_timeout,
+        config.faults.clone(),
+    );
     let client_api = ClientApi::new(
         config.id,
         raft.clone(),
         state.clone(),
         clock,
         config.request_timeout,
-        config.faults,
+        config.faults.clone(),
     );
     let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
         .await
@@ -152,6 +161,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(client_api.into_server())
+            .add_service(admin_api.into_server())
             .serve_with_incoming_shutdown(
                 incoming(client_listener),
                 stopped(servers_stopped.clone()),
