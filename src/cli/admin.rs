@@ -45,6 +45,8 @@ use crate::proto::{self, Member, Reason, StatusReply};
 const CATCH_UP_TIMEOUT_MS: u64 = 60_000;
 /// Longest pause between attempts.
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Least time a call to one named node is given, even past the deadline.
+const ATTEMPT_MIN: Duration = Duration::from_secs(1);
 
 /// `oncekv admin SUBCOMMAND`.
 #[derive(Debug, Clone, clap::Args)]
@@ -336,7 +338,8 @@ impl Admin {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let client = self.client(endpoint)?;
-        match tokio::time::timeout(self.remaining(), call(client)).await {
+        let timeout = self.remaining().max(ATTEMPT_MIN);
+        match tokio::time::timeout(timeout, call(client)).await {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
             Ok(Err(status)) => Err(status_failure(&status).with("node", json!(endpoint))),
             Err(_) => Err(Failure::new(
@@ -909,12 +912,12 @@ async fn snapshot(admin: &Admin, node: &str) -> Result<Success, Failure> {
     ))
 }
 
-/// Whether every answer holds the same hash at the same index.
+/// Whether the nodes that answered hold the same hash at the same index.
 #[derive(Debug, PartialEq, Eq)]
 enum Agreement {
     Agree(u64),
     Differ(u64),
-    /// Not all at one index (the cluster is busy), or some did not answer.
+    /// Not all at one index (the cluster is busy), or none answered.
     Undecided,
 }
 
@@ -926,10 +929,9 @@ fn agreement(answers: &[Result<proto::StateHashReply, Failure>]) -> Agreement {
     let Some(first) = replies.first() else {
         return Agreement::Undecided;
     };
-    if replies.len() != answers.len()
-        || replies
-            .iter()
-            .any(|reply| reply.applied_index != first.applied_index)
+    if replies
+        .iter()
+        .any(|reply| reply.applied_index != first.applied_index)
     {
         return Agreement::Undecided;
     }
@@ -972,6 +974,7 @@ async fn hash(admin: &Admin) -> Result<Success, Failure> {
     };
     let mut lines = Vec::new();
     let mut objects = Vec::new();
+    let unreachable = answers.iter().filter(|answer| answer.is_err()).count();
     for (node, answer) in nodes.iter().zip(&answers) {
         match answer {
             Ok(reply) => {
@@ -994,6 +997,15 @@ async fn hash(admin: &Admin) -> Result<Success, Failure> {
         }
     }
     match verdict {
+        Agreement::Agree(index) if unreachable > 0 => Err(Failure::new(
+            "incomplete",
+            format!(
+                "the nodes that answered agree at index {index}, but {unreachable} did not \
+                 answer: {}",
+                lines.join("; ")
+            ),
+        )
+        .with("nodes", Json::Array(objects))),
         Agreement::Agree(index) => {
             lines.push(format!("agree at index {index}"));
             Ok(success(
@@ -1013,7 +1025,7 @@ async fn hash(admin: &Admin) -> Result<Success, Failure> {
         Agreement::Undecided => Err(Failure::new(
             "undecided",
             format!(
-                "not every member answered at one applied index before the deadline: {}",
+                "the members that answered were not at one applied index before the deadline: {}",
                 lines.join("; ")
             ),
         )
@@ -1143,7 +1155,8 @@ mod tests {
         );
         assert_eq!(
             agreement(&[reply(5, "a"), Err(Failure::new("unavailable", "down"))]),
-            Agreement::Undecided
+            Agreement::Agree(5),
+            "judged among the nodes that answered (the command still fails)"
         );
         assert_eq!(agreement(&[]), Agreement::Undecided);
     }
