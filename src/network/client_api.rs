@@ -9,6 +9,7 @@
 //! builds an unbounded queue.
 
 use super::convert::{self, ConvertError};
+use super::faults::FaultControl;
 use super::peer::{cluster_id_bytes, parse_cluster_id};
 use super::status::{ErrorReason, reason_status};
 use crate::clock::{ClockError, ClusterClock};
@@ -23,22 +24,11 @@ use crate::storage::SharedState;
 use openraft::ServerState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 pub use super::CLIENT_MESSAGE_BYTES_MAX;
-
-/// Test-only faults, compiled in only with the `fault-injection` feature.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Faults {
-    /// The first execute this node executes (not a duplicate) is applied,
-    /// but its reply is never sent — the call hangs until the client's
-    /// deadline, as if the network lost it. Retries, answered as
-    /// duplicates, get their replies.
-    pub drop_first_execute_reply: bool,
-}
 
 pub struct ClientApi {
     node_id: NodeId,
@@ -46,9 +36,8 @@ pub struct ClientApi {
     state: SharedState,
     clock: Arc<ClusterClock>,
     request_timeout: Duration,
-    faults: Faults,
-    /// Executions (not duplicates) answered so far, for `Faults`.
-    executes_seen: AtomicU64,
+    /// Test-only: executes whose replies are dropped (see `FaultControl`).
+    faults: FaultControl,
     /// (applied index, state hash): hashing encodes the whole state, so it
     /// is done once per applied index however often `Status` is asked.
     hash_cache: std::sync::Mutex<(u64, String)>,
@@ -88,7 +77,7 @@ impl ClientApi {
         state: SharedState,
         clock: Arc<ClusterClock>,
         request_timeout: Duration,
-        faults: Faults,
+        faults: FaultControl,
     ) -> ClientApi {
         ClientApi {
             node_id,
@@ -97,7 +86,6 @@ impl ClientApi {
             clock,
             request_timeout,
             faults,
-            executes_seen: AtomicU64::new(0),
             hash_cache: std::sync::Mutex::new((u64::MAX, String::new())),
             admission: Arc::new(Semaphore::new(DEFAULT_MAX_PENDING_PROPOSALS)),
             max_pending_proposals: DEFAULT_MAX_PENDING_PROPOSALS,
@@ -199,7 +187,7 @@ impl ClientApi {
     }
 }
 
-fn invalid(why: impl Into<String>) -> Status {
+pub(super) fn invalid(why: impl Into<String>) -> Status {
     reason_status(ErrorReason::InvalidArgument(why.into()))
 }
 
@@ -207,7 +195,7 @@ fn convert_status(error: ConvertError) -> Status {
     invalid(error.to_string())
 }
 
-fn clock_status(error: ClockError) -> Status {
+pub(super) fn clock_status(error: ClockError) -> Status {
     match error {
         ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
             leader_id,
@@ -217,7 +205,7 @@ fn clock_status(error: ClockError) -> Status {
     }
 }
 
-fn write_status(
+pub(super) fn write_status(
     error: RaftError<NodeId, ClientWriteError<NodeId, crate::raft_types::NodeInfo>>,
 ) -> Status {
     match error {
@@ -231,7 +219,7 @@ fn write_status(
     }
 }
 
-fn rejected(outcome: Outcome) -> Status {
+pub(super) fn rejected(outcome: Outcome) -> Status {
     match outcome {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
         other => Status::internal(format!("unexpected outcome {other:?}")),
@@ -308,10 +296,7 @@ impl client_server::Client for ClientApi {
             },
             other => return Err(rejected(other)),
         };
-        if self.faults.drop_first_execute_reply
-            && !reply.duplicate
-            && self.executes_seen.fetch_add(1, Ordering::SeqCst) == 0
-        {
+        if !reply.duplicate && self.faults.take_execute_reply_drop() {
             tracing::warn!(
                 client_id = request.client_id,
                 seq = request.seq,

@@ -3,10 +3,14 @@
 //! the mapping of failures to gRPC statuses — each in one place.
 
 #[cfg(feature = "server")]
+pub mod admin_api;
+#[cfg(feature = "server")]
 pub mod client_api;
 #[cfg(feature = "server")]
 pub mod client_wire;
 pub mod convert;
+#[cfg(feature = "server")]
+pub mod faults;
 #[cfg(feature = "server")]
 pub mod peer;
 pub mod status;

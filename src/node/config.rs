@@ -147,7 +147,7 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     pub logs_kept_after_snapshot: u64,
     pub initial_registry: RegistryConfig,
-    pub faults: crate::network::client_api::Faults,
+    pub faults: crate::network::faults::FaultControl,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -431,20 +431,22 @@ impl NodeOptions {
     }
 
     #[cfg(feature = "fault-injection")]
-    fn faults(&self) -> Result<crate::network::client_api::Faults, ConfigError> {
-        let mut faults = crate::network::client_api::Faults::default();
+    fn faults(&self) -> Result<crate::network::faults::FaultControl, ConfigError> {
+        let mut drop_execute_replies = 0;
         for fault in &self.fault {
             match fault.as_str() {
-                "drop-first-execute-reply" => faults.drop_first_execute_reply = true,
+                "drop-first-execute-reply" => drop_execute_replies = 1,
                 other => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
             }
         }
-        Ok(faults)
+        Ok(crate::network::faults::FaultControl::new(
+            drop_execute_replies,
+        ))
     }
 
     #[cfg(not(feature = "fault-injection"))]
-    fn faults(&self) -> Result<crate::network::client_api::Faults, ConfigError> {
-        Ok(crate::network::client_api::Faults::default())
+    fn faults(&self) -> Result<crate::network::faults::FaultControl, ConfigError> {
+        Ok(crate::network::faults::FaultControl::default())
     }
 }
 

@@ -7,6 +7,7 @@ pub mod observability;
 
 use crate::clock::ClusterClock;
 use crate::metrics::NodeMetrics;
+use crate::network::admin_api::AdminApi;
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
@@ -133,13 +134,21 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .context("starting Raft")?;
 
     let clock = Arc::new(ClusterClock::new(raft.clone(), state.clone()));
+    let admin_api = AdminApi::new(
+        config.id,
+        raft.clone(),
+        state.clone(),
+        clock.clone(),
+        config.request_timeout,
+        config.faults.clone(),
+    );
     let client_api = ClientApi::new(
         config.id,
         raft.clone(),
         state.clone(),
         clock,
         config.request_timeout,
-        config.faults,
+        config.faults.clone(),
     )
     .with_admission(config.max_pending_proposals, metrics.clone());
     let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
@@ -180,6 +189,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
+            .add_service(admin_api.into_server())
             .serve_with_incoming_shutdown(
                 incoming(client_listener),
                 stopped(servers_stopped.clone()),

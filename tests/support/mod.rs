@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod cluster;
 pub mod metrics;
 pub mod raw;
