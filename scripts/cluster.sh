@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # A local 3-node oncekv cluster on 127.0.0.1, for trying things by hand.
 #
-#   scripts/cluster.sh start | stop | status | kill-leader | restart N
+#   scripts/cluster.sh start | stop | status | kill-leader | restart N | join N | remove N
 #
-# Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)) and Raft peers
-# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)). Everything a node owns lives in
+# Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)), Raft peers
+# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)) and Prometheus metrics on
+# http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + N))/metrics. Everything a node owns lives in
 # $ONCEKV_DATA/nN: its Raft data dir (db/), its log (node.log) and, while it
 # runs, its pid file (pid). Stopping keeps the data: a later start resumes the
-# same cluster.
+# same cluster. The cluster's nodes are 1-3 at first; `join` adds one (a new
+# nN directory) and `remove` takes one out (its directory is renamed to
+# removed-nN-<time>, so later starts leave it alone).
 set -euo pipefail
 
 usage() {
@@ -20,12 +23,16 @@ commands:
   status       show every node's view of the cluster
   kill-leader  SIGKILL the current leader
   restart N    SIGKILL node N if it runs, then start it again
+  join N       start a fresh node N (1-99, a new id), add it as a learner
+               (it catches up), then promote it to voter (`oncekv admin`)
+  remove N     remove node N from the membership, stop it, and set its
+               data directory aside
 
 environment:
   ONCEKV_DATA        where the nodes keep their data and logs
                      (default ./data, relative to the current directory)
-  ONCEKV_PORT_BASE   node N listens on base+N (clients) and base+100+N (peers)
-                     (default 7100)
+  ONCEKV_PORT_BASE   node N listens on base+N (clients), base+100+N (peers)
+                     and base+200+N (metrics) (default 7100)
   RUST_LOG           node log filter (default info)
 EOF
 }
@@ -54,14 +61,41 @@ die() {
 
 client_addr() { echo "127.0.0.1:$((BASE + $1))"; }
 peer_addr() { echo "127.0.0.1:$((BASE + 100 + $1))"; }
+metrics_addr() { echo "127.0.0.1:$((BASE + 200 + $1))"; }
+metrics_url() { echo "http://$(metrics_addr "$1")/metrics"; }
 node_dir() { echo "$DATA/n$1"; }
 pid_file() { echo "$(node_dir "$1")/pid"; }
 log_file() { echo "$(node_dir "$1")/node.log"; }
 
+# The cluster's node ids, one per line in order: every node with a data
+# directory (joined nodes included, removed ones not); 1-3 before the first
+# start.
+members() {
+    local dir n list=()
+    for dir in "$DATA"/n*; do
+        n=${dir##*/n}
+        [[ -d $dir && $n =~ ^[1-9][0-9]*$ ]] && list+=("$n")
+    done
+    ((${#list[@]} > 0)) || list=("${NODES[@]}")
+    printf '%s\n' "${list[@]}" | sort -n
+}
+
+# Fails unless $1 is a node id whose ports fit under the port base.
+check_id() {
+    [[ ${1:-} =~ ^[1-9][0-9]?$ ]] || { usage >&2; exit 2; }
+    ((BASE + 100 + $1 <= 65535)) || die "node $1's peer port would exceed 65535"
+}
+
+# Fails unless node $1 is one of the cluster's nodes.
+check_member() {
+    check_id "$1"
+    [[ -d $(node_dir "$1") ]] || die "node $1 is not a node of this cluster (no $(node_dir "$1"))"
+}
+
 # The client endpoints of all nodes, comma-separated.
 endpoints() {
     local n list=()
-    for n in "${NODES[@]}"; do
+    for n in $(members); do
         list+=("$(client_addr "$n")")
     done
     (IFS=,; echo "${list[*]}")
@@ -87,15 +121,17 @@ running_pid() {
 
 # Starts node N in the background, in its own session so it outlives this
 # script and the terminal; setsid execs in place, so $! is the node's pid.
+# With a second argument `join`, never with --initialize (it waits to be
+# added as a learner).
 start_node() {
-    local n=$1 dir peers=() m
+    local n=$1 mode=${2:-} dir peers=() m
     dir=$(node_dir "$n")
     mkdir -p "$dir/db"
-    for m in "${NODES[@]}"; do
+    for m in $(members); do
         peers+=(--peer "$m=$(peer_addr "$m")/$(client_addr "$m")")
     done
     local init=()
-    if [[ $n == 1 ]]; then
+    if [[ $n == 1 && $mode != join ]]; then
         # Ignored by the node once its data dir holds Raft state.
         init=(--initialize)
     fi
@@ -103,11 +139,12 @@ start_node() {
         --id "$n" \
         --client-addr "$(client_addr "$n")" \
         --peer-addr "$(peer_addr "$n")" \
+        --metrics-addr "$(metrics_addr "$n")" \
         --data-dir "$dir/db" \
         "${peers[@]}" "${init[@]}" \
         </dev/null >>"$(log_file "$n")" 2>&1 &
     echo $! >"$(pid_file "$n")"
-    echo "node $n started (pid $!, client $(client_addr "$n"), log $(log_file "$n"))"
+    echo "node $n started (pid $!, client $(client_addr "$n"), metrics $(metrics_url "$n"), log $(log_file "$n"))"
 }
 
 # Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
@@ -171,7 +208,7 @@ wait_answers() {
 # Fails, showing the logs, if some node is not running.
 check_all_running() {
     local n
-    for n in "${NODES[@]}"; do
+    for n in $(members); do
         if ! running_pid "$n" >/dev/null; then
             print_log_tails
             die "node $n is not running"
@@ -181,7 +218,7 @@ check_all_running() {
 
 print_log_tails() {
     local n
-    for n in "${NODES[@]}"; do
+    for n in $(members); do
         echo "----- node $n: last 30 lines of $(log_file "$n") -----" >&2
         tail -n 30 "$(log_file "$n")" >&2 2>/dev/null || echo "(no log)" >&2
     done
@@ -191,8 +228,13 @@ print_log_tails() {
 
 cmd_start() {
     (cd "$ROOT" && cargo build --release --quiet) || die "build failed"
-    local n pid leader
-    for n in "${NODES[@]}"; do
+    local n pid leader nodes
+    # Every node's directory first: a node's --peer list is the directories.
+    nodes=$(members)
+    for n in $nodes; do
+        mkdir -p "$(node_dir "$n")"
+    done
+    for n in $nodes; do
         if pid=$(running_pid "$n"); then
             echo "node $n already running (pid $pid)"
         else
@@ -211,12 +253,20 @@ cmd_start() {
     # Two nodes elect a leader; make sure the third did not die meanwhile.
     check_all_running
     echo "client endpoints: $(endpoints)"
+    print_metrics_urls
     echo "leader: node $leader ($(client_addr "$leader"))"
+}
+
+print_metrics_urls() {
+    local n
+    for n in "${NODES[@]}"; do
+        echo "node $n metrics: $(metrics_url "$n")"
+    done
 }
 
 cmd_stop() {
     local n pid pids=()
-    for n in "${NODES[@]}"; do
+    for n in $(members); do
         if pid=$(running_pid "$n"); then
             kill -TERM "$pid"
             pids+=("$n:$pid")
@@ -239,7 +289,10 @@ cmd_stop() {
 }
 
 cmd_status() {
-    run_status
+    local rc=0
+    run_status || rc=$?
+    print_metrics_urls
+    return "$rc"
 }
 
 cmd_kill_leader() {
@@ -254,7 +307,7 @@ cmd_kill_leader() {
 
 cmd_restart() {
     local n=${1:-}
-    [[ $n =~ ^[123]$ ]] || { usage >&2; exit 2; }
+    check_member "$n"
     [[ -x $BIN ]] || die "$BIN not built; run: scripts/cluster.sh start"
     kill_node "$n"
     start_node "$n"
@@ -262,9 +315,45 @@ cmd_restart() {
     run_status
 }
 
+cmd_join() {
+    local n=${1:-}
+    check_id "$n"
+    [[ -x $BIN ]] || die "$BIN not built; run: scripts/cluster.sh start"
+    [[ -d $(node_dir "$n") ]] && die "node $n exists already ($(node_dir "$n")); pick a new id"
+    local others
+    others=$(endpoints)
+    start_node "$n" join
+    wait_answers "$n"
+    "$BIN" admin add-learner "$n" "$(peer_addr "$n")" "$(client_addr "$n")" \
+        --endpoints "$others" || die "node $n was not added (it still runs: scripts/cluster.sh remove $n)"
+    "$BIN" admin promote "$n" --endpoints "$others" \
+        || die "node $n is a learner but was not promoted (retry: $BIN admin promote $n)"
+    run_status
+}
+
+cmd_remove() {
+    local n=${1:-} pid
+    check_member "$n"
+    [[ -x $BIN ]] || die "$BIN not built; run: scripts/cluster.sh start"
+    "$BIN" admin remove "$n" --endpoints "$(endpoints)" || die "node $n was not removed"
+    if pid=$(running_pid "$n"); then
+        kill -TERM "$pid"
+        if ! wait_exit "$pid" "$STOP_TIMEOUT_S"; then
+            kill -KILL "$pid" 2>/dev/null || true
+            wait_exit "$pid" 5 || die "node $n (pid $pid) survived SIGKILL"
+        fi
+        rm -f "$(pid_file "$n")"
+        echo "node $n stopped"
+    fi
+    local aside
+    aside="$DATA/removed-n$n-$(date +%Y%m%dT%H%M%S)"
+    mv "$(node_dir "$n")" "$aside"
+    echo "node $n's data set aside in $aside"
+}
+
 main() {
-    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 103 > 65535)); then
-        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65432"
+    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 203 > 65535)); then
+        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65332"
     fi
     case ${1:-} in
         start) cmd_start ;;
@@ -272,6 +361,8 @@ main() {
         status) cmd_status ;;
         kill-leader) cmd_kill_leader ;;
         restart) shift; cmd_restart "$@" ;;
+        join) shift; cmd_join "$@" ;;
+        remove) shift; cmd_remove "$@" ;;
         -h | --help | help) usage ;;
         *) usage >&2; exit 2 ;;
     esac

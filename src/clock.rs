@@ -66,8 +66,13 @@ impl ClusterClock {
             loop {
                 let (leading, term) = {
                     let metrics = metrics.borrow_and_update();
+                    // Leading counts from the first quorum acknowledgement,
+                    // not from the server state alone: openraft restores a
+                    // restarted ex-leader as leader at once, before any peer
+                    // is back, and that time has no leader in fact (rule 11).
                     (
-                        metrics.state == openraft::ServerState::Leader,
+                        metrics.state == openraft::ServerState::Leader
+                            && metrics.millis_since_quorum_ack.is_some(),
                         metrics.current_term,
                     )
                 };

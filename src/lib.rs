@@ -6,6 +6,8 @@ pub mod cli;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod clock;
+#[cfg(feature = "server")]
+pub mod metrics;
 pub mod network;
 #[cfg(feature = "server")]
 pub mod node;

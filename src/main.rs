@@ -26,6 +26,9 @@ enum Command {
     /// Closed-loop load against a running cluster: throughput and latency;
     /// or, with --failover, leader kills on a fresh local cluster of its own.
     Bench(oncekv::cli::bench::BenchArgs),
+    /// Operator commands: membership, sessions, registry config, snapshots,
+    /// state hashes, local reads.
+    Admin(oncekv::cli::admin::AdminArgs),
     /// The key-value commands: put, get, del, incr, append, cas, sessions.
     #[command(flatten)]
     Kv(oncekv::cli::kv::KvCommand),
@@ -82,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Admin(args) => std::process::exit(args.run().await),
         Command::Kv(command) => {
             // The client library's tracing, only when asked for (stderr).
             if std::env::var_os("RUST_LOG").is_some() {

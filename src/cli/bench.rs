@@ -69,18 +69,23 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kills: u32,
     /// Raft heartbeat of the --failover cluster's nodes.
-    #[arg(long, default_value_t = 100, requires = "failover")]
+    #[arg(long, default_value_t = crate::node::config::HEARTBEAT_MS_DEFAULT, requires = "failover")]
     pub heartbeat_ms: u64,
     /// Minimum election timeout of the --failover cluster's nodes.
-    #[arg(long, default_value_t = 400, requires = "failover")]
+    #[arg(long, default_value_t = crate::node::config::ELECTION_TIMEOUT_MIN_MS_DEFAULT, requires = "failover")]
     pub election_timeout_min_ms: u64,
     /// Maximum election timeout of the --failover cluster's nodes.
-    #[arg(long, default_value_t = 800, requires = "failover")]
+    #[arg(long, default_value_t = crate::node::config::ELECTION_TIMEOUT_MAX_MS_DEFAULT, requires = "failover")]
     pub election_timeout_max_ms: u64,
     /// Keep the --failover cluster's data and node logs (the path is printed
     /// on stderr).
     #[arg(long, requires = "failover")]
     pub keep_cluster_dir: bool,
+    /// Background load of --failover: this many more clients write as fast
+    /// as they can (closed loop, one put at a time each) throughout the run,
+    /// so that failover and spurious elections are measured under load.
+    #[arg(long, default_value_t = 0, requires = "failover")]
+    pub load_clients: usize,
 }
 
 /// The figures of one run.
@@ -251,6 +256,7 @@ impl BenchArgs {
                 },
                 json: self.json,
                 keep_dir: self.keep_cluster_dir,
+                load_clients: self.load_clients,
             })
             .await;
         }

@@ -13,6 +13,7 @@
 //! Every wait has a deadline, and so has the whole run: a misbehaving cluster
 //! ends the run with a report of what happened (and a non-zero exit).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,6 +49,8 @@ const RUN_TIME_BASE: Duration = Duration::from_secs(120);
 const RUN_TIME_PER_KILL: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(20);
 const LOG_TAIL_LINES: usize = 40;
+/// Value size of the background load's puts (as `oncekv bench`'s default).
+const LOAD_VALUE_BYTES: usize = 64;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -57,6 +60,8 @@ pub struct FailoverOptions {
     pub json: bool,
     /// Keep the cluster's data and logs after the run (the path is printed).
     pub keep_dir: bool,
+    /// Closed-loop background writers running throughout the run.
+    pub load_clients: usize,
 }
 
 /// One acknowledged write.
@@ -73,6 +78,8 @@ struct WriterLog {
     unknown: u64,
     failed: u64,
     last_error: Option<String>,
+    /// Puts the background load writers got acknowledged.
+    load_acknowledged: u64,
 }
 
 type SharedLog = Arc<Mutex<WriterLog>>;
@@ -141,6 +148,9 @@ pub struct FailoverReport {
     pub elections_not_caused_by_kill: u64,
     pub spurious_elections: Vec<SpuriousElection>,
     pub writes_acknowledged: u64,
+    /// Background load: clients, and their puts acknowledged per second.
+    pub load_clients: usize,
+    pub load_writes_per_second: f64,
     pub writes_unknown: u64,
     pub writes_failed: u64,
     pub final_value: Option<i64>,
@@ -239,6 +249,17 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
         acks_tx,
         stop_rx.clone(),
     )));
+    let load_acknowledged = Arc::new(AtomicU64::new(0));
+    let mut loaders: Vec<_> = (0..options.load_clients)
+        .map(|number| {
+            AbortOnDrop(tokio::spawn(load_loop(
+                cluster.client_addrs(),
+                number,
+                load_acknowledged.clone(),
+                stop_rx.clone(),
+            )))
+        })
+        .collect();
     let deadline = started + RUN_TIME_BASE + RUN_TIME_PER_KILL * options.kills;
     let mut kills = Vec::new();
     let (aborted, increases) = tokio::join!(
@@ -264,6 +285,15 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
     if writer_ended.is_err() && aborted.is_none() {
         aborted = Some("the writer did not stop".to_owned());
     }
+    // Load writers stop after their current call, like the writer.
+    let loaders_ended = timeout_at(
+        Instant::now() + CALL_TIMEOUT + Duration::from_secs(5),
+        futures::future::join_all(loaders.iter_mut().map(|loader| &mut loader.0)),
+    )
+    .await;
+    if loaders_ended.is_err() && aborted.is_none() {
+        aborted = Some("the load writers did not stop".to_owned());
+    }
     let final_value = if aborted.is_none() {
         read_counter(cluster).await
     } else {
@@ -274,6 +304,7 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
             .flatten()
     };
     client.close().await;
+    lock(&log).load_acknowledged = load_acknowledged.load(Ordering::Relaxed);
     report(
         options,
         started,
@@ -323,6 +354,34 @@ async fn write_loop(
             sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// A background load writer: puts to a key of its own, one at a time,
+/// until told to stop; counts its acknowledged puts. Its errors are not
+/// reported: the writer's log measures the failover.
+async fn load_loop(
+    endpoints: Vec<String>,
+    number: usize,
+    acknowledged: Arc<AtomicU64>,
+    stop: watch::Receiver<bool>,
+) {
+    let client = Client::with_config(
+        endpoints,
+        ClientConfig {
+            call_timeout: CALL_TIMEOUT,
+            ..ClientConfig::default()
+        },
+    );
+    let key = format!("failover-load-{number}");
+    let value = Value::Bytes(vec![b'x'; LOAD_VALUE_BYTES]);
+    while !*stop.borrow() {
+        if client.put(key.as_bytes(), value.clone()).await.is_ok() {
+            acknowledged.fetch_add(1, Ordering::Relaxed);
+        } else {
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+    client.close().await;
 }
 
 /// Polls every node's term until told to stop; returns every increase of
@@ -627,6 +686,9 @@ fn report(
         elections_not_caused_by_kill: spurious.iter().map(|i| i.to - i.from).sum(),
         spurious_elections,
         writes_acknowledged: acknowledged,
+        load_clients: options.load_clients,
+        load_writes_per_second: log.load_acknowledged as f64
+            / started.elapsed().as_secs_f64().max(f64::MIN_POSITIVE),
         writes_unknown: log.unknown,
         writes_failed: log.failed,
         final_value,
@@ -717,6 +779,12 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
             "INCONSISTENT".to_owned()
         }
     );
+    if report.load_clients > 0 {
+        println!(
+            "background load: {} clients, {:.0} puts/s acknowledged over the run",
+            report.load_clients, report.load_writes_per_second
+        );
+    }
     if let Some(reason) = &report.aborted {
         println!("aborted: {reason}");
     }

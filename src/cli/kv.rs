@@ -118,11 +118,11 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    fn timeout(&self) -> Duration {
+    pub(super) fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }
 
-    fn endpoints(&self) -> Result<Vec<String>, Failure> {
+    pub(super) fn endpoints(&self) -> Result<Vec<String>, Failure> {
         if self.endpoints.is_empty() {
             Ok(default_endpoints())
         } else {
@@ -274,9 +274,9 @@ enum Op {
 /// What a command prints when it succeeds: plain lines, or the fields of
 /// the JSON object (besides `"ok":true`).
 #[derive(Debug, Default)]
-struct Success {
-    lines: Vec<String>,
-    fields: Map<String, Json>,
+pub(super) struct Success {
+    pub(super) lines: Vec<String>,
+    pub(super) fields: Map<String, Json>,
 }
 
 /// Whether a failed command may have taken effect.
@@ -290,7 +290,7 @@ enum Outcome {
 
 /// Why a command failed, and how to report it.
 #[derive(Debug)]
-struct Failure {
+pub(super) struct Failure {
     exit: i32,
     kind: &'static str,
     message: String,
@@ -300,7 +300,7 @@ struct Failure {
 }
 
 impl Failure {
-    fn new(kind: &'static str, message: impl Into<String>) -> Failure {
+    pub(super) fn new(kind: &'static str, message: impl Into<String>) -> Failure {
         Failure {
             exit: EXIT_FAILED,
             kind,
@@ -310,14 +310,23 @@ impl Failure {
         }
     }
 
-    fn usage(message: impl Into<String>) -> Failure {
+    pub(super) fn usage(message: impl Into<String>) -> Failure {
         Failure {
             exit: EXIT_USAGE,
             ..Failure::new("usage", message)
         }
     }
 
-    fn with(mut self, field: &str, value: Json) -> Failure {
+    /// The same failure, but one that may have taken effect (exit 3).
+    pub(super) fn unknown(self) -> Failure {
+        Failure {
+            exit: EXIT_UNKNOWN,
+            outcome: Outcome::Unknown,
+            ..self
+        }
+    }
+
+    pub(super) fn with(mut self, field: &str, value: Json) -> Failure {
         self.fields.insert(field.to_owned(), value);
         self
     }
@@ -516,7 +525,7 @@ async fn call(client: &Client, op: Op) -> Result<Success, Failure> {
     }
 }
 
-fn success<const N: usize>(lines: Vec<String>, fields: [(&str, Json); N]) -> Success {
+pub(super) fn success<const N: usize>(lines: Vec<String>, fields: [(&str, Json); N]) -> Success {
     Success {
         lines,
         fields: fields
@@ -624,7 +633,7 @@ fn sessions_json(endpoint: &str, answer: &Result<StatusReply, QueryError>) -> Js
 /// Prints a command's result and returns its exit code. A success goes to
 /// `out` (plain lines, or one JSON object); a failure goes to `err`, and with
 /// `json` (unless it is a usage error) also as one JSON object to `out`.
-fn print_report(
+pub(super) fn print_report(
     out: &mut impl Write,
     err: &mut impl Write,
     json: bool,
@@ -740,7 +749,7 @@ fn bytes_text(bytes: &[u8]) -> String {
 
 /// The plain lines of a `get`: one, or one per list item (none for an
 /// empty list).
-fn value_lines(value: &Value) -> Vec<String> {
+pub(super) fn value_lines(value: &Value) -> Vec<String> {
     match value {
         Value::Bytes(bytes) => vec![bytes_text(bytes)],
         Value::Int(number) => vec![number.to_string()],
@@ -763,7 +772,7 @@ fn value_inline(value: Option<&Value>) -> String {
 
 /// `{"bytes":…}` / `{"bytes_hex":…}`, `{"int":…}`, `{"list":[…]}` /
 /// `{"list_hex":[…]}` (hex when any item is not UTF-8).
-fn value_json(value: &Value) -> Json {
+pub(super) fn value_json(value: &Value) -> Json {
     match value {
         Value::Bytes(bytes) => match std::str::from_utf8(bytes) {
             Ok(text) => json!({ "bytes": text }),

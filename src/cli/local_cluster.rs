@@ -41,10 +41,13 @@ pub struct Timing {
 impl Default for Timing {
     /// The node defaults.
     fn default() -> Timing {
+        use crate::node::config::{
+            ELECTION_TIMEOUT_MAX_MS_DEFAULT, ELECTION_TIMEOUT_MIN_MS_DEFAULT, HEARTBEAT_MS_DEFAULT,
+        };
         Timing {
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_ms: HEARTBEAT_MS_DEFAULT,
+            election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS_DEFAULT,
+            election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS_DEFAULT,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! commands of `kv` return their documented exit code for it to exit with);
 //! nothing here decides anything about the cluster.
 
+pub mod admin;
 pub mod bench;
 pub mod failover;
 pub mod kv;

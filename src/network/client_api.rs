@@ -2,13 +2,19 @@
 //! cluster clock, proposes them to Raft and maps the applied outcome (or the
 //! failure) to the wire. It never decides new / duplicate / conflict itself:
 //! that happens only when the committed entry is applied (rule 3). The only
-//! early refusals are facts that can never change: malformed input and a
-//! cluster id other than this node's.
+//! early refusals are facts that can never change — malformed input and a
+//! cluster id other than this node's — and admission control: beyond
+//! `--max-pending-proposals` proposals in flight a request is refused at once
+//! with `UNAVAILABLE` ("overloaded", this attempt only), so overload never
+//! builds an unbounded queue.
 
 use super::convert::{self, ConvertError};
+use super::faults::FaultControl;
 use super::peer::{cluster_id_bytes, parse_cluster_id};
 use super::status::{ErrorReason, reason_status};
 use crate::clock::{ClockError, ClusterClock};
+use crate::metrics::{self, NodeMetrics};
+use crate::node::config::DEFAULT_MAX_PENDING_PROPOSALS;
 use crate::proto::{self, client_server};
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{
@@ -18,21 +24,11 @@ use crate::storage::SharedState;
 use openraft::ServerState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 pub use super::CLIENT_MESSAGE_BYTES_MAX;
-
-/// Test-only faults, compiled in only with the `fault-injection` feature.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Faults {
-    /// The first execute this node executes (not a duplicate) is applied,
-    /// but its reply is never sent — the call hangs until the client's
-    /// deadline, as if the network lost it. Retries, answered as
-    /// duplicates, get their replies.
-    pub drop_first_execute_reply: bool,
-}
 
 pub struct ClientApi {
     node_id: NodeId,
@@ -40,12 +36,38 @@ pub struct ClientApi {
     state: SharedState,
     clock: Arc<ClusterClock>,
     request_timeout: Duration,
-    faults: Faults,
-    /// Executions (not duplicates) answered so far, for `Faults`.
-    executes_seen: AtomicU64,
+    /// Test-only: executes whose replies are dropped (see `FaultControl`).
+    faults: FaultControl,
     /// (applied index, state hash): hashing encodes the whole state, so it
     /// is done once per applied index however often `Status` is asked.
     hash_cache: std::sync::Mutex<(u64, String)>,
+    /// One permit per proposal in flight (admission control).
+    admission: Arc<Semaphore>,
+    max_pending_proposals: usize,
+    metrics: Arc<NodeMetrics>,
+}
+
+/// A proposal in flight: holds its admission permit and counts itself in
+/// the pending-proposals gauge until dropped.
+struct Pending {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl Pending {
+    fn new(permit: OwnedSemaphorePermit, metrics: Arc<NodeMetrics>) -> Pending {
+        metrics.pending_proposals.inc();
+        Pending {
+            _permit: permit,
+            metrics,
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.metrics.pending_proposals.dec();
+    }
 }
 
 impl ClientApi {
@@ -55,7 +77,7 @@ impl ClientApi {
         state: SharedState,
         clock: Arc<ClusterClock>,
         request_timeout: Duration,
-        faults: Faults,
+        faults: FaultControl,
     ) -> ClientApi {
         ClientApi {
             node_id,
@@ -64,9 +86,25 @@ impl ClientApi {
             clock,
             request_timeout,
             faults,
-            executes_seen: AtomicU64::new(0),
             hash_cache: std::sync::Mutex::new((u64::MAX, String::new())),
+            admission: Arc::new(Semaphore::new(DEFAULT_MAX_PENDING_PROPOSALS)),
+            max_pending_proposals: DEFAULT_MAX_PENDING_PROPOSALS,
+            metrics: Arc::default(),
         }
+    }
+
+    /// Admits at most `max_pending_proposals` proposals at once and counts
+    /// into `metrics`.
+    pub fn with_admission(
+        mut self,
+        max_pending_proposals: usize,
+        metrics: Arc<NodeMetrics>,
+    ) -> ClientApi {
+        metrics.set_max_pending_proposals(max_pending_proposals);
+        self.admission = Arc::new(Semaphore::new(max_pending_proposals));
+        self.max_pending_proposals = max_pending_proposals;
+        self.metrics = metrics;
+        self
     }
 
     pub fn into_server(self) -> client_server::ClientServer<ClientApi> {
@@ -97,19 +135,42 @@ impl ClientApi {
 
     /// Proposes `op` stamped by the cluster clock and waits, within the
     /// request timeout, for its entry to be committed and applied.
+    ///
+    /// Admission: the proposal needs one of `max_pending_proposals` permits,
+    /// taken without waiting — none free means `UNAVAILABLE` (overloaded)
+    /// at once. The proposal then runs in its own task that keeps the permit
+    /// until Raft answers or the request timeout passes, even if the caller
+    /// gives up first: a dropped call does not withdraw its entry from Raft,
+    /// so it must not make room for another.
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
-        let work = async {
-            let stamp_ms = self.clock.stamp().await.map_err(clock_status)?;
+        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
+            self.metrics.overloaded.inc();
+            return Err(reason_status(ErrorReason::Unavailable(format!(
+                "overloaded: {} proposals already pending on this node; retry with backoff",
+                self.max_pending_proposals
+            ))));
+        };
+        let pending = Pending::new(permit, self.metrics.clone());
+        let (raft, clock) = (self.raft.clone(), self.clock.clone());
+        let request_timeout = self.request_timeout;
+        let work = async move {
+            let started = metrics::now();
+            let stamp_ms = clock.stamp().await.map_err(clock_status)?;
             let entry = Entry { stamp_ms, op };
-            let written = self.raft.client_write(entry).await.map_err(write_status)?;
+            let written = raft.client_write(entry).await.map_err(write_status)?;
             let outcome = written
                 .data
                 .ok_or_else(|| Status::internal("a registry entry applied without an outcome"))?;
+            metrics::observe_since(&pending.metrics.proposal_duration, started);
             Ok((outcome, written.log_id.index))
         };
-        tokio::time::timeout(self.request_timeout, work)
-            .await
-            .map_err(|_| reason_status(ErrorReason::Deadline))?
+        let task = tokio::spawn(async move {
+            tokio::time::timeout(request_timeout, work)
+                .await
+                .map_err(|_| reason_status(ErrorReason::Deadline))?
+        });
+        task.await
+            .map_err(|error| Status::internal(format!("proposal task failed: {error}")))?
     }
 }
 
@@ -126,7 +187,7 @@ impl ClientApi {
     }
 }
 
-fn invalid(why: impl Into<String>) -> Status {
+pub(super) fn invalid(why: impl Into<String>) -> Status {
     reason_status(ErrorReason::InvalidArgument(why.into()))
 }
 
@@ -134,7 +195,7 @@ fn convert_status(error: ConvertError) -> Status {
     invalid(error.to_string())
 }
 
-fn clock_status(error: ClockError) -> Status {
+pub(super) fn clock_status(error: ClockError) -> Status {
     match error {
         ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
             leader_id,
@@ -144,7 +205,7 @@ fn clock_status(error: ClockError) -> Status {
     }
 }
 
-fn write_status(
+pub(super) fn write_status(
     error: RaftError<NodeId, ClientWriteError<NodeId, crate::raft_types::NodeInfo>>,
 ) -> Status {
     match error {
@@ -158,7 +219,7 @@ fn write_status(
     }
 }
 
-fn rejected(outcome: Outcome) -> Status {
+pub(super) fn rejected(outcome: Outcome) -> Status {
     match outcome {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
         other => Status::internal(format!("unexpected outcome {other:?}")),
@@ -235,10 +296,7 @@ impl client_server::Client for ClientApi {
             },
             other => return Err(rejected(other)),
         };
-        if self.faults.drop_first_execute_reply
-            && !reply.duplicate
-            && self.executes_seen.fetch_add(1, Ordering::SeqCst) == 0
-        {
+        if !reply.duplicate && self.faults.take_execute_reply_drop() {
             tracing::warn!(
                 client_id = request.client_id,
                 seq = request.seq,

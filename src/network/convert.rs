@@ -4,7 +4,9 @@
 //! core's business.
 
 use crate::proto;
-use crate::registry::{Command, CommandResult, Value, ValueKind, bounds};
+use crate::registry::{
+    Command, CommandResult, RegistryConfig, SessionView, Value, ValueKind, bounds,
+};
 
 /// Why a wire message could not become a core value.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -185,6 +187,64 @@ pub fn result_from_proto(
     })
 }
 
+pub fn registry_config_to_proto(config: &RegistryConfig) -> proto::RegistryConfig {
+    proto::RegistryConfig {
+        session_ttl_ms: config.session_ttl_ms,
+        sessions_max: config.sessions_max,
+        window: config.window,
+        cached_bytes_per_session_max: config.cached_bytes_per_session_max,
+        key_bytes_max: config.key_bytes_max,
+        value_bytes_max: config.value_bytes_max,
+        list_elements_max: config.list_elements_max,
+        keys_max: config.keys_max,
+    }
+}
+
+/// The config as sent; its bounds are checked by
+/// [`RegistryConfig::validate`], on the wire's edge and again when applied.
+pub fn registry_config_from_proto(
+    config: Option<proto::RegistryConfig>,
+) -> Result<RegistryConfig, ConvertError> {
+    let config = config.ok_or(ConvertError::Missing("config"))?;
+    Ok(RegistryConfig {
+        session_ttl_ms: config.session_ttl_ms,
+        sessions_max: config.sessions_max,
+        window: config.window,
+        cached_bytes_per_session_max: config.cached_bytes_per_session_max,
+        key_bytes_max: config.key_bytes_max,
+        value_bytes_max: config.value_bytes_max,
+        list_elements_max: config.list_elements_max,
+        keys_max: config.keys_max,
+    })
+}
+
+pub fn session_to_proto(session: &SessionView) -> proto::SessionInfo {
+    proto::SessionInfo {
+        client_id: session.client_id.0,
+        floor: session.floor,
+        cached_responses: session.cached_responses,
+        cached_bytes: session.cached_bytes,
+        last_activity_ms: session.last_active_ms,
+        idle_ms: session.idle_ms,
+    }
+}
+
+/// Every node of a Raft membership, in node id order, marked voter or not.
+#[cfg(feature = "server")]
+pub fn members_to_proto(
+    membership: &openraft::Membership<crate::raft_types::NodeId, crate::raft_types::NodeInfo>,
+) -> Vec<proto::Member> {
+    membership
+        .nodes()
+        .map(|(id, node)| proto::Member {
+            node_id: *id,
+            peer_addr: node.peer_addr.clone(),
+            client_addr: node.client_addr.clone(),
+            voter: membership.voter_ids().any(|voter| voter == *id),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +295,24 @@ mod tests {
                 Ok(result)
             );
         }
+    }
+
+    /// The registry config survives the round trip; a missing one is refused.
+    #[test]
+    fn registry_config_round_trips() {
+        let config = RegistryConfig {
+            session_ttl_ms: 1_500,
+            window: 3,
+            ..RegistryConfig::default()
+        };
+        assert_eq!(
+            registry_config_from_proto(Some(registry_config_to_proto(&config))),
+            Ok(config)
+        );
+        assert_eq!(
+            registry_config_from_proto(None),
+            Err(ConvertError::Missing("config"))
+        );
     }
 
     /// Oversized keys and missing fields are refused at the edge.

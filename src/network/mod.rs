@@ -3,12 +3,23 @@
 //! the mapping of failures to gRPC statuses — each in one place.
 
 #[cfg(feature = "server")]
+pub mod admin_api;
+#[cfg(feature = "server")]
 pub mod client_api;
+#[cfg(feature = "server")]
+pub mod client_wire;
 pub mod convert;
+#[cfg(feature = "server")]
+pub mod faults;
 #[cfg(feature = "server")]
 pub mod peer;
 pub mod status;
 
 /// Largest client message either side accepts: a value at the hard bound
-/// (`registry::bounds`) plus room.
+/// (`registry::bounds`) plus room. The client server and the client library
+/// set it as their decoding and encoding limit. A larger request is refused
+/// by tonic before it is buffered, and the server answers it with
+/// `INVALID_ARGUMENT` (reason `INVALID_ARGUMENT`, final; see
+/// `client_wire`); the client library refuses to send one in the first
+/// place. Peer messages are sized from it (see `peer`).
 pub const CLIENT_MESSAGE_BYTES_MAX: usize = 8 << 20;

@@ -23,16 +23,41 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 /// Version byte of peer message payloads.
 const PEER_FORMAT_VERSION: u8 = 1;
 
-/// Largest encoded Raft message a node sends: an append batch above it is
-/// refused locally as "payload too large", and openraft retries with fewer
-/// entries. One entry is at most a client message (8 MiB), so a batch of
-/// one always fits; snapshots travel in chunks of a few MiB.
+// Message sizes between peers, and why they fit together:
+//
+// - A log entry carries one client request, and a client message is at most
+//   `CLIENT_MESSAGE_BYTES_MAX` = 8 MiB (both sides of the client API enforce
+//   it). Its entry adds a version byte, a stamp, ids and bincode varints:
+//   under 1 KiB. So one entry < 8 MiB + 1 KiB.
+// - openraft sends at most `MAX_PAYLOAD_ENTRIES` = 64 entries per append
+//   (`node::MAX_PAYLOAD_ENTRIES`): 64 × 8 MiB = 512 MiB in the worst case,
+//   far above any sane message. So the batch is checked here, not assumed:
+//   an encoded append above `PEER_PAYLOAD_BYTES_MAX` = 32 MiB is refused
+//   locally as `PayloadTooLarge` with half the entries as the hint, and
+//   openraft resends fewer (64 → 32 → … → 1). Four worst-case entries
+//   (≈ 32 MiB + 4 KiB) may not fit, three (≈ 24 MiB) do; a batch of one
+//   (< 8 MiB + 1 KiB) always fits, so the shrinking ends.
+// - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (node; 4 MiB) plus
+//   the snapshot meta (the membership: well under 1 MiB).
+// - The gRPC message wraps the payload with the cluster id (16 bytes), the
+//   sender id (≤ 10 bytes) and field tags: `PEER_MESSAGE_BYTES_MAX` leaves
+//   1 MiB for that, and both the peer server and the peer clients set it as
+//   their decoding and encoding limit (tonic's default of 4 MiB would refuse
+//   a single large entry forever).
+// - The payload codec decodes with a hard limit of 64 MiB
+//   (`registry::codec`), above 33 MiB: every accepted message decodes.
+
+/// Largest encoded Raft payload a node sends (see the arithmetic above): an
+/// append batch above it is refused locally as "payload too large", and
+/// openraft retries with fewer entries.
 pub const PEER_PAYLOAD_BYTES_MAX: usize = 32 << 20;
 
 /// Largest gRPC message between peers, both directions: the payload bound
@@ -62,11 +87,31 @@ pub fn parse_cluster_id(bytes: &[u8]) -> Result<Option<ClusterId>, BadClusterId>
 pub struct PeerNetwork {
     node_id: NodeId,
     identity: ClusterIdentity,
+    /// Local dial overrides (`--peer-via`): node id → the address this node
+    /// connects to instead of the node's announced peer address. Never
+    /// replicated: the membership keeps the announced address.
+    via: Arc<BTreeMap<NodeId, String>>,
 }
 
 impl PeerNetwork {
     pub fn new(node_id: NodeId, identity: ClusterIdentity) -> PeerNetwork {
-        PeerNetwork { node_id, identity }
+        PeerNetwork {
+            node_id,
+            identity,
+            via: Arc::default(),
+        }
+    }
+
+    /// Dials each node of `via` through the given address instead of its
+    /// announced peer address.
+    pub fn with_dial_overrides(mut self, via: BTreeMap<NodeId, String>) -> PeerNetwork {
+        self.via = Arc::new(via);
+        self
+    }
+
+    /// Where to connect to reach `target`, announced at `announced`.
+    fn dial_addr<'a>(&'a self, target: NodeId, announced: &'a str) -> &'a str {
+        self.via.get(&target).map_or(announced, String::as_str)
     }
 }
 
@@ -74,7 +119,11 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
-        let channel = Endpoint::from_shared(format!("http://{}", node.peer_addr))
+        let dial = self.dial_addr(target, &node.peer_addr).to_string();
+        if dial != node.peer_addr {
+            tracing::info!(node_id = target, announced = %node.peer_addr, via = %dial, "dialling a peer through its override");
+        }
+        let channel = Endpoint::from_shared(format!("http://{dial}"))
             .map(|endpoint| endpoint.tcp_nodelay(true).connect_lazy());
         PeerClient {
             from: self.node_id,
@@ -85,7 +134,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
                     .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
                     .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
             }),
-            peer_addr: node.peer_addr.clone(),
+            peer_addr: dial,
         }
     }
 }
@@ -96,6 +145,7 @@ pub struct PeerClient {
     target: NodeId,
     identity: ClusterIdentity,
     client: Option<RaftClient<Channel>>,
+    /// The address dialled (the announced one, or its override).
     peer_addr: String,
 }
 

@@ -12,6 +12,28 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+// Raft timing defaults, measured on a 2-core machine with three nodes, 64
+// closed-loop clients and parallel compiles (load average ~10); see the
+// README's "Raft timing". openraft 0.9 makes a follower wait its leader lease
+// (the maximum election timeout) plus its own election timeout (drawn once in
+// [min, max)) after the last message of the leader before it stands, so a
+// crashed leader is replaced after about max + min..max, plus a tick of 1.5
+// heartbeats. And a follower stands spuriously when the leader is silent for
+// that long: 50 / 200–400 ms tolerates 600–800 ms of silence, and saw no
+// spurious election in a minute of full load, while 40 / 150–300 saw five
+// and 30 / 120–240 two. 100 / 400–800 ms fails over in ~1.6 s instead of ~1 s.
+/// Default Raft heartbeat interval.
+pub const HEARTBEAT_MS_DEFAULT: u64 = 50;
+/// Default lower bound of the Raft election timeout.
+pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 200;
+/// Default upper bound of the Raft election timeout (also the leader lease).
+pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 400;
+
+/// Default of `--max-pending-proposals`: the client library's in-flight
+/// window (1024) of one session fits whole; a proposal holds at most one
+/// client message (8 MiB, typically well under 1 KiB) until Raft answers.
+pub const DEFAULT_MAX_PENDING_PROPOSALS: usize = 1024;
+
 /// Flags of `oncekv node`; every one may also come from `--config FILE`
 /// (same names with underscores). Flags win over the file.
 #[derive(Clone, Debug, Default, clap::Args, Deserialize)]
@@ -20,17 +42,37 @@ pub struct NodeOptions {
     /// This node's id (a positive integer, fixed for its data directory).
     #[arg(long)]
     pub id: Option<NodeId>,
-    /// Address of the client gRPC API.
+    /// Address the client gRPC API binds to.
     #[arg(long)]
     pub client_addr: Option<SocketAddr>,
-    /// Address of the peer (Raft) gRPC API.
+    /// Address the peer (Raft) gRPC API binds to.
     #[arg(long)]
     pub peer_addr: Option<SocketAddr>,
+    /// Client address this node announces (membership, NOT_LEADER hints,
+    /// Status), as HOST:PORT [default: --client-addr].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_client_addr: Option<String>,
+    /// Peer address this node announces to the other members, as HOST:PORT
+    /// [default: --peer-addr].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_peer_addr: Option<String>,
+    /// Dial node ID through ADDR instead of its announced peer address
+    /// (local to this node, never replicated; a test harness puts a proxy on
+    /// each link this way). Repeatable.
+    #[arg(long = "peer-via", value_name = "ID=HOST:PORT")]
+    pub peer_via: Vec<String>,
+    /// Serve Prometheus metrics over HTTP here (`GET /metrics`) [default: off].
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Most client proposals this node has in flight at once; beyond it a
+    /// request is refused at once with UNAVAILABLE ("overloaded") [default: 1024].
+    #[arg(long)]
+    pub max_pending_proposals: Option<usize>,
     /// Directory for the log (sled), snapshots and the node id file.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// A cluster member as ID=PEER_ADDR/CLIENT_ADDR; repeat for each member,
-    /// this node included.
+    /// A cluster member as ID=PEER_ADDR/CLIENT_ADDR (announced addresses,
+    /// HOST:PORT each); repeat for each member, this node included.
     #[arg(long = "peer", value_name = "ID=PEER_ADDR/CLIENT_ADDR")]
     #[serde(rename = "peer")]
     pub peers: Vec<String>,
@@ -38,13 +80,13 @@ pub struct NodeOptions {
     /// directory holds no Raft state yet (ignored otherwise).
     #[arg(long)]
     pub initialize: bool,
-    /// Raft heartbeat interval [default: 100].
+    /// Raft heartbeat interval [default: 50].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
-    /// Raft election timeout, lower bound [default: 400].
+    /// Raft election timeout, lower bound [default: 200].
     #[arg(long)]
     pub election_timeout_min_ms: Option<u64>,
-    /// Raft election timeout, upper bound [default: 800].
+    /// Raft election timeout, upper bound [default: 400].
     #[arg(long)]
     pub election_timeout_max_ms: Option<u64>,
     /// How long a client request may wait for its entry to apply [default: 5000].
@@ -80,8 +122,21 @@ pub struct NodeOptions {
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub id: NodeId,
+    /// Where the client API binds.
     pub client_addr: SocketAddr,
+    /// Where the peer API binds.
     pub peer_addr: SocketAddr,
+    /// The client address this node announces (HOST:PORT).
+    pub advertise_client_addr: String,
+    /// The peer address this node announces (HOST:PORT).
+    pub advertise_peer_addr: String,
+    /// Local dial overrides: node id → the address to connect to instead of
+    /// its announced peer address.
+    pub peer_via: BTreeMap<NodeId, String>,
+    /// Where `GET /metrics` is served; `None`: no metrics server.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Admission control of the client API (see `network::client_api`).
+    pub max_pending_proposals: usize,
     pub data_dir: PathBuf,
     pub members: BTreeMap<NodeId, NodeInfo>,
     pub initialize: bool,
@@ -92,7 +147,7 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     pub logs_kept_after_snapshot: u64,
     pub initial_registry: RegistryConfig,
-    pub faults: crate::network::client_api::Faults,
+    pub faults: crate::network::faults::FaultControl,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +168,10 @@ pub enum ConfigError {
     },
     #[error("invalid --peer {0:?}: expected ID=PEER_ADDR/CLIENT_ADDR")]
     Peer(String),
+    #[error("invalid --peer-via {0:?}: expected ID=HOST:PORT")]
+    PeerVia(String),
+    #[error("invalid --{flag} {value:?}: expected HOST:PORT")]
+    Address { flag: &'static str, value: String },
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
@@ -122,8 +181,8 @@ fn parse_peer(spec: &str) -> Result<(NodeId, NodeInfo), ConfigError> {
     let (id, addrs) = spec.split_once('=').ok_or_else(bad)?;
     let (peer_addr, client_addr) = addrs.split_once('/').ok_or_else(bad)?;
     let id: NodeId = id.trim().parse().map_err(|_| bad())?;
-    for addr in [peer_addr, client_addr] {
-        addr.parse::<SocketAddr>().map_err(|_| bad())?;
+    if !is_host_port(peer_addr) || !is_host_port(client_addr) {
+        return Err(bad());
     }
     Ok((
         id,
@@ -132,6 +191,56 @@ fn parse_peer(spec: &str) -> Result<(NodeId, NodeInfo), ConfigError> {
             client_addr: client_addr.to_string(),
         },
     ))
+}
+
+/// Whether `addr` is HOST:PORT: an IP socket address, or a host name of
+/// letters, digits, '-' and '.' with a port. What a peer dials and a client
+/// is told must be usable as `http://HOST:PORT`.
+fn is_host_port(addr: &str) -> bool {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && port.parse::<u16>().is_ok_and(|port| port != 0)
+}
+
+/// Two announced addresses name the same endpoint (socket addresses are
+/// compared parsed, so `127.0.0.1:1` and `127.0.0.1:01` agree).
+fn same_addr(a: &str, b: &str) -> bool {
+    match (a.parse::<SocketAddr>(), b.parse::<SocketAddr>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+fn parse_peer_via(spec: &str) -> Result<(NodeId, String), ConfigError> {
+    let bad = || ConfigError::PeerVia(spec.to_string());
+    let (id, addr) = spec.split_once('=').ok_or_else(bad)?;
+    let id: NodeId = id.trim().parse().map_err(|_| bad())?;
+    let addr = addr.trim();
+    if id == 0 || !is_host_port(addr) {
+        return Err(bad());
+    }
+    Ok((id, addr.to_string()))
+}
+
+/// An announced address from a flag or the file, or the bind address.
+fn advertised(
+    flag: &'static str,
+    value: Option<String>,
+    bind: SocketAddr,
+) -> Result<String, ConfigError> {
+    match value {
+        Some(value) if is_host_port(value.trim()) => Ok(value.trim().to_string()),
+        Some(value) => Err(ConfigError::Address { flag, value }),
+        None => Ok(bind.to_string()),
+    }
 }
 
 fn read_file(path: &Path) -> Result<NodeOptions, ConfigError> {
@@ -182,13 +291,65 @@ impl NodeOptions {
         if id == 0 {
             return Err(ConfigError::Invalid("node id 0 is reserved".into()));
         }
-        if let Some(me) = members.get(&id)
-            && me.peer_addr.parse::<SocketAddr>().ok() != Some(peer_addr)
-        {
-            return Err(ConfigError::Invalid(format!(
-                "--peer for node {id} names peer address {} but --peer-addr is {peer_addr}",
-                me.peer_addr
-            )));
+        let advertise_client_addr = advertised(
+            "advertise-client-addr",
+            self.advertise_client_addr
+                .clone()
+                .or(file.advertise_client_addr.clone()),
+            client_addr,
+        )?;
+        let advertise_peer_addr = advertised(
+            "advertise-peer-addr",
+            self.advertise_peer_addr
+                .clone()
+                .or(file.advertise_peer_addr.clone()),
+            peer_addr,
+        )?;
+        // What the membership records of this node is what it announces.
+        if let Some(me) = members.get(&id) {
+            if !same_addr(&me.peer_addr, &advertise_peer_addr) {
+                return Err(ConfigError::Invalid(format!(
+                    "--peer for node {id} names peer address {} but this node announces \
+                     {advertise_peer_addr} (--advertise-peer-addr, else --peer-addr)",
+                    me.peer_addr
+                )));
+            }
+            if !same_addr(&me.client_addr, &advertise_client_addr) {
+                return Err(ConfigError::Invalid(format!(
+                    "--peer for node {id} names client address {} but this node announces \
+                     {advertise_client_addr} (--advertise-client-addr, else --client-addr)",
+                    me.client_addr
+                )));
+            }
+        }
+        let via_specs = if self.peer_via.is_empty() {
+            &file.peer_via
+        } else {
+            &self.peer_via
+        };
+        let mut peer_via = BTreeMap::new();
+        for spec in via_specs {
+            let (node, addr) = parse_peer_via(spec)?;
+            if node == id {
+                return Err(ConfigError::Invalid(format!(
+                    "--peer-via names this node ({id}); a node never dials itself"
+                )));
+            }
+            if peer_via.insert(node, addr).is_some() {
+                return Err(ConfigError::Invalid(format!(
+                    "--peer-via for node {node} given twice"
+                )));
+            }
+        }
+        let metrics_addr = self.metrics_addr.or(file.metrics_addr);
+        let max_pending_proposals = self
+            .max_pending_proposals
+            .or(file.max_pending_proposals)
+            .unwrap_or(DEFAULT_MAX_PENDING_PROPOSALS);
+        if max_pending_proposals == 0 {
+            return Err(ConfigError::Invalid(
+                "max_pending_proposals must be positive".into(),
+            ));
         }
         let initialize = self.initialize || file.initialize;
         if initialize && !members.contains_key(&id) {
@@ -199,16 +360,16 @@ impl NodeOptions {
         let millis = |flag: Option<u64>, file: Option<u64>, default: u64| {
             Duration::from_millis(flag.or(file).unwrap_or(default))
         };
-        let heartbeat = millis(self.heartbeat_ms, file.heartbeat_ms, 100);
+        let heartbeat = millis(self.heartbeat_ms, file.heartbeat_ms, HEARTBEAT_MS_DEFAULT);
         let election_timeout_min = millis(
             self.election_timeout_min_ms,
             file.election_timeout_min_ms,
-            400,
+            ELECTION_TIMEOUT_MIN_MS_DEFAULT,
         );
         let election_timeout_max = millis(
             self.election_timeout_max_ms,
             file.election_timeout_max_ms,
-            800,
+            ELECTION_TIMEOUT_MAX_MS_DEFAULT,
         );
         if heartbeat.is_zero()
             || heartbeat >= election_timeout_min
@@ -247,6 +408,11 @@ impl NodeOptions {
             id,
             client_addr,
             peer_addr,
+            advertise_client_addr,
+            advertise_peer_addr,
+            peer_via,
+            metrics_addr,
+            max_pending_proposals,
             data_dir,
             members,
             initialize,
@@ -265,20 +431,22 @@ impl NodeOptions {
     }
 
     #[cfg(feature = "fault-injection")]
-    fn faults(&self) -> Result<crate::network::client_api::Faults, ConfigError> {
-        let mut faults = crate::network::client_api::Faults::default();
+    fn faults(&self) -> Result<crate::network::faults::FaultControl, ConfigError> {
+        let mut drop_execute_replies = 0;
         for fault in &self.fault {
             match fault.as_str() {
-                "drop-first-execute-reply" => faults.drop_first_execute_reply = true,
+                "drop-first-execute-reply" => drop_execute_replies = 1,
                 other => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
             }
         }
-        Ok(faults)
+        Ok(crate::network::faults::FaultControl::new(
+            drop_execute_replies,
+        ))
     }
 
     #[cfg(not(feature = "fault-injection"))]
-    fn faults(&self) -> Result<crate::network::client_api::Faults, ConfigError> {
-        Ok(crate::network::client_api::Faults::default())
+    fn faults(&self) -> Result<crate::network::faults::FaultControl, ConfigError> {
+        Ok(crate::network::faults::FaultControl::default())
     }
 }
 
@@ -343,5 +511,102 @@ mod tests {
         assert_eq!(config.heartbeat, Duration::from_millis(60));
         assert_eq!(config.election_timeout_min, Duration::from_millis(300));
         assert_eq!(config.initial_registry.window, 8);
+    }
+
+    /// Announced addresses default to the bind addresses; given ones (host
+    /// names allowed) must match this node's --peer entry; --peer-via
+    /// parses into a dial map; the file supplies all of them under flags.
+    #[test]
+    fn addresses_and_dial_overrides() {
+        let config = options().resolve().unwrap();
+        assert_eq!(config.advertise_client_addr, "127.0.0.1:7101");
+        assert_eq!(config.advertise_peer_addr, "127.0.0.1:7201");
+        assert!(config.peer_via.is_empty());
+        assert_eq!(config.metrics_addr, None);
+        assert_eq!(config.max_pending_proposals, DEFAULT_MAX_PENDING_PROPOSALS);
+
+        let mut behind_nat = options();
+        behind_nat.client_addr = Some("0.0.0.0:7101".parse().unwrap());
+        behind_nat.peer_addr = Some("0.0.0.0:7201".parse().unwrap());
+        behind_nat.advertise_client_addr = Some("node-1.example:7101".into());
+        behind_nat.advertise_peer_addr = Some("node-1.example:7201".into());
+        behind_nat.peers = vec!["1=node-1.example:7201/node-1.example:7101".into()];
+        behind_nat.peer_via = vec!["2=127.0.0.1:9012".into(), "3=proxy:9013".into()];
+        let config = behind_nat.resolve().unwrap();
+        assert_eq!(config.client_addr.to_string(), "0.0.0.0:7101");
+        assert_eq!(config.advertise_client_addr, "node-1.example:7101");
+        assert_eq!(config.advertise_peer_addr, "node-1.example:7201");
+        assert_eq!(
+            config.peer_via.get(&2).map(String::as_str),
+            Some("127.0.0.1:9012")
+        );
+        assert_eq!(
+            config.peer_via.get(&3).map(String::as_str),
+            Some("proxy:9013")
+        );
+
+        // The --peer entry of this node must name what it announces.
+        let mut mismatch = options();
+        mismatch.advertise_client_addr = Some("127.0.0.1:9999".into());
+        assert!(matches!(mismatch.resolve(), Err(ConfigError::Invalid(_))));
+        let mut advertised = options();
+        advertised.peer_addr = Some("0.0.0.0:7201".parse().unwrap());
+        advertised.advertise_peer_addr = Some("127.0.0.1:7201".into());
+        assert!(advertised.resolve().is_ok());
+
+        for bad in ["nonsense", "host:", ":80", "host:0", "a b:1", "http://h:1"] {
+            let mut address = options();
+            address.advertise_peer_addr = Some(bad.into());
+            assert!(
+                matches!(address.resolve(), Err(ConfigError::Address { .. })),
+                "{bad}"
+            );
+        }
+        for bad in ["2", "x=127.0.0.1:1", "2=nowhere", "0=127.0.0.1:1"] {
+            let mut via = options();
+            via.peer_via = vec![bad.into()];
+            assert!(
+                matches!(via.resolve(), Err(ConfigError::PeerVia(_))),
+                "{bad}"
+            );
+        }
+        let mut twice = options();
+        twice.peer_via = vec!["2=127.0.0.1:1".into(), "2=127.0.0.1:2".into()];
+        assert!(matches!(twice.resolve(), Err(ConfigError::Invalid(_))));
+        let mut itself = options();
+        itself.peer_via = vec!["1=127.0.0.1:1".into()];
+        assert!(matches!(itself.resolve(), Err(ConfigError::Invalid(_))));
+        let mut zero = options();
+        zero.max_pending_proposals = Some(0);
+        assert!(matches!(zero.resolve(), Err(ConfigError::Invalid(_))));
+    }
+
+    /// The new options come from the file too, and flags still win.
+    #[test]
+    fn addresses_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "id = 2\nclient_addr = \"0.0.0.0:7102\"\npeer_addr = \"0.0.0.0:7202\"\n\
+             data_dir = \"d\"\nadvertise_client_addr = \"n2.local:7102\"\n\
+             advertise_peer_addr = \"n2.local:7202\"\npeer_via = [\"1=127.0.0.1:9021\"]\n\
+             metrics_addr = \"127.0.0.1:7302\"\nmax_pending_proposals = 16\n",
+        )
+        .unwrap();
+        let options = NodeOptions {
+            config: Some(path),
+            max_pending_proposals: Some(32),
+            ..NodeOptions::default()
+        };
+        let config = options.resolve().unwrap();
+        assert_eq!(config.advertise_client_addr, "n2.local:7102");
+        assert_eq!(config.advertise_peer_addr, "n2.local:7202");
+        assert_eq!(
+            config.peer_via.get(&1).map(String::as_str),
+            Some("127.0.0.1:9021")
+        );
+        assert_eq!(config.metrics_addr, Some("127.0.0.1:7302".parse().unwrap()));
+        assert_eq!(config.max_pending_proposals, 32);
     }
 }

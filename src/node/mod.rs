@@ -3,9 +3,13 @@
 //! logic of its own beyond the order in which things start and stop.
 
 pub mod config;
+pub mod observability;
 
 use crate::clock::ClusterClock;
+use crate::metrics::NodeMetrics;
+use crate::network::admin_api::AdminApi;
 use crate::network::client_api::ClientApi;
+use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
@@ -18,9 +22,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Most entries in one append RPC: with entries of at most a few MiB this
-/// keeps every batch below the peer message limit.
+/// Most entries in one append RPC. Large entries can make a full batch
+/// exceed the peer payload limit; the peer client then shrinks it (see the
+/// size arithmetic in `network::peer`).
 const MAX_PAYLOAD_ENTRIES: u64 = 64;
+/// Snapshot chunk per install RPC, well below the peer payload limit
+/// (`network::peer::PEER_PAYLOAD_BYTES_MAX`, 32 MiB).
+const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
 /// sled's page cache per node; three nodes share one machine.
 const SLED_CACHE_BYTES: u64 = 64 << 20;
 
@@ -72,9 +80,12 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         .flush_every_ms(None)
         .open()
         .context("opening the log database")?;
+    let metrics = Arc::new(NodeMetrics::new(config.id));
     let mut log_store = SledLogStore::open(db).context("opening the log store")?;
+    log_store.report_commit_index(metrics.commit_index.clone());
     let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
-        .context("opening the snapshots")?;
+        .context("opening the snapshots")?
+        .with_metrics(metrics.clone());
     let snapshot_index = *state_machine.durable_snapshot_index().borrow();
     if let Some(purged) = log_store.last_purged_index()?
         && purged > snapshot_index
@@ -105,11 +116,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
         max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
         install_snapshot_timeout: 5_000,
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         ..openraft::Config::default()
     }
     .validate()
     .context("Raft configuration")?;
-    let network = PeerNetwork::new(config.id, identity.clone());
+    let network =
+        PeerNetwork::new(config.id, identity.clone()).with_dial_overrides(config.peer_via.clone());
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config),
@@ -121,14 +134,23 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .context("starting Raft")?;
 
     let clock = Arc::new(ClusterClock::new(raft.clone(), state.clone()));
+    let admin_api = AdminApi::new(
+        config.id,
+        raft.clone(),
+        state.clone(),
+        clock.clone(),
+        config.request_timeout,
+        config.faults.clone(),
+    );
     let client_api = ClientApi::new(
         config.id,
         raft.clone(),
         state.clone(),
         clock,
         config.request_timeout,
-        config.faults,
-    );
+        config.faults.clone(),
+    )
+    .with_admission(config.max_pending_proposals, metrics.clone());
     let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
         .await
         .with_context(|| format!("binding the peer address {}", config.peer_addr))?;
@@ -148,16 +170,63 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
                 stopped(servers_stopped.clone()),
             ),
     );
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the reflection service")?;
     let client_server = tokio::spawn(
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .layer(ClientWireLayer::new(metrics.clone()))
             .add_service(client_api.into_server())
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(admin_api.into_server())
             .serve_with_incoming_shutdown(
                 incoming(client_listener),
                 stopped(servers_stopped.clone()),
             ),
     );
-    tracing::info!(node_id = config.id, client_addr = %config.client_addr, peer_addr = %config.peer_addr, "node started");
+    let watcher = tokio::spawn(observability::watch(
+        config.id,
+        raft.clone(),
+        state.clone(),
+        metrics.clone(),
+        health,
+    ));
+    let metrics_server = match config.metrics_addr {
+        Some(addr) => {
+            let server = observability::metrics_server(
+                addr,
+                raft.clone(),
+                state.clone(),
+                metrics.clone(),
+                stopped(servers_stopped.clone()),
+            )
+            .await
+            .with_context(|| format!("binding the metrics address {addr}"))?;
+            Some(tokio::spawn(server))
+        }
+        None => None,
+    };
+    tracing::info!(
+        node_id = config.id,
+        client_addr = %config.client_addr,
+        peer_addr = %config.peer_addr,
+        advertise_client_addr = %config.advertise_client_addr,
+        advertise_peer_addr = %config.advertise_peer_addr,
+        metrics_addr = ?config.metrics_addr,
+        max_pending_proposals = config.max_pending_proposals,
+        "node started"
+    );
 
     let bootstrap = if config.initialize {
         initialize(&raft, &config, &identity).await?;
@@ -177,9 +246,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         task.abort();
     }
     let _ = stop_servers.send(true);
+    watcher.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = peer_server.await;
         let _ = client_server.await;
+        if let Some(server) = metrics_server {
+            let _ = server.await;
+        }
     })
     .await;
     raft.shutdown().await.ok();

@@ -32,6 +32,7 @@ pub use types::*;
 use kv::KvStore;
 use session::Session;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 /// The whole replicated state: sessions, their cached responses, cluster
 /// time, config and the key-value data, as of `applied_index`.
@@ -56,6 +57,8 @@ pub struct SessionView {
     pub client_id: ClientId,
     pub floor: Seq,
     pub last_active_ms: u64,
+    /// Cluster time minus `last_active_ms`: how long it has been idle.
+    pub idle_ms: u64,
     pub cached_responses: u64,
     pub cached_bytes: u64,
 }
@@ -101,12 +104,26 @@ impl Registry {
     pub fn session(&self, client_id: ClientId) -> Option<SessionView> {
         self.sessions
             .get(&client_id)
-            .map(|session| view(client_id, session))
+            .map(|session| view(client_id, session, self.cluster_time_ms))
     }
 
     /// All live sessions, in client id order.
     pub fn sessions(&self) -> impl Iterator<Item = SessionView> + '_ {
-        self.sessions.iter().map(|(id, session)| view(*id, session))
+        self.sessions
+            .iter()
+            .map(|(id, session)| view(*id, session, self.cluster_time_ms))
+    }
+
+    /// One page of live sessions for operators: at most `limit` of them
+    /// with ids above `after`, in client id order, and whether more follow.
+    pub fn sessions_after(&self, after: ClientId, limit: usize) -> (Vec<SessionView>, bool) {
+        let mut following = self
+            .sessions
+            .range((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(id, session)| view(*id, session, self.cluster_time_ms));
+        let page: Vec<SessionView> = following.by_ref().take(limit).collect();
+        let more = following.next().is_some();
+        (page, more)
     }
 
     /// The response cached for (client id, seq), if any: what a leader may
@@ -389,12 +406,99 @@ impl Registry {
     }
 }
 
-fn view(client_id: ClientId, session: &Session) -> SessionView {
+fn view(client_id: ClientId, session: &Session, cluster_time_ms: u64) -> SessionView {
     SessionView {
         client_id,
         floor: session.floor,
         last_active_ms: session.last_active_ms,
+        idle_ms: cluster_time_ms.saturating_sub(session.last_active_ms),
         cached_responses: session.responses.len() as u64,
         cached_bytes: session.cached_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLUSTER: ClusterId = ClusterId(7);
+
+    fn entry(stamp_ms: u64, op: Op) -> Entry {
+        Entry { stamp_ms, op }
+    }
+
+    /// A bootstrapped registry with sessions registered at indexes 2..=6.
+    fn registry() -> Registry {
+        let mut registry = Registry::new();
+        let bootstrap = Op::Bootstrap {
+            cluster_id: CLUSTER,
+            config: RegistryConfig::default(),
+        };
+        registry.apply(1, &entry(0, bootstrap));
+        for index in 2..=6 {
+            let register = Op::Register {
+                cluster_id: Some(CLUSTER),
+                nonce: Nonce(u128::from(index)),
+            };
+            registry.apply(index, &entry(index * 10, register));
+        }
+        registry
+    }
+
+    /// Pages walk every session once, in client id order, and say when more
+    /// follow.
+    #[test]
+    fn sessions_page_in_client_id_order() {
+        let registry = registry();
+        let ids = |page: &[SessionView]| page.iter().map(|s| s.client_id.0).collect::<Vec<_>>();
+        let (first, more) = registry.sessions_after(ClientId(0), 2);
+        assert_eq!((ids(&first), more), (vec![2, 3], true));
+        let (second, more) = registry.sessions_after(ClientId(3), 2);
+        assert_eq!((ids(&second), more), (vec![4, 5], true));
+        let (last, more) = registry.sessions_after(ClientId(5), 2);
+        assert_eq!((ids(&last), more), (vec![6], false));
+        let (none, more) = registry.sessions_after(ClientId(6), 2);
+        assert!(none.is_empty() && !more);
+        let (exact, more) = registry.sessions_after(ClientId(0), 5);
+        assert_eq!((exact.len(), more), (5, false));
+        assert!(registry.sessions_after(ClientId(0), 0).0.is_empty());
+    }
+
+    /// A session's view reports its floor, cache and idle time in cluster
+    /// time.
+    #[test]
+    fn session_view_reports_activity_and_cache() {
+        let mut registry = registry();
+        let execute = Execute {
+            cluster_id: CLUSTER,
+            client_id: ClientId(3),
+            seq: 4,
+            first_outstanding_seq: 2,
+            command: Command::Increment {
+                key: b"k".to_vec(),
+                delta: 1,
+            },
+        };
+        registry.apply(7, &entry(100, Op::Execute(execute)));
+        registry.apply(
+            8,
+            &entry(
+                250,
+                Op::KeepAlive {
+                    cluster_id: CLUSTER,
+                    client_id: ClientId(2),
+                    first_outstanding_seq: 0,
+                },
+            ),
+        );
+        let view = registry.session(ClientId(3)).expect("live");
+        assert_eq!(view.floor, 2);
+        assert_eq!(view.cached_responses, 1);
+        assert_eq!(view.cached_bytes, 32);
+        assert_eq!(view.last_active_ms, 100);
+        assert_eq!(view.idle_ms, 150);
+        assert_eq!(registry.session(ClientId(2)).unwrap().idle_ms, 0);
+        assert_eq!(registry.session(ClientId(99)), None);
+        assert_eq!(registry.sessions().count(), 5);
     }
 }

@@ -102,6 +102,8 @@ pub struct SledLogStore<C> {
     /// waits until the snapshot behind it is on disk (openraft may purge
     /// while an installed snapshot is still being written).
     durable_snapshot: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Where the committed index is reported, when attached (a metric).
+    commit_index: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl<C> SledLogStore<C>
@@ -116,6 +118,7 @@ where
         let flusher = Flusher::spawn(db).map_err(LogStoreError::SpawnFlusher)?;
         Ok(Self {
             durable_snapshot: None,
+            commit_index: None,
             reader: SledLogReader {
                 log,
                 _config: PhantomData,
@@ -178,6 +181,11 @@ where
     /// durable (rule 14).
     pub fn purge_after_durable_snapshots(&mut self, durable: tokio::sync::watch::Receiver<u64>) {
         self.durable_snapshot = Some(durable);
+    }
+
+    /// Reports every committed index openraft saves into `gauge`.
+    pub fn report_commit_index(&mut self, gauge: prometheus_client::metrics::gauge::Gauge) {
+        self.commit_index = Some(gauge);
     }
 
     /// The last purged log index, as stored.
@@ -344,6 +352,9 @@ where
         &mut self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), StorageError<C::NodeId>> {
+        if let (Some(gauge), Some(committed)) = (&self.commit_index, &committed) {
+            gauge.set(i64::try_from(committed.index).unwrap_or(i64::MAX));
+        }
         self.write_meta(COMMITTED_KEY, &committed)
             .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))
     }

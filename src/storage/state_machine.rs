@@ -14,6 +14,7 @@
 //! (codec, version byte 1) | registry snapshot bytes (see
 //! `registry::snapshot`).
 
+use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
     Applied, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -75,6 +76,9 @@ pub enum StateMachineError {
 pub struct StateMachineStore {
     state: SharedState,
     files: Arc<SnapshotFiles>,
+    /// Outcomes are counted here, where they are decided, so every replica
+    /// counts the same entries the same way.
+    metrics: Arc<NodeMetrics>,
 }
 
 /// Where snapshots live, and which one is current. The current snapshot's
@@ -157,6 +161,7 @@ impl StateMachineStore {
             .map_or(0, |current| snapshot_index(&current.meta));
         Ok(StateMachineStore {
             state,
+            metrics: Arc::default(),
             files: Arc::new(SnapshotFiles {
                 dir: dir.to_path_buf(),
                 current: Mutex::new(current),
@@ -167,6 +172,13 @@ impl StateMachineStore {
 
     pub fn state(&self) -> SharedState {
         self.state.clone()
+    }
+
+    /// Counts applied outcomes, expiries and snapshots into `metrics`
+    /// (instead of a private, unexported set).
+    pub fn with_metrics(mut self, metrics: Arc<NodeMetrics>) -> StateMachineStore {
+        self.metrics = metrics;
+        self
     }
 
     /// The log index covered by the newest durable snapshot, as it moves.
@@ -277,6 +289,7 @@ fn snapshot_error(
 pub struct SnapshotBuilder {
     state: SharedState,
     files: Arc<SnapshotFiles>,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -305,6 +318,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             .await
             .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?
             .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?;
+        self.metrics.snapshots_built.inc();
         tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), bytes = bytes.len(), "built snapshot");
         Ok(Snapshot {
             meta,
@@ -326,6 +340,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let started = metrics::now();
         let mut applied = self.state.write();
         let mut replies = Vec::new();
         for entry in entries {
@@ -336,7 +351,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     None
                 }
                 EntryPayload::Normal(ref registry_entry) => {
+                    let sessions_before = applied.registry.session_count();
                     let outcome = applied.registry.apply(index, registry_entry);
+                    self.metrics.count_applied(
+                        registry_entry,
+                        &outcome,
+                        sessions_before,
+                        applied.registry.session_count(),
+                    );
                     tracing::debug!(log_index = index, ?outcome, "applied");
                     Some(outcome)
                 }
@@ -350,6 +372,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.last_applied = Some(entry.log_id);
             replies.push(reply);
         }
+        drop(applied);
+        self.metrics.entries_applied.inc_by(replies.len() as u64);
+        metrics::observe_since(&self.metrics.apply_batch_duration, started);
         Ok(replies)
     }
 
@@ -357,6 +382,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         SnapshotBuilder {
             state: self.state.clone(),
             files: self.files.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 
@@ -387,6 +413,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         applied.registry = registry;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
+        drop(applied);
+        self.metrics.snapshots_installed.inc();
         tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), "installed snapshot");
         Ok(())
     }

@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 use oncekv::cli::local_cluster::{agreed_leader, describe, free_ports, log_tail};
 use oncekv::cli::status::query;
 use oncekv::proto::StatusReply;
+use oncekv::proto::admin_client::AdminClient;
 use oncekv::proto::client_client::ClientClient;
 use tempfile::TempDir;
 use tokio::time::{Instant, sleep};
@@ -61,6 +62,8 @@ struct Node {
     id: u64,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
+    /// Where the node serves `GET /metrics`.
+    metrics_addr: SocketAddr,
     data_dir: PathBuf,
     log_path: PathBuf,
     /// Locked only briefly, never across an await, so every method can take
@@ -89,15 +92,16 @@ impl Cluster {
             .prefix(&format!("oncekv-{name}-"))
             .tempdir()
             .expect("create the cluster's temporary directory");
-        let ports = free_ports(2 * NODES.len()).expect("free loopback ports");
+        let ports = free_ports(3 * NODES.len()).expect("free loopback ports");
         let nodes = NODES
             .iter()
-            .zip(ports.chunks(2))
+            .zip(ports.chunks(3))
             .map(|(&id, ports)| {
                 let node = Node {
                     id,
                     client_addr: ports[0],
                     peer_addr: ports[1],
+                    metrics_addr: ports[2],
                     data_dir: dir.path().join(format!("n{id}")),
                     log_path: dir.path().join(format!("n{id}.log")),
                     child: Mutex::new(None),
@@ -150,9 +154,68 @@ impl Cluster {
         self.node(node).peer_addr.to_string()
     }
 
-    /// The client endpoints of all nodes, in node order.
+    /// `127.0.0.1:port` of `node`'s metrics endpoint (`GET /metrics`).
+    pub fn metrics_addr(&self, node: u64) -> String {
+        self.node(node).metrics_addr.to_string()
+    }
+
+    /// `node`'s Prometheus exposition, scraped once (within
+    /// [`STATUS_TIMEOUT`]), or why it could not be.
+    pub async fn scrape(&self, node: u64) -> Result<String, String> {
+        super::metrics::scrape(&self.metrics_addr(node), STATUS_TIMEOUT).await
+    }
+
+    /// The pid of `node`'s process, while the harness runs it.
+    pub fn pid(&self, node: u64) -> Option<u32> {
+        self.node(node).child().as_ref().map(Child::id)
+    }
+
+    /// The client endpoints of all nodes (those added later included), in
+    /// node order.
     pub fn client_addrs(&self) -> Vec<String> {
-        NODES.iter().map(|&id| self.client_addr(id)).collect()
+        self.nodes.keys().map(|&id| self.client_addr(id)).collect()
+    }
+
+    /// Makes room for a new node `id` (free ports, a data dir under the
+    /// cluster's directory) without starting it; it is killed and reaped on
+    /// drop like the others. Every node started from now on lists it as a
+    /// peer, which only matters with `--initialize`.
+    pub fn add_node(&mut self, id: u64) {
+        assert!(!self.nodes.contains_key(&id), "node {id} exists already");
+        let ports = free_ports(3).expect("free loopback ports");
+        let node = Node {
+            id,
+            client_addr: ports[0],
+            peer_addr: ports[1],
+            metrics_addr: ports[2],
+            data_dir: self.dir.path().join(format!("n{id}")),
+            log_path: self.dir.path().join(format!("n{id}.log")),
+            child: Mutex::new(None),
+        };
+        self.nodes.insert(id, node);
+    }
+
+    /// Starts a node made with [`Cluster::add_node`] (never with
+    /// `--initialize`: it waits to be added as a learner) and waits until it
+    /// answers `Status`.
+    pub async fn start_new_node(&self, node: u64) {
+        assert_ne!(node, 1, "node 1 initialises the cluster");
+        self.spawn(node);
+        self.wait_until(
+            RESTART_TIMEOUT,
+            &format!("node {node} to answer Status"),
+            |statuses| statuses.get(&node).is_some_and(Result::is_ok),
+        )
+        .await;
+    }
+
+    /// A client of `node`'s Admin service (on its client port), connecting
+    /// lazily; calls carry no deadline of their own.
+    pub fn admin(&self, node: u64) -> AdminClient<Channel> {
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.client_addr(node)))
+            .expect("a loopback address is a valid URI")
+            .connect_timeout(STATUS_TIMEOUT);
+        AdminClient::new(endpoint.connect_lazy())
     }
 
     pub fn data_dir(&self, node: u64) -> &Path {
@@ -302,6 +365,8 @@ impl Cluster {
             .arg(node.client_addr.to_string())
             .arg("--peer-addr")
             .arg(node.peer_addr.to_string())
+            .arg("--metrics-addr")
+            .arg(node.metrics_addr.to_string())
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args(TIMING_FLAGS)
@@ -329,9 +394,11 @@ impl Cluster {
 
     /// Every node's `Status`, asked concurrently; a node the harness does not
     /// run is absent.
-    async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
-        let running: Vec<u64> = NODES
-            .into_iter()
+    pub async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
+        let running: Vec<u64> = self
+            .nodes
+            .keys()
+            .copied()
             .filter(|&id| self.is_running(id))
             .collect();
         let replies = futures::future::join_all(running.iter().map(|&id| self.status(id))).await;
@@ -341,7 +408,7 @@ impl Cluster {
     /// Polls every running node's `Status` until `condition` holds, and
     /// returns the statuses that satisfied it. Panics, with the last
     /// statuses, when `timeout` passes or a node process exits by itself.
-    async fn wait_until(
+    pub async fn wait_until(
         &self,
         timeout: Duration,
         what: &str,

@@ -4,7 +4,7 @@
 
 use oncekv::network::convert;
 use oncekv::network::status::error_detail;
-use oncekv::proto::{self, Reason, client_client::ClientClient};
+use oncekv::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
 use oncekv::registry::{Command, CommandResult};
 use std::future::Future;
 use std::time::Duration;
@@ -27,12 +27,16 @@ pub async fn raw_client(cluster: &super::cluster::Cluster) -> Raw {
 }
 
 pub async fn connect(addr: &str) -> ClientClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    ClientClient::new(channel(addr))
+}
+
+/// A lazily connecting channel to `addr`, each call bounded to 10 s.
+pub fn channel(addr: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("valid address")
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10))
-        .connect_lazy();
-    ClientClient::new(channel)
+        .connect_lazy()
 }
 
 /// The reason carried by a status, if it is one of ours.
@@ -85,10 +89,37 @@ impl Raw {
         F: Fn(ClientClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
+        self.on_leader_of(deadline, ClientClient::new, call).await
+    }
+
+    /// [`Raw::on_leader`] for the Admin service.
+    pub async fn admin_on_leader<T, F, Fut>(
+        &self,
+        deadline: Duration,
+        call: F,
+    ) -> Result<T, tonic::Status>
+    where
+        F: Fn(AdminClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        self.on_leader_of(deadline, AdminClient::new, call).await
+    }
+
+    /// [`Raw::on_leader`] for any service client `make` builds on a channel.
+    async fn on_leader_of<C, T, F, Fut>(
+        &self,
+        deadline: Duration,
+        make: fn(Channel) -> C,
+        call: F,
+    ) -> Result<T, tonic::Status>
+    where
+        F: Fn(C) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
         let until = Instant::now() + deadline;
         let mut target = *self.leader_hint.lock().unwrap();
         loop {
-            let client = connect(&self.addrs[target]).await;
+            let client = make(channel(&self.addrs[target]));
             let error = match call(client).await {
                 Ok(reply) => {
                     *self.leader_hint.lock().unwrap() = target;

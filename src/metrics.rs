@@ -1,0 +1,561 @@
+//! A node's Prometheus metrics: the one registry of every `oncekv_*`
+//! metric with its help text, the handles the other layers count with, the
+//! refresh of gauges read from Raft and the applied state at scrape time, and
+//! the text encoding. It owns no server (see `node::observability`) and the
+//! registry core never sees it: outcomes are counted by the storage adapter
+//! where entries are applied, wire-level refusals by the network adapter.
+//!
+//! Every metric is documented in README.md ("Metrics and dashboard").
+
+use crate::raft_types::{NodeId, NodeInfo};
+use crate::registry::{Entry, Op, Outcome, Registry, Rejection, snapshot};
+use openraft::{RaftMetrics, ServerState};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Unit;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// The `Content-Type` of [`NodeMetrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Registry outcome of one applied entry, by operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub op: &'static str,
+    pub outcome: &'static str,
+}
+
+/// One client gRPC reply, by method and result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplyLabels {
+    pub method: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateHashLabels {
+    hash: String,
+    applied_index: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    node_id: String,
+}
+
+/// Every metric of a node. Cloning a handle shares the metric.
+#[derive(Debug)]
+pub struct NodeMetrics {
+    registry: prometheus_client::registry::Registry,
+    // Counted where entries are applied (the same on every replica).
+    pub registry_outcomes: Family<OutcomeLabels, Counter>,
+    pub sessions_expired: Counter,
+    pub apply_batch_duration: Histogram,
+    pub entries_applied: Counter,
+    pub snapshots_built: Counter,
+    pub snapshots_installed: Counter,
+    // Counted at the client API of this node.
+    pub client_replies: Family<ReplyLabels, Counter>,
+    pub overloaded: Counter,
+    pub pending_proposals: Gauge,
+    pub proposal_duration: Histogram,
+    // Counted by the Raft watcher.
+    pub term_changes: Counter,
+    pub became_leader: Counter,
+    // Set by the log store.
+    pub commit_index: Gauge,
+    // Refreshed at scrape time.
+    sessions_live: Gauge,
+    cached_responses: Gauge,
+    cached_bytes: Gauge,
+    term: Gauge,
+    leader_id: Gauge,
+    is_leader: Gauge,
+    applied_index: Gauge,
+    last_log_index: Gauge,
+    snapshot_index: Gauge,
+    purged_index: Gauge,
+    state_hash_info: Family<StateHashLabels, Gauge>,
+    state_hash_prefix: Gauge,
+    max_pending_proposals: Gauge,
+    process_resident_memory: Gauge,
+    process_open_fds: Gauge,
+    process_threads: Gauge,
+    process_start_time: Gauge,
+    /// (applied index, hash): hashing encodes the whole state, so it is done
+    /// at most once per applied index.
+    hash_cache: Mutex<(u64, String)>,
+}
+
+impl Default for NodeMetrics {
+    /// Metrics of no particular node (unit tests, a state machine opened
+    /// outside a node); `new` names the node.
+    fn default() -> NodeMetrics {
+        NodeMetrics::new(0)
+    }
+}
+
+/// Latency buckets: 100 µs doubling to about 6.5 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+}
+
+impl NodeMetrics {
+    pub fn new(node_id: NodeId) -> NodeMetrics {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("oncekv");
+        let metrics = NodeMetrics {
+            registry: Default::default(),
+            registry_outcomes: Family::default(),
+            sessions_expired: Counter::default(),
+            apply_batch_duration: latency_histogram(),
+            entries_applied: Counter::default(),
+            snapshots_built: Counter::default(),
+            snapshots_installed: Counter::default(),
+            client_replies: Family::default(),
+            overloaded: Counter::default(),
+            pending_proposals: Gauge::default(),
+            proposal_duration: latency_histogram(),
+            term_changes: Counter::default(),
+            became_leader: Counter::default(),
+            commit_index: Gauge::default(),
+            sessions_live: Gauge::default(),
+            cached_responses: Gauge::default(),
+            cached_bytes: Gauge::default(),
+            term: Gauge::default(),
+            leader_id: Gauge::default(),
+            is_leader: Gauge::default(),
+            applied_index: Gauge::default(),
+            last_log_index: Gauge::default(),
+            snapshot_index: Gauge::default(),
+            purged_index: Gauge::default(),
+            state_hash_info: Family::default(),
+            state_hash_prefix: Gauge::default(),
+            max_pending_proposals: Gauge::default(),
+            process_resident_memory: Gauge::default(),
+            process_open_fds: Gauge::default(),
+            process_threads: Gauge::default(),
+            process_start_time: Gauge::default(),
+            hash_cache: Mutex::new((u64::MAX, String::new())),
+        };
+        let r = &mut registry;
+        r.register(
+            "registry_outcomes",
+            "Registry entries applied on this replica, by operation (register, execute, execute_plain, keep_alive, unregister, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, too_many_outstanding, invalid, not_bootstrapped); the same on every replica at the same applied index",
+            metrics.registry_outcomes.clone(),
+        );
+        r.register(
+            "sessions_expired",
+            "Sessions removed for idleness (TTL in cluster time) on this replica",
+            metrics.sessions_expired.clone(),
+        );
+        r.register(
+            "sessions_live",
+            "Live sessions in the applied state",
+            metrics.sessions_live.clone(),
+        );
+        r.register(
+            "cached_responses",
+            "Responses cached for retries, all sessions",
+            metrics.cached_responses.clone(),
+        );
+        r.register_with_unit(
+            "cached_responses",
+            "Size of the cached responses as the registry limits count it, all sessions",
+            Unit::Bytes,
+            metrics.cached_bytes.clone(),
+        );
+        r.register(
+            "entries_applied",
+            "Log entries applied to the state machine (blank and membership entries included)",
+            metrics.entries_applied.clone(),
+        );
+        r.register_with_unit(
+            "apply_batch_duration",
+            "Time the state machine takes to apply one batch of committed entries",
+            Unit::Seconds,
+            metrics.apply_batch_duration.clone(),
+        );
+        r.register_with_unit(
+            "proposal_duration",
+            "Time from proposing a client request on this node to its applied outcome (commit and apply), successful proposals only",
+            Unit::Seconds,
+            metrics.proposal_duration.clone(),
+        );
+        r.register(
+            "client_replies",
+            "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, other)",
+            metrics.client_replies.clone(),
+        );
+        r.register(
+            "overloaded",
+            "Client requests refused with UNAVAILABLE because --max-pending-proposals proposals were already pending",
+            metrics.overloaded.clone(),
+        );
+        r.register(
+            "pending_proposals",
+            "Client proposals this node has handed to Raft and not yet seen answered (or timed out)",
+            metrics.pending_proposals.clone(),
+        );
+        r.register(
+            "max_pending_proposals",
+            "The --max-pending-proposals bound of admission control",
+            metrics.max_pending_proposals.clone(),
+        );
+        r.register("raft_term", "Current Raft term", metrics.term.clone());
+        r.register(
+            "raft_leader_id",
+            "Node id of the leader this node knows, 0 when none",
+            metrics.leader_id.clone(),
+        );
+        r.register(
+            "raft_is_leader",
+            "1 when this node is the leader, else 0",
+            metrics.is_leader.clone(),
+        );
+        r.register(
+            "raft_term_changes",
+            "Term changes this node has seen (each is an election somewhere in the cluster)",
+            metrics.term_changes.clone(),
+        );
+        r.register(
+            "raft_became_leader",
+            "Times this node became leader",
+            metrics.became_leader.clone(),
+        );
+        r.register(
+            "raft_commit_index",
+            "Highest log index this node knows to be committed",
+            metrics.commit_index.clone(),
+        );
+        r.register(
+            "raft_applied_index",
+            "Log index of the last entry applied to the state machine",
+            metrics.applied_index.clone(),
+        );
+        r.register(
+            "raft_last_log_index",
+            "Index of the last entry in this node's log",
+            metrics.last_log_index.clone(),
+        );
+        r.register(
+            "raft_snapshot_index",
+            "Log index covered by this node's current snapshot",
+            metrics.snapshot_index.clone(),
+        );
+        r.register(
+            "raft_purged_index",
+            "Log index up to which this node's log is purged",
+            metrics.purged_index.clone(),
+        );
+        r.register(
+            "snapshots_built",
+            "Snapshots this node built from its own state",
+            metrics.snapshots_built.clone(),
+        );
+        r.register(
+            "snapshots_installed",
+            "Snapshots this node installed from a leader",
+            metrics.snapshots_installed.clone(),
+        );
+        r.register(
+            "state_hash_info",
+            "The state hash (hex BLAKE3 of the canonical state) at the applied index, as labels; value 1",
+            metrics.state_hash_info.clone(),
+        );
+        r.register(
+            "state_hash_prefix",
+            "First 48 bits of the state hash as a number: equal on replicas at equal applied indexes",
+            metrics.state_hash_prefix.clone(),
+        );
+        r.register(
+            "build",
+            "Build information: crate version and node id",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                node_id: node_id.to_string(),
+            }),
+        );
+        r.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the node process (Linux /proc; 0 elsewhere)",
+            Unit::Bytes,
+            metrics.process_resident_memory.clone(),
+        );
+        r.register(
+            "process_open_fds",
+            "Open file descriptors of the node process (Linux /proc; 0 elsewhere)",
+            metrics.process_open_fds.clone(),
+        );
+        r.register(
+            "process_threads",
+            "Threads of the node process (Linux /proc; 0 elsewhere)",
+            metrics.process_threads.clone(),
+        );
+        r.register_with_unit(
+            "process_start_time",
+            "Start time of the node process, Unix time",
+            Unit::Seconds,
+            metrics.process_start_time.clone(),
+        );
+        #[allow(clippy::disallowed_methods)] // wall clock for an operator, not the registry
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        metrics.process_start_time.set(saturating_i64(started));
+        NodeMetrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Records the admission bound, for dashboards.
+    pub fn set_max_pending_proposals(&self, bound: usize) {
+        self.max_pending_proposals
+            .set(i64::try_from(bound).unwrap_or(i64::MAX));
+    }
+
+    /// Counts the outcome of one registry entry applied at this replica, and
+    /// the sessions it expired (`sessions_before` → `sessions_after`).
+    pub fn count_applied(
+        &self,
+        entry: &Entry,
+        outcome: &Outcome,
+        sessions_before: usize,
+        sessions_after: usize,
+    ) {
+        self.registry_outcomes
+            .get_or_create(&OutcomeLabels {
+                op: op_label(&entry.op),
+                outcome: outcome_label(outcome),
+            })
+            .inc();
+        // Whatever left the registry and was not this entry's own doing
+        // expired: before + registered - unregistered - after.
+        let registered = usize::from(matches!(
+            outcome,
+            Outcome::Registered(registration) if !registration.duplicate
+        ));
+        let unregistered = usize::from(matches!(outcome, Outcome::Unregistered));
+        let expired = (sessions_before + registered).saturating_sub(unregistered + sessions_after);
+        if expired > 0 {
+            self.sessions_expired.inc_by(expired as u64);
+        }
+    }
+
+    /// Sets every scrape-time gauge from Raft's metrics and the applied
+    /// state. Takes the state's read lock for one pass over the sessions
+    /// (and, once per applied index, the state hash).
+    pub fn refresh(&self, raft: &RaftMetrics<NodeId, NodeInfo>, registry: &Registry) {
+        self.term.set(saturating_i64(raft.current_term));
+        self.leader_id
+            .set(saturating_i64(raft.current_leader.unwrap_or(0)));
+        self.is_leader
+            .set(i64::from(raft.state == ServerState::Leader));
+        self.last_log_index
+            .set(saturating_i64(raft.last_log_index.unwrap_or(0)));
+        self.snapshot_index
+            .set(saturating_i64(raft.snapshot.map_or(0, |id| id.index)));
+        self.purged_index
+            .set(saturating_i64(raft.purged.map_or(0, |id| id.index)));
+        let applied_index = registry.applied_index();
+        self.applied_index.set(saturating_i64(applied_index));
+        let (mut sessions, mut responses, mut bytes) = (0u64, 0u64, 0u64);
+        for session in registry.sessions() {
+            sessions += 1;
+            responses += session.cached_responses;
+            bytes += session.cached_bytes;
+        }
+        self.sessions_live.set(saturating_i64(sessions));
+        self.cached_responses.set(saturating_i64(responses));
+        self.cached_bytes.set(saturating_i64(bytes));
+        let hash = {
+            let mut cache = self.hash_cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.0 != applied_index {
+                *cache = (applied_index, snapshot::state_hash(registry).to_string());
+            }
+            cache.1.clone()
+        };
+        self.state_hash_info.clear();
+        self.state_hash_info
+            .get_or_create(&StateHashLabels {
+                hash: hash.clone(),
+                applied_index: applied_index.to_string(),
+            })
+            .set(1);
+        self.state_hash_prefix.set(hash_prefix(&hash));
+        self.refresh_process();
+    }
+
+    fn refresh_process(&self) {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|value| value.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+        self.process_resident_memory
+            .set(field("VmRSS:").saturating_mul(1024));
+        self.process_threads.set(field("Threads:"));
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |dir| dir.count());
+        self.process_open_fds
+            .set(i64::try_from(fds).unwrap_or(i64::MAX));
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// Observes `started.elapsed()` into `histogram`, in seconds.
+pub fn observe_since(histogram: &Histogram, started: Instant) {
+    histogram.observe(started.elapsed().as_secs_f64());
+}
+
+/// A monotonic instant for latency metrics (never seen by the registry).
+pub fn now() -> Instant {
+    #[allow(clippy::disallowed_methods)] // latency measurement, outside the registry
+    Instant::now()
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The first 48 bits (12 hex digits) of a hex hash, as a number; 0 for
+/// anything else.
+pub fn hash_prefix(hex: &str) -> i64 {
+    hex.get(..12)
+        .and_then(|prefix| i64::from_str_radix(prefix, 16).ok())
+        .unwrap_or(0)
+}
+
+/// The `op` label of a registry entry.
+pub fn op_label(op: &Op) -> &'static str {
+    match op {
+        Op::Bootstrap { .. } => "bootstrap",
+        Op::Register { .. } => "register",
+        Op::Execute(_) => "execute",
+        Op::KeepAlive { .. } => "keep_alive",
+        Op::Unregister { .. } => "unregister",
+        Op::SetConfig { .. } => "set_config",
+        Op::ExecutePlain { .. } => "execute_plain",
+    }
+}
+
+/// The `outcome` label of an applied entry's outcome.
+pub fn outcome_label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Bootstrapped { already: true, .. } => "duplicate",
+        Outcome::Registered(registration) if registration.duplicate => "duplicate",
+        Outcome::Executed {
+            duplicate: true, ..
+        } => "duplicate",
+        Outcome::Bootstrapped { .. }
+        | Outcome::Registered(_)
+        | Outcome::Executed { .. }
+        | Outcome::KeptAlive { .. }
+        | Outcome::Unregistered
+        | Outcome::ConfigSet(_) => "applied",
+        Outcome::Rejected(rejection) => match rejection {
+            Rejection::SessionExpired => "expired",
+            Rejection::WrongCluster { .. } => "wrong_cluster",
+            Rejection::SeqConflict => "conflict",
+            Rejection::ResponseDiscarded { .. } => "discarded",
+            Rejection::TooManyOutstanding { .. } => "too_many_outstanding",
+            Rejection::ResourceExhausted(_) => "rejected_by_limit",
+            Rejection::InvalidArgument(_) => "invalid",
+            Rejection::NotBootstrapped => "not_bootstrapped",
+        },
+    }
+}
+
+/// Names of every metric family the node exports, as they appear in the
+/// exposition (`# TYPE` lines), plus the `_bucket` / `_sum` / `_count`
+/// series of histograms and the `_total` of counters.
+pub fn exported_series_names(exposition: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in exposition.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("#") || words.next() != Some("TYPE") {
+            continue;
+        }
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        names.insert(name.to_string());
+        if kind == "histogram" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric is exported with the `oncekv_` prefix, help text and
+    /// units last; counters end in `_total`.
+    #[test]
+    fn exposition_names_and_help() {
+        let metrics = NodeMetrics::new(3);
+        metrics
+            .registry_outcomes
+            .get_or_create(&OutcomeLabels {
+                op: "execute",
+                outcome: "applied",
+            })
+            .inc();
+        metrics.refresh(
+            &RaftMetrics::new_initial(3),
+            &crate::registry::Registry::new(),
+        );
+        let text = metrics.encode();
+        let names = exported_series_names(&text);
+        for name in &names {
+            assert!(name.starts_with("oncekv_"), "{name}");
+        }
+        for expected in [
+            "oncekv_registry_outcomes_total",
+            "oncekv_cached_responses_bytes",
+            "oncekv_proposal_duration_seconds_bucket",
+            "oncekv_state_hash_prefix",
+            "oncekv_build_info",
+        ] {
+            assert!(names.contains(expected), "{expected} missing from\n{text}");
+        }
+        assert!(
+            text.contains("oncekv_registry_outcomes_total{op=\"execute\",outcome=\"applied\"} 1")
+        );
+        assert!(text.contains("oncekv_raft_applied_index 0"));
+        for line in text.lines().filter(|line| line.starts_with("# TYPE")) {
+            let name = line.split_whitespace().nth(2).unwrap();
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no help"
+            );
+        }
+    }
+
+    #[test]
+    fn hash_prefix_is_48_bits() {
+        assert_eq!(hash_prefix("ffffffffffff00"), (1 << 48) - 1);
+        assert_eq!(hash_prefix("0000000000010"), 1);
+        assert_eq!(hash_prefix("xyz"), 0);
+    }
+}

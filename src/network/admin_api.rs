@@ -1,0 +1,554 @@
+//! The Admin gRPC service for operators, served on the client port next to
+//! `Client`: membership changes (through openraft's membership API), session
+//! inspection and expiry, the replicated registry config, snapshots, state
+//! hashes and local reads for replica checks, and test-only faults.
+//!
+//! It decides nothing the registry decides: an expiry is an `Unregister` log
+//! entry and a config change a `SetConfig` entry, stamped by the cluster
+//! clock and applied on every replica at the same index (rules 11 and 12).
+//! Reads answer from this node's applied state without a read index. The
+//! only early refusals are facts that cannot change: malformed input, a
+//! wrong cluster id, a membership change the leader's current membership
+//! rules out, and not being the leader.
+
+use super::client_api::{clock_status, invalid, rejected, write_status};
+use super::convert::{self, ConvertError};
+use super::faults::FaultControl;
+use super::peer::parse_cluster_id;
+use super::status::{ErrorReason, reason_status};
+use crate::clock::ClusterClock;
+use crate::proto::{self, admin_server};
+use crate::raft_types::{NodeId, NodeInfo, Raft};
+use crate::registry::{ClientId, ClusterId, Entry, Op, Outcome, bounds, snapshot};
+use crate::storage::SharedState;
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, Membership, RaftMetrics, ServerState};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+/// How long a membership change (two log entries with joint consensus) may
+/// take before the caller is told its outcome is unknown.
+const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default wait for a new learner to catch up (`AddLearnerRequest.timeout_ms`).
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `TriggerSnapshot` waits for the snapshot to be durable.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// `ListSessions` page size: default and largest.
+const SESSIONS_PAGE_DEFAULT: usize = 100;
+const SESSIONS_PAGE_MAX: usize = 1_000;
+
+pub struct AdminApi {
+    node_id: NodeId,
+    raft: Raft,
+    state: SharedState,
+    /// The same clock as the client service's: admin entries are stamped
+    /// like client entries.
+    clock: Arc<ClusterClock>,
+    request_timeout: Duration,
+    faults: FaultControl,
+}
+
+impl AdminApi {
+    pub fn new(
+        node_id: NodeId,
+        raft: Raft,
+        state: SharedState,
+        clock: Arc<ClusterClock>,
+        request_timeout: Duration,
+        faults: FaultControl,
+    ) -> AdminApi {
+        AdminApi {
+            node_id,
+            raft,
+            state,
+            clock,
+            request_timeout,
+            faults,
+        }
+    }
+
+    pub fn into_server(self) -> admin_server::AdminServer<AdminApi> {
+        admin_server::AdminServer::new(self)
+            .max_decoding_message_size(super::CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(super::CLIENT_MESSAGE_BYTES_MAX)
+    }
+
+    /// The cluster id a mutation names: required, and refused at once when it
+    /// is not this node's (it can never become right).
+    fn required_cluster(&self, bytes: &[u8]) -> Result<ClusterId, Status> {
+        let claimed = parse_cluster_id(bytes)
+            .map_err(|error| invalid(error.to_string()))?
+            .ok_or_else(|| invalid("cluster_id is required"))?;
+        match self.state.read().registry.cluster_id() {
+            Some(ours) if ours != claimed => Err(reason_status(ErrorReason::WrongCluster(ours))),
+            _ => Ok(claimed),
+        }
+    }
+
+    /// Proposes `op` stamped by the cluster clock and waits, within the
+    /// request timeout, for its entry to be committed and applied.
+    async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
+        let work = async {
+            let stamp_ms = self.clock.stamp().await.map_err(clock_status)?;
+            let entry = Entry { stamp_ms, op };
+            let written = self.raft.client_write(entry).await.map_err(write_status)?;
+            let outcome = written
+                .data
+                .ok_or_else(|| Status::internal("a registry entry applied without an outcome"))?;
+            Ok((outcome, written.log_id.index))
+        };
+        tokio::time::timeout(self.request_timeout, work)
+            .await
+            .map_err(|_| reason_status(ErrorReason::Deadline))?
+    }
+
+    /// The membership as this node leads it (its latest, possibly not yet
+    /// committed); `NOT_LEADER` with the leader's hint on any other node.
+    fn leader_membership(&self) -> Result<Membership<NodeId, NodeInfo>, Status> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics.state != ServerState::Leader {
+            return Err(not_leader(&metrics));
+        }
+        Ok(metrics.membership_config.membership().clone())
+    }
+
+    /// Runs one membership change to completion, within
+    /// [`MEMBERSHIP_CHANGE_TIMEOUT`]; returns the final entry's index and
+    /// the membership it installed.
+    async fn change_membership(
+        &self,
+        change: ChangeMembers<NodeId, NodeInfo>,
+        retain: bool,
+    ) -> Result<(u64, Vec<proto::Member>), Status> {
+        let written = tokio::time::timeout(
+            MEMBERSHIP_CHANGE_TIMEOUT,
+            self.raft.change_membership(change, retain),
+        )
+        .await
+        .map_err(|_| reason_status(ErrorReason::Deadline))?
+        .map_err(membership_status)?;
+        let members = written
+            .membership
+            .as_ref()
+            .map(convert::members_to_proto)
+            .unwrap_or_default();
+        Ok((written.log_id.index, members))
+    }
+
+    /// Waits until the leader has replicated to `node_id` everything up to
+    /// `log_index` (the entry that added it), or `timeout` passes.
+    async fn wait_caught_up(
+        &self,
+        node_id: NodeId,
+        log_index: u64,
+        timeout: Duration,
+    ) -> Result<u64, Status> {
+        let mut metrics = self.raft.metrics();
+        let wait = async {
+            loop {
+                {
+                    let now = metrics.borrow_and_update();
+                    if now.state != ServerState::Leader {
+                        return Err(reason_status(ErrorReason::Unavailable(format!(
+                            "this node stopped leading while node {node_id} caught up; \
+                             it stays a learner"
+                        ))));
+                    }
+                    if now
+                        .membership_config
+                        .membership()
+                        .get_node(&node_id)
+                        .is_none()
+                    {
+                        return Err(invalid(format!(
+                            "node {node_id} was removed while it caught up"
+                        )));
+                    }
+                    let matched = now
+                        .replication
+                        .as_ref()
+                        .and_then(|replication| replication.get(&node_id))
+                        .and_then(|matched| matched.map(|id| id.index));
+                    if let Some(matched) = matched
+                        && matched >= log_index
+                    {
+                        return Ok(matched);
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return Err(reason_status(ErrorReason::Unavailable(
+                        "the node is shutting down".into(),
+                    )));
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.map_err(|_| {
+            Status::deadline_exceeded(format!(
+                "node {node_id} is a learner but has not caught up to index {log_index} \
+                 within {timeout:?}; it keeps catching up"
+            ))
+        })?
+    }
+}
+
+/// `NOT_LEADER` with the leader's id and client address, when known.
+fn not_leader(metrics: &RaftMetrics<NodeId, NodeInfo>) -> Status {
+    let leader_client_addr = metrics
+        .current_leader
+        .and_then(|leader| metrics.membership_config.membership().get_node(&leader))
+        .map(|node| node.client_addr.clone());
+    reason_status(ErrorReason::NotLeader {
+        leader_id: metrics.current_leader,
+        leader_client_addr,
+    })
+}
+
+/// Membership errors: a change ruled out by the membership is the caller's
+/// to fix; one already in progress is for this attempt only.
+fn membership_status(error: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) -> Status {
+    match error {
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => match change {
+            ChangeMembershipError::InProgress(progress) => reason_status(ErrorReason::Unavailable(
+                format!("another membership change is in progress: {progress}"),
+            )),
+            other => invalid(other.to_string()),
+        },
+        other => write_status(other),
+    }
+}
+
+fn convert_status(error: ConvertError) -> Status {
+    invalid(error.to_string())
+}
+
+fn parse_addr(field: &str, addr: &str) -> Result<(), Status> {
+    addr.parse::<SocketAddr>()
+        .map(|_| ())
+        .map_err(|_| invalid(format!("{field} {addr:?} is not host:port (an IP address)")))
+}
+
+fn voter_ids(membership: &Membership<NodeId, NodeInfo>) -> BTreeSet<NodeId> {
+    membership.voter_ids().collect()
+}
+
+#[tonic::async_trait]
+impl admin_server::Admin for AdminApi {
+    async fn add_learner(
+        &self,
+        request: Request<proto::AddLearnerRequest>,
+    ) -> Result<Response<proto::AddLearnerReply>, Status> {
+        let request = request.into_inner();
+        self.required_cluster(&request.cluster_id)?;
+        if request.node_id == 0 {
+            return Err(invalid("node id 0 is reserved"));
+        }
+        parse_addr("peer_addr", &request.peer_addr)?;
+        parse_addr("client_addr", &request.client_addr)?;
+        let node = NodeInfo {
+            peer_addr: request.peer_addr,
+            client_addr: request.client_addr,
+        };
+        let membership = self.leader_membership()?;
+        if let Some(existing) = membership.get_node(&request.node_id)
+            && *existing != node
+        {
+            return Err(invalid(format!(
+                "node {} is already a member at {existing}; remove it first",
+                request.node_id
+            )));
+        }
+        let timeout = match request.timeout_ms {
+            0 => CATCH_UP_TIMEOUT,
+            ms => Duration::from_millis(ms),
+        };
+        let written = tokio::time::timeout(
+            MEMBERSHIP_CHANGE_TIMEOUT,
+            self.raft.add_learner(request.node_id, node, false),
+        )
+        .await
+        .map_err(|_| reason_status(ErrorReason::Deadline))?
+        .map_err(membership_status)?;
+        let log_index = written.log_id.index;
+        tracing::info!(node_id = request.node_id, log_index, "learner added");
+        let matched_index = self
+            .wait_caught_up(request.node_id, log_index, timeout)
+            .await?;
+        tracing::info!(
+            node_id = request.node_id,
+            matched_index,
+            "learner caught up"
+        );
+        let members = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone();
+        Ok(Response::new(proto::AddLearnerReply {
+            log_index,
+            matched_index,
+            members: convert::members_to_proto(&members),
+        }))
+    }
+
+    async fn change_voters(
+        &self,
+        request: Request<proto::ChangeVotersRequest>,
+    ) -> Result<Response<proto::ChangeVotersReply>, Status> {
+        let request = request.into_inner();
+        self.required_cluster(&request.cluster_id)?;
+        let voters: BTreeSet<NodeId> = request.voters.iter().copied().collect();
+        if voters.is_empty() {
+            return Err(invalid("the voter set must not be empty"));
+        }
+        let membership = self.leader_membership()?;
+        if let Some(unknown) = voters.iter().find(|id| membership.get_node(id).is_none()) {
+            return Err(invalid(format!(
+                "node {unknown} is not a member; add it as a learner first"
+            )));
+        }
+        let (log_index, members) = if voters == voter_ids(&membership) {
+            // Already so: nothing to propose.
+            let index = self
+                .raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .log_id()
+                .map_or(0, |id| id.index);
+            (index, convert::members_to_proto(&membership))
+        } else {
+            // Voters left out stay members, as learners (`retain`).
+            self.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), true)
+                .await?
+        };
+        tracing::info!(?voters, log_index, "voters changed");
+        Ok(Response::new(proto::ChangeVotersReply {
+            log_index,
+            members,
+        }))
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<proto::RemoveNodeRequest>,
+    ) -> Result<Response<proto::RemoveNodeReply>, Status> {
+        let request = request.into_inner();
+        self.required_cluster(&request.cluster_id)?;
+        let node_id = request.node_id;
+        let membership = self.leader_membership()?;
+        if membership.get_node(&node_id).is_none() {
+            return Err(invalid(format!("node {node_id} is not a member")));
+        }
+        let voters = voter_ids(&membership);
+        let change = if voters.contains(&node_id) {
+            if voters.len() == 1 {
+                return Err(invalid(format!(
+                    "node {node_id} is the last voter and cannot be removed"
+                )));
+            }
+            ChangeMembers::RemoveVoters(BTreeSet::from([node_id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([node_id]))
+        };
+        // `retain: false`: a removed voter does not stay as a learner.
+        let (log_index, members) = self.change_membership(change, false).await?;
+        tracing::info!(node_id, log_index, "node removed");
+        Ok(Response::new(proto::RemoveNodeReply { log_index, members }))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<proto::ListSessionsRequest>,
+    ) -> Result<Response<proto::ListSessionsReply>, Status> {
+        let request = request.into_inner();
+        let limit = match request.limit as usize {
+            0 => SESSIONS_PAGE_DEFAULT,
+            limit => limit.min(SESSIONS_PAGE_MAX),
+        };
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        let (sessions, more) = registry.sessions_after(ClientId(request.after_client_id), limit);
+        Ok(Response::new(proto::ListSessionsReply {
+            sessions: sessions.iter().map(convert::session_to_proto).collect(),
+            applied_index: registry.applied_index(),
+            more,
+            cluster_time_ms: registry.cluster_time_ms(),
+        }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<proto::GetSessionRequest>,
+    ) -> Result<Response<proto::SessionInfo>, Status> {
+        let client_id = ClientId(request.into_inner().client_id);
+        let session = self.state.read().registry.session(client_id);
+        match session {
+            Some(session) => Ok(Response::new(convert::session_to_proto(&session))),
+            None => Err(reason_status(ErrorReason::SessionExpired)),
+        }
+    }
+
+    async fn expire_session(
+        &self,
+        request: Request<proto::ExpireSessionRequest>,
+    ) -> Result<Response<proto::ExpireSessionReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let op = Op::Unregister {
+            cluster_id,
+            client_id: ClientId(request.client_id),
+        };
+        match self.propose(op).await? {
+            (Outcome::Unregistered, log_index) => {
+                tracing::info!(
+                    client_id = request.client_id,
+                    log_index,
+                    "session expired by an operator"
+                );
+                Ok(Response::new(proto::ExpireSessionReply { log_index }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn get_config(
+        &self,
+        _request: Request<proto::GetConfigRequest>,
+    ) -> Result<Response<proto::GetConfigReply>, Status> {
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        Ok(Response::new(proto::GetConfigReply {
+            config: registry
+                .cluster_id()
+                .map(|_| convert::registry_config_to_proto(registry.config())),
+            applied_index: registry.applied_index(),
+        }))
+    }
+
+    async fn set_config(
+        &self,
+        request: Request<proto::SetConfigRequest>,
+    ) -> Result<Response<proto::SetConfigReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let config = convert::registry_config_from_proto(request.config).map_err(convert_status)?;
+        // A fact of the request alone; the core checks again when applying.
+        config
+            .validate()
+            .map_err(|error| invalid(error.to_string()))?;
+        match self.propose(Op::SetConfig { cluster_id, config }).await? {
+            (Outcome::ConfigSet(config), log_index) => {
+                tracing::info!(
+                    log_index,
+                    session_ttl_ms = config.session_ttl_ms,
+                    window = config.window,
+                    "registry config set"
+                );
+                Ok(Response::new(proto::SetConfigReply {
+                    log_index,
+                    config: Some(convert::registry_config_to_proto(&config)),
+                }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn trigger_snapshot(
+        &self,
+        _request: Request<proto::TriggerSnapshotRequest>,
+    ) -> Result<Response<proto::TriggerSnapshotReply>, Status> {
+        let target = self.state.read().registry.applied_index();
+        let mut metrics = self.raft.metrics();
+        let wait = async {
+            loop {
+                let built = metrics
+                    .borrow_and_update()
+                    .snapshot
+                    .map_or(0, |id| id.index);
+                if built >= target {
+                    return Ok::<u64, Status>(built);
+                }
+                // Ignored while a build runs; asked again when it ends, in
+                // case that build covered less than `target`.
+                self.raft
+                    .trigger()
+                    .snapshot()
+                    .await
+                    .map_err(|error| reason_status(ErrorReason::Unavailable(error.to_string())))?;
+                let _ = tokio::time::timeout(Duration::from_millis(500), metrics.changed()).await;
+            }
+        };
+        let snapshot_index = tokio::time::timeout(SNAPSHOT_TIMEOUT, wait)
+            .await
+            .map_err(|_| reason_status(ErrorReason::Deadline))??;
+        tracing::info!(
+            node_id = self.node_id,
+            log_index = snapshot_index,
+            "snapshot triggered by an operator"
+        );
+        Ok(Response::new(proto::TriggerSnapshotReply {
+            snapshot_index,
+        }))
+    }
+
+    async fn state_hash(
+        &self,
+        _request: Request<proto::StateHashRequest>,
+    ) -> Result<Response<proto::StateHashReply>, Status> {
+        // Index, time and hash under one read lock: one moment.
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        Ok(Response::new(proto::StateHashReply {
+            applied_index: registry.applied_index(),
+            state_hash: snapshot::state_hash(registry).to_string(),
+            cluster_time_ms: registry.cluster_time_ms(),
+            node_id: self.node_id,
+        }))
+    }
+
+    async fn local_read(
+        &self,
+        request: Request<proto::LocalReadRequest>,
+    ) -> Result<Response<proto::LocalReadReply>, Status> {
+        let key = request.into_inner().key;
+        if key.len() as u64 > bounds::KEY_BYTES_MAX {
+            return Err(convert_status(ConvertError::TooLarge(
+                "key",
+                key.len(),
+                bounds::KEY_BYTES_MAX,
+            )));
+        }
+        let applied = self.state.read();
+        Ok(Response::new(proto::LocalReadReply {
+            value: applied.registry.get(&key).map(convert::value_to_proto),
+            applied_index: applied.registry.applied_index(),
+        }))
+    }
+
+    async fn inject_fault(
+        &self,
+        request: Request<proto::InjectFaultRequest>,
+    ) -> Result<Response<proto::InjectFaultReply>, Status> {
+        if !cfg!(feature = "fault-injection") {
+            return Err(Status::unimplemented(
+                "fault injection needs a node built with the fault-injection feature",
+            ));
+        }
+        let count = u64::from(request.into_inner().drop_execute_replies);
+        let pending = self.faults.add_execute_reply_drops(count);
+        tracing::warn!(
+            node_id = self.node_id,
+            count,
+            pending,
+            "fault injection: execute replies will be dropped"
+        );
+        Ok(Response::new(proto::InjectFaultReply {
+            drop_execute_replies_pending: pending,
+        }))
+    }
+}

@@ -1,0 +1,192 @@
+//! The HTTP-level layer around the client gRPC server: it counts every reply
+//! of an `oncekv.v1` method by result (the wire-level view: refusals such as
+//! `NOT_LEADER` or overload included), and it turns tonic's own refusal of an
+//! oversized request — `OUT_OF_RANGE` without our reason, which a client
+//! could mistake for `RESPONSE_DISCARDED`'s code — into `INVALID_ARGUMENT`
+//! with the `INVALID_ARGUMENT` reason (final: nothing was executed). It
+//! decides nothing else and never looks into message bodies.
+
+use super::CLIENT_MESSAGE_BYTES_MAX;
+use super::status::{ErrorReason, REASON_METADATA_KEY, reason_status};
+use crate::metrics::{NodeMetrics, ReplyLabels};
+use crate::proto::Reason;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// Path prefix of the methods counted.
+const COUNTED_PREFIX: &str = "/oncekv.v1.";
+
+/// Wraps the client server's routes; see the module docs.
+#[derive(Clone)]
+pub struct ClientWireLayer {
+    metrics: Arc<NodeMetrics>,
+}
+
+impl ClientWireLayer {
+    pub fn new(metrics: Arc<NodeMetrics>) -> ClientWireLayer {
+        ClientWireLayer { metrics }
+    }
+}
+
+impl<S> tower::Layer<S> for ClientWireLayer {
+    type Service = ClientWire<S>;
+
+    fn layer(&self, inner: S) -> ClientWire<S> {
+        ClientWire {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ClientWire<S> {
+    inner: S,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for ClientWire<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = method_label(request.uri().path());
+        let response = self.inner.call(request);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(observe(&metrics, method, response))
+        })
+    }
+}
+
+/// The method's label: a fixed string for every method of ours, so a client
+/// cannot make up label values; `None` for anything else.
+fn method_label(path: &str) -> Option<&'static str> {
+    let name = path.strip_prefix(COUNTED_PREFIX)?;
+    Some(match name {
+        "Client/Register" => "Register",
+        "Client/Execute" => "Execute",
+        "Client/ExecutePlain" => "ExecutePlain",
+        "Client/KeepAlive" => "KeepAlive",
+        "Client/Unregister" => "Unregister",
+        "Client/Read" => "Read",
+        "Client/Status" => "Status",
+        _ => "other",
+    })
+}
+
+fn header<'a>(response: &'a http::Response<tonic::body::Body>, name: &str) -> Option<&'a str> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+}
+
+/// Counts `response` and rewrites tonic's oversized-request refusal.
+fn observe(
+    metrics: &NodeMetrics,
+    method: Option<&'static str>,
+    response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    // An error of a unary call comes back "trailers-only": its status is in
+    // the headers. A success carries its status in the trailers.
+    let code = header(&response, "grpc-status")
+        .and_then(|code| code.parse::<i32>().ok())
+        .map(tonic::Code::from);
+    let reason = header(&response, REASON_METADATA_KEY).and_then(Reason::from_str_name);
+    let oversized = code == Some(tonic::Code::OutOfRange) && reason.is_none();
+    let response = if oversized {
+        reason_status(ErrorReason::InvalidArgument(format!(
+            "request message too large: the limit is {CLIENT_MESSAGE_BYTES_MAX} bytes"
+        )))
+        .into_http()
+    } else {
+        response
+    };
+    let result = match (code, reason) {
+        _ if oversized => "invalid_argument",
+        (None | Some(tonic::Code::Ok), _) => "ok",
+        // An unknown method: not ours to count (and not a label to invent).
+        (Some(tonic::Code::Unimplemented), None) => return response,
+        (Some(tonic::Code::DeadlineExceeded), _) => "deadline",
+        (Some(_), Some(reason)) => reason_label(reason),
+        (Some(_), None) => "other",
+    };
+    if let Some(method) = method {
+        metrics
+            .client_replies
+            .get_or_create(&ReplyLabels { method, result })
+            .inc();
+    }
+    response
+}
+
+fn reason_label(reason: Reason) -> &'static str {
+    match reason {
+        Reason::Unspecified => "other",
+        Reason::NotLeader => "not_leader",
+        Reason::Unavailable => "unavailable",
+        Reason::TooManyOutstanding => "too_many_outstanding",
+        Reason::ResourceExhausted => "resource_exhausted",
+        Reason::SessionExpired => "session_expired",
+        Reason::WrongCluster => "wrong_cluster",
+        Reason::SeqConflict => "seq_conflict",
+        Reason::ResponseDiscarded => "response_discarded",
+        Reason::InvalidArgument => "invalid_argument",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(metrics: &NodeMetrics, method: &'static str, result: &'static str) -> u64 {
+        metrics
+            .client_replies
+            .get_or_create(&ReplyLabels { method, result })
+            .get()
+    }
+
+    /// tonic's "message too large" becomes INVALID_ARGUMENT with our reason;
+    /// our own OUT_OF_RANGE (RESPONSE_DISCARDED) passes unchanged.
+    #[test]
+    fn oversized_request_becomes_invalid_argument() {
+        let metrics = NodeMetrics::default();
+        let tonic_refusal = tonic::Status::out_of_range("Error, decoded message length too large")
+            .into_http::<tonic::body::Body>();
+        let rewritten = observe(&metrics, Some("Execute"), tonic_refusal);
+        let status = tonic::Status::from_header_map(rewritten.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            header(&rewritten, REASON_METADATA_KEY),
+            Some("INVALID_ARGUMENT")
+        );
+        assert_eq!(count(&metrics, "Execute", "invalid_argument"), 1);
+
+        let discarded = reason_status(ErrorReason::ResponseDiscarded { floor: 3 })
+            .into_http::<tonic::body::Body>();
+        let kept = observe(&metrics, Some("Execute"), discarded);
+        let status = tonic::Status::from_header_map(kept.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::OutOfRange);
+        assert_eq!(count(&metrics, "Execute", "response_discarded"), 1);
+    }
+
+    /// Only our methods are counted, under fixed labels.
+    #[test]
+    fn labels_are_fixed() {
+        assert_eq!(method_label("/oncekv.v1.Client/Execute"), Some("Execute"));
+        assert_eq!(method_label("/oncekv.v1.Client/Nonsense"), Some("other"));
+        assert_eq!(method_label("/grpc.health.v1.Health/Check"), None);
+    }
+}

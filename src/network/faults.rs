@@ -1,0 +1,71 @@
+//! Test-only fault hooks shared by the node's services: a handle on how many
+//! execute replies this node should still drop. It owns the counter and
+//! nothing else; the services decide where a fault applies. Faults can be
+//! set only in a `fault-injection` build (the `--fault` flag of
+//! `oncekv node`, or the Admin `InjectFault` RPC); in any other build the
+//! counter stays zero.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A shared, cloneable handle on this node's pending faults.
+#[derive(Clone, Debug, Default)]
+pub struct FaultControl {
+    /// Executes (not duplicates) still to be applied without a reply.
+    drop_execute_replies: Arc<AtomicU64>,
+}
+
+impl FaultControl {
+    /// A handle that will drop the replies of the next `drop_execute_replies`
+    /// executes (`--fault drop-first-execute-reply` starts with 1).
+    pub fn new(drop_execute_replies: u64) -> FaultControl {
+        FaultControl {
+            drop_execute_replies: Arc::new(AtomicU64::new(drop_execute_replies)),
+        }
+    }
+
+    /// Drops `count` more execute replies; returns how many are pending now.
+    pub fn add_execute_reply_drops(&self, count: u64) -> u64 {
+        let previous = self
+            .drop_execute_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |pending| {
+                Some(pending.saturating_add(count))
+            })
+            .unwrap_or_else(|pending| pending);
+        previous.saturating_add(count)
+    }
+
+    /// Execute replies still to be dropped.
+    pub fn pending_execute_reply_drops(&self) -> u64 {
+        self.drop_execute_replies.load(Ordering::SeqCst)
+    }
+
+    /// Called once per executed (not duplicate) request: true when its reply
+    /// must be dropped, consuming one pending drop.
+    pub fn take_execute_reply_drop(&self) -> bool {
+        self.drop_execute_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |pending| {
+                pending.checked_sub(1)
+            })
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each pending drop is taken exactly once, by any clone of the handle.
+    #[test]
+    fn drops_are_taken_once() {
+        let faults = FaultControl::new(1);
+        let shared = faults.clone();
+        assert_eq!(shared.add_execute_reply_drops(2), 3);
+        assert!(faults.take_execute_reply_drop());
+        assert!(shared.take_execute_reply_drop());
+        assert!(faults.take_execute_reply_drop());
+        assert!(!faults.take_execute_reply_drop());
+        assert_eq!(faults.pending_execute_reply_drops(), 0);
+        assert!(!FaultControl::default().take_execute_reply_drop());
+    }
+}
