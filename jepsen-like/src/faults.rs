@@ -168,7 +168,8 @@ fn duration_of(kind: FaultKind, rng: &mut ChaCha8Rng, election_max: Duration) ->
         | FaultKind::OneWay => ms(1_500, 3_000),
         // Time for the clients to retry the requests whose replies were lost.
         FaultKind::DropReply => ms(2_000, 3_000),
-        FaultKind::ShortTtl => ms(3_000, 4_000),
+        // Long enough for the lifecycle client to idle out a short TTL.
+        FaultKind::ShortTtl => ms(6_000, 8_000),
     }
 }
 

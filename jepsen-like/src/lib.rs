@@ -4,6 +4,7 @@
 //! short session TTL) plays, heals everything, reads every replica back and
 //! checks the history for any violation of exactly-once.
 
+pub mod admin;
 pub mod checker;
 pub mod cluster;
 pub mod faults;

@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 
+use crate::admin::{Admin, AdminCapabilities};
 use crate::checker::{self, Exercise, FinalValue, Findings, NodeFinal, Verdict};
 use crate::cluster::{Capabilities, Cluster, ClusterOptions, NODES, agreed_leader, describe};
 use crate::faults::{self, FaultKind, PlannedFault, ScheduleOptions};
@@ -51,6 +52,7 @@ pub struct Results {
     pub seed: u64,
     pub duration_requested_s: f64,
     pub capabilities: Capabilities,
+    pub admin: AdminCapabilities,
     /// Fault kinds left out because the server does not support them.
     pub kinds_unsupported: Vec<String>,
     pub schedule: Vec<PlannedFault>,
@@ -80,9 +82,44 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     std::fs::create_dir_all(&options.out_dir)
         .with_context(|| format!("create {}", options.out_dir.display()))?;
     let capabilities = Capabilities::probe(&options.server_bin)?;
+    let dir = tempfile::Builder::new()
+        .prefix("oncekv-jepsen-")
+        .tempdir()
+        .context("create the cluster's temporary directory")?;
+    let mut extra_args = Vec::new();
+    if capabilities.fault_flag {
+        // Every node process drops the reply to its first new execute: a
+        // lost reply after every restart too, so that clients retry
+        // requests that were applied.
+        extra_args.extend(["--fault".to_string(), "drop-first-execute-reply".to_string()]);
+    }
+    let cluster = Arc::new(
+        Cluster::start(ClusterOptions {
+            server_bin: options.server_bin.clone(),
+            dir: dir.path().to_path_buf(),
+            heartbeat_ms: options.heartbeat_ms,
+            election_timeout_min_ms: options.election_timeout_min_ms,
+            election_timeout_max_ms: options.election_timeout_max_ms,
+            snapshot_every_entries: options.snapshot_every_entries,
+            logs_kept_after_snapshot: options.logs_kept_after_snapshot,
+            session_ttl_ms: options.session_ttl_ms,
+            proxies: capabilities.peer_via,
+            extra_args,
+            start_timeout: Duration::from_secs(60),
+        })
+        .await
+        .context("start the cluster")?,
+    );
+    let admin = Admin::new(
+        NODES
+            .iter()
+            .map(|&node| (node, cluster.client_addr(node)))
+            .collect(),
+    )?;
+    let admin_capabilities = admin.probe(NODES[0]).await?;
     let kinds: Vec<FaultKind> = FaultKind::ALL
         .into_iter()
-        .filter(|kind| supported(*kind, capabilities))
+        .filter(|kind| supported(*kind, capabilities, admin_capabilities))
         .collect();
     let kinds_unsupported: Vec<String> = FaultKind::ALL
         .into_iter()
@@ -109,44 +146,18 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
             }
         );
     }
-    let dir = tempfile::Builder::new()
-        .prefix("oncekv-jepsen-")
-        .tempdir()
-        .context("create the cluster's temporary directory")?;
-    let mut extra_args = Vec::new();
-    if capabilities.fault_flag {
-        // Every node process drops the reply to its first new execute:
-        // a lost reply after every restart, so that clients retry requests
-        // that were applied.
-        extra_args.extend([
-            "--fault".to_string(),
-            "drop-first-execute-reply".to_string(),
-        ]);
-    }
-    let cluster = Arc::new(
-        Cluster::start(ClusterOptions {
-            server_bin: options.server_bin.clone(),
-            dir: dir.path().to_path_buf(),
-            heartbeat_ms: options.heartbeat_ms,
-            election_timeout_min_ms: options.election_timeout_min_ms,
-            election_timeout_max_ms: options.election_timeout_max_ms,
-            snapshot_every_entries: options.snapshot_every_entries,
-            logs_kept_after_snapshot: options.logs_kept_after_snapshot,
-            session_ttl_ms: options.session_ttl_ms,
-            proxies: capabilities.peer_via,
-            extra_args,
-            start_timeout: Duration::from_secs(60),
-        })
-        .await
-        .context("start the cluster")?,
-    );
-    let outcome = drive(options, &cluster, &schedule).await;
+    let tools = Tools {
+        admin: admin_capabilities.admin.then_some(admin),
+        inject_fault: admin_capabilities.inject_fault,
+    };
+    let outcome = drive(options, &cluster, &tools, &schedule).await;
     let verdict = match outcome {
         Ok(driven) => {
             let verdict = finish(
                 options,
                 &cluster,
                 capabilities,
+                admin_capabilities,
                 kinds_unsupported,
                 schedule,
                 driven,
@@ -169,7 +180,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     Ok(verdict)
 }
 
-fn supported(kind: FaultKind, capabilities: Capabilities) -> bool {
+fn supported(kind: FaultKind, capabilities: Capabilities, admin: AdminCapabilities) -> bool {
     match kind {
         FaultKind::KillLeader
         | FaultKind::KillRandom
@@ -179,11 +190,24 @@ fn supported(kind: FaultKind, capabilities: Capabilities) -> bool {
         | FaultKind::IsolateFollower
         | FaultKind::Bridge
         | FaultKind::OneWay => capabilities.peer_via,
-        // Both need the Admin service (InjectFault, SetConfig), which this
-        // server does not offer.
-        FaultKind::DropReply | FaultKind::ShortTtl => false,
+        FaultKind::DropReply => admin.inject_fault,
+        FaultKind::ShortTtl => admin.admin,
     }
 }
+
+/// The Admin hooks the nemesis and the final reads may use.
+struct Tools {
+    /// Present when the server offers the Admin service.
+    admin: Option<Admin>,
+    /// `InjectFault` works (a fault-injection build).
+    inject_fault: bool,
+}
+
+/// Replies a leader loses just before it is killed, so that the requests
+/// behind them are retried at the next leader.
+const DROPS_BEFORE_KILL: u32 = 2;
+/// The session TTL of the short-TTL phase.
+const SHORT_TTL_MS: u64 = 1_500;
 
 fn keep_logs(options: &RunOptions, cluster: &Cluster) {
     for node in NODES {
@@ -213,6 +237,7 @@ struct Seen {
 async fn drive(
     options: &RunOptions,
     cluster: &Arc<Cluster>,
+    tools: &Tools,
     schedule: &[PlannedFault],
 ) -> anyhow::Result<Driven> {
     let recorder = Recorder::start();
@@ -227,7 +252,11 @@ async fn drive(
         stop: stop_rx.clone(),
         session_ttl: ttl_rx,
     };
-    let _keep_ttl_sender = ttl_tx;
+    // The registry config to restore after the short-TTL phase.
+    let original_config = match &tools.admin {
+        Some(admin) => Some(admin.get_config(NODES[0]).await?),
+        None => None,
+    };
     let seen = Arc::new(Mutex::new(Seen::default()));
     let faults_done = Arc::new(AtomicU64::new(0));
 
@@ -277,7 +306,7 @@ async fn drive(
     // duration, or until the nemesis is done and the cluster has served
     // a few requests since (whichever is later), capped.
     let nemesis_result =
-        nemesis(options, cluster, schedule, &recorder, &counts, &faults_done).await;
+        nemesis(options, cluster, tools, &ttl_tx, schedule, &recorder, &counts, &faults_done).await;
     let end = Duration::from_secs_f64(options.duration.as_secs_f64());
     if recorder.elapsed() < end {
         sleep(end - recorder.elapsed()).await;
@@ -285,7 +314,7 @@ async fn drive(
     let workload_end_ns = recorder.now_ns();
     let _ = stop_tx.send(true);
     // Heal whatever may still be broken (an error mid-fault).
-    heal_everything(cluster).await;
+    heal_everything(cluster, tools, original_config).await;
     let (skipped, nemesis_error) = match nemesis_result {
         Ok(skipped) => (skipped, None),
         Err(error) => (0, Some(error)),
@@ -310,7 +339,10 @@ async fn drive(
     // Quiet period, then wait for every replica to apply the same index.
     sleep(Duration::from_secs(2)).await;
     let statuses = converge(cluster).await?;
-    let (finals, final_read) = read_finals(cluster, statuses).await?;
+    let (finals, final_read) = match &tools.admin {
+        Some(admin) => read_finals_local(admin).await?,
+        None => read_finals(cluster, statuses).await?,
+    };
     Ok(Driven {
         recorder,
         workload_end_ns,
@@ -322,9 +354,12 @@ async fn drive(
 
 /// Plays the schedule; returns how many planned faults were skipped
 /// because the run's time was up.
+#[allow(clippy::too_many_arguments)]
 async fn nemesis(
     options: &RunOptions,
     cluster: &Arc<Cluster>,
+    tools: &Tools,
+    ttl: &watch::Sender<Duration>,
     schedule: &[PlannedFault],
     recorder: &Recorder,
     counts: &Counts,
@@ -348,7 +383,7 @@ async fn nemesis(
             continue;
         }
         cluster.check_alive()?;
-        inject(options, cluster, planned, op_id, recorder)
+        inject(cluster, tools, ttl, planned, op_id, recorder)
             .await
             .with_context(|| format!("fault {op_id} ({})", planned.kind.name()))?;
         faults_done.fetch_add(1, Ordering::Relaxed);
@@ -359,8 +394,9 @@ async fn nemesis(
 /// Injects one fault, waits its duration, heals it; recorded as an invoke
 /// when it starts and an info when it is healed.
 async fn inject(
-    options: &RunOptions,
     cluster: &Cluster,
+    tools: &Tools,
+    ttl: &watch::Sender<Duration>,
     planned: &PlannedFault,
     op_id: u64,
     recorder: &Recorder,
@@ -391,8 +427,15 @@ async fn inject(
             .proxies()
             .context("partitions need the per-link proxies")
     };
+    let admin = || tools.admin.as_ref().context("this fault needs the Admin service");
     match planned.kind {
         FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::KillAll => {
+            if planned.kind == FaultKind::KillLeader && tools.inject_fault {
+                // The leader loses a few replies first: their requests are
+                // applied, and their clients' retries reach the next leader.
+                admin()?.drop_replies(leader, DROPS_BEFORE_KILL).await?;
+                sleep(Duration::from_millis(300)).await;
+            }
             for node in &nodes {
                 cluster.kill(*node)?;
             }
@@ -421,17 +464,46 @@ async fn inject(
             sleep(planned.duration).await;
             proxies()?.heal();
         }
-        FaultKind::DropReply | FaultKind::ShortTtl => {
-            bail!("{} is not supported by this server", planned.kind.name())
+        FaultKind::DropReply => {
+            admin()?.drop_replies(leader, planned.count).await?;
+            // The clients retry at the same leader after their attempt
+            // timeout and get the original replies as duplicates.
+            sleep(planned.duration).await;
+        }
+        FaultKind::ShortTtl => {
+            let admin = admin()?;
+            let original = admin.get_config(leader).await?;
+            let cluster_id = cluster
+                .status(leader)
+                .await
+                .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
+                .cluster_id;
+            let short = oncekv::proto::RegistryConfig {
+                session_ttl_ms: SHORT_TTL_MS,
+                ..original
+            };
+            admin
+                .set_config(leader, &cluster_id, short, Duration::from_secs(30))
+                .await?;
+            ttl.send_replace(Duration::from_millis(SHORT_TTL_MS));
+            sleep(planned.duration).await;
+            admin
+                .set_config(leader, &cluster_id, original, Duration::from_secs(30))
+                .await?;
+            ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
         }
     }
-    let _ = options;
     recorder.record(Event::complete(&invoke, EventType::Info, 0));
     Ok(())
 }
 
-/// Restarts every node not running, resumes paused ones, heals the links.
-async fn heal_everything(cluster: &Cluster) {
+/// Restarts every node not running, resumes paused ones, heals the links,
+/// restores the registry config.
+async fn heal_everything(
+    cluster: &Cluster,
+    tools: &Tools,
+    original_config: Option<oncekv::proto::RegistryConfig>,
+) {
     if let Some(proxies) = cluster.proxies() {
         proxies.heal();
     }
@@ -447,6 +519,32 @@ async fn heal_everything(cluster: &Cluster) {
             eprintln!("heal: {error:#}");
         }
     }
+    if let (Some(admin), Some(original)) = (&tools.admin, original_config)
+        && let Err(error) = restore_config(cluster, admin, original).await
+    {
+        eprintln!("heal: {error:#}");
+    }
+}
+
+/// Sets the registry config back to `original` if it differs.
+async fn restore_config(
+    cluster: &Cluster,
+    admin: &Admin,
+    original: oncekv::proto::RegistryConfig,
+) -> anyhow::Result<()> {
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await?;
+    if admin.get_config(leader).await? == original {
+        return Ok(());
+    }
+    let cluster_id = cluster
+        .status(leader)
+        .await
+        .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
+        .cluster_id;
+    admin
+        .set_config(leader, &cluster_id, original, Duration::from_secs(30))
+        .await?;
+    Ok(())
 }
 
 /// Records every new (leader, term) the nodes report, until stopped.
@@ -592,6 +690,50 @@ async fn read_finals(
     ))
 }
 
+/// Every node's own applied state: each key by `LocalRead` and the state
+/// hash by `StateHash`, all at one applied index per node (re-read, a few
+/// times at most, if the index moved in between).
+async fn read_finals_local(admin: &Admin) -> anyhow::Result<(Vec<NodeFinal>, String)> {
+    let mut finals = Vec::new();
+    for node in NODES {
+        let mut tries = 0;
+        let final_state = loop {
+            tries += 1;
+            let mut values = BTreeMap::new();
+            let mut indexes = Vec::new();
+            for key in workload::all_keys() {
+                let reply = admin.local_read(node, &key).await?;
+                indexes.push(reply.applied_index);
+                let value = reply
+                    .value
+                    .map(oncekv::network::convert::value_from_proto)
+                    .transpose()
+                    .with_context(|| format!("decode {key} from node {node}"))?;
+                values.insert(key, final_value(value));
+            }
+            let hash = admin.state_hash(node).await?;
+            if indexes.iter().all(|index| *index == hash.applied_index) {
+                break NodeFinal {
+                    node,
+                    applied_index: hash.applied_index,
+                    state_hash: hash.state_hash,
+                    values: Some(values),
+                };
+            }
+            if tries >= 5 {
+                bail!("node {node}'s applied index kept moving during the final reads");
+            }
+            sleep(Duration::from_millis(500)).await;
+        };
+        finals.push(final_state);
+    }
+    Ok((
+        finals,
+        "every node's own applied state: Admin.LocalRead of every key and Admin.StateHash"
+            .to_string(),
+    ))
+}
+
 fn final_value(value: Option<Value>) -> FinalValue {
     match value {
         None => FinalValue::Absent,
@@ -611,6 +753,7 @@ fn finish(
     options: &RunOptions,
     cluster: &Cluster,
     capabilities: Capabilities,
+    admin: AdminCapabilities,
     kinds_unsupported: Vec<String>,
     schedule: Vec<PlannedFault>,
     driven: Driven,
@@ -641,6 +784,7 @@ fn finish(
         seed: options.seed,
         duration_requested_s: options.duration.as_secs_f64(),
         capabilities,
+        admin,
         kinds_unsupported,
         schedule,
         faults_skipped: driven.faults_skipped,

@@ -1,0 +1,185 @@
+//! The harness's use of the nodes' Admin service (on each node's client
+//! port): per-node state hashes and local reads for the final check, the
+//! registry config for the short-TTL phase, and lost replies
+//! (`InjectFault`, fault-injection builds only). It only calls; deciding
+//! when is the runner's job.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use oncekv::network::status::error_detail;
+use oncekv::proto::{self, Reason, admin_client::AdminClient};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+/// Deadline of one Admin call.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the Admin service of the server under test offers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AdminCapabilities {
+    /// StateHash, LocalRead, GetConfig / SetConfig.
+    pub admin: bool,
+    /// InjectFault (a fault-injection build).
+    pub inject_fault: bool,
+}
+
+/// Admin clients of every node, by client endpoint.
+#[derive(Clone)]
+pub struct Admin {
+    endpoints: Vec<(u64, String)>,
+    clients: Vec<AdminClient<Channel>>,
+}
+
+impl Admin {
+    /// Lazily connected clients of `endpoints` (node id, `host:port`).
+    pub fn new(endpoints: Vec<(u64, String)>) -> anyhow::Result<Admin> {
+        let clients = endpoints
+            .iter()
+            .map(|(_, addr)| {
+                Ok(AdminClient::new(
+                    Endpoint::from_shared(format!("http://{addr}"))?
+                        .connect_timeout(Duration::from_secs(1))
+                        .tcp_nodelay(true)
+                        .connect_lazy(),
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Admin { endpoints, clients })
+    }
+
+    fn client(&self, node: u64) -> anyhow::Result<AdminClient<Channel>> {
+        let index = self
+            .endpoints
+            .iter()
+            .position(|(id, _)| *id == node)
+            .with_context(|| format!("no node {node}"))?;
+        Ok(self.clients[index].clone())
+    }
+
+    /// Probes what `node` offers: an unimplemented service or RPC is
+    /// "not offered", any other failure an error.
+    pub async fn probe(&self, node: u64) -> anyhow::Result<AdminCapabilities> {
+        let mut client = self.client(node)?;
+        let admin = match within(client.get_config(proto::GetConfigRequest {})).await {
+            Ok(_) => true,
+            Err(status) if status.code() == tonic::Code::Unimplemented => false,
+            Err(status) => bail!("Admin.GetConfig on node {node}: {status}"),
+        };
+        let inject_fault = admin
+            && match within(client.inject_fault(proto::InjectFaultRequest {
+                drop_execute_replies: 0,
+            }))
+            .await
+            {
+                Ok(_) => true,
+                Err(status) if status.code() == tonic::Code::Unimplemented => false,
+                Err(status) => bail!("Admin.InjectFault on node {node}: {status}"),
+            };
+        Ok(AdminCapabilities {
+            admin,
+            inject_fault,
+        })
+    }
+
+    pub async fn state_hash(&self, node: u64) -> anyhow::Result<proto::StateHashReply> {
+        let mut client = self.client(node)?;
+        Ok(within(client.state_hash(proto::StateHashRequest {}))
+            .await
+            .with_context(|| format!("Admin.StateHash on node {node}"))?)
+    }
+
+    pub async fn local_read(&self, node: u64, key: &str) -> anyhow::Result<proto::LocalReadReply> {
+        let mut client = self.client(node)?;
+        Ok(within(client.local_read(proto::LocalReadRequest {
+            key: key.as_bytes().to_vec(),
+        }))
+        .await
+        .with_context(|| format!("Admin.LocalRead {key} on node {node}"))?)
+    }
+
+    /// `node` drops the replies of its next `count` new executes.
+    pub async fn drop_replies(&self, node: u64, count: u32) -> anyhow::Result<u64> {
+        let mut client = self.client(node)?;
+        Ok(within(client.inject_fault(proto::InjectFaultRequest {
+            drop_execute_replies: count,
+        }))
+        .await
+        .with_context(|| format!("Admin.InjectFault on node {node}"))?
+        .drop_execute_replies_pending)
+    }
+
+    pub async fn get_config(&self, node: u64) -> anyhow::Result<proto::RegistryConfig> {
+        let mut client = self.client(node)?;
+        within(client.get_config(proto::GetConfigRequest {}))
+            .await
+            .with_context(|| format!("Admin.GetConfig on node {node}"))?
+            .config
+            .with_context(|| format!("node {node} has no registry config yet"))
+    }
+
+    /// Sets the registry config through the leader, starting at `leader`
+    /// and following NOT_LEADER hints, until applied or `timeout` passes.
+    pub async fn set_config(
+        &self,
+        leader: u64,
+        cluster_id: &[u8],
+        config: proto::RegistryConfig,
+        timeout: Duration,
+    ) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + timeout;
+        let mut target = leader;
+        loop {
+            let mut client = self.client(target)?;
+            let result = within(client.set_config(proto::SetConfigRequest {
+                cluster_id: cluster_id.to_vec(),
+                config: Some(config),
+            }))
+            .await;
+            let status = match result {
+                Ok(reply) => return Ok(reply.log_index),
+                Err(status) => status,
+            };
+            let detail = error_detail(&status);
+            let retry = match detail.as_ref().map(|d| d.reason()) {
+                Some(Reason::NotLeader) => {
+                    let hint = detail.map(|d| d.leader_id).unwrap_or(0);
+                    target = if hint != 0 {
+                        hint
+                    } else {
+                        self.next_after(target)
+                    };
+                    true
+                }
+                Some(Reason::Unavailable) | None => {
+                    target = self.next_after(target);
+                    true
+                }
+                Some(_) => false,
+            };
+            if !retry || Instant::now() >= deadline {
+                bail!("Admin.SetConfig: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn next_after(&self, node: u64) -> u64 {
+        let index = self
+            .endpoints
+            .iter()
+            .position(|(id, _)| *id == node)
+            .unwrap_or(0);
+        self.endpoints[(index + 1) % self.endpoints.len()].0
+    }
+}
+
+/// Runs an Admin call within [`CALL_TIMEOUT`].
+async fn within<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded("admin call timed out")),
+    }
+}
