@@ -372,13 +372,20 @@ fn series(events: &[Event], end_s: f64) -> Series {
     series
 }
 
-const FAULT_COLOURS: [RGBColor; 6] = [
+/// The smallest value a log-scale chart shows.
+const LOG_FLOOR: f64 = 0.1;
+
+const FAULT_COLOURS: [RGBColor; 10] = [
     RGBColor(255, 205, 210),
     RGBColor(255, 224, 178),
     RGBColor(200, 230, 201),
     RGBColor(187, 222, 251),
     RGBColor(225, 190, 231),
     RGBColor(255, 249, 196),
+    RGBColor(178, 235, 242),
+    RGBColor(215, 204, 200),
+    RGBColor(248, 187, 208),
+    RGBColor(220, 237, 200),
 ];
 
 fn colour_of(kind: &str, kinds: &[String]) -> RGBColor {
@@ -388,15 +395,31 @@ fn colour_of(kind: &str, kinds: &[String]) -> RGBColor {
 
 /// Draws one time chart: fault windows shaded, leader changes marked,
 /// then the given lines.
+/// With `log_scale`, y values are drawn as log10 (from [`LOG_FLOOR`] up)
+/// and labelled with their real values.
+#[allow(clippy::too_many_arguments)]
 fn chart(
     title: &str,
     y_label: &str,
     end_s: f64,
     y_max: f64,
+    log_scale: bool,
     faults: &[FaultWindow],
     leader_changes: &[(f64, u64)],
     lines: &[(&str, RGBColor, &[(f64, f64)])],
 ) -> Result<String, String> {
+    let scale = |y: f64| {
+        if log_scale {
+            y.max(LOG_FLOOR).log10()
+        } else {
+            y
+        }
+    };
+    let (y_low, y_high) = if log_scale {
+        (LOG_FLOOR.log10(), scale(y_max.max(10.0)))
+    } else {
+        (0.0, y_max.max(1.0))
+    };
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1100, 380)).into_drawing_area();
@@ -406,12 +429,20 @@ fn chart(
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(64)
-            .build_cartesian_2d(0f64..end_s.max(1.0), 0f64..y_max.max(1.0))
+            .build_cartesian_2d(0f64..end_s.max(1.0), y_low..y_high)
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
             .x_desc("seconds since start")
             .y_desc(y_label)
+            .y_label_formatter(&|y: &f64| {
+                let value = if log_scale { 10f64.powf(*y) } else { *y };
+                if value >= 10.0 {
+                    format!("{value:.0}")
+                } else {
+                    format!("{value:.1}")
+                }
+            })
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| e.to_string())?;
@@ -421,20 +452,21 @@ fn chart(
             kinds.dedup();
             kinds
         };
-        let top = y_max.max(1.0);
+        let top = y_high;
+        let bottom = y_low;
         for fault in faults {
             let end = fault.end_s.unwrap_or(end_s);
             let colour = colour_of(&fault.kind, &kinds);
             chart
                 .draw_series(std::iter::once(Rectangle::new(
-                    [(fault.start_s, 0.0), (end, top)],
+                    [(fault.start_s, bottom), (end, top)],
                     colour.mix(0.6).filled(),
                 )))
                 .map_err(|e| e.to_string())?;
             chart
                 .draw_series(std::iter::once(Text::new(
                     fault.kind.clone(),
-                    (fault.start_s, top * 0.97),
+                    (fault.start_s, top - (top - bottom) * 0.03),
                     ("sans-serif", 11).into_font(),
                 )))
                 .map_err(|e| e.to_string())?;
@@ -442,14 +474,14 @@ fn chart(
         for (at, leader) in leader_changes {
             chart
                 .draw_series(LineSeries::new(
-                    [(*at, 0.0), (*at, top)],
+                    [(*at, bottom), (*at, top)],
                     BLACK.mix(0.5).stroke_width(1),
                 ))
                 .map_err(|e| e.to_string())?;
             chart
                 .draw_series(std::iter::once(Text::new(
                     format!("n{leader}"),
-                    (*at, top * 0.9),
+                    (*at, top - (top - bottom) * 0.1),
                     ("sans-serif", 10).into_font(),
                 )))
                 .map_err(|e| e.to_string())?;
@@ -516,15 +548,17 @@ pub fn html(
         "ops/s",
         end_s,
         max_of(&series.ok_per_s) * 1.15,
+        false,
         &figures.faults,
         &leader_changes,
         &[("ok/s", RGBColor(25, 118, 210), &series.ok_per_s)],
     )?;
     let latency = chart(
-        "Latency of acknowledged operations, invoke to ok (ms)",
+        "Latency of acknowledged operations, invoke to ok (ms, log scale)",
         "ms",
         end_s,
-        max_of(&series.max_ms) * 1.15,
+        max_of(&series.max_ms) * 1.5,
+        true,
         &figures.faults,
         &leader_changes,
         &[

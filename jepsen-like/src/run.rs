@@ -91,7 +91,10 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         // Every node process drops the reply to its first new execute: a
         // lost reply after every restart too, so that clients retry
         // requests that were applied.
-        extra_args.extend(["--fault".to_string(), "drop-first-execute-reply".to_string()]);
+        extra_args.extend([
+            "--fault".to_string(),
+            "drop-first-execute-reply".to_string(),
+        ]);
     }
     let cluster = Arc::new(
         Cluster::start(ClusterOptions {
@@ -305,8 +308,17 @@ async fn drive(
     // The nemesis runs the schedule; the workload lasts the requested
     // duration, or until the nemesis is done and the cluster has served
     // a few requests since (whichever is later), capped.
-    let nemesis_result =
-        nemesis(options, cluster, tools, &ttl_tx, schedule, &recorder, &counts, &faults_done).await;
+    let nemesis_result = nemesis(
+        options,
+        cluster,
+        tools,
+        &ttl_tx,
+        schedule,
+        &recorder,
+        &counts,
+        &faults_done,
+    )
+    .await;
     let end = Duration::from_secs_f64(options.duration.as_secs_f64());
     if recorder.elapsed() < end {
         sleep(end - recorder.elapsed()).await;
@@ -421,21 +433,27 @@ async fn inject(
             nodes: nodes.clone(),
         },
     );
+    let admin = || {
+        tools
+            .admin
+            .as_ref()
+            .context("this fault needs the Admin service")
+    };
+    if planned.kind == FaultKind::KillLeader && tools.inject_fault {
+        // The leader loses a few replies first: their requests are applied,
+        // and their clients' retries reach the next leader. (Before the
+        // fault's invoke: the window starts at the kill.)
+        admin()?.drop_replies(leader, DROPS_BEFORE_KILL).await?;
+        sleep(Duration::from_millis(300)).await;
+    }
     recorder.record(invoke.clone());
     let proxies = || {
         cluster
             .proxies()
             .context("partitions need the per-link proxies")
     };
-    let admin = || tools.admin.as_ref().context("this fault needs the Admin service");
     match planned.kind {
         FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::KillAll => {
-            if planned.kind == FaultKind::KillLeader && tools.inject_fault {
-                // The leader loses a few replies first: their requests are
-                // applied, and their clients' retries reach the next leader.
-                admin()?.drop_replies(leader, DROPS_BEFORE_KILL).await?;
-                sleep(Duration::from_millis(300)).await;
-            }
             for node in &nodes {
                 cluster.kill(*node)?;
             }
