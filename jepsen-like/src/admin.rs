@@ -84,18 +84,18 @@ impl Admin {
 
     pub async fn state_hash(&self, node: u64) -> anyhow::Result<proto::StateHashReply> {
         let mut client = self.client(node)?;
-        Ok(within(client.state_hash(proto::StateHashRequest {}))
+        within(client.state_hash(proto::StateHashRequest {}))
             .await
-            .with_context(|| format!("Admin.StateHash on node {node}"))?)
+            .with_context(|| format!("Admin.StateHash on node {node}"))
     }
 
     pub async fn local_read(&self, node: u64, key: &str) -> anyhow::Result<proto::LocalReadReply> {
         let mut client = self.client(node)?;
-        Ok(within(client.local_read(proto::LocalReadRequest {
+        within(client.local_read(proto::LocalReadRequest {
             key: key.as_bytes().to_vec(),
         }))
         .await
-        .with_context(|| format!("Admin.LocalRead {key} on node {node}"))?)
+        .with_context(|| format!("Admin.LocalRead {key} on node {node}"))
     }
 
     /// `node` drops the replies of its next `count` new executes.

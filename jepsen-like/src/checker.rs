@@ -833,6 +833,7 @@ mod tests {
             self.complete(t1, client, op_id, kind, reply)
         }
 
+        #[allow(clippy::too_many_arguments)]
         fn incr(
             &mut self,
             client: u64,

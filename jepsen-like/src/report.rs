@@ -395,6 +395,9 @@ fn colour_of(kind: &str, kinds: &[String]) -> RGBColor {
 
 /// Draws one time chart: fault windows shaded, leader changes marked,
 /// then the given lines.
+/// One plotted line: its legend, colour and (x, y) points.
+type Line<'a> = (&'a str, RGBColor, &'a [(f64, f64)]);
+
 /// With `log_scale`, y values are drawn as log10 (from [`LOG_FLOOR`] up)
 /// and labelled with their real values.
 #[allow(clippy::too_many_arguments)]
@@ -406,7 +409,7 @@ fn chart(
     log_scale: bool,
     faults: &[FaultWindow],
     leader_changes: &[(f64, u64)],
-    lines: &[(&str, RGBColor, &[(f64, f64)])],
+    lines: &[Line<'_>],
 ) -> Result<String, String> {
     let scale = |y: f64| {
         if log_scale {
