@@ -84,9 +84,17 @@ case ${1:-} in
         ;;
     broken)
         build_harness
+        # The broken servers build in their own target directory, never over
+        # target/release; seeded from target/release when there is one, so
+        # that only the oncekv crate itself compiles.
+        if [ ! -d target/broken/release ] && [ -d target/release ]; then
+            mkdir -p target/broken
+            cp -a target/release target/broken/
+        fi
         for feature in broken-skip-dedup broken-snapshot-drops-sessions; do
-            build_server "fault-injection,$feature" "target/$feature"
-            run "$feature" 1 "target/$feature/release/oncekv" --seed 1 --duration 45 --leader-kills 3 --quiet
+            build_server "fault-injection,$feature" target/broken
+            cp target/broken/release/oncekv "target/broken/oncekv-$feature"
+            run "$feature" 1 "target/broken/oncekv-$feature" --seed 1 --duration 45 --leader-kills 3 --quiet
         done
         print_summary
         ;;

@@ -98,6 +98,19 @@ impl Admin {
         .with_context(|| format!("Admin.LocalRead {key} on node {node}"))
     }
 
+    /// `node` writes a snapshot of its applied state now; returns the log
+    /// index it covers.
+    pub async fn trigger_snapshot(&self, node: u64) -> anyhow::Result<u64> {
+        let mut client = self.client(node)?;
+        let call = client.trigger_snapshot(proto::TriggerSnapshotRequest {});
+        // Building a snapshot may take longer than an ordinary call.
+        match tokio::time::timeout(Duration::from_secs(60), call).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner().snapshot_index),
+            Ok(Err(status)) => bail!("Admin.TriggerSnapshot on node {node}: {status}"),
+            Err(_) => bail!("Admin.TriggerSnapshot on node {node}: no answer within 60 s"),
+        }
+    }
+
     /// `node` drops the replies of its next `count` new executes.
     pub async fn drop_replies(&self, node: u64, count: u32) -> anyhow::Result<u64> {
         let mut client = self.client(node)?;

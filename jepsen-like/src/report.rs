@@ -178,6 +178,8 @@ pub fn figures(
 }
 
 fn throughput(acks_ns: &[u64], faults: &[FaultWindow], end_s: f64) -> Throughput {
+    // Faults after the workload (the final restarts) do not count.
+    let faults: Vec<&FaultWindow> = faults.iter().filter(|f| f.start_s < end_s).collect();
     let first = faults.first().map_or(end_s, |f| f.start_s);
     let last = faults
         .iter()

@@ -350,7 +350,30 @@ async fn drive(
     }
     // Quiet period, then wait for every replica to apply the same index.
     sleep(Duration::from_secs(2)).await;
-    let statuses = converge(cluster).await?;
+    let mut statuses = converge(cluster).await?;
+    if let Some(admin) = &tools.admin {
+        // Rule 13: a node rebuilt from its snapshot must be
+        // indistinguishable from one that replayed the log. Each node in
+        // turn writes a snapshot of the final state, is SIGKILLed and
+        // restarted from it, and must converge to the same state hash.
+        for (op_id, node) in (schedule.len() as u64 + 1..).zip(NODES) {
+            let invoke = Event::invoke(
+                0,
+                Process::Nemesis,
+                op_id,
+                Op::Fault {
+                    kind: "restart-from-snapshot".to_string(),
+                    nodes: vec![node],
+                },
+            );
+            admin.trigger_snapshot(node).await?;
+            recorder.record(invoke.clone());
+            cluster.kill(node)?;
+            cluster.restart(node)?;
+            statuses = converge(cluster).await?;
+            recorder.record(Event::complete(&invoke, EventType::Info, 0));
+        }
+    }
     let (finals, final_read) = match &tools.admin {
         Some(admin) => read_finals_local(admin).await?,
         None => read_finals(cluster, statuses).await?,
