@@ -111,6 +111,8 @@ pub struct ScheduleOptions {
 pub const WARM_UP: Duration = Duration::from_secs(3);
 /// No fault starts within this of the end (faults heal, clients recover).
 pub const COOL_DOWN: Duration = Duration::from_secs(6);
+/// Least planned time between one fault's end and the next one's start.
+pub const GAP: Duration = Duration::from_secs(1);
 /// Planned time per fault: its duration plus recovery before the next.
 pub const SLOT: Duration = Duration::from_millis(3_500);
 
@@ -139,20 +141,22 @@ pub fn schedule(options: &ScheduleOptions) -> Vec<PlannedFault> {
     kinds.extend(extra);
     kinds.shuffle(&mut rng);
     let slot = window / kinds.len().max(1) as u32;
-    kinds
-        .into_iter()
-        .enumerate()
-        .map(|(index, kind)| {
-            let jitter = Duration::from_millis(rng.gen_range(0..=slot.as_millis() as u64 / 4));
-            PlannedFault {
-                start: WARM_UP + slot * index as u32 + jitter,
-                kind,
-                duration: duration_of(kind, &mut rng, options.election_timeout_max),
-                pick: rng.r#gen(),
-                count: rng.gen_range(1..=3),
-            }
-        })
-        .collect()
+    let mut planned: Vec<PlannedFault> = Vec::with_capacity(kinds.len());
+    for (index, kind) in kinds.into_iter().enumerate() {
+        let jitter = Duration::from_millis(rng.gen_range(0..=slot.as_millis() as u64 / 4));
+        // In its slot, but never before the previous fault is over.
+        let earliest = planned
+            .last()
+            .map_or(WARM_UP, |previous| previous.start + previous.duration + GAP);
+        planned.push(PlannedFault {
+            start: (WARM_UP + slot * index as u32 + jitter).max(earliest),
+            kind,
+            duration: duration_of(kind, &mut rng, options.election_timeout_max),
+            pick: rng.r#gen(),
+            count: rng.gen_range(1..=3),
+        });
+    }
+    planned
 }
 
 fn duration_of(kind: FaultKind, rng: &mut ChaCha8Rng, election_max: Duration) -> Duration {
@@ -209,9 +213,19 @@ mod tests {
             for kind in FaultKind::ALL {
                 assert!(planned.iter().any(|f| f.kind == kind), "{seed}: {kind:?}");
             }
-            assert!(planned.windows(2).all(|w| w[0].start < w[1].start));
-            assert!(planned.iter().all(|f| f.start >= WARM_UP
-                && f.start + f.duration <= Duration::from_secs(60) - COOL_DOWN + SLOT));
+            assert!(
+                planned
+                    .windows(2)
+                    .all(|w| w[0].start + w[0].duration + GAP <= w[1].start),
+                "{seed}: faults overlap"
+            );
+            let last = planned.last().unwrap();
+            assert!(planned.iter().all(|f| f.start >= WARM_UP));
+            assert!(
+                last.start + last.duration <= Duration::from_secs(60),
+                "{seed}: the last fault ends at {:?}",
+                last.start + last.duration
+            );
             let pauses = planned.iter().filter(|f| f.kind == FaultKind::PauseLeader);
             assert!(
                 pauses

@@ -209,6 +209,8 @@ struct Tools {
 /// Replies a leader loses just before it is killed, so that the requests
 /// behind them are retried at the next leader.
 const DROPS_BEFORE_KILL: u32 = 2;
+/// The workload goes on at least this long after the last fault healed.
+const AFTER_LAST_FAULT: Duration = Duration::from_secs(3);
 /// The session TTL of the short-TTL phase.
 const SHORT_TTL_MS: u64 = 1_500;
 
@@ -319,9 +321,14 @@ async fn drive(
         &faults_done,
     )
     .await;
-    let end = Duration::from_secs_f64(options.duration.as_secs_f64());
-    if recorder.elapsed() < end {
-        sleep(end - recorder.elapsed()).await;
+    // After the last fault the cluster must serve requests again for a
+    // while (a kill at the end is then followed by acknowledgements).
+    let end = options.duration.max(recorder.elapsed() + AFTER_LAST_FAULT);
+    sleep(end.saturating_sub(recorder.elapsed())).await;
+    let acked = counts.ok.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counts.ok.load(Ordering::Relaxed) < acked + 5 && Instant::now() < deadline {
+        sleep(Duration::from_millis(50)).await;
     }
     let workload_end_ns = recorder.now_ns();
     let _ = stop_tx.send(true);
