@@ -256,6 +256,7 @@ async fn drive(
         counts: counts.clone(),
         stop: stop_rx.clone(),
         session_ttl: ttl_rx,
+        short_ttl_phase: schedule.iter().any(|f| f.kind == FaultKind::ShortTtl),
     };
     // The registry config to restore after the short-TTL phase.
     let original_config = match &tools.admin {

@@ -74,6 +74,9 @@ pub struct Context {
     pub stop: watch::Receiver<bool>,
     /// The registry's current session TTL (the short-TTL phase changes it).
     pub session_ttl: watch::Receiver<Duration>,
+    /// The run has a short-TTL phase (else the lifecycle client idles out
+    /// the normal TTL now and then).
+    pub short_ttl_phase: bool,
 }
 
 impl Context {
@@ -480,10 +483,12 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
             tokio::time::sleep(Duration::from_millis(rng.gen_range(20..100))).await;
         }
         // Expiry: every cycle while the TTL is short (the short-TTL
-        // phase), every fourth cycle otherwise, as idling takes two TTLs.
+        // phase); without such a phase, every fourth cycle, as idling then
+        // takes two whole TTLs.
         cycle += 1;
         let ttl = *context.session_ttl.borrow();
-        if on_track && (ttl <= SHORT_TTL || cycle % 4 == 1) && !context.stopped() {
+        let idle_out = ttl <= SHORT_TTL || (!context.short_ttl_phase && cycle % 4 == 1);
+        if on_track && idle_out && !context.stopped() {
             // Idle past the TTL in cluster time (the leader's clock runs
             // while it leads, idle or not).
             let mut stop = context.stop.clone();
