@@ -495,7 +495,7 @@ fn chart(
             let colour = *colour;
             chart
                 .draw_series(LineSeries::new(
-                    points.iter().copied(),
+                    points.iter().map(|&(x, y)| (x, scale(y))),
                     colour.stroke_width(2),
                 ))
                 .map_err(|e| e.to_string())?
