@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Verdict};
-use crate::history::{self, Event, EventType, Op, Process};
+use crate::history::{self, Event, EventType, Expect, Op, Process};
 
 /// A fault as it happened.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -55,6 +55,9 @@ pub struct Figures {
     pub ok: u64,
     pub fail: u64,
     pub info: u64,
+    /// Of `fail`: the lifecycle client's refusals that were the point
+    /// (discarded, conflicting, expired).
+    pub fail_expected: u64,
     /// Attempts beyond the first, over all operations.
     pub retries: u64,
     /// Acknowledged operations answered by the registry as duplicates.
@@ -162,6 +165,19 @@ pub fn figures(
         ok: count(EventType::Ok),
         fail: count(EventType::Fail),
         info: count(EventType::Info),
+        fail_expected: client_ops
+            .iter()
+            .filter(|o| {
+                o.outcome() == EventType::Fail
+                    && matches!(
+                        o.op,
+                        Op::Lifecycle {
+                            expect: Expect::Discarded | Expect::Conflict | Expect::Expired,
+                            ..
+                        }
+                    )
+            })
+            .count() as u64,
         retries,
         duplicates: exercise.duplicates,
         acks_after_leader_change: exercise.acks_after_leader_change,
@@ -248,8 +264,8 @@ pub fn summary(
     );
     let _ = writeln!(
         out,
-        "operations: {} attempted, {} ok, {} fail, {} info; {} retries; {} answered as duplicates by the registry",
-        f.attempted, f.ok, f.fail, f.info, f.retries, f.duplicates
+        "operations: {} attempted, {} ok, {} fail ({} of them refusals the lifecycle client provoked), {} info; {} retries; {} answered as duplicates by the registry",
+        f.attempted, f.ok, f.fail, f.fail_expected, f.info, f.retries, f.duplicates
     );
     let _ = writeln!(
         out,
@@ -529,19 +545,25 @@ pub fn html(
     summary: &str,
     verdict: Verdict,
 ) -> Result<String, String> {
-    let end_s = figures.duration_s.max(
-        figures
-            .faults
-            .iter()
-            .filter_map(|f| f.end_s)
-            .fold(0.0, f64::max),
-    );
+    // The charts cover the workload; faults after it (the final restarts)
+    // are in the table only.
+    let end_s = figures.duration_s;
     let series = series(events, end_s);
     let leader_changes: Vec<(f64, u64)> = events
         .iter()
         .filter_map(|e| match e.op {
             Op::LeaderChange { leader, .. } => Some((seconds(e.time_ns), leader)),
             _ => None,
+        })
+        .filter(|(at, _)| *at <= end_s)
+        .collect();
+    let faults: Vec<FaultWindow> = figures
+        .faults
+        .iter()
+        .filter(|f| f.start_s < end_s)
+        .map(|f| FaultWindow {
+            end_s: Some(f.end_s.unwrap_or(end_s).min(end_s)),
+            ..f.clone()
         })
         .collect();
     let max_of = |points: &[(f64, f64)]| points.iter().map(|p| p.1).fold(0.0, f64::max);
@@ -554,7 +576,7 @@ pub fn html(
         end_s,
         max_of(&series.ok_per_s) * 1.15,
         false,
-        &figures.faults,
+        &faults,
         &leader_changes,
         &[("ok/s", RGBColor(25, 118, 210), &series.ok_per_s)],
     )?;
@@ -564,7 +586,7 @@ pub fn html(
         end_s,
         max_of(&series.max_ms) * 1.5,
         true,
-        &figures.faults,
+        &faults,
         &leader_changes,
         &[
             ("p50", RGBColor(56, 142, 60), &series.p50_ms),

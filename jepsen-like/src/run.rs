@@ -382,9 +382,10 @@ async fn drive(
             recorder.record(Event::complete(&invoke, EventType::Info, 0));
         }
     }
+    let keys = workload::keys_of(&recorder.snapshot());
     let (finals, final_read) = match &tools.admin {
-        Some(admin) => read_finals_local(admin).await?,
-        None => read_finals(cluster, statuses).await?,
+        Some(admin) => read_finals_local(admin, &keys).await?,
+        None => read_finals(cluster, statuses, &keys).await?,
     };
     Ok(Driven {
         recorder,
@@ -698,6 +699,7 @@ async fn converge(cluster: &Cluster) -> anyhow::Result<Statuses> {
 async fn read_finals(
     cluster: &Cluster,
     statuses: Statuses,
+    keys: &[String],
 ) -> anyhow::Result<(Vec<NodeFinal>, String)> {
     let leader = agreed_leader(&statuses).context("a leader after converging")?;
     let client = Client::with_config(
@@ -708,12 +710,12 @@ async fn read_finals(
         },
     );
     let mut values = BTreeMap::new();
-    for key in workload::all_keys() {
+    for key in keys {
         let value = client
             .get(key.as_bytes())
             .await
             .with_context(|| format!("read {key}"))?;
-        values.insert(key, final_value(value));
+        values.insert(key.clone(), final_value(value));
     }
     client.close().await;
     // Status again: the reads must not have moved the state.
@@ -742,7 +744,10 @@ async fn read_finals(
 /// Every node's own applied state: each key by `LocalRead` and the state
 /// hash by `StateHash`, all at one applied index per node (re-read, a few
 /// times at most, if the index moved in between).
-async fn read_finals_local(admin: &Admin) -> anyhow::Result<(Vec<NodeFinal>, String)> {
+async fn read_finals_local(
+    admin: &Admin,
+    keys: &[String],
+) -> anyhow::Result<(Vec<NodeFinal>, String)> {
     let mut finals = Vec::new();
     for node in NODES {
         let mut tries = 0;
@@ -750,15 +755,15 @@ async fn read_finals_local(admin: &Admin) -> anyhow::Result<(Vec<NodeFinal>, Str
             tries += 1;
             let mut values = BTreeMap::new();
             let mut indexes = Vec::new();
-            for key in workload::all_keys() {
-                let reply = admin.local_read(node, &key).await?;
+            for key in keys {
+                let reply = admin.local_read(node, key).await?;
                 indexes.push(reply.applied_index);
                 let value = reply
                     .value
                     .map(oncekv::network::convert::value_from_proto)
                     .transpose()
                     .with_context(|| format!("decode {key} from node {node}"))?;
-                values.insert(key, final_value(value));
+                values.insert(key.clone(), final_value(value));
             }
             let hash = admin.state_hash(node).await?;
             if indexes.iter().all(|index| *index == hash.applied_index) {

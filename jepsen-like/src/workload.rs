@@ -22,12 +22,23 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::history::{Event, EventType, Expect, Op, Process, Recorder, Reply};
 
-/// The hot lists appenders write to.
-pub const LIST_KEYS: [&str; 3] = ["list-0", "list-1", "list-2"];
+/// Appenders write to this many hot lists at a time.
+pub const HOT_LISTS: u64 = 3;
+/// Every this many operations an appender moves on to the next set of hot
+/// lists, so that no list reaches the registry's value size limit (64 KiB
+/// by default: about 6,000 short elements). By operation count, not time,
+/// so that the same seed gives the same operations.
+pub const OPS_PER_LIST_EPOCH: u64 = 1_500;
 /// The counters incrementers add to.
 pub const COUNTER_KEYS: [&str; 2] = ["counter-0", "counter-1"];
-/// The list the lifecycle client appends to.
+/// The list the lifecycle client appends to (a cycle adds two elements).
 pub const LIFECYCLE_KEY: &str = "life";
+
+/// The list an appender's `op_id`-th operation writes to, given a draw.
+pub fn list_key(op_id: u64, draw: u64) -> String {
+    format!("list-{}-{}", op_id / OPS_PER_LIST_EPOCH, draw % HOT_LISTS)
+}
+
 /// A TTL at most this long is idled out in every lifecycle cycle.
 pub const SHORT_TTL: Duration = Duration::from_secs(5);
 /// Overall deadline of one call, retries included.
@@ -35,14 +46,18 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline of one attempt (a lost reply is retried after it).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1_500);
 
-/// Every key the workloads touch.
-pub fn all_keys() -> Vec<String> {
-    LIST_KEYS
+/// Every key the history's operations touched, in order.
+pub fn keys_of(events: &[Event]) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = events
         .iter()
-        .chain(COUNTER_KEYS.iter())
-        .chain(std::iter::once(&LIFECYCLE_KEY))
-        .map(|k| k.to_string())
-        .collect()
+        .filter_map(|event| match &event.op {
+            Op::Append { key, .. } | Op::Increment { key, .. } | Op::Lifecycle { key, .. } => {
+                Some(key)
+            }
+            _ => None,
+        })
+        .collect();
+    keys.into_iter().cloned().collect()
 }
 
 /// Live counts for the progress line.
@@ -121,7 +136,7 @@ pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64
         op_id += 1;
         let (op, command) = match role {
             Role::Appender => {
-                let key = LIST_KEYS[rng.gen_range(0..LIST_KEYS.len())];
+                let key = list_key(op_id, rng.r#gen());
                 let value = format!("c{client_number}-s{op_id}");
                 (
                     Op::Append {
