@@ -158,7 +158,6 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         Ok(driven) => {
             let verdict = finish(
                 options,
-                &cluster,
                 capabilities,
                 admin_capabilities,
                 kinds_unsupported,
@@ -805,14 +804,12 @@ fn final_value(value: Option<Value>) -> FinalValue {
 /// Checks, counts, prints and writes the outputs; returns the verdict.
 fn finish(
     options: &RunOptions,
-    cluster: &Cluster,
     capabilities: Capabilities,
     admin: AdminCapabilities,
     kinds_unsupported: Vec<String>,
     schedule: Vec<PlannedFault>,
     driven: Driven,
 ) -> anyhow::Result<Verdict> {
-    let _ = cluster;
     let events = driven.recorder.snapshot();
     let findings: Findings = checker::check(&events, &driven.finals);
     let exercise = checker::exercise(&events, u64::from(options.leader_kills));

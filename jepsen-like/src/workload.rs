@@ -613,3 +613,91 @@ async fn lifecycle_request(
     context.recorder.record(done);
     expected
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(attempt: u32, outcome: AttemptOutcome) -> AttemptEvent {
+        AttemptEvent {
+            client_id: 9,
+            seq: 4,
+            attempt,
+            endpoint: format!("127.0.0.1:{}", 7000 + attempt),
+            outcome,
+        }
+    }
+
+    fn invoke() -> Event {
+        Event::invoke(
+            0,
+            Process::Client(1),
+            1,
+            Op::Increment {
+                key: "n".into(),
+                delta: 2,
+            },
+        )
+    }
+
+    /// A retried call answered from the cache completes as ok, flagged a
+    /// duplicate, with its attempts, session, seq and last node.
+    #[test]
+    fn completion_of_a_duplicate_answer() {
+        let seen = [
+            attempt(0, AttemptOutcome::Started),
+            attempt(
+                0,
+                AttemptOutcome::Retry {
+                    reason: "DeadlineExceeded".into(),
+                },
+            ),
+            attempt(1, AttemptOutcome::Started),
+            attempt(
+                1,
+                AttemptOutcome::Answered {
+                    duplicate: true,
+                    log_index: 30,
+                },
+            ),
+        ];
+        let done = completion(
+            &invoke(),
+            Ok(CommandResult::Incremented { value: 7 }),
+            &seen,
+        );
+        assert_eq!(done.kind, EventType::Ok);
+        assert_eq!(done.reply, Some(Reply::Incremented { value: 7 }));
+        assert!(done.duplicate);
+        assert_eq!(done.attempts, 2);
+        assert_eq!((done.session, done.seq), (Some(9), Some(4)));
+        assert_eq!(done.node.as_deref(), Some("127.0.0.1:7001"));
+    }
+
+    /// An unknown outcome is info; a refusal before anything ran is fail.
+    #[test]
+    fn completion_of_errors() {
+        let seen = [attempt(0, AttemptOutcome::Started)];
+        let unknown = Error::OutcomeUnknown {
+            seq: 4,
+            reason: "deadline".into(),
+            fenced: true,
+        };
+        let done = completion(&invoke(), Err(unknown), &seen);
+        assert_eq!(done.kind, EventType::Info);
+        assert!(!done.duplicate);
+        let done = completion(&invoke(), Err(Error::SessionExpired), &seen);
+        assert_eq!(done.kind, EventType::Fail);
+        let done = completion(&invoke(), Err(Error::Unavailable("down".into())), &[]);
+        assert_eq!(done.kind, EventType::Fail);
+        assert_eq!(done.attempts, 0);
+    }
+
+    /// Appenders move to fresh lists by operation count, a few at a time.
+    #[test]
+    fn list_keys_rotate_by_operation_count() {
+        assert_eq!(list_key(0, 4), "list-0-1");
+        assert_eq!(list_key(OPS_PER_LIST_EPOCH - 1, 2), "list-0-2");
+        assert_eq!(list_key(OPS_PER_LIST_EPOCH, 0), "list-1-0");
+    }
+}
