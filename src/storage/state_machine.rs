@@ -44,19 +44,44 @@ pub struct AppliedState {
 
 /// Shared handle on the applied state; readers take the lock briefly.
 #[derive(Clone, Debug, Default)]
-pub struct SharedState(Arc<RwLock<AppliedState>>);
+pub struct SharedState {
+    state: Arc<RwLock<AppliedState>>,
+    /// (applied index, hex state hash): hashing encodes the whole state, so
+    /// it is done once per applied index, however many readers ask
+    /// (`Status`, `Admin.StateHash`, metrics scrapes).
+    hash_cache: Arc<Mutex<Option<(u64, String)>>>,
+}
 
 impl SharedState {
     pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
-        self.0
+        self.state
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, AppliedState> {
-        self.0
+        self.state
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The hex state hash of `applied` (a guard from [`SharedState::read`],
+    /// so index and hash are of one moment), computed at most once per
+    /// applied index.
+    pub fn state_hash(&self, applied: &AppliedState) -> String {
+        let index = applied.registry.applied_index();
+        let mut cache = self
+            .hash_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*cache {
+            Some((cached, hash)) if *cached == index => hash.clone(),
+            _ => {
+                let hash = crate::registry::snapshot::state_hash(&applied.registry).to_string();
+                *cache = Some((index, hash.clone()));
+                hash
+            }
+        }
     }
 }
 
