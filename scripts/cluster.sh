@@ -46,7 +46,7 @@ readonly ROOT
 DATA=${ONCEKV_DATA:-./data}
 case $DATA in
     /*) ;;
-    *) DATA=$PWD/$DATA ;;
+    *) DATA=$PWD/${DATA#./} ;;
 esac
 readonly DATA
 readonly BASE=${ONCEKV_PORT_BASE:-7100}
