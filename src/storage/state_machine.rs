@@ -320,9 +320,12 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         // Encoding under the read lock captures one point in time; apply
-        // waits only for the in-memory encoding, not for the disk.
-        let (meta, bytes) = {
-            let applied = self.state.read();
+        // waits only for the in-memory encoding, not for the disk. It runs on
+        // a blocking thread, so a large state does not stall a tokio worker
+        // (and the Raft core or RPCs scheduled on it) while it encodes.
+        let state = self.state.clone();
+        let (meta, bytes) = tokio::task::spawn_blocking(move || {
+            let applied = state.read();
             let last = applied.last_applied;
             let meta = SnapshotMeta {
                 last_log_id: last,
@@ -334,7 +337,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 ),
             };
             (meta, snapshot::to_bytes(&applied.registry))
-        };
+        })
+        .await
+        .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
         let bytes = Arc::new(bytes);
         let files = self.files.clone();
         let persisted_meta = meta.clone();
