@@ -243,7 +243,16 @@ impl client_server::Client for ClientApi {
             first_outstanding_seq: request.first_outstanding_seq,
         };
         match self.propose(op).await? {
-            (Outcome::KeptAlive { floor }, _) => Ok(Response::new(proto::KeepAliveReply { floor })),
+            (
+                Outcome::KeptAlive {
+                    floor,
+                    session_ttl_ms,
+                },
+                _,
+            ) => Ok(Response::new(proto::KeepAliveReply {
+                floor,
+                session_ttl_ms,
+            })),
             (other, _) => Err(rejected(other)),
         }
     }
