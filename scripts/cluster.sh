@@ -46,7 +46,7 @@ readonly ROOT
 DATA=${ONCEKV_DATA:-./data}
 case $DATA in
     /*) ;;
-    *) DATA=$PWD/$DATA ;;
+    *) DATA=$PWD/${DATA#./} ;;
 esac
 readonly DATA
 readonly BASE=${ONCEKV_PORT_BASE:-7100}
@@ -83,7 +83,7 @@ members() {
 # Fails unless $1 is a node id whose ports fit under the port base.
 check_id() {
     [[ ${1:-} =~ ^[1-9][0-9]?$ ]] || { usage >&2; exit 2; }
-    ((BASE + 100 + $1 <= 65535)) || die "node $1's peer port would exceed 65535"
+    ((BASE + 200 + $1 <= 65535)) || die "node $1's metrics port would exceed 65535"
 }
 
 # Fails unless node $1 is one of the cluster's nodes.
@@ -259,7 +259,7 @@ cmd_start() {
 
 print_metrics_urls() {
     local n
-    for n in "${NODES[@]}"; do
+    for n in $(members); do
         echo "node $n metrics: $(metrics_url "$n")"
     done
 }

@@ -8,7 +8,7 @@
 //! Every metric is documented in README.md ("Metrics and dashboard").
 
 use crate::raft_types::{NodeId, NodeInfo};
-use crate::registry::{Entry, Op, Outcome, Registry, Rejection, snapshot};
+use crate::registry::{Entry, Op, Outcome, Registry, Rejection};
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -17,7 +17,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Unit;
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// The `Content-Type` of [`NodeMetrics::encode`]'s output.
@@ -88,9 +87,6 @@ pub struct NodeMetrics {
     process_open_fds: Gauge,
     process_threads: Gauge,
     process_start_time: Gauge,
-    /// (applied index, hash): hashing encodes the whole state, so it is done
-    /// at most once per applied index.
-    hash_cache: Mutex<(u64, String)>,
 }
 
 impl Default for NodeMetrics {
@@ -141,7 +137,6 @@ impl NodeMetrics {
             process_open_fds: Gauge::default(),
             process_threads: Gauge::default(),
             process_start_time: Gauge::default(),
-            hash_cache: Mutex::new((u64::MAX, String::new())),
         };
         let r = &mut registry;
         r.register(
@@ -351,7 +346,7 @@ impl NodeMetrics {
     /// Sets every scrape-time gauge from Raft's metrics and the applied
     /// state. Takes the state's read lock for one pass over the sessions
     /// (and, once per applied index, the state hash).
-    pub fn refresh(&self, raft: &RaftMetrics<NodeId, NodeInfo>, registry: &Registry) {
+    pub fn refresh(&self, raft: &RaftMetrics<NodeId, NodeInfo>, registry: &Registry, hash: String) {
         self.term.set(saturating_i64(raft.current_term));
         self.leader_id
             .set(saturating_i64(raft.current_leader.unwrap_or(0)));
@@ -374,13 +369,6 @@ impl NodeMetrics {
         self.sessions_live.set(saturating_i64(sessions));
         self.cached_responses.set(saturating_i64(responses));
         self.cached_bytes.set(saturating_i64(bytes));
-        let hash = {
-            let mut cache = self.hash_cache.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.0 != applied_index {
-                *cache = (applied_index, snapshot::state_hash(registry).to_string());
-            }
-            cache.1.clone()
-        };
         self.state_hash_info.clear();
         self.state_hash_info
             .get_or_create(&StateHashLabels {
@@ -521,10 +509,9 @@ mod tests {
                 outcome: "applied",
             })
             .inc();
-        metrics.refresh(
-            &RaftMetrics::new_initial(3),
-            &crate::registry::Registry::new(),
-        );
+        let registry = crate::registry::Registry::new();
+        let hash = crate::registry::snapshot::state_hash(&registry).to_string();
+        metrics.refresh(&RaftMetrics::new_initial(3), &registry, hash);
         let text = metrics.encode();
         let names = exported_series_names(&text);
         for name in &names {

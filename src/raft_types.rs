@@ -21,6 +21,34 @@ impl fmt::Display for NodeInfo {
     }
 }
 
+/// Whether `addr` is HOST:PORT: a socket address, or a DNS-style host name
+/// and a non-zero port (what a node may announce).
+pub fn is_host_port(addr: &str) -> bool {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && port.parse::<u16>().is_ok_and(|port| port != 0)
+}
+
+/// Two announced addresses name the same endpoint (socket addresses are
+/// compared parsed, so `127.0.0.1:1` and `127.0.0.1:01` agree).
+pub fn same_addr(a: &str, b: &str) -> bool {
+    match (
+        a.parse::<std::net::SocketAddr>(),
+        b.parse::<std::net::SocketAddr>(),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
 /// The response of one applied log entry: the registry's outcome, or
 /// `None` for Raft's own blank and membership entries.
 pub type Applied = Option<registry::Outcome>;

@@ -320,10 +320,9 @@ fn dashboard_queries_name_exported_metrics() {
             result: "ok",
         })
         .inc();
-    metrics.refresh(
-        &openraft::RaftMetrics::new_initial(1),
-        &oncekv::registry::Registry::new(),
-    );
+    let registry = oncekv::registry::Registry::new();
+    let hash = oncekv::registry::snapshot::state_hash(&registry).to_string();
+    metrics.refresh(&openraft::RaftMetrics::new_initial(1), &registry, hash);
     let exported = oncekv::metrics::exported_series_names(&metrics.encode());
 
     let mut exprs = Vec::new();

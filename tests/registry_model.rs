@@ -226,6 +226,7 @@ impl Model {
                 session.floor = session.floor.max(floor);
                 Outcome::KeptAlive {
                     floor: session.floor,
+                    session_ttl_ms: self.config.session_ttl_ms,
                 }
             }
             None => Outcome::Rejected(Rejection::SessionExpired),

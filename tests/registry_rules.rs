@@ -281,7 +281,10 @@ fn rule07_fenced_request_is_never_executed() {
     let client = driver.register(1);
     assert_eq!(
         driver.keep_alive(client, 2),
-        Outcome::KeptAlive { floor: 2 }
+        Outcome::KeptAlive {
+            floor: 2,
+            session_ttl_ms: RegistryConfig::default().session_ttl_ms
+        }
     );
     assert_eq!(
         driver.execute(client, 1, 1, incr("n", 1)),
@@ -448,7 +451,10 @@ fn rule11_keep_alive_refreshes_activity_and_floor() {
         driver.advance(900);
         assert!(matches!(
             driver.keep_alive(client, 2),
-            Outcome::KeptAlive { floor: 2 }
+            Outcome::KeptAlive {
+                floor: 2,
+                session_ttl_ms: 1_000
+            }
         ));
     }
     let session = driver.registry.session(client).unwrap();
@@ -586,6 +592,23 @@ fn rule12_config_changes_only_through_the_log() {
         Outcome::ConfigSet(smaller)
     );
     assert_eq!(driver.registry.config(), &smaller);
+    // A keep-alive tells the client the TTL now in force, so it can pace
+    // its keep-alives by a TTL changed since it registered.
+    let shorter = RegistryConfig {
+        session_ttl_ms: 5_000,
+        ..smaller
+    };
+    driver.apply(Op::SetConfig {
+        cluster_id: CLUSTER,
+        config: shorter,
+    });
+    assert_eq!(
+        driver.keep_alive(client, 1),
+        Outcome::KeptAlive {
+            floor: 1,
+            session_ttl_ms: 5_000
+        }
+    );
     assert_eq!(
         driver.execute(client, 3, 1, incr("n", 1)),
         rejected(Rejection::TooManyOutstanding {
@@ -604,7 +627,7 @@ fn rule12_config_changes_only_through_the_log() {
         }),
         Outcome::Rejected(Rejection::InvalidArgument(InvalidArgument::Config(_)))
     ));
-    assert_eq!(driver.registry.config(), &smaller);
+    assert_eq!(driver.registry.config(), &shorter);
 }
 
 /// Rule 13: a node restored from a snapshot detects duplicates of requests

@@ -165,7 +165,9 @@ struct Inner {
 struct Session {
     client_id: u64,
     cluster_id: Vec<u8>,
-    ttl: Duration,
+    /// The session TTL as last heard from the cluster (at register, then
+    /// at every keep-alive): keep-alives are paced by it.
+    ttl_ms: std::sync::atomic::AtomicU64,
     seqs: Mutex<Seqs>,
     /// Signalled whenever a seq finishes (the window may have opened).
     finished: Notify,
@@ -730,7 +732,7 @@ impl Client {
         let session = Arc::new(Session {
             client_id: reply.client_id,
             cluster_id: reply.cluster_id,
-            ttl: Duration::from_millis(reply.session_ttl_ms),
+            ttl_ms: std::sync::atomic::AtomicU64::new(reply.session_ttl_ms),
             seqs: Mutex::new(Seqs::new(reply.window)),
             finished: Notify::new(),
             expired: std::sync::atomic::AtomicBool::new(false),
@@ -761,7 +763,9 @@ impl Client {
                 let Some(live) = session.upgrade() else {
                     return;
                 };
-                let period = live.ttl.mul_f64(fraction).max(Duration::from_millis(10));
+                let ttl =
+                    Duration::from_millis(live.ttl_ms.load(std::sync::atomic::Ordering::Relaxed));
+                let period = ttl.mul_f64(fraction).max(Duration::from_millis(10));
                 let idle = live
                     .last_sent
                     .lock()
@@ -800,7 +804,15 @@ impl Client {
             })
             .await;
         match result {
-            Ok(_) => true,
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                if reply.session_ttl_ms > 0 {
+                    session
+                        .ttl_ms
+                        .store(reply.session_ttl_ms, std::sync::atomic::Ordering::Relaxed);
+                }
+                true
+            }
             Err((status, _)) => {
                 if error_detail(&status)
                     .is_some_and(|detail| detail.reason() == Reason::SessionExpired)

@@ -11,21 +11,19 @@
 //! wrong cluster id, a membership change the leader's current membership
 //! rules out, and not being the leader.
 
-use super::client_api::{clock_status, invalid, rejected, write_status};
+use super::client_api::{invalid, rejected, write_status};
 use super::convert::{self, ConvertError};
 use super::faults::FaultControl;
 use super::peer::parse_cluster_id;
+use super::proposer::Proposer;
 use super::status::{ErrorReason, reason_status};
-use crate::clock::ClusterClock;
 use crate::proto::{self, admin_server};
-use crate::raft_types::{NodeId, NodeInfo, Raft};
-use crate::registry::{ClientId, ClusterId, Entry, Op, Outcome, bounds, snapshot};
+use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
+use crate::registry::{ClientId, ClusterId, Op, Outcome, bounds};
 use crate::storage::SharedState;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership, RaftMetrics, ServerState};
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
@@ -34,6 +32,9 @@ use tonic::{Request, Response, Status};
 const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default wait for a new learner to catch up (`AddLearnerRequest.timeout_ms`).
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `ChangeVoters` waits for a learner it promotes to have caught
+/// up with the leader's log.
+const PROMOTE_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `TriggerSnapshot` waits for the snapshot to be durable.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// `ListSessions` page size: default and largest.
@@ -44,10 +45,9 @@ pub struct AdminApi {
     node_id: NodeId,
     raft: Raft,
     state: SharedState,
-    /// The same clock as the client service's: admin entries are stamped
-    /// like client entries.
-    clock: Arc<ClusterClock>,
-    request_timeout: Duration,
+    /// The client service's proposer: admin entries are stamped and
+    /// admitted like client entries.
+    proposer: Proposer,
     faults: FaultControl,
 }
 
@@ -56,16 +56,14 @@ impl AdminApi {
         node_id: NodeId,
         raft: Raft,
         state: SharedState,
-        clock: Arc<ClusterClock>,
-        request_timeout: Duration,
+        proposer: Proposer,
         faults: FaultControl,
     ) -> AdminApi {
         AdminApi {
             node_id,
             raft,
             state,
-            clock,
-            request_timeout,
+            proposer,
             faults,
         }
     }
@@ -88,21 +86,10 @@ impl AdminApi {
         }
     }
 
-    /// Proposes `op` stamped by the cluster clock and waits, within the
-    /// request timeout, for its entry to be committed and applied.
+    /// Proposes `op` through the shared proposer (stamp, admission,
+    /// deadline) and returns its outcome and log index.
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
-        let work = async {
-            let stamp_ms = self.clock.stamp().await.map_err(clock_status)?;
-            let entry = Entry { stamp_ms, op };
-            let written = self.raft.client_write(entry).await.map_err(write_status)?;
-            let outcome = written
-                .data
-                .ok_or_else(|| Status::internal("a registry entry applied without an outcome"))?;
-            Ok((outcome, written.log_id.index))
-        };
-        tokio::time::timeout(self.request_timeout, work)
-            .await
-            .map_err(|_| reason_status(ErrorReason::Deadline))?
+        self.proposer.propose(op).await
     }
 
     /// The membership as this node leads it (its latest, possibly not yet
@@ -225,9 +212,11 @@ fn convert_status(error: ConvertError) -> Status {
 }
 
 fn parse_addr(field: &str, addr: &str) -> Result<(), Status> {
-    addr.parse::<SocketAddr>()
-        .map(|_| ())
-        .map_err(|_| invalid(format!("{field} {addr:?} is not host:port (an IP address)")))
+    if is_host_port(addr) {
+        Ok(())
+    } else {
+        Err(invalid(format!("{field} {addr:?} is not HOST:PORT")))
+    }
 }
 
 fn voter_ids(membership: &Membership<NodeId, NodeInfo>) -> BTreeSet<NodeId> {
@@ -253,7 +242,8 @@ impl admin_server::Admin for AdminApi {
         };
         let membership = self.leader_membership()?;
         if let Some(existing) = membership.get_node(&request.node_id)
-            && *existing != node
+            && !(same_addr(&existing.peer_addr, &node.peer_addr)
+                && same_addr(&existing.client_addr, &node.client_addr))
         {
             return Err(invalid(format!(
                 "node {} is already a member at {existing}; remove it first",
@@ -311,7 +301,22 @@ impl admin_server::Admin for AdminApi {
                 "node {unknown} is not a member; add it as a learner first"
             )));
         }
-        let (log_index, members) = if voters == voter_ids(&membership) {
+        // A joint configuration whose new voters cannot follow has no
+        // majority: commits stop until it is undone. Promote only learners
+        // that have caught up with this leader's log now.
+        let current_voters = voter_ids(&membership);
+        let last_log_index = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+        for &id in voters.difference(&current_voters) {
+            self.wait_caught_up(id, last_log_index, PROMOTE_CATCH_UP_TIMEOUT)
+                .await
+                .map_err(|_| {
+                    reason_status(ErrorReason::Unavailable(format!(
+                        "node {id} has not caught up to index {last_log_index} within \
+                         {PROMOTE_CATCH_UP_TIMEOUT:?}: is it running? Promote it once it has"
+                    )))
+                })?;
+        }
+        let (log_index, members) = if voters == current_voters {
             // Already so: nothing to propose.
             let index = self
                 .raft
@@ -465,6 +470,8 @@ impl admin_server::Admin for AdminApi {
         let target = self.state.read().registry.applied_index();
         let mut metrics = self.raft.metrics();
         let wait = async {
+            // The snapshot index last seen when a build was asked for.
+            let mut asked_at: Option<u64> = None;
             loop {
                 let built = metrics
                     .borrow_and_update()
@@ -473,14 +480,17 @@ impl admin_server::Admin for AdminApi {
                 if built >= target {
                     return Ok::<u64, Status>(built);
                 }
-                // Ignored while a build runs; asked again when it ends, in
-                // case that build covered less than `target`.
-                self.raft
-                    .trigger()
-                    .snapshot()
-                    .await
-                    .map_err(|error| reason_status(ErrorReason::Unavailable(error.to_string())))?;
-                let _ = tokio::time::timeout(Duration::from_millis(500), metrics.changed()).await;
+                // Asked once, and again only when a build ended short of
+                // `target` (a request is ignored while a build runs) —
+                // not at every metrics change, which under load is
+                // hundreds a second.
+                if asked_at != Some(built) {
+                    self.raft.trigger().snapshot().await.map_err(|error| {
+                        reason_status(ErrorReason::Unavailable(error.to_string()))
+                    })?;
+                    asked_at = Some(built);
+                }
+                let _ = metrics.changed().await;
             }
         };
         let snapshot_index = tokio::time::timeout(SNAPSHOT_TIMEOUT, wait)
@@ -505,7 +515,7 @@ impl admin_server::Admin for AdminApi {
         let registry = &applied.registry;
         Ok(Response::new(proto::StateHashReply {
             applied_index: registry.applied_index(),
-            state_hash: snapshot::state_hash(registry).to_string(),
+            state_hash: self.state.state_hash(&applied),
             cluster_time_ms: registry.cluster_time_ms(),
             node_id: self.node_id,
         }))

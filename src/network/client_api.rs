@@ -3,29 +3,24 @@
 //! failure) to the wire. It never decides new / duplicate / conflict itself:
 //! that happens only when the committed entry is applied (rule 3). The only
 //! early refusals are facts that can never change — malformed input and a
-//! cluster id other than this node's — and admission control: beyond
-//! `--max-pending-proposals` proposals in flight a request is refused at once
-//! with `UNAVAILABLE` ("overloaded", this attempt only), so overload never
-//! builds an unbounded queue.
+//! cluster id other than this node's — and admission control, which the
+//! shared `Proposer` applies: beyond `--max-pending-proposals` proposals in
+//! flight a request is refused at once with `UNAVAILABLE` ("overloaded",
+//! this attempt only), so overload never builds an unbounded queue.
 
 use super::convert::{self, ConvertError};
 use super::faults::FaultControl;
 use super::peer::{cluster_id_bytes, parse_cluster_id};
+use super::proposer::Proposer;
 use super::status::{ErrorReason, reason_status};
-use crate::clock::{ClockError, ClusterClock};
-use crate::metrics::{self, NodeMetrics};
-use crate::node::config::DEFAULT_MAX_PENDING_PROPOSALS;
+use crate::clock::ClockError;
 use crate::proto::{self, client_server};
 use crate::raft_types::{NodeId, Raft};
-use crate::registry::{
-    ClientId, ClusterId, Entry, Execute, Nonce, Op, Outcome, Registration, snapshot,
-};
+use crate::registry::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
 use crate::storage::SharedState;
 use openraft::ServerState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 pub use super::CLIENT_MESSAGE_BYTES_MAX;
@@ -34,40 +29,10 @@ pub struct ClientApi {
     node_id: NodeId,
     raft: Raft,
     state: SharedState,
-    clock: Arc<ClusterClock>,
+    proposer: Proposer,
     request_timeout: Duration,
     /// Test-only: executes whose replies are dropped (see `FaultControl`).
     faults: FaultControl,
-    /// (applied index, state hash): hashing encodes the whole state, so it
-    /// is done once per applied index however often `Status` is asked.
-    hash_cache: std::sync::Mutex<(u64, String)>,
-    /// One permit per proposal in flight (admission control).
-    admission: Arc<Semaphore>,
-    max_pending_proposals: usize,
-    metrics: Arc<NodeMetrics>,
-}
-
-/// A proposal in flight: holds its admission permit and counts itself in
-/// the pending-proposals gauge until dropped.
-struct Pending {
-    _permit: OwnedSemaphorePermit,
-    metrics: Arc<NodeMetrics>,
-}
-
-impl Pending {
-    fn new(permit: OwnedSemaphorePermit, metrics: Arc<NodeMetrics>) -> Pending {
-        metrics.pending_proposals.inc();
-        Pending {
-            _permit: permit,
-            metrics,
-        }
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        self.metrics.pending_proposals.dec();
-    }
 }
 
 impl ClientApi {
@@ -75,7 +40,7 @@ impl ClientApi {
         node_id: NodeId,
         raft: Raft,
         state: SharedState,
-        clock: Arc<ClusterClock>,
+        proposer: Proposer,
         request_timeout: Duration,
         faults: FaultControl,
     ) -> ClientApi {
@@ -83,28 +48,10 @@ impl ClientApi {
             node_id,
             raft,
             state,
-            clock,
+            proposer,
             request_timeout,
             faults,
-            hash_cache: std::sync::Mutex::new((u64::MAX, String::new())),
-            admission: Arc::new(Semaphore::new(DEFAULT_MAX_PENDING_PROPOSALS)),
-            max_pending_proposals: DEFAULT_MAX_PENDING_PROPOSALS,
-            metrics: Arc::default(),
         }
-    }
-
-    /// Admits at most `max_pending_proposals` proposals at once and counts
-    /// into `metrics`.
-    pub fn with_admission(
-        mut self,
-        max_pending_proposals: usize,
-        metrics: Arc<NodeMetrics>,
-    ) -> ClientApi {
-        metrics.set_max_pending_proposals(max_pending_proposals);
-        self.admission = Arc::new(Semaphore::new(max_pending_proposals));
-        self.max_pending_proposals = max_pending_proposals;
-        self.metrics = metrics;
-        self
     }
 
     pub fn into_server(self) -> client_server::ClientServer<ClientApi> {
@@ -133,57 +80,8 @@ impl ClientApi {
             .ok_or_else(|| invalid("cluster_id is required"))
     }
 
-    /// Proposes `op` stamped by the cluster clock and waits, within the
-    /// request timeout, for its entry to be committed and applied.
-    ///
-    /// Admission: the proposal needs one of `max_pending_proposals` permits,
-    /// taken without waiting — none free means `UNAVAILABLE` (overloaded)
-    /// at once. The proposal then runs in its own task that keeps the permit
-    /// until Raft answers or the request timeout passes, even if the caller
-    /// gives up first: a dropped call does not withdraw its entry from Raft,
-    /// so it must not make room for another.
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
-        let Ok(permit) = self.admission.clone().try_acquire_owned() else {
-            self.metrics.overloaded.inc();
-            return Err(reason_status(ErrorReason::Unavailable(format!(
-                "overloaded: {} proposals already pending on this node; retry with backoff",
-                self.max_pending_proposals
-            ))));
-        };
-        let pending = Pending::new(permit, self.metrics.clone());
-        let (raft, clock) = (self.raft.clone(), self.clock.clone());
-        let request_timeout = self.request_timeout;
-        let work = async move {
-            let started = metrics::now();
-            let stamp_ms = clock.stamp().await.map_err(clock_status)?;
-            let entry = Entry { stamp_ms, op };
-            let written = raft.client_write(entry).await.map_err(write_status)?;
-            let outcome = written
-                .data
-                .ok_or_else(|| Status::internal("a registry entry applied without an outcome"))?;
-            metrics::observe_since(&pending.metrics.proposal_duration, started);
-            Ok((outcome, written.log_id.index))
-        };
-        let task = tokio::spawn(async move {
-            tokio::time::timeout(request_timeout, work)
-                .await
-                .map_err(|_| reason_status(ErrorReason::Deadline))?
-        });
-        task.await
-            .map_err(|error| Status::internal(format!("proposal task failed: {error}")))?
-    }
-}
-
-impl ClientApi {
-    fn state_hash(&self, registry: &crate::registry::Registry) -> String {
-        let mut cache = self.hash_cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.0 != registry.applied_index() {
-            *cache = (
-                registry.applied_index(),
-                snapshot::state_hash(registry).to_string(),
-            );
-        }
-        cache.1.clone()
+        self.proposer.propose(op).await
     }
 }
 
@@ -345,7 +243,16 @@ impl client_server::Client for ClientApi {
             first_outstanding_seq: request.first_outstanding_seq,
         };
         match self.propose(op).await? {
-            (Outcome::KeptAlive { floor }, _) => Ok(Response::new(proto::KeepAliveReply { floor })),
+            (
+                Outcome::KeptAlive {
+                    floor,
+                    session_ttl_ms,
+                },
+                _,
+            ) => Ok(Response::new(proto::KeepAliveReply {
+                floor,
+                session_ttl_ms,
+            })),
             (other, _) => Err(rejected(other)),
         }
     }
@@ -435,7 +342,7 @@ impl client_server::Client for ClientApi {
             purged_index: metrics.purged.map_or(0, |id| id.index),
             cluster_id: cluster_id_bytes(registry.cluster_id()),
             members,
-            state_hash: self.state_hash(registry),
+            state_hash: self.state.state_hash(&applied),
             cluster_time_ms: registry.cluster_time_ms(),
             sessions: registry.session_count() as u64,
         }))

@@ -13,6 +13,8 @@ pub mod convert;
 pub mod faults;
 #[cfg(feature = "server")]
 pub mod peer;
+#[cfg(feature = "server")]
+pub mod proposer;
 pub mod status;
 
 /// Largest client message either side accepts: a value at the hard bound

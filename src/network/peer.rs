@@ -257,7 +257,18 @@ impl PeerClient {
             Err(error @ (PeerCallError::Unreachable(_) | PeerCallError::BadAddress(_))) => {
                 Err(RPCError::Unreachable(Unreachable::new(&error)))
             }
-            Err(error) => Err(RPCError::Network(NetworkError::new(&error))),
+            Err(error) => {
+                if let PeerCallError::TooLarge(bytes) = &error {
+                    // The size arithmetic above says one entry always fits:
+                    // if this shows, it is wrong and this link is stuck.
+                    tracing::error!(
+                        target_node = target,
+                        bytes,
+                        "a single Raft message exceeds the peer message limit"
+                    );
+                }
+                Err(RPCError::Network(NetworkError::new(&error)))
+            }
         }
     }
 }

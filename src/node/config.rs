@@ -4,7 +4,7 @@
 //! proposed when the cluster is initialised (rule 12); afterwards they are
 //! replicated state.
 
-use crate::raft_types::{NodeId, NodeInfo};
+use crate::raft_types::{NodeId, NodeInfo, is_host_port, same_addr};
 use crate::registry::RegistryConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -33,6 +33,8 @@ pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 400;
 /// window (1024) of one session fits whole; a proposal holds at most one
 /// client message (8 MiB, typically well under 1 KiB) until Raft answers.
 pub const DEFAULT_MAX_PENDING_PROPOSALS: usize = 1024;
+/// Largest `--max-pending-proposals` accepted.
+pub const MAX_PENDING_PROPOSALS_MAX: usize = 1 << 20;
 
 /// Flags of `oncekv node`; every one may also come from `--config FILE`
 /// (same names with underscores). Flags win over the file.
@@ -196,29 +198,6 @@ fn parse_peer(spec: &str) -> Result<(NodeId, NodeInfo), ConfigError> {
 /// Whether `addr` is HOST:PORT: an IP socket address, or a host name of
 /// letters, digits, '-' and '.' with a port. What a peer dials and a client
 /// is told must be usable as `http://HOST:PORT`.
-fn is_host_port(addr: &str) -> bool {
-    if addr.parse::<SocketAddr>().is_ok() {
-        return true;
-    }
-    let Some((host, port)) = addr.rsplit_once(':') else {
-        return false;
-    };
-    !host.is_empty()
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-        && port.parse::<u16>().is_ok_and(|port| port != 0)
-}
-
-/// Two announced addresses name the same endpoint (socket addresses are
-/// compared parsed, so `127.0.0.1:1` and `127.0.0.1:01` agree).
-fn same_addr(a: &str, b: &str) -> bool {
-    match (a.parse::<SocketAddr>(), b.parse::<SocketAddr>()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    }
-}
-
 fn parse_peer_via(spec: &str) -> Result<(NodeId, String), ConfigError> {
     let bad = || ConfigError::PeerVia(spec.to_string());
     let (id, addr) = spec.split_once('=').ok_or_else(bad)?;
@@ -346,10 +325,10 @@ impl NodeOptions {
             .max_pending_proposals
             .or(file.max_pending_proposals)
             .unwrap_or(DEFAULT_MAX_PENDING_PROPOSALS);
-        if max_pending_proposals == 0 {
-            return Err(ConfigError::Invalid(
-                "max_pending_proposals must be positive".into(),
-            ));
+        if max_pending_proposals == 0 || max_pending_proposals > MAX_PENDING_PROPOSALS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "max_pending_proposals must be in 1..={MAX_PENDING_PROPOSALS_MAX}"
+            )));
         }
         let initialize = self.initialize || file.initialize;
         if initialize && !members.contains_key(&id) {
@@ -469,7 +448,9 @@ mod tests {
     #[test]
     fn flags_resolve_with_defaults() {
         let config = options().resolve().unwrap();
-        assert_eq!(config.heartbeat, Duration::from_millis(100));
+        assert_eq!(config.heartbeat, Duration::from_millis(50));
+        assert_eq!(config.election_timeout_min, Duration::from_millis(200));
+        assert_eq!(config.election_timeout_max, Duration::from_millis(400));
         assert_eq!(config.members.len(), 1);
         assert_eq!(config.initial_registry, RegistryConfig::default());
     }

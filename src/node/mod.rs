@@ -11,6 +11,7 @@ use crate::network::admin_api::AdminApi;
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
+use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
 use crate::storage::{ClusterIdentity, SharedState, SledLogStore, StateMachineStore};
@@ -134,23 +135,28 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .context("starting Raft")?;
 
     let clock = Arc::new(ClusterClock::new(raft.clone(), state.clone()));
+    let proposer = Proposer::new(
+        raft.clone(),
+        clock,
+        config.request_timeout,
+        config.max_pending_proposals,
+        metrics.clone(),
+    );
     let admin_api = AdminApi::new(
         config.id,
         raft.clone(),
         state.clone(),
-        clock.clone(),
-        config.request_timeout,
+        proposer.clone(),
         config.faults.clone(),
     );
     let client_api = ClientApi::new(
         config.id,
         raft.clone(),
         state.clone(),
-        clock,
+        proposer,
         config.request_timeout,
         config.faults.clone(),
-    )
-    .with_admission(config.max_pending_proposals, metrics.clone());
+    );
     let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
         .await
         .with_context(|| format!("binding the peer address {}", config.peer_addr))?;

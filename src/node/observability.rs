@@ -38,7 +38,10 @@ async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
     let raft_metrics = scrape.raft.metrics().borrow().clone();
     {
         let applied = scrape.state.read();
-        scrape.metrics.refresh(&raft_metrics, &applied.registry);
+        let hash = scrape.state.state_hash(&applied);
+        scrape
+            .metrics
+            .refresh(&raft_metrics, &applied.registry, hash);
     }
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],

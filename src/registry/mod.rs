@@ -376,8 +376,10 @@ impl Registry {
         self.check_cluster(Some(cluster_id))?;
         let session = self.touch(client_id)?;
         session.raise_floor(first_outstanding_seq);
+        let floor = session.floor;
         Ok(Outcome::KeptAlive {
-            floor: session.floor,
+            floor,
+            session_ttl_ms: self.config.session_ttl_ms,
         })
     }
 

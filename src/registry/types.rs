@@ -312,6 +312,10 @@ pub enum Outcome {
     },
     KeptAlive {
         floor: Seq,
+        /// The TTL in force when the keep-alive applied, so a client paces
+        /// its keep-alives by the current TTL, not the one it registered
+        /// under (the TTL is replicated config and may change, rule 12).
+        session_ttl_ms: u64,
     },
     Unregistered,
     ConfigSet(RegistryConfig),

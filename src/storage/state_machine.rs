@@ -44,19 +44,44 @@ pub struct AppliedState {
 
 /// Shared handle on the applied state; readers take the lock briefly.
 #[derive(Clone, Debug, Default)]
-pub struct SharedState(Arc<RwLock<AppliedState>>);
+pub struct SharedState {
+    state: Arc<RwLock<AppliedState>>,
+    /// (applied index, hex state hash): hashing encodes the whole state, so
+    /// it is done once per applied index, however many readers ask
+    /// (`Status`, `Admin.StateHash`, metrics scrapes).
+    hash_cache: Arc<Mutex<Option<(u64, String)>>>,
+}
 
 impl SharedState {
     pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
-        self.0
+        self.state
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, AppliedState> {
-        self.0
+        self.state
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The hex state hash of `applied` (a guard from [`SharedState::read`],
+    /// so index and hash are of one moment), computed at most once per
+    /// applied index.
+    pub fn state_hash(&self, applied: &AppliedState) -> String {
+        let index = applied.registry.applied_index();
+        let mut cache = self
+            .hash_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*cache {
+            Some((cached, hash)) if *cached == index => hash.clone(),
+            _ => {
+                let hash = crate::registry::snapshot::state_hash(&applied.registry).to_string();
+                *cache = Some((index, hash.clone()));
+                hash
+            }
+        }
     }
 }
 
@@ -295,9 +320,12 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         // Encoding under the read lock captures one point in time; apply
-        // waits only for the in-memory encoding, not for the disk.
-        let (meta, bytes) = {
-            let applied = self.state.read();
+        // waits only for the in-memory encoding, not for the disk. It runs on
+        // a blocking thread, so a large state does not stall a tokio worker
+        // (and the Raft core or RPCs scheduled on it) while it encodes.
+        let state = self.state.clone();
+        let (meta, bytes) = tokio::task::spawn_blocking(move || {
+            let applied = state.read();
             let last = applied.last_applied;
             let meta = SnapshotMeta {
                 last_log_id: last,
@@ -309,7 +337,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 ),
             };
             (meta, snapshot::to_bytes(&applied.registry))
-        };
+        })
+        .await
+        .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
         let bytes = Arc::new(bytes);
         let files = self.files.clone();
         let persisted_meta = meta.clone();
