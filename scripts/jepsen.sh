@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The jepsen-like harness (jepsen-like/, README "jepsen-like"):
 #
-#   scripts/jepsen.sh smoke                    one 45 s run, seed 1, 3 leader kills (what CI runs)
+#   scripts/jepsen.sh smoke                    one 45 s run, seed 1, 3 leader kills, release build
+#   scripts/jepsen.sh ci-smoke                 the same run on the debug build (what .ci/run runs)
 #   scripts/jepsen.sh long [SEEDS] [DURATION]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
 #   scripts/jepsen.sh broken                   both deliberately broken servers; each must be found invalid
 #
@@ -70,6 +71,17 @@ case ${1:-} in
         build_server
         build_harness
         run smoke 0 target/release/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet
+        print_summary
+        ;;
+    ci-smoke)
+        # The debug build `cargo test --workspace --features fault-injection`
+        # has just made and tested: a release build of the same tree would
+        # double the time of CI on two cores. Slower nodes (tens of times
+        # fewer operations), the same faults, checks and exit codes.
+        cargo build --features fault-injection -p oncekv
+        cargo build -p oncekv-jepsen
+        harness=target/debug/jepsen-like
+        run ci-smoke 0 target/debug/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet
         print_summary
         ;;
     long)
