@@ -6,6 +6,7 @@ pub mod cli;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod clock;
+pub mod local;
 #[cfg(feature = "server")]
 pub mod metrics;
 pub mod network;

@@ -680,6 +680,8 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
     let operations = history::pair(events).unwrap_or_default();
     let mut kills = Vec::new();
     let mut changes = Vec::new();
+    // The monitor's first sighting is the initial leader, not a change.
+    let mut first_leader_seen = false;
     for event in events {
         match (&event.op, event.kind) {
             (Op::Fault { kind, .. }, EventType::Invoke)
@@ -688,6 +690,7 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
                 kills.push(event.time_ns);
                 changes.push(event.time_ns);
             }
+            (Op::LeaderChange { .. }, _) if !first_leader_seen => first_leader_seen = true,
             (Op::LeaderChange { .. }, _) => changes.push(event.time_ns),
             _ => {}
         }
@@ -715,7 +718,10 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
         let changed = changes.get(first_change).is_some_and(|t| *t < done.time_ns);
         if changed {
             result.acks_after_leader_change += 1;
-            if done.duplicate && done.attempts > 1 {
+            // The lifecycle client's resends are deliberate, not retries
+            // the library made after losing a reply.
+            if done.duplicate && done.attempts > 1 && !matches!(operation.op, Op::Lifecycle { .. })
+            {
                 result.duplicates_after_leader_change += 1;
             }
         }
@@ -1172,6 +1178,37 @@ mod tests {
         let findings = check(&h.events, &replicas(&["c1-s1", "c1-s3"], 0));
         assert_eq!(Verdict::of(&findings, &exercise_more), Verdict::Invalid);
         assert_eq!(super::exercise(&h.events, 2).missing.len(), 1);
+    }
+
+    /// The monitor's first sighting of a leader is the initial one, not a
+    /// change: a duplicate answered across it does not show a retry that
+    /// reached a new leader.
+    #[test]
+    fn the_initial_leader_is_not_a_leader_change() {
+        let mut h = H::default();
+        h.events.push(Event::invoke(
+            5,
+            Process::Monitor,
+            1,
+            Op::LeaderChange { leader: 1, term: 1 },
+        ));
+        h.append(1, 1, 0, 40, EventType::Ok, 1);
+        let last = h.events.len() - 1;
+        h.events[last].duplicate = true;
+        h.events[last].attempts = 2;
+        h.events.sort_by_key(|e| e.time_ns);
+        let exercise = exercise(&h.events, 0);
+        assert_eq!(exercise.acks_after_leader_change, 0, "{exercise:?}");
+        assert_eq!(exercise.duplicates_after_leader_change, 0, "{exercise:?}");
+        h.events.push(Event::invoke(
+            20,
+            Process::Monitor,
+            2,
+            Op::LeaderChange { leader: 2, term: 2 },
+        ));
+        h.events.sort_by_key(|e| e.time_ns);
+        let exercise = super::exercise(&h.events, 0);
+        assert_eq!(exercise.duplicates_after_leader_change, 1, "{exercise:?}");
     }
 
     #[test]

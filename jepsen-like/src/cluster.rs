@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -22,6 +22,7 @@ use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proxy::Proxies;
+pub use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
 
 /// The members, in order.
 pub const NODES: [u64; 3] = [1, 2, 3];
@@ -113,7 +114,7 @@ impl Cluster {
     /// Starts nodes 1..=3 (node 1 initialises) and waits until all answer,
     /// agree on a leader and know the cluster id.
     pub async fn start(options: ClusterOptions) -> anyhow::Result<Cluster> {
-        let ports = free_ports(2 * NODES.len())?;
+        let ports = free_ports(2 * NODES.len()).context("free loopback ports")?;
         let mut nodes = BTreeMap::new();
         for (&id, ports) in NODES.iter().zip(ports.chunks(2)) {
             let endpoint = Endpoint::from_shared(format!("http://{}", ports[0]))?
@@ -414,56 +415,5 @@ impl Drop for Cluster {
                 let _ = child.wait();
             }
         }
-    }
-}
-
-/// The leader every answering node names in the same term, if any.
-pub fn agreed_leader(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> Option<u64> {
-    let replies: Vec<&StatusReply> = statuses.values().filter_map(|s| s.as_ref().ok()).collect();
-    let leader = replies
-        .iter()
-        .filter(|reply| reply.role == "leader")
-        .max_by_key(|reply| reply.term)?;
-    replies
-        .iter()
-        .all(|reply| reply.leader_id == leader.node_id && reply.term == leader.term)
-        .then_some(leader.node_id)
-}
-
-/// One line per node: role, term, leader, indexes, or why it did not answer.
-pub fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String {
-    statuses
-        .iter()
-        .map(|(id, status)| match status {
-            Ok(r) => format!(
-                "  node {id}: {} term {} leader {} last_log {} applied {}",
-                r.role, r.term, r.leader_id, r.last_log_index, r.applied_index,
-            ),
-            Err(error) => format!("  node {id}: {error}"),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// `count` distinct free loopback ports.
-pub fn free_ports(count: usize) -> anyhow::Result<Vec<SocketAddr>> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .context("bind a free loopback port")?;
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().context("a bound address"))
-        .collect()
-}
-
-fn log_tail(path: &Path, lines: usize) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(error) => format!("(no log: {error})"),
     }
 }

@@ -9,8 +9,8 @@
 //! included), then removes the temporary directory unless asked to keep it.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::net::{SocketAddr, TcpListener};
+use std::fs::OpenOptions;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -21,6 +21,7 @@ use tempfile::TempDir;
 use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
 
+pub use crate::local::{agreed_leader, describe, free_ports, log_tail};
 use crate::proto::client_client::ClientClient;
 use crate::proto::{StatusReply, StatusRequest};
 
@@ -118,7 +119,7 @@ impl LocalCluster {
             .prefix(&format!("oncekv-{}-", options.name))
             .tempdir()
             .context("create the cluster's temporary directory")?;
-        let ports = free_ports(2 * NODES.len())?;
+        let ports = free_ports(2 * NODES.len()).context("free loopback ports")?;
         let mut nodes = BTreeMap::new();
         for (&id, ports) in NODES.iter().zip(ports.chunks(2)) {
             let endpoint = Endpoint::from_shared(format!("http://{}", ports[0]))?
@@ -394,91 +395,5 @@ impl Drop for LocalCluster {
                 kept.display()
             );
         }
-    }
-}
-
-/// The leader every answering node agrees on: it answered as "leader", and
-/// every node that answered names it in the same term. `None` while there is
-/// none or they disagree (an election, a stale leader). Nodes that did not
-/// answer do not veto.
-pub fn agreed_leader(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> Option<u64> {
-    let replies: Vec<&StatusReply> = statuses.values().filter_map(|s| s.as_ref().ok()).collect();
-    let leader = replies
-        .iter()
-        .filter(|reply| reply.role == "leader")
-        .max_by_key(|reply| reply.term)?;
-    replies
-        .iter()
-        .all(|reply| reply.leader_id == leader.node_id && reply.term == leader.term)
-        .then_some(leader.node_id)
-}
-
-/// One line per node: role, term, leader, indexes, or why it did not answer.
-pub fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String {
-    statuses
-        .iter()
-        .map(|(id, status)| match status {
-            Ok(reply) => format!(
-                "  node {id}: {} term {} leader {} last_log {} applied {}",
-                reply.role, reply.term, reply.leader_id, reply.last_log_index, reply.applied_index,
-            ),
-            Err(error) => format!("  node {id}: {error}"),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// `count` distinct free loopback ports: all bound at once so none repeats,
-/// then released for the nodes to bind.
-pub fn free_ports(count: usize) -> anyhow::Result<Vec<SocketAddr>> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .context("bind a free loopback port")?;
-    listeners
-        .iter()
-        .map(|listener| listener.local_addr().context("a bound address"))
-        .collect()
-}
-
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    let Ok(mut file) = File::open(path) else {
-        return "(no log)".to_owned();
-    };
-    let mut bytes = Vec::new();
-    if let Err(error) = std::io::Read::read_to_end(&mut file, &mut bytes) {
-        return format!("(unreadable log: {error})");
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reply(node_id: u64, role: &str, term: u64, leader_id: u64) -> Result<StatusReply, String> {
-        Ok(StatusReply {
-            node_id,
-            role: role.to_owned(),
-            term,
-            leader_id,
-            ..StatusReply::default()
-        })
-    }
-
-    /// A leader counts only when every answering node names it in its term.
-    #[test]
-    fn agreed_leader_needs_every_answer_to_agree() {
-        let mut statuses = BTreeMap::new();
-        statuses.insert(1, reply(1, "leader", 3, 1));
-        statuses.insert(2, reply(2, "follower", 3, 1));
-        statuses.insert(3, Err("down".to_owned()));
-        assert_eq!(agreed_leader(&statuses), Some(1));
-        statuses.insert(3, reply(3, "follower", 2, 1));
-        assert_eq!(agreed_leader(&statuses), None);
-        statuses.insert(3, reply(3, "candidate", 4, 0));
-        assert_eq!(agreed_leader(&statuses), None);
     }
 }

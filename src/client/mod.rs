@@ -462,6 +462,16 @@ impl Client {
                     );
                 }
                 Attempt::Final(status) => {
+                    if error_detail(&status).is_none() {
+                        // Refused below the registry (a transport or server
+                        // fault, no reason of ours): this attempt may have
+                        // reached the log, so nothing definite is known.
+                        return Err(Error::OutcomeUnknown {
+                            seq,
+                            reason: format!("{:?}: {}", status.code(), status.message()),
+                            fenced: false,
+                        });
+                    }
                     let error = final_error(&status, seq);
                     if error == Error::SessionExpired {
                         session

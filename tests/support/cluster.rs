@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use oncekv::cli::local_cluster::{agreed_leader, describe, free_ports, log_tail};
 use oncekv::cli::status::query;
+use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
 use oncekv::proto::StatusReply;
 use oncekv::proto::admin_client::AdminClient;
 use oncekv::proto::client_client::ClientClient;
