@@ -78,8 +78,9 @@ case ${1:-} in
         # has just made and tested: a release build of the same tree would
         # double the time of CI on two cores. Slower nodes (tens of times
         # fewer operations), the same faults, checks and exit codes.
-        cargo build --features fault-injection -p oncekv
-        cargo build -p oncekv-jepsen
+        # One build of both binaries with the test command's package and
+        # feature selection, so that little recompiles.
+        cargo build --workspace --features fault-injection --bins
         harness=target/debug/jepsen-like
         run ci-smoke 0 target/debug/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet
         print_summary
