@@ -7,63 +7,8 @@
 mod support;
 
 use serde_json::{Value as Json, json};
-use std::process::Stdio;
-use std::time::Duration;
+use support::admin::oncekv;
 use support::cluster::Cluster;
-
-/// How long one CLI process may run before the test gives up on it.
-const RUN_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// What one CLI process did.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// Asserts success and returns stdout.
-    fn ok(&self) -> &str {
-        assert_eq!(self.code, 0, "expected success: {self:?}");
-        &self.stdout
-    }
-
-    /// stdout as the one JSON object it must be.
-    fn json(&self) -> Json {
-        assert_eq!(
-            self.stdout.lines().count(),
-            1,
-            "expected one line of JSON: {self:?}"
-        );
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|error| panic!("stdout is not JSON ({error}): {self:?}"))
-    }
-}
-
-/// Runs `oncekv ARGS --endpoints E1,E2,…` and waits (up to [`RUN_TIMEOUT`])
-/// for it to exit.
-async fn oncekv(endpoints: &[String], args: &[&str]) -> Run {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncekv"));
-    command
-        .args(args)
-        .arg("--endpoints")
-        .arg(endpoints.join(","))
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(RUN_TIMEOUT, command.output())
-        .await
-        .unwrap_or_else(|_| panic!("oncekv {args:?} did not exit within {RUN_TIMEOUT:?}"))
-        .unwrap_or_else(|error| panic!("run oncekv {args:?}: {error}"));
-    Run {
-        code: output
-            .status
-            .code()
-            .unwrap_or_else(|| panic!("oncekv {args:?} was killed: {:?}", output.status)),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
-}
 
 /// Every command against one cluster, in plain text and JSON, and no
 /// session left behind afterwards.

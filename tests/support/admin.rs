@@ -1,5 +1,6 @@
-//! Helpers for tests of the Admin service and the `oncekv admin` CLI: state
-//! hashes compared across replicas, and the binary run as a user runs it.
+//! Helpers for tests of the Admin service and the `oncekv` CLI: state
+//! hashes compared across replicas, and the binary run as a user runs it
+//! (one process per command).
 
 use super::cluster::Cluster;
 use oncekv::proto::StateHashRequest;
