@@ -62,7 +62,7 @@ fn openraft_storage_suite() -> Result<(), StorageError> {
 }
 
 fn registry_entry(op: Op) -> EntryPayload<TypeConfig> {
-    EntryPayload::Normal(Entry { stamp_ms: 5, op })
+    EntryPayload::Normal(Entry::single(5, op))
 }
 
 /// Appended entries, the vote and the committed id survive a reopen, and

@@ -40,6 +40,21 @@ fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpI
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
+/// The storage format this build reads and writes. Format 2: log entries
+/// carry batches of requests (rule 17) and snapshots the last client id.
+/// Format 1 (one request per entry, no `format` file) is refused.
+const DATA_FORMAT_VERSION: u32 = 2;
+
+/// Writes `text` to `dir/name` durably: temporary file, fsync, rename,
+/// directory fsync.
+fn write_durably(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let temporary = dir.join(format!("{name}.tmp"));
+    std::fs::write(&temporary, text)?;
+    std::fs::File::open(&temporary)?.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 /// Refuses a data directory written by another node id; records ours in a
 /// fresh one.
 fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
@@ -57,14 +72,47 @@ fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            write_durably(dir, "node_id", &format!("{id}\n"))?;
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("reading {}", path.display()));
+        }
+    }
+    check_data_format(dir)
+}
+
+/// Refuses a data directory of another storage format with a clear message
+/// (never reads it as ours); records ours in a fresh one.
+fn check_data_format(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("format");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found: u32 = text
+                .trim()
+                .parse()
+                .with_context(|| format!("{} is not a format number", path.display()))?;
+            if found != DATA_FORMAT_VERSION {
+                bail!(
+                    "data directory {} holds storage format {found}; this build reads only \
+                     format {DATA_FORMAT_VERSION}",
+                    dir.display()
+                );
+            }
             Ok(())
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let temporary = dir.join("node_id.tmp");
-            std::fs::write(&temporary, format!("{id}\n"))?;
-            std::fs::File::open(&temporary)?.sync_all()?;
-            std::fs::rename(&temporary, &path)?;
-            std::fs::File::open(dir)?.sync_all()?;
+            if dir.join("log").exists() || dir.join("snapshots").exists() {
+                bail!(
+                    "data directory {} was written by an earlier oncekv (storage format 1: one \
+                     request per log entry); this build writes format {DATA_FORMAT_VERSION} \
+                     (batched entries) and cannot read it. Move it aside and start the node \
+                     on an empty directory (a cluster is re-created on new directories)",
+                    dir.display()
+                );
+            }
+            write_durably(dir, "format", &format!("{DATA_FORMAT_VERSION}\n"))?;
             Ok(())
         }
         Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
@@ -334,16 +382,16 @@ async fn ensure_bootstrapped(
                     cluster_id
                 }
             };
-            let entry = Entry {
+            let entry = Entry::single(
                 stamp_ms,
-                op: Op::Bootstrap {
+                Op::Bootstrap {
                     cluster_id,
                     config: config.initial_registry,
                 },
-            };
+            );
             match raft.client_write(entry).await {
                 Ok(written) => {
-                    if let Some(Outcome::Bootstrapped { cluster_id, .. }) = written.data {
+                    if let Some(Outcome::Bootstrapped { cluster_id, .. }) = written.data.first() {
                         tracing::info!(%cluster_id, log_index = written.log_id.index, "cluster bootstrapped");
                     }
                 }

@@ -4,6 +4,10 @@
 //! environment, touch IO, or iterate anything in an unspecified order
 //! (DESIGN.md rule 10). Every rule of exactly-once execution lives here.
 //!
+//! An entry carries a batch of requests (rule 17): the index and the cluster
+//! time advance once for the entry, then each request goes through the
+//! checks below in order, each with its own outcome.
+//!
 //! Order of checks for a client request, identical on every replica:
 //! 1. advance cluster time to the entry's stamp (never backwards) and expire
 //!    idle sessions; the cluster id must match (`WRONG_CLUSTER`);
@@ -42,6 +46,9 @@ pub struct Registry {
     config: RegistryConfig,
     applied_index: u64,
     cluster_time_ms: u64,
+    /// The largest client id ever assigned (rule 1): ids are never reused,
+    /// even after their sessions are gone.
+    last_client_id: u64,
     sessions: BTreeMap<ClientId, Session>,
     /// Nonce → the session it registered; lives and dies with the session.
     nonces: BTreeMap<Nonce, ClientId>,
@@ -142,16 +149,31 @@ impl Registry {
         self.advance_index(log_index);
     }
 
-    /// Applies the registry entry committed at `log_index`.
+    /// The largest client id assigned so far (0: none yet).
+    pub fn last_client_id(&self) -> u64 {
+        self.last_client_id
+    }
+
+    /// Applies the registry entry committed at `log_index`: every request
+    /// of its batch in order, one outcome per request, in the same order.
     ///
     /// # Panics
     /// If `log_index` is not above the applied index: the storage layer
     /// applied an entry twice or out of order, and going on would break
     /// exactly-once.
-    pub fn apply(&mut self, log_index: u64, entry: &Entry) -> Outcome {
+    pub fn apply(&mut self, log_index: u64, entry: &Entry) -> Vec<Outcome> {
         self.advance_index(log_index);
         self.advance_time(entry.stamp_ms);
-        let result = match &entry.op {
+        entry
+            .ops
+            .iter()
+            .map(|op| self.apply_op(log_index, op))
+            .collect()
+    }
+
+    /// One request of an entry, after the entry advanced index and time.
+    fn apply_op(&mut self, log_index: u64, op: &Op) -> Outcome {
+        let result = match op {
             Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
             Op::Register { cluster_id, nonce } => self.register(log_index, *cluster_id, *nonce),
             Op::Execute(execute) => self.execute(execute),
@@ -274,8 +296,12 @@ impl Registry {
         if self.sessions.len() as u64 >= self.config.sessions_max {
             return Err(Rejection::ResourceExhausted(Limit::Sessions));
         }
-        let client_id = ClientId(log_index);
+        // One above every id assigned before, and at least the entry's log
+        // index: a function of the log alone (rule 1), unique forever, and
+        // the log index itself for an entry carrying one registration.
+        let client_id = ClientId(self.last_client_id.saturating_add(1).max(log_index));
         let reply = registration(client_id, false);
+        self.last_client_id = client_id.0;
         self.sessions
             .insert(client_id, Session::new(nonce, self.cluster_time_ms));
         self.nonces.insert(nonce, client_id);
@@ -426,7 +452,7 @@ mod tests {
     const CLUSTER: ClusterId = ClusterId(7);
 
     fn entry(stamp_ms: u64, op: Op) -> Entry {
-        Entry { stamp_ms, op }
+        Entry::single(stamp_ms, op)
     }
 
     /// A bootstrapped registry with sessions registered at indexes 2..=6.

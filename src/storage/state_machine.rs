@@ -378,25 +378,25 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let reply = match entry.payload {
                 EntryPayload::Blank => {
                     applied.registry.apply_other(index);
-                    None
+                    Vec::new()
                 }
                 EntryPayload::Normal(ref registry_entry) => {
                     let sessions_before = applied.registry.session_count();
-                    let outcome = applied.registry.apply(index, registry_entry);
+                    let outcomes = applied.registry.apply(index, registry_entry);
                     self.metrics.count_applied(
                         registry_entry,
-                        &outcome,
+                        &outcomes,
                         sessions_before,
                         applied.registry.session_count(),
                     );
-                    tracing::debug!(log_index = index, ?outcome, "applied");
-                    Some(outcome)
+                    tracing::debug!(log_index = index, requests = outcomes.len(), "applied");
+                    outcomes
                 }
                 EntryPayload::Membership(ref membership) => {
                     applied.registry.apply_other(index);
                     applied.membership =
                         StoredMembership::new(Some(entry.log_id), membership.clone());
-                    None
+                    Vec::new()
                 }
             };
             applied.last_applied = Some(entry.log_id);
