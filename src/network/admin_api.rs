@@ -80,7 +80,7 @@ impl AdminApi {
         let claimed = parse_cluster_id(bytes)
             .map_err(|error| invalid(error.to_string()))?
             .ok_or_else(|| invalid("cluster_id is required"))?;
-        match self.state.read().registry.cluster_id() {
+        match self.state.cluster_id() {
             Some(ours) if ours != claimed => Err(reason_status(ErrorReason::WrongCluster(ours))),
             _ => Ok(claimed),
         }

@@ -67,7 +67,7 @@ impl ClientApi {
         if required && claimed.is_none() {
             return Err(invalid("cluster_id is required"));
         }
-        if let (Some(ours), Some(theirs)) = (self.state.read().registry.cluster_id(), claimed)
+        if let (Some(ours), Some(theirs)) = (self.state.cluster_id(), claimed)
             && ours != theirs
         {
             return Err(reason_status(ErrorReason::WrongCluster(ours)));

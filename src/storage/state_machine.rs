@@ -18,7 +18,7 @@ use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
     Applied, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
-use crate::registry::{Registry, codec, snapshot};
+use crate::registry::{ClusterId, Registry, codec, snapshot};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder,
@@ -50,9 +50,28 @@ pub struct SharedState {
     /// it is done once per applied index, however many readers ask
     /// (`Status`, `Admin.StateHash`, metrics scrapes).
     hash_cache: Arc<Mutex<Option<(u64, String)>>>,
+    /// The cluster id once the bootstrap entry (or a snapshot holding it) is
+    /// applied. It never changes after that, so the client paths check it
+    /// without taking the state lock, which apply holds for whole batches.
+    cluster_id: Arc<std::sync::OnceLock<ClusterId>>,
 }
 
 impl SharedState {
+    /// The applied cluster id, read without the state lock.
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.cluster_id.get().copied()
+    }
+
+    /// Publishes the cluster id of `applied`, once it has one.
+    fn publish_cluster_id(&self, applied: &AppliedState) {
+        if self.cluster_id.get().is_none()
+            && let Some(cluster_id) = applied.registry.cluster_id()
+        {
+            // Set once; the registry's id never changes after bootstrap.
+            let _ = self.cluster_id.set(cluster_id);
+        }
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
         self.state
             .read()
@@ -173,6 +192,7 @@ impl StateMachineStore {
             applied.registry = registry;
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
+            state.publish_cluster_id(&applied);
             drop(applied);
             tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), path = %path.display(), "restored snapshot");
             current = Some(CurrentSnapshot {
@@ -402,6 +422,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.last_applied = Some(entry.log_id);
             replies.push(reply);
         }
+        self.state.publish_cluster_id(&applied);
         drop(applied);
         self.metrics.entries_applied.inc_by(replies.len() as u64);
         metrics::observe_since(&self.metrics.apply_batch_duration, started);
@@ -443,6 +464,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         applied.registry = registry;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
+        self.state.publish_cluster_id(&applied);
         drop(applied);
         self.metrics.snapshots_installed.inc();
         tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), "installed snapshot");
