@@ -231,3 +231,25 @@ proptest! {
         let _ = oncekv::registry::codec::decode_entry(&bytes);
     }
 }
+
+/// A copy of the registry (what snapshots and state hashes encode, outside
+/// the state lock) is a point in time: applying more entries to the
+/// original changes nothing in the copy, and vice versa.
+#[test]
+fn a_copy_is_unaffected_by_later_applies() {
+    let entries = log();
+    let (first, rest) = entries.split_at(entries.len() / 2);
+    let mut registry = Registry::new();
+    for (position, entry) in first.iter().enumerate() {
+        registry.apply(position as u64 + 1, entry);
+    }
+    let hash_before = snapshot::state_hash(&registry);
+    let bytes_before = snapshot::to_bytes(&registry);
+    let copy = registry.clone();
+    for (position, entry) in rest.iter().enumerate() {
+        registry.apply((first.len() + position) as u64 + 1, entry);
+    }
+    assert_ne!(snapshot::state_hash(&registry), hash_before);
+    assert_eq!(snapshot::state_hash(&copy), hash_before);
+    assert_eq!(snapshot::to_bytes(&copy), bytes_before);
+}

@@ -328,8 +328,7 @@ impl client_server::Client for ClientApi {
             .and_then(|leader| membership.get_node(&leader))
             .map(|node| node.client_addr.clone())
             .unwrap_or_default();
-        let applied = self.state.read();
-        let registry = &applied.registry;
+        let (registry, state_hash) = self.state.hashed().await;
         Ok(Response::new(proto::StatusReply {
             node_id: self.node_id,
             role: role.into(),
@@ -342,7 +341,7 @@ impl client_server::Client for ClientApi {
             purged_index: metrics.purged.map_or(0, |id| id.index),
             cluster_id: cluster_id_bytes(registry.cluster_id()),
             members,
-            state_hash: self.state.state_hash(&applied),
+            state_hash,
             cluster_time_ms: registry.cluster_time_ms(),
             sessions: registry.session_count() as u64,
         }))

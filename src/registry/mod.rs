@@ -35,11 +35,13 @@ pub use types::*;
 
 use kv::KvStore;
 use session::Session;
-use std::collections::{BTreeMap, BTreeSet};
+use imbl::{OrdMap, OrdSet};
 use std::ops::Bound;
 
 /// The whole replicated state: sessions, their cached responses, cluster
-/// time, config and the key-value data, as of `applied_index`.
+/// time, config and the key-value data, as of `applied_index`. Its maps are
+/// persistent (copy-on-write, ordered): a clone costs O(1), so a snapshot or
+/// a state hash can be taken from a clone while apply goes on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registry {
     cluster_id: Option<ClusterId>,
@@ -49,12 +51,12 @@ pub struct Registry {
     /// The largest client id ever assigned (rule 1): ids are never reused,
     /// even after their sessions are gone.
     last_client_id: u64,
-    sessions: BTreeMap<ClientId, Session>,
+    sessions: OrdMap<ClientId, Session>,
     /// Nonce → the session it registered; lives and dies with the session.
-    nonces: BTreeMap<Nonce, ClientId>,
+    nonces: OrdMap<Nonce, ClientId>,
     /// (last activity, client id) of every session, oldest first: expiry
     /// walks it from the front, in a fixed order.
-    idle: BTreeSet<(u64, ClientId)>,
+    idle: OrdSet<(u64, ClientId)>,
     kv: KvStore,
 }
 
@@ -209,7 +211,7 @@ impl Registry {
     fn advance_time(&mut self, stamp_ms: u64) {
         self.cluster_time_ms = self.cluster_time_ms.max(stamp_ms);
         let ttl_ms = self.config.session_ttl_ms;
-        while let Some(&(last_active_ms, client_id)) = self.idle.first() {
+        while let Some(&(last_active_ms, client_id)) = self.idle.get_min() {
             if self.cluster_time_ms.saturating_sub(last_active_ms) <= ttl_ms {
                 break;
             }

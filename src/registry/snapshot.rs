@@ -32,7 +32,7 @@ use super::session::{CachedResponse, Session};
 use super::types::{ClientId, ClusterId, Nonce, RegistryConfig, Seq, Value};
 use super::{KvStore, Registry};
 use serde::{Deserialize, Serialize, Serializer};
-use std::collections::BTreeMap;
+use imbl::OrdMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -95,7 +95,7 @@ struct SessionRecordRef<'a> {
     floor: Seq,
     last_active_ms: u64,
     #[serde(serialize_with = "ordered_pairs")]
-    responses: &'a BTreeMap<Seq, CachedResponse>,
+    responses: &'a OrdMap<Seq, CachedResponse>,
 }
 
 /// The owned twin of [`SessionRecordRef`]: the same bytes.
@@ -109,7 +109,7 @@ struct SessionRecord {
 }
 
 fn ordered_pairs<S: Serializer>(
-    map: &&BTreeMap<Seq, CachedResponse>,
+    map: &&OrdMap<Seq, CachedResponse>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     serializer.collect_seq(map.iter())
@@ -125,9 +125,12 @@ pub fn write<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
     #[cfg(feature = "broken-snapshot-drops-sessions")]
     let stripped = {
         let mut stripped = registry.clone();
-        for session in stripped.sessions.values_mut() {
-            session.responses.clear();
-            session.cached_bytes = 0;
+        let client_ids: Vec<_> = stripped.sessions.keys().copied().collect();
+        for client_id in client_ids {
+            if let Some(session) = stripped.sessions.get_mut(&client_id) {
+                session.responses.clear();
+                session.cached_bytes = 0;
+            }
         }
         stripped
     };
@@ -270,7 +273,7 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     let client_id = record.client_id;
     if registry
         .sessions
-        .last_key_value()
+        .get_max()
         .is_some_and(|(last, _)| *last >= client_id)
     {
         return Err(SnapshotError::Inconsistent("sessions out of order"));

@@ -84,23 +84,50 @@ impl SharedState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The hex state hash of `applied` (a guard from [`SharedState::read`],
-    /// so index and hash are of one moment), computed at most once per
-    /// applied index.
-    pub fn state_hash(&self, applied: &AppliedState) -> String {
-        let index = applied.registry.applied_index();
-        let mut cache = self
-            .hash_cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match &*cache {
-            Some((cached, hash)) if *cached == index => hash.clone(),
-            _ => {
-                let hash = crate::registry::snapshot::state_hash(&applied.registry).to_string();
-                *cache = Some((index, hash.clone()));
-                hash
-            }
+    /// A copy of the applied registry: O(1) (its maps are persistent), so
+    /// the lock is held only for the copy and readers can encode or hash
+    /// it at leisure while apply goes on.
+    pub fn registry(&self) -> Registry {
+        self.read().registry.clone()
+    }
+
+    /// The hex state hash of `registry` (a copy from
+    /// [`SharedState::registry`], so its index and hash are of one moment),
+    /// computed at most once per applied index. Hashing encodes the whole
+    /// state: call it off the async workers ([`SharedState::hashed`]).
+    pub fn state_hash(&self, registry: &Registry) -> String {
+        let index = registry.applied_index();
+        let cached = |cache: &Option<(u64, String)>| match cache {
+            Some((cached, hash)) if *cached == index => Some(hash.clone()),
+            _ => None,
+        };
+        if let Some(hash) = cached(&self.lock_hash_cache()) {
+            return hash;
         }
+        // Hashed without holding the cache lock: a concurrent reader of
+        // another index is not made to wait.
+        let hash = crate::registry::snapshot::state_hash(registry).to_string();
+        *self.lock_hash_cache() = Some((index, hash.clone()));
+        hash
+    }
+
+    /// A copy of the applied registry and its state hash, hashed on a
+    /// blocking thread.
+    pub async fn hashed(&self) -> (Registry, String) {
+        let registry = self.registry();
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let hash = state.state_hash(&registry);
+            (registry, hash)
+        })
+        .await
+        .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+    }
+
+    fn lock_hash_cache(&self) -> std::sync::MutexGuard<'_, Option<(u64, String)>> {
+        self.hash_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -339,13 +366,13 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        // Encoding under the read lock captures one point in time; apply
-        // waits only for the in-memory encoding, not for the disk. It runs on
-        // a blocking thread, so a large state does not stall a tokio worker
-        // (and the Raft core or RPCs scheduled on it) while it encodes.
-        let state = self.state.clone();
-        let (meta, bytes) = tokio::task::spawn_blocking(move || {
-            let applied = state.read();
+        // One point in time: the meta and an O(1) copy of the registry are
+        // taken under the read lock, which apply waits for only that long;
+        // the copy is encoded after the lock is released, on a blocking
+        // thread, so neither apply nor a tokio worker (and the Raft core or
+        // RPCs scheduled on it) waits for the encoding.
+        let (meta, registry) = {
+            let applied = self.state.read();
             let last = applied.last_applied;
             let meta = SnapshotMeta {
                 last_log_id: last,
@@ -356,8 +383,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                     last.map_or(0, |id| id.index)
                 ),
             };
-            (meta, snapshot::to_bytes(&applied.registry))
-        })
+            (meta, applied.registry.clone())
+        };
+        let bytes = tokio::task::spawn_blocking(move || snapshot::to_bytes(&registry))
         .await
         .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
         let bytes = Arc::new(bytes);
