@@ -371,9 +371,20 @@ where
     /// once they are durable.
     fn append_entries(
         &mut self,
-        entries: Vec<C::Entry>,
+        mut entries: Vec<C::Entry>,
         done: writer::Done,
     ) -> Result<(), SegmentLogError> {
+        // Only `&mut self` changes the log, so nothing can come between
+        // this check and the append below.
+        let skip = self.log().read().accept(&entries)?;
+        if skip > 0 {
+            tracing::warn!(
+                skipped_entries = skip,
+                first_log_index = entries[0].get_log_id().index,
+                "appended entries at or below the last purged index are skipped"
+            );
+            entries.drain(..skip);
+        }
         let Some(last) = entries.last() else {
             // Nothing to write, but the callback still waits for every
             // earlier write, as openraft's ordering expects.
@@ -385,13 +396,9 @@ where
         };
         let last_index = last.get_log_id().index;
         let count = entries.len();
-        // Encoded once, outside the lock; checked and added under it.
+        // Encoded once, outside the lock.
         let frames = Self::record(RecordType::Entries, &entries)?;
-        {
-            let mut log = self.log().write();
-            log.check_append(&entries)?;
-            log.append(entries);
-        }
+        self.log().write().append(entries);
         tracing::trace!(count, last_log_index = last_index, "log entries queued");
         self.writer.submit(Job {
             last_index: Some(last_index),

@@ -53,42 +53,42 @@ where
         self.entries.front().map(|entry| entry.get_log_id().index)
     }
 
-    /// Checks that `entries` continue the log: consecutive indexes, the
-    /// first right after the last entry, or — with no entry left — after
-    /// the last purged one (a log may start at any index: openraft starts
-    /// at 0, a follower after a snapshot, tests anywhere).
-    pub(super) fn check_append(&self, entries: &[C::Entry]) -> Result<(), OutOfOrder> {
+    /// Checks that `entries` continue the log and returns how many leading
+    /// ones to skip because they are at or below the last purged index (a
+    /// durable snapshot covers them; openraft's storage suite appends such
+    /// entries after a purge, openraft itself does not). The rest must have
+    /// consecutive indexes, the first right after the last entry, or — with
+    /// no entry left — after the last purged one (a log may start at any
+    /// index: openraft starts at 0, a follower after a snapshot).
+    pub(super) fn accept(&self, entries: &[C::Entry]) -> Result<usize, OutOfOrder> {
+        let floor = self.purged.as_ref().map(|purged| purged.index);
+        let skip = entries
+            .iter()
+            .take_while(|entry| floor.is_some_and(|floor| entry.get_log_id().index <= floor))
+            .count();
         let mut next = self
             .entries
             .back()
             .map(|last| last.get_log_id().index.saturating_add(1));
-        let floor = self.purged.as_ref().map(|purged| purged.index);
-        for entry in entries {
+        for entry in &entries[skip..] {
             let found_index = entry.get_log_id().index;
-            match (next, floor) {
-                (Some(expected_index), _) if found_index != expected_index => {
-                    return Err(OutOfOrder {
-                        expected_index,
-                        found_index,
-                    });
-                }
-                (None, Some(floor)) if found_index <= floor => {
-                    return Err(OutOfOrder {
-                        expected_index: floor.saturating_add(1),
-                        found_index,
-                    });
-                }
-                _ => {}
+            if let Some(expected_index) = next
+                && found_index != expected_index
+            {
+                return Err(OutOfOrder {
+                    expected_index,
+                    found_index,
+                });
             }
             next = Some(found_index.checked_add(1).ok_or(OutOfOrder {
                 expected_index: found_index,
                 found_index,
             })?);
         }
-        Ok(())
+        Ok(skip)
     }
 
-    /// Adds entries already accepted by [`Self::check_append`].
+    /// Adds entries accepted by [`Self::accept`], the skipped ones removed.
     pub(super) fn append(&mut self, entries: Vec<C::Entry>) {
         self.entries.extend(entries);
     }
@@ -178,14 +178,15 @@ mod tests {
     }
 
     /// Appends must continue the log: after the last entry, or after the
-    /// last purged index when it is empty; a batch must be consecutive.
+    /// last purged index when it is empty; a batch must be consecutive;
+    /// entries at or below the last purged index are skipped.
     #[test]
     fn appends_must_continue_the_log() {
         let mut log = MemoryLog::<TestConfig>::default();
-        assert!(log.check_append(&entries(4..=6)).is_ok());
+        assert_eq!(log.accept(&entries(4..=6)), Ok(0));
         log.append(entries(4..=6));
         assert_eq!(
-            log.check_append(&entries(8..=8)),
+            log.accept(&entries(8..=8)),
             Err(OutOfOrder {
                 expected_index: 7,
                 found_index: 8
@@ -194,7 +195,7 @@ mod tests {
         let mut gap = entries(7..=7);
         gap.extend(entries(9..=9));
         assert_eq!(
-            log.check_append(&gap),
+            log.accept(&gap),
             Err(OutOfOrder {
                 expected_index: 8,
                 found_index: 9
@@ -203,7 +204,14 @@ mod tests {
         log.truncate(5);
         assert_eq!(indexes(&log), vec![4]);
         log.purge(openraft::testing::log_id(1, 1, 10));
-        assert!(log.check_append(&entries(10..=10)).is_err());
-        assert!(log.check_append(&entries(11..=12)).is_ok());
+        assert_eq!(log.accept(&entries(9..=12)), Ok(2));
+        assert_eq!(log.accept(&entries(11..=12)), Ok(0));
+        let mut skipped_then_gap = entries(9..=10);
+        skipped_then_gap.extend(entries(12..=12));
+        assert_eq!(
+            log.accept(&skipped_then_gap),
+            Ok(2),
+            "anything may follow an empty log"
+        );
     }
 }

@@ -122,9 +122,9 @@ where
         };
         match record_type {
             RecordType::Entries => {
-                let entries: Vec<C::Entry> =
+                let mut entries: Vec<C::Entry> =
                     codec::decode_versioned(FORMAT_VERSION, frame.payload).map_err(decode_error)?;
-                self.memory.check_append(&entries).map_err(|gap| {
+                let skip = self.memory.accept(&entries).map_err(|gap| {
                     SegmentLogError::ReplayOutOfOrder {
                         path: path.to_path_buf(),
                         offset,
@@ -133,6 +133,7 @@ where
                     }
                 })?;
                 let last_index = entries.last().map(|entry| entry.get_log_id().index);
+                entries.drain(..skip);
                 self.memory.append(entries);
                 return Ok(last_index);
             }
