@@ -1,5 +1,6 @@
-//! The storage adapter against openraft's own conformance suite, plus
-//! restart tests: log entries, vote and committed id survive reopening sled,
+//! The storage adapter against openraft's own conformance suite (with the
+//! sled log store and with the segment log store), plus restart tests: log
+//! entries, vote and committed id survive reopening either log store,
 //! and the state machine comes back from its snapshot file with the same
 //! state hash (rules 13, 14).
 #![allow(
@@ -9,7 +10,7 @@
 
 use oncekv::raft_types::{StorageError, TypeConfig};
 use oncekv::registry::{ClusterId, Entry, Nonce, Op, RegistryConfig, snapshot};
-use oncekv::storage::{SledLogStore, StateMachineStore};
+use oncekv::storage::{SegmentLogStore, SledLogStore, StateMachineStore};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder, StorageIOError, Vote};
@@ -61,15 +62,62 @@ fn openraft_storage_suite() -> Result<(), StorageError> {
     Suite::test_all(Builder)
 }
 
+type SegmentStore = SegmentLogStore<TypeConfig>;
+
+fn open_segment_store(dir: &TempDir) -> Result<SegmentStore, StorageError> {
+    SegmentStore::open(dir.path().join("log")).map_err(io_error)
+}
+
+struct SegmentBuilder;
+
+impl StoreBuilder<TypeConfig, SegmentStore, StateMachineStore, TempDir> for SegmentBuilder {
+    async fn build(&self) -> Result<(TempDir, SegmentStore, StateMachineStore), StorageError> {
+        let dir = tempfile::tempdir().map_err(io_error)?;
+        let store = open_segment_store(&dir)?;
+        let state_machine =
+            StateMachineStore::open(&dir.path().join("snapshots")).map_err(io_error)?;
+        Ok((dir, store, state_machine))
+    }
+}
+
+/// openraft's conformance suite for the segment log store (and the state
+/// machine beside it).
+#[test]
+fn openraft_storage_suite_segment_log() -> Result<(), StorageError> {
+    Suite::test_all(SegmentBuilder)
+}
+
 fn registry_entry(op: Op) -> EntryPayload<TypeConfig> {
     EntryPayload::Normal(Entry::single(5, op))
 }
 
-/// Appended entries, the vote and the committed id survive a reopen, and
-/// a purge is remembered.
+/// Appended entries, the vote and the committed id survive a reopen of the
+/// sled log store, and a purge is remembered.
 #[tokio::test]
 async fn log_survives_reopen() -> Result<(), StorageError> {
     let dir = tempfile::tempdir().map_err(io_error)?;
+    let store = open_store(&dir)?;
+    write_then_check_after_reopen(store, || reopen_store(&dir)).await
+}
+
+/// The same with the segment log store.
+#[tokio::test]
+async fn segment_log_survives_reopen() -> Result<(), StorageError> {
+    let dir = tempfile::tempdir().map_err(io_error)?;
+    let store = open_segment_store(&dir)?;
+    write_then_check_after_reopen(store, || async { open_segment_store(&dir) }).await
+}
+
+/// Appends entries, saves a vote and a committed id and purges the first
+/// entry through `store`, drops it, then checks what `reopen` gives back.
+async fn write_then_check_after_reopen<S, F>(
+    mut store: S,
+    reopen: impl FnOnce() -> F,
+) -> Result<(), StorageError>
+where
+    S: RaftLogStorage<TypeConfig>,
+    F: Future<Output = Result<S, StorageError>>,
+{
     let log_id = |term, index| openraft::testing::log_id(term, 1, index);
     let entry = |term, index, payload| openraft::Entry::<TypeConfig> {
         log_id: log_id(term, index),
@@ -81,20 +129,18 @@ async fn log_survives_reopen() -> Result<(), StorageError> {
         cluster_id: None,
         nonce: Nonce(9),
     });
-    {
-        let mut store = open_store(&dir)?;
-        store
-            .blocking_append([
-                entry(1, 1, EntryPayload::Blank),
-                entry(1, 2, register.clone()),
-                entry(2, 3, EntryPayload::Blank),
-            ])
-            .await?;
-        store.save_vote(&vote).await?;
-        store.save_committed(committed).await?;
-        store.purge(log_id(1, 1)).await?;
-    }
-    let mut store = reopen_store(&dir).await?;
+    store
+        .blocking_append([
+            entry(1, 1, EntryPayload::Blank),
+            entry(1, 2, register.clone()),
+            entry(2, 3, EntryPayload::Blank),
+        ])
+        .await?;
+    store.save_vote(&vote).await?;
+    store.save_committed(committed).await?;
+    store.purge(log_id(1, 1)).await?;
+    drop(store);
+    let mut store = reopen().await?;
     let state = store.get_log_state().await?;
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 1)));
     assert_eq!(state.last_log_id, Some(log_id(2, 3)));

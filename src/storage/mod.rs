@@ -5,8 +5,10 @@
 pub mod flusher;
 pub mod identity;
 pub mod log_store;
+pub mod segment_log;
 pub mod state_machine;
 
 pub use identity::ClusterIdentity;
 pub use log_store::SledLogStore;
+pub use segment_log::{SegmentLogConfig, SegmentLogError, SegmentLogReader, SegmentLogStore};
 pub use state_machine::{SharedState, StateMachineStore};

@@ -1,0 +1,545 @@
+//! Append-only, group-committing Raft log storage (openraft 0.9 storage-v2)
+//! in a directory of preallocated segment files, the way etcd's WAL and
+//! TiKV's raft-engine keep theirs: owns the log entries, the vote, the
+//! committed log id and the last purged log id.
+//!
+//! Entries after the last purge live in memory, so reads and the log state
+//! never touch the disk; each `append` is encoded once into framed records
+//! (length, type, CRC32) that one writer thread writes and fdatasyncs in
+//! groups. Truncate, purge and vote are records too; purging deletes whole
+//! segment files, never rewrites one. Opening replays the segments and cuts
+//! a torn tail off the last one.
+//!
+//! It only translates openraft's log calls into durable records and back; it
+//! decides nothing about consensus. It must never report data as persisted
+//! before the `fdatasync` covering it has returned (rule 14), never block the
+//! tokio runtime on disk IO after opening, and never panic on bytes read from
+//! disk.
+
+mod format;
+mod memory;
+mod recovery;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Debug;
+use std::fs;
+use std::fs::File;
+use std::io;
+use std::ops::Bound;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::PoisonError;
+use std::sync::RwLock;
+use std::sync::RwLockReadGuard;
+use std::sync::RwLockWriteGuard;
+
+use openraft::AnyError;
+use openraft::ErrorSubject;
+use openraft::ErrorVerb;
+use openraft::LogId;
+use openraft::LogState;
+use openraft::OptionalSend;
+use openraft::RaftLogId;
+use openraft::RaftLogReader;
+use openraft::RaftTypeConfig;
+use openraft::StorageError;
+use openraft::StorageIOError;
+use openraft::Vote;
+use openraft::storage::LogFlushed;
+use openraft::storage::RaftLogStorage;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::registry::codec::CodecError;
+use format::RecordType;
+use memory::MemoryLog;
+use writer::Job;
+use writer::MetaKind;
+use writer::Writer;
+
+/// Name of the lock file that keeps a second store off the directory.
+const LOCK_FILE: &str = "LOCK";
+
+/// Failures of the segment log store, before they are wrapped into openraft's [`StorageError`].
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentLogError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is in use by another segment log store")]
+    Locked { path: PathBuf },
+    #[error("{path}: bad segment header (found sequence {found_sequence:?})")]
+    BadSegmentHeader {
+        path: PathBuf,
+        found_sequence: Option<u64>,
+    },
+    #[error(
+        "{path}: damaged record at offset {offset} (next valid record at {valid_record_offset:?}); \
+         refusing to open a log with damage before its last write"
+    )]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        valid_record_offset: Option<u64>,
+    },
+    #[error("{path}: unknown record type {type_byte} at offset {offset}")]
+    UnknownRecord {
+        path: PathBuf,
+        offset: u64,
+        type_byte: u8,
+    },
+    #[error("{path}: undecodable record at offset {offset}: {source}")]
+    Decode {
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        source: CodecError,
+    },
+    #[error(
+        "{path}: entry {found_index} at offset {offset} where entry {expected_index} was expected"
+    )]
+    ReplayOutOfOrder {
+        path: PathBuf,
+        offset: u64,
+        expected_index: u64,
+        found_index: u64,
+    },
+    #[error("appending entry {found_index} where entry {expected_index} was expected")]
+    OutOfOrder {
+        expected_index: u64,
+        found_index: u64,
+    },
+    #[error("a record of {payload_bytes} bytes is over the codec's decode limit")]
+    TooLarge { payload_bytes: usize },
+    #[error("segment log write: {0}")]
+    Write(#[source] io::Error),
+    #[error("could not start the segment log writer thread: {0}")]
+    SpawnWriter(#[source] io::Error),
+}
+
+impl From<format::TooLarge> for SegmentLogError {
+    fn from(too_large: format::TooLarge) -> Self {
+        Self::TooLarge {
+            payload_bytes: too_large.payload_bytes,
+        }
+    }
+}
+
+impl From<memory::OutOfOrder> for SegmentLogError {
+    fn from(gap: memory::OutOfOrder) -> Self {
+        Self::OutOfOrder {
+            expected_index: gap.expected_index,
+            found_index: gap.found_index,
+        }
+    }
+}
+
+fn storage_error<NID: openraft::NodeId>(
+    subject: ErrorSubject<NID>,
+    verb: ErrorVerb,
+    error: impl Into<SegmentLogError>,
+) -> StorageError<NID> {
+    StorageIOError::new(subject, verb, AnyError::new(&error.into())).into()
+}
+
+/// Tuning of a [`SegmentLogStore`].
+#[derive(Clone, Debug)]
+pub struct SegmentLogConfig {
+    /// Size a segment file is preallocated to; a new segment starts when the
+    /// next record would not fit (a record larger than this gets a segment
+    /// of its own). Small values are for tests.
+    pub segment_bytes: u64,
+}
+
+impl Default for SegmentLogConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+/// The in-memory log shared by the store and its readers.
+struct Shared<C: RaftTypeConfig>(Arc<RwLock<MemoryLog<C>>>);
+
+impl<C: RaftTypeConfig> Clone for Shared<C> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<C: RaftTypeConfig> Shared<C> {
+    // A panic while the lock is held cannot leave the log half-changed (no
+    // method of `MemoryLog` panics midway), so a poisoned lock is still good.
+    fn read(&self) -> RwLockReadGuard<'_, MemoryLog<C>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, MemoryLog<C>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reads log entries from memory; cheap to clone and safe to use
+/// concurrently with the store. The lock is held only to clone entries out.
+pub struct SegmentLogReader<C: RaftTypeConfig> {
+    log: Shared<C>,
+}
+
+impl<C: RaftTypeConfig> Clone for SegmentLogReader<C> {
+    fn clone(&self) -> Self {
+        Self {
+            log: self.log.clone(),
+        }
+    }
+}
+
+/// The Raft log store. All writes go through `&mut self`, so they reach the
+/// writer thread in call order.
+pub struct SegmentLogStore<C: RaftTypeConfig> {
+    reader: SegmentLogReader<C>,
+    vote: Option<Vote<C::NodeId>>,
+    committed: Option<LogId<C::NodeId>>,
+    // Field order matters: the writer (joined on drop) goes before the lock.
+    writer: Writer,
+    _lock: File,
+    /// Index covered by the newest durable snapshot, when attached: a purge
+    /// waits until the snapshot behind it is on disk (openraft may purge
+    /// while an installed snapshot is still being written).
+    durable_snapshot: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Where the committed index is reported, when attached (a metric).
+    commit_index: Option<prometheus_client::metrics::gauge::Gauge>,
+}
+
+impl<C> SegmentLogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Clone + Serialize + DeserializeOwned,
+{
+    /// Opens (or creates) the log in directory `dir` with 64 MiB segments.
+    /// Blocks while it replays the segments: call it before serving.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, SegmentLogError> {
+        Self::open_with_config(dir, SegmentLogConfig::default())
+    }
+
+    /// Opens (or creates) the log in directory `dir`.
+    pub fn open_with_config(
+        dir: impl AsRef<Path>,
+        config: SegmentLogConfig,
+    ) -> Result<Self, SegmentLogError> {
+        let dir = dir.as_ref();
+        let io_error = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SegmentLogError::Io { path, source }
+        };
+        fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_error(&lock_path))?;
+        // Two stores appending to the same segments would corrupt them.
+        lock.try_lock().map_err(|error| match error {
+            fs::TryLockError::WouldBlock => SegmentLogError::Locked {
+                path: dir.to_path_buf(),
+            },
+            fs::TryLockError::Error(source) => SegmentLogError::Io {
+                path: lock_path.clone(),
+                source,
+            },
+        })?;
+        let recovered = recovery::recover::<C>(dir, config.segment_bytes)?;
+        let writer = Writer::spawn(recovered.writer).map_err(SegmentLogError::SpawnWriter)?;
+        Ok(Self {
+            reader: SegmentLogReader {
+                log: Shared(Arc::new(RwLock::new(recovered.memory))),
+            },
+            vote: recovered.vote,
+            committed: recovered.committed,
+            writer,
+            _lock: lock,
+            durable_snapshot: None,
+            commit_index: None,
+        })
+    }
+
+    /// Makes purges wait until a snapshot covering the purged entries is
+    /// durable (rule 14).
+    pub fn purge_after_durable_snapshots(&mut self, durable: tokio::sync::watch::Receiver<u64>) {
+        self.durable_snapshot = Some(durable);
+    }
+
+    /// Reports every committed index openraft saves into `gauge`.
+    pub fn report_commit_index(&mut self, gauge: prometheus_client::metrics::gauge::Gauge) {
+        self.commit_index = Some(gauge);
+    }
+
+    /// The last purged log index. Never fails (the state is in memory); the
+    /// `Result` keeps the signature of the sled store's.
+    pub fn last_purged_index(&self) -> Result<Option<u64>, SegmentLogError> {
+        Ok(self
+            .reader
+            .log
+            .read()
+            .last_purged()
+            .map(|log_id| log_id.index))
+    }
+
+    fn log(&self) -> &Shared<C> {
+        &self.reader.log
+    }
+
+    /// One framed record of `record_type` holding `value`.
+    fn record<T: Serialize + ?Sized>(
+        record_type: RecordType,
+        value: &T,
+    ) -> Result<Vec<u8>, SegmentLogError> {
+        let mut frames = Vec::new();
+        format::push_record(&mut frames, record_type, value)?;
+        Ok(frames)
+    }
+
+    async fn persist_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), SegmentLogError> {
+        // Through the writer thread like everything else: one file, one
+        // fsync path, ordered with the entries, and it shares the fdatasync
+        // of a concurrent group. A vote is rare; its latency is one group.
+        let job = Job {
+            meta: Some(MetaKind::Vote),
+            ..Job::new(Self::record(RecordType::Vote, vote)?)
+        };
+        self.writer
+            .write_durably(job)
+            .await
+            .map_err(SegmentLogError::Write)?;
+        self.vote = Some(vote.clone());
+        Ok(())
+    }
+
+    /// Deletes entries with index `>= index`, durably: removed from memory
+    /// now (readers stop seeing them), and a record makes replay drop them
+    /// too, wherever in older segments they were written.
+    async fn truncate_from(&mut self, index: u64) -> Result<(), SegmentLogError> {
+        let frames = Self::record(RecordType::Truncate, &index)?;
+        self.log().write().truncate(index);
+        self.writer
+            .write_durably(Job::new(frames))
+            .await
+            .map_err(SegmentLogError::Write)
+    }
+
+    async fn purge_upto(&mut self, log_id: &LogId<C::NodeId>) -> Result<(), SegmentLogError> {
+        if let Some(durable) = &self.durable_snapshot {
+            let mut durable = durable.clone();
+            // An error means the state machine is gone: nothing to wait for.
+            let _ = durable.wait_for(|index| *index >= log_id.index).await;
+        }
+        if self
+            .log()
+            .read()
+            .last_purged()
+            .is_some_and(|purged| purged.index >= log_id.index)
+        {
+            return Ok(());
+        }
+        // The record first, then memory: the entries stay readable until the
+        // purge is durable. The writer deletes covered segments after the
+        // fdatasync, off the runtime.
+        let job = Job {
+            meta: Some(MetaKind::Purge),
+            purged_index: Some(log_id.index),
+            ..Job::new(Self::record(RecordType::Purge, log_id)?)
+        };
+        self.writer
+            .write_durably(job)
+            .await
+            .map_err(SegmentLogError::Write)?;
+        self.log().write().purge(log_id.clone());
+        Ok(())
+    }
+
+    /// Puts `entries` in memory and queues them to be written; `done` runs
+    /// once they are durable.
+    fn append_entries(
+        &mut self,
+        mut entries: Vec<C::Entry>,
+        done: writer::Done,
+    ) -> Result<(), SegmentLogError> {
+        // Only `&mut self` changes the log, so nothing can come between
+        // this check and the append below.
+        let skip = self.log().read().accept(&entries)?;
+        if skip > 0 {
+            tracing::warn!(
+                skipped_entries = skip,
+                first_log_index = entries[0].get_log_id().index,
+                "appended entries at or below the last purged index are skipped"
+            );
+            entries.drain(..skip);
+        }
+        let Some(last) = entries.last() else {
+            // Nothing to write, but the callback still waits for every
+            // earlier write, as openraft's ordering expects.
+            self.writer.submit(Job {
+                done: Some(done),
+                ..Job::new(Vec::new())
+            });
+            return Ok(());
+        };
+        let last_index = last.get_log_id().index;
+        let count = entries.len();
+        // Encoded once, outside the lock.
+        let frames = Self::record(RecordType::Entries, &entries)?;
+        self.log().write().append(entries);
+        tracing::trace!(count, last_log_index = last_index, "log entries queued");
+        self.writer.submit(Job {
+            last_index: Some(last_index),
+            done: Some(done),
+            ..Job::new(frames)
+        });
+        Ok(())
+    }
+}
+
+/// Converts an index range into the `[start, end)` form, `None` meaning unbounded; returns `None`
+/// for an empty range.
+fn half_open(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => None,
+    };
+    match end {
+        Some(end) if end <= start => None,
+        _ => Some((start, end)),
+    }
+}
+
+impl<C> RaftLogReader<C> for SegmentLogReader<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Clone,
+{
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        Ok(match half_open(&range) {
+            Some((start, end)) => self.log.read().range(start, end),
+            None => Vec::new(),
+        })
+    }
+}
+
+impl<C> RaftLogReader<C> for SegmentLogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Clone + Serialize + DeserializeOwned,
+{
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        self.reader.try_get_log_entries(range).await
+    }
+}
+
+impl<C> RaftLogStorage<C> for SegmentLogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Clone + Serialize + DeserializeOwned,
+{
+    type LogReader = SegmentLogReader<C>;
+
+    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+        let log = self.log().read();
+        Ok(LogState {
+            last_purged_log_id: log.last_purged(),
+            last_log_id: log.last_log_id(),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.reader.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.persist_vote(vote)
+            .await
+            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))?;
+        tracing::debug!(%vote, "vote persisted");
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
+        Ok(self.vote.clone())
+    }
+
+    /// Not fsynced on its own: a committed id that reverts after a crash is
+    /// safe, and the record becomes durable with the next group that is.
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<C::NodeId>>,
+    ) -> Result<(), StorageError<C::NodeId>> {
+        if let (Some(gauge), Some(committed)) = (&self.commit_index, &committed) {
+            gauge.set(i64::try_from(committed.index).unwrap_or(i64::MAX));
+        }
+        let frames = Self::record(RecordType::Committed, &committed)
+            .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        self.writer.submit(Job {
+            meta: Some(MetaKind::Committed),
+            ..Job::new(frames)
+        });
+        self.committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(
+        &mut self,
+    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+        Ok(self.committed.clone())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<C>,
+    ) -> Result<(), StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let done: writer::Done = Box::new(move |result| callback.log_io_completed(result));
+        self.append_entries(entries.into_iter().collect(), done)
+            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Write, e))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.truncate_from(log_id.index)
+            .await
+            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+        tracing::debug!(%log_id, "log truncated from");
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.purge_upto(&log_id)
+            .await
+            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+        tracing::debug!(%log_id, "log purged up to");
+        Ok(())
+    }
+}

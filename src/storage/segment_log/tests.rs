@@ -1,0 +1,500 @@
+//! Behaviour of the segment log store on a real directory: restarts, torn
+//! tails, damage, truncation, purging and group commit.
+
+use std::io::Cursor;
+use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use openraft::EntryPayload;
+use openraft::storage::RaftLogStorageExt;
+
+use super::*;
+
+openraft::declare_raft_types!(TestConfig: D = u64, R = ());
+
+type Store = SegmentLogStore<TestConfig>;
+type Entry = openraft::Entry<TestConfig>;
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Small segments, so that a few entries fill several.
+const SMALL_SEGMENT_BYTES: u64 = 256;
+
+fn log_id(term: u64, index: u64) -> LogId<u64> {
+    openraft::testing::log_id(term, 1, index)
+}
+
+fn entry(term: u64, index: u64) -> Entry {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(index * 1000),
+    }
+}
+
+fn open(dir: &tempfile::TempDir) -> Result<Store, SegmentLogError> {
+    Store::open(dir.path())
+}
+
+fn open_small(dir: &tempfile::TempDir) -> Result<Store, SegmentLogError> {
+    Store::open_with_config(
+        dir.path(),
+        SegmentLogConfig {
+            segment_bytes: SMALL_SEGMENT_BYTES,
+        },
+    )
+}
+
+async fn indexes(store: &mut Store) -> Result<Vec<u64>, StorageError<u64>> {
+    let entries = store.get_log_reader().await.try_get_log_entries(..).await?;
+    Ok(entries.iter().map(|entry| entry.log_id.index).collect())
+}
+
+/// Segment files in `dir`, oldest first.
+fn segment_paths(dir: &tempfile::TempDir) -> Result<Vec<PathBuf>, io::Error> {
+    let mut paths: Vec<PathBuf> = fs::read_dir(dir.path())?
+        .map(|item| item.map(|item| item.path()))
+        .collect::<Result<_, _>>()?;
+    paths.retain(|path| path.extension().is_some_and(|extension| extension == "seg"));
+    paths.sort();
+    Ok(paths)
+}
+
+fn last_segment(dir: &tempfile::TempDir) -> Result<PathBuf, io::Error> {
+    segment_paths(dir)?
+        .pop()
+        .ok_or_else(|| io::Error::other("no segment"))
+}
+
+/// Offset just past the last non-zero byte of `path`, rounded up to the
+/// record alignment: where the next record of a synced segment goes.
+fn data_end(path: &Path) -> Result<u64, io::Error> {
+    let bytes = fs::read(path)?;
+    let end = bytes
+        .iter()
+        .rposition(|&byte| byte != 0)
+        .map_or(0, |at| at + 1);
+    Ok(end.div_ceil(format::ALIGN_BYTES) as u64 * format::ALIGN_BYTES as u64)
+}
+
+fn write_at(path: &Path, offset: u64, bytes: &[u8]) -> Result<(), io::Error> {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all_at(bytes, offset)
+}
+
+/// A crash in the middle of writing the last record (the record cut off,
+/// zeros where the rest should be) loses only that record: the earlier
+/// entries come back, and the log takes new appends where it was cut.
+#[tokio::test]
+async fn torn_last_record_recovers_the_earlier_entries() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (torn_start, torn_end) = {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1), entry(1, 2)]).await?;
+        let torn_start = data_end(&last_segment(&dir)?)?;
+        store.blocking_append([entry(1, 3)]).await?;
+        (torn_start, data_end(&last_segment(&dir)?)?)
+    };
+    let cut = torn_start + (torn_end - torn_start) / 2;
+    write_at(
+        &last_segment(&dir)?,
+        cut,
+        &vec![0; (torn_end - cut) as usize],
+    )?;
+
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1, 2]);
+    assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(1, 2)));
+    store.blocking_append([entry(2, 3)]).await?;
+    drop(store);
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1, 2, 3]);
+    assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(2, 3)));
+    Ok(())
+}
+
+/// Garbage after the last good record (a write that reached the disk only
+/// partly) is dropped and zeroed on open, so no byte of it can be read as a
+/// record after newer, shorter records are written over its start.
+#[tokio::test]
+async fn garbage_after_the_last_record_is_dropped() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let garbage_start = {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1), entry(1, 2)]).await?;
+        data_end(&last_segment(&dir)?)?
+    };
+    write_at(&last_segment(&dir)?, garbage_start, &[0xA5; 300])?;
+
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1, 2]);
+    let tail = fs::read(last_segment(&dir)?)?;
+    assert!(
+        tail[garbage_start as usize..].iter().all(|&byte| byte == 0),
+        "the torn tail is zeroed"
+    );
+    store.blocking_append([entry(1, 3)]).await?;
+    drop(store);
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1, 2, 3]);
+    Ok(())
+}
+
+/// A flipped bit in a record with valid records after it is damage, not a
+/// torn write: opening is refused with the file and the offset.
+#[tokio::test]
+async fn a_damaged_record_in_the_middle_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let damaged_start = {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1)]).await?;
+        let damaged_start = data_end(&last_segment(&dir)?)?;
+        store.blocking_append([entry(1, 2)]).await?;
+        store.blocking_append([entry(1, 3)]).await?;
+        damaged_start
+    };
+    let path = last_segment(&dir)?;
+    let mut bytes = fs::read(&path)?;
+    bytes[damaged_start as usize + format::FRAME_HEADER_BYTES + 2] ^= 0x04;
+    fs::write(&path, &bytes)?;
+
+    match open(&dir) {
+        Err(SegmentLogError::Corrupt {
+            path: found_path,
+            offset,
+            valid_record_offset: Some(_),
+        }) => {
+            assert_eq!(found_path, path);
+            assert_eq!(offset, damaged_start);
+        }
+        Err(other) => panic!("expected Corrupt, got {other}"),
+        Ok(_) => panic!("a damaged log opened"),
+    }
+    Ok(())
+}
+
+/// Damage at the end of a segment that is not the last one cannot be a
+/// torn write (a segment is synced before the next exists): refused.
+#[tokio::test]
+async fn damage_in_a_sealed_segment_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open_small(&dir)?;
+        for index in 1..=12 {
+            store.blocking_append([entry(1, index)]).await?;
+        }
+    }
+    let first = segment_paths(&dir)?
+        .into_iter()
+        .next()
+        .ok_or("no segment")?;
+    assert_ne!(first, last_segment(&dir)?, "the log spans several segments");
+    let end = data_end(&first)?;
+    write_at(&first, end, &[0xA5; 8])?;
+    assert!(matches!(
+        open_small(&dir),
+        Err(SegmentLogError::Corrupt { path, .. }) if path == first
+    ));
+    Ok(())
+}
+
+/// Records that do not continue the log (an index gap, or an entry whose
+/// id is not its position) are refused when replayed, as at runtime.
+#[tokio::test]
+async fn replayed_entries_must_be_contiguous() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1)]).await?;
+        assert!(matches!(
+            store.append_entries(vec![entry(1, 3)], Box::new(|_| {})),
+            Err(SegmentLogError::OutOfOrder {
+                expected_index: 2,
+                found_index: 3
+            })
+        ));
+    }
+    let path = last_segment(&dir)?;
+    let end = data_end(&path)?;
+    let mut record = Vec::new();
+    format::push_record(
+        &mut record,
+        RecordType::Entries,
+        &vec![entry(1, 2), entry(1, 4)],
+    )
+    .map_err(SegmentLogError::from)?;
+    write_at(&path, end, &record)?;
+    match open(&dir) {
+        Err(SegmentLogError::ReplayOutOfOrder {
+            offset,
+            expected_index: 3,
+            found_index: 4,
+            ..
+        }) => assert_eq!(offset, end),
+        Err(other) => panic!("expected ReplayOutOfOrder, got {other}"),
+        Ok(_) => panic!("a log with a gap opened"),
+    }
+    Ok(())
+}
+
+/// A truncation is durable: entries from the truncated index on stay gone
+/// after a reopen although they are still in the segment, and the log
+/// continues with the entries appended after it.
+#[tokio::test]
+async fn truncate_survives_reopen() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open(&dir)?;
+        store
+            .blocking_append((1..=5).map(|index| entry(1, index)))
+            .await?;
+        store.truncate(log_id(1, 3)).await?;
+        assert_eq!(indexes(&mut store).await?, vec![1, 2]);
+    }
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1, 2]);
+    store.blocking_append([entry(2, 3)]).await?;
+    drop(store);
+    let mut store = open(&dir)?;
+    let entries = store.try_get_log_entries(..).await?;
+    let ids: Vec<_> = entries.iter().map(|entry| entry.log_id).collect();
+    assert_eq!(ids, vec![log_id(1, 1), log_id(1, 2), log_id(2, 3)]);
+    Ok(())
+}
+
+/// A purge deletes the whole segments it covers, and a reopen still knows
+/// the last purged id and the vote, although the records that set them
+/// were in deleted segments (each new segment starts with a copy).
+#[tokio::test]
+async fn purge_deletes_segments_and_survives_reopen() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let vote = Vote::new_committed(3, 1);
+    {
+        let mut store = open_small(&dir)?;
+        store.save_vote(&vote).await?;
+        for index in 1..=40 {
+            store.blocking_append([entry(3, index)]).await?;
+        }
+        let before = segment_paths(&dir)?.len();
+        assert!(before > 4, "{before} segments");
+        store.purge(log_id(3, 30)).await?;
+        // Deletion follows the purge's fdatasync on the writer thread.
+        let mut after = before;
+        for _ in 0..100 {
+            after = segment_paths(&dir)?.len();
+            if after < before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            after < before,
+            "{before} segments before the purge, {after} after"
+        );
+        assert_eq!(indexes(&mut store).await?, (31..=40).collect::<Vec<_>>());
+    }
+    let first_kept = segment_paths(&dir)?
+        .into_iter()
+        .next()
+        .ok_or("no segment")?;
+    assert!(
+        !first_kept.ends_with(writer::segment_file_name(1)),
+        "the segment holding the vote record is gone"
+    );
+    let mut store = open_small(&dir)?;
+    assert_eq!(store.last_purged_index()?, Some(30));
+    let state = store.get_log_state().await?;
+    assert_eq!(state.last_purged_log_id, Some(log_id(3, 30)));
+    assert_eq!(state.last_log_id, Some(log_id(3, 40)));
+    assert_eq!(indexes(&mut store).await?, (31..=40).collect::<Vec<_>>());
+    assert_eq!(store.read_vote().await?, Some(vote));
+    Ok(())
+}
+
+/// A purge beyond the last entry empties the log; after a reopen the log
+/// state is the purged id, and an append continues after it (skipping
+/// what is purged already).
+#[tokio::test]
+async fn purge_past_the_end_survives_reopen() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1), entry(1, 2)]).await?;
+        store.purge(log_id(2, 9)).await?;
+    }
+    let mut store = open(&dir)?;
+    let state = store.get_log_state().await?;
+    assert_eq!(state.last_purged_log_id, Some(log_id(2, 9)));
+    assert_eq!(state.last_log_id, Some(log_id(2, 9)));
+    // Entry 9 is purged already: skipped.
+    store.blocking_append([entry(2, 9), entry(2, 10)]).await?;
+    assert_eq!(indexes(&mut store).await?, vec![10]);
+    drop(store);
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![10]);
+    Ok(())
+}
+
+/// Segments before a gap in the numbering are what an interrupted deletion
+/// left behind: opening removes them and replays the rest.
+#[tokio::test]
+async fn segments_before_a_gap_are_removed() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open_small(&dir)?;
+        for index in 1..=40 {
+            store.blocking_append([entry(1, index)]).await?;
+        }
+        store.purge(log_id(1, 30)).await?;
+    }
+    let kept = segment_paths(&dir)?;
+    let first_kept = kept.first().ok_or("no segment")?;
+    let name = first_kept
+        .file_name()
+        .and_then(|name| name.to_str())
+        .ok_or("file name")?;
+    let sequence: u64 = name.trim_end_matches(".seg").parse()?;
+    assert!(sequence > 2, "segments were deleted");
+    // A stale copy of an old segment, as if its deletion never reached the disk.
+    let stale = dir.path().join(writer::segment_file_name(sequence - 2));
+    fs::copy(first_kept, &stale)?;
+    let mut store = open_small(&dir)?;
+    assert!(!stale.exists());
+    assert_eq!(indexes(&mut store).await?, (31..=40).collect::<Vec<_>>());
+    Ok(())
+}
+
+/// With a durable-snapshot watch attached, a purge waits until a snapshot
+/// covering the purged entries is on disk.
+#[tokio::test]
+async fn purge_waits_for_a_durable_snapshot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut store = open(&dir)?;
+    store
+        .blocking_append((1..=6).map(|index| entry(1, index)))
+        .await?;
+    let (durable, watch) = tokio::sync::watch::channel(0u64);
+    store.purge_after_durable_snapshots(watch);
+    let log_id = log_id(1, 5);
+    {
+        let purge = store.purge_upto(&log_id);
+        tokio::pin!(purge);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut purge)
+                .await
+                .is_err(),
+            "no snapshot covers index 5 yet"
+        );
+        durable.send_replace(5);
+        purge.await?;
+    }
+    assert_eq!(store.last_purged_index()?, Some(5));
+    assert_eq!(indexes(&mut store).await?, vec![6]);
+    Ok(())
+}
+
+/// The vote and the committed id survive a reopen; the committed id needs
+/// no fsync of its own (the next durable group carries it).
+#[tokio::test]
+async fn vote_and_committed_survive_reopen() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let vote = Vote::new(4, 2);
+    {
+        let mut store = open(&dir)?;
+        assert_eq!(store.read_vote().await?, None);
+        assert_eq!(store.read_committed().await?, None);
+        store.blocking_append([entry(1, 1), entry(1, 2)]).await?;
+        store.save_committed(Some(log_id(1, 1))).await?;
+        store.save_committed(Some(log_id(1, 2))).await?;
+        store.save_vote(&vote).await?;
+        assert_eq!(store.read_vote().await?, Some(vote));
+        assert_eq!(store.read_committed().await?, Some(log_id(1, 2)));
+    }
+    let mut store = open(&dir)?;
+    assert_eq!(store.read_vote().await?, Some(vote));
+    assert_eq!(store.read_committed().await?, Some(log_id(1, 2)));
+    Ok(())
+}
+
+/// Many appends queued without waiting all complete, each callback fires
+/// exactly once with success, in append order, and everything is there
+/// after a reopen.
+#[tokio::test]
+async fn group_commit_completes_every_append() -> TestResult {
+    const APPENDS: u64 = 500;
+    let dir = tempfile::tempdir()?;
+    let completed = Arc::new(Mutex::new(Vec::new()));
+    let mut waits = Vec::new();
+    {
+        let mut store = open_small(&dir)?;
+        for index in 1..=APPENDS {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let completed = completed.clone();
+            store.append_entries(
+                vec![entry(1, index)],
+                Box::new(move |result| {
+                    completed
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(index);
+                    let _ = tx.send(result);
+                }),
+            )?;
+            waits.push(rx);
+        }
+        for wait in waits {
+            wait.await??;
+        }
+    }
+    let completed = completed
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(completed, (1..=APPENDS).collect::<Vec<_>>());
+    let mut store = open_small(&dir)?;
+    assert_eq!(
+        indexes(&mut store).await?,
+        (1..=APPENDS).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+/// A second store on the same directory is refused while the first is open.
+#[tokio::test]
+async fn a_directory_has_one_store() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = open(&dir)?;
+    assert!(matches!(open(&dir), Err(SegmentLogError::Locked { .. })));
+    drop(store);
+    open(&dir)?;
+    Ok(())
+}
+
+/// Reads clone the requested range out of memory, whatever the bounds.
+#[tokio::test]
+async fn reads_take_any_range() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut store = open(&dir)?;
+    store
+        .blocking_append((3..=8).map(|index| entry(1, index)))
+        .await?;
+    let mut reader = store.get_log_reader().await;
+    let read = |entries: Vec<Entry>| entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+    assert_eq!(read(reader.try_get_log_entries(0..4).await?), vec![3]);
+    assert_eq!(read(reader.try_get_log_entries(5..=6).await?), vec![5, 6]);
+    assert_eq!(read(reader.try_get_log_entries(7..).await?), vec![7, 8]);
+    assert_eq!(
+        read(reader.try_get_log_entries(9..20).await?),
+        Vec::<u64>::new()
+    );
+    assert_eq!(
+        read(reader.try_get_log_entries(6..6).await?),
+        Vec::<u64>::new()
+    );
+    assert_eq!(
+        read(reader.try_get_log_entries(..=u64::MAX).await?).len(),
+        6
+    );
+    Ok(())
+}
