@@ -14,7 +14,7 @@ use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
-use crate::storage::{ClusterIdentity, SharedState, SledLogStore, StateMachineStore};
+use crate::storage::{ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use openraft::SnapshotPolicy;
@@ -30,8 +30,6 @@ const MAX_PAYLOAD_ENTRIES: u64 = 64;
 /// Snapshot chunk per install RPC, well below the peer payload limit
 /// (`network::peer::PEER_PAYLOAD_BYTES_MAX`, 32 MiB).
 const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
-/// sled's page cache per node; three nodes share one machine.
-const SLED_CACHE_BYTES: u64 = 64 << 20;
 
 /// Accepted connections with Nagle off: request/response traffic would
 /// otherwise wait for delayed acknowledgements (tens of milliseconds).
@@ -122,15 +120,9 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
 /// Runs a node until `shutdown` completes, then stops it gracefully.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     claim_data_dir(&config.data_dir, config.id)?;
-    let db = sled::Config::new()
-        .path(config.data_dir.join("log"))
-        .cache_capacity(SLED_CACHE_BYTES)
-        // Every fsync goes through the log store's single flusher.
-        .flush_every_ms(None)
-        .open()
-        .context("opening the log database")?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
-    let mut log_store = SledLogStore::open(db).context("opening the log store")?;
+    let mut log_store =
+        SegmentLogStore::open(config.data_dir.join("wal")).context("opening the Raft log")?;
     log_store.report_commit_index(metrics.commit_index.clone());
     let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
         .context("opening the snapshots")?
