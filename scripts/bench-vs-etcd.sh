@@ -159,6 +159,25 @@ start_etcd() {
     done
 }
 
+# Fails if something already listens on one of the ports both clusters use
+# (a node that cannot bind dies, and its log would say only that).
+check_ports_free() {
+    local n port
+    for n in 1 2 3; do
+        for port in $((ETCD_PORT_BASE + n)) $((ETCD_PORT_BASE + 100 + n)); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                die "127.0.0.1:$port is taken; pick another ETCD_PORT_BASE"
+            fi
+        done
+        for port in $((ONCEKV_PORT_BASE + n)) $((ONCEKV_PORT_BASE + 100 + n)) $((ONCEKV_PORT_BASE + 200 + n)); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                die "127.0.0.1:$port is taken; pick another ONCEKV_PORT_BASE"
+            fi
+        done
+    done
+}
+
+check_ports_free
 echo "starting a 3-node etcd ($(etcd_endpoints)) and a 3-node oncekv ($(oncekv_endpoints))" >&2
 start_etcd
 scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
