@@ -56,9 +56,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Failover benchmark instead: start a fresh local 3-node cluster,
-    /// SIGKILL its leader --kills times while one client writes, and time
-    /// each kill to the next acknowledged write. Takes no --endpoints and
-    /// none of the load options.
+    /// SIGKILL its leader --kills times while one probe client writes, and
+    /// time each kill to the probe's next acknowledged write. Takes no
+    /// --endpoints and none of the load options (see --load-clients).
     #[arg(
         long,
         conflicts_with_all = ["endpoints", "clients", "duration", "pipeline", "mix", "value_size", "plain", "compare"]
@@ -81,9 +81,12 @@ pub struct BenchArgs {
     /// on stderr).
     #[arg(long, requires = "failover")]
     pub keep_cluster_dir: bool,
-    /// Background load of --failover: this many more clients write as fast
-    /// as they can (closed loop, one put at a time each) throughout the run,
-    /// so that failover and spurious elections are measured under load.
+    /// Background load of --failover: this many more clients (each its own
+    /// session) write as fast as they can (closed loop, one 64-byte put at a
+    /// time each) throughout the run, so that failover and spurious
+    /// elections are measured under load. The kill -> first acknowledged
+    /// write figure stays the probe's; any client's first acknowledgement
+    /// and the load's puts/s between kills are reported beside it.
     #[arg(long, default_value_t = 0, requires = "failover")]
     pub load_clients: usize,
 }

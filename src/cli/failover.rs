@@ -1,14 +1,25 @@
 //! `oncekv bench --failover`: how long writes stop when the leader crashes.
 //!
 //! Starts its own fresh local 3-node cluster ([`LocalCluster`]), runs one
-//! closed-loop writer (a [`Client`] incrementing one counter, recording when
-//! every acknowledgement arrived) and, `--kills` times: waits until writes
-//! flow and all three nodes agree on a leader, SIGKILLs the leader, measures
-//! the time from the kill to the first acknowledged write after it, restarts
-//! the killed node and waits until it has caught up. Meanwhile every node's
-//! `Status` term is polled, so elections that no kill explains (spurious
-//! ones) are counted. At the end the counter is read back: exactly-once means
-//! it lies between the writes acknowledged and those plus the unknown ones.
+//! closed-loop probe writer (a [`Client`] incrementing one counter, recording
+//! when every acknowledgement arrived) and, with `--load-clients N`, N more
+//! closed-loop load writers (each its own [`Client`] and session, 64-byte
+//! puts to a key of its own) for the whole run. Then, `--kills` times: waits
+//! until the probe's writes flow and all three nodes agree on a leader,
+//! SIGKILLs the leader, measures the time from the kill to the probe's first
+//! acknowledged write after it, restarts the killed node and waits until it
+//! has caught up. Meanwhile every node's `Status` term is polled, so
+//! elections that no kill explains (spurious ones) are counted. At the end the
+//! counter is read back: exactly-once means it lies between the writes
+//! acknowledged and those plus the unknown ones.
+//!
+//! The headline figure (median, p99, max of kill → first acknowledgement) is
+//! the PROBE writer's: what one client that was waiting in a call when the
+//! leader died sees, its retry backoff included. Beside it, under load, the
+//! kill → first acknowledgement of ANY client (probe or load writer, the
+//! earliest) is reported: when the cluster served again. The load writers'
+//! throughput is reported over the whole run and between kills (outside every
+//! kill → probe's first acknowledgement window).
 //!
 //! Every wait has a deadline, and so has the whole run: a misbehaving cluster
 //! ends the run with a report of what happened (and a non-zero exit).
@@ -88,13 +99,75 @@ fn lock(log: &SharedLog) -> std::sync::MutexGuard<'_, WriterLog> {
     log.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What the background load writers share with the killer: their
+/// acknowledged puts, and the first acknowledgement after a kill.
+#[derive(Debug)]
+struct LoadShared {
+    started: Instant,
+    acknowledged: AtomicU64,
+    /// Microseconds since `started` from which an acknowledgement counts as
+    /// the current kill's first (`u64::MAX`: no kill armed).
+    armed_from_us: AtomicU64,
+    /// The earliest acknowledgement at or after `armed_from_us`, in
+    /// microseconds since `started` (`u64::MAX`: none yet).
+    first_ack_us: AtomicU64,
+}
+
+impl LoadShared {
+    fn new(started: Instant) -> LoadShared {
+        LoadShared {
+            started,
+            acknowledged: AtomicU64::new(0),
+            armed_from_us: AtomicU64::new(u64::MAX),
+            first_ack_us: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.started).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// A load writer's put was acknowledged at `at`.
+    fn acknowledge(&self, at: Instant) {
+        self.acknowledged.fetch_add(1, Ordering::Relaxed);
+        let at = self.micros(at);
+        if at >= self.armed_from_us.load(Ordering::Relaxed) {
+            self.first_ack_us.fetch_min(at, Ordering::Relaxed);
+        }
+    }
+
+    fn acknowledged(&self) -> u64 {
+        self.acknowledged.load(Ordering::Relaxed)
+    }
+
+    /// Starts watching for the first acknowledgement at or after `from`.
+    fn arm(&self, from: Instant) {
+        self.first_ack_us.store(u64::MAX, Ordering::Relaxed);
+        self.armed_from_us
+            .store(self.micros(from), Ordering::Relaxed);
+    }
+
+    /// Stops watching; returns the first acknowledgement seen since `arm`.
+    fn disarm(&self) -> Option<Instant> {
+        self.armed_from_us.store(u64::MAX, Ordering::Relaxed);
+        let first = self.first_ack_us.swap(u64::MAX, Ordering::Relaxed);
+        (first != u64::MAX).then(|| self.started + Duration::from_micros(first))
+    }
+}
+
 /// One kill of the leader.
 #[derive(Clone, Copy, Debug)]
 struct Kill {
     node: u64,
     at: Instant,
-    /// When the first write after it was acknowledged.
+    /// When the probe's first write after it was acknowledged.
     first_ack: Option<Instant>,
+    /// When any client's (probe or load writer) first write after it was
+    /// acknowledged; set together with `first_ack`.
+    first_any_ack: Option<Instant>,
+    /// The load writers' acknowledged puts at the kill and at `first_ack`.
+    load_at_kill: u64,
+    load_at_first_ack: Option<u64>,
 }
 
 /// A term increase seen in some node's `Status`.
@@ -123,7 +196,10 @@ pub struct SpuriousElection {
 #[derive(Clone, Debug, Serialize)]
 pub struct KillSample {
     pub node: u64,
+    /// Kill → the probe writer's first acknowledged write.
     pub first_ack_ms: Option<f64>,
+    /// Kill → any client's first acknowledged write.
+    pub first_ack_any_client_ms: Option<f64>,
 }
 
 /// The figures of one failover run.
@@ -133,7 +209,8 @@ pub struct FailoverReport {
     pub timing: Timing,
     pub kills_requested: u32,
     pub kills_done: u32,
-    /// Kill → first acknowledged write, one per kill, in milliseconds, sorted.
+    /// Kill → the probe writer's first acknowledged write, one per kill, in
+    /// milliseconds, sorted.
     pub samples_ms: Vec<f64>,
     /// Every kill in order: the node killed and its sample (none if no
     /// write was acknowledged after it).
@@ -141,6 +218,11 @@ pub struct FailoverReport {
     pub median_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Kill → the first acknowledged write of any client (the probe or a
+    /// load writer): the same as the probe's without load.
+    pub any_client_median_ms: f64,
+    pub any_client_p99_ms: f64,
+    pub any_client_max_ms: f64,
     /// Elections (terms) begun within a kill's window: from the kill to its
     /// first acknowledged write plus 2 s.
     pub elections_after_kills: u64,
@@ -148,9 +230,14 @@ pub struct FailoverReport {
     pub elections_not_caused_by_kill: u64,
     pub spurious_elections: Vec<SpuriousElection>,
     pub writes_acknowledged: u64,
-    /// Background load: clients, and their puts acknowledged per second.
+    /// Background load: clients, and their puts acknowledged per second
+    /// over the whole run and between kills (outside every kill → probe's
+    /// first acknowledgement window).
     pub load_clients: usize,
     pub load_writes_per_second: f64,
+    pub load_writes_per_second_between_kills: f64,
+    /// The time that rate is taken over.
+    pub load_seconds_between_kills: f64,
     pub writes_unknown: u64,
     pub writes_failed: u64,
     pub final_value: Option<i64>,
@@ -249,13 +336,13 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
         acks_tx,
         stop_rx.clone(),
     )));
-    let load_acknowledged = Arc::new(AtomicU64::new(0));
+    let load = Arc::new(LoadShared::new(started));
     let mut loaders: Vec<_> = (0..options.load_clients)
         .map(|number| {
             AbortOnDrop(tokio::spawn(load_loop(
                 cluster.client_addrs(),
                 number,
-                load_acknowledged.clone(),
+                load.clone(),
                 stop_rx.clone(),
             )))
         })
@@ -266,7 +353,7 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
         async {
             let outcome = timeout_at(
                 deadline,
-                kill_loop(cluster, options, &log, acks_rx, &mut kills),
+                kill_loop(cluster, options, &log, &load, acks_rx, &mut kills),
             )
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the run's deadline passed")));
@@ -304,7 +391,7 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
             .flatten()
     };
     client.close().await;
-    lock(&log).load_acknowledged = load_acknowledged.load(Ordering::Relaxed);
+    lock(&log).load_acknowledged = load.acknowledged();
     report(
         options,
         started,
@@ -362,7 +449,7 @@ async fn write_loop(
 async fn load_loop(
     endpoints: Vec<String>,
     number: usize,
-    acknowledged: Arc<AtomicU64>,
+    load: Arc<LoadShared>,
     stop: watch::Receiver<bool>,
 ) {
     let client = Client::with_config(
@@ -376,7 +463,7 @@ async fn load_loop(
     let value = Value::Bytes(vec![b'x'; LOAD_VALUE_BYTES]);
     while !*stop.borrow() {
         if client.put(key.as_bytes(), value.clone()).await.is_ok() {
-            acknowledged.fetch_add(1, Ordering::Relaxed);
+            load.acknowledge(Instant::now());
         } else {
             sleep(Duration::from_millis(10)).await;
         }
@@ -426,12 +513,14 @@ async fn watch_terms(
     state.into_inner().unwrap_or_else(PoisonError::into_inner).1
 }
 
-/// The killer: `options.kills` times kill the leader, time the first
-/// acknowledged write after it, restart the node and let it catch up.
+/// The killer: `options.kills` times kill the leader, time the probe's (and
+/// any client's) first acknowledged write after it, restart the node and let
+/// it catch up.
 async fn kill_loop(
     cluster: &LocalCluster,
     options: &FailoverOptions,
     log: &SharedLog,
+    load: &LoadShared,
     mut acks: watch::Receiver<usize>,
     kills: &mut Vec<Kill>,
 ) -> anyhow::Result<()> {
@@ -450,6 +539,8 @@ async fn kill_loop(
         let from = lock(log).acks.len();
         tracing::info!(number, node = leader, "SIGKILL the leader");
         let at = Instant::now();
+        load.arm(at + new_leader_floor);
+        let load_at_kill = load.acknowledged();
         cluster
             .kill(leader)
             .with_context(|| format!("kill {number} (node {leader})"))?;
@@ -457,23 +548,38 @@ async fn kill_loop(
             node: leader,
             at,
             first_ack: None,
+            first_any_ack: None,
+            load_at_kill,
+            load_at_first_ack: None,
         });
         let first_ack = wait_first_ack(log, &mut acks, from, at + new_leader_floor)
             .await
             .with_context(|| format!("kill {number} (node {leader})"))?;
+        let first_any_ack = load
+            .disarm()
+            .map_or(first_ack, |load_ack| load_ack.min(first_ack));
         if let Some(kill) = kills.last_mut() {
             kill.first_ack = Some(first_ack);
+            kill.first_any_ack = Some(first_any_ack);
+            kill.load_at_first_ack = Some(load.acknowledged());
         }
         let ms = (first_ack - at).as_secs_f64() * 1e3;
+        let any_ms = (first_any_ack - at).as_secs_f64() * 1e3;
         tracing::info!(
             number,
             node = leader,
             ms,
+            any_ms,
             "first acknowledged write after the kill"
         );
         if !options.json {
+            let any = if options.load_clients > 0 {
+                format!(" (any client's after {any_ms:.1} ms)")
+            } else {
+                String::new()
+            };
             eprintln!(
-                "kill {number}/{}: node {leader}, first acknowledged write after {ms:.1} ms",
+                "kill {number}/{}: node {leader}, first acknowledged write after {ms:.1} ms{any}",
                 options.kills,
             );
         }
@@ -632,12 +738,20 @@ fn report(
     final_value: Option<i64>,
     aborted: Option<String>,
 ) -> FailoverReport {
-    let mut micros: Vec<u32> = kills
-        .iter()
-        .filter_map(|kill| kill.first_ack.map(|ack| ack - kill.at))
-        .map(|delay| delay.as_micros().min(u128::from(u32::MAX)) as u32)
-        .collect();
-    micros.sort_unstable();
+    let sorted_micros = |first: fn(&Kill) -> Option<Instant>| {
+        let mut micros: Vec<u32> = kills
+            .iter()
+            .filter_map(|kill| first(kill).map(|ack| ack - kill.at))
+            .map(|delay| delay.as_micros().min(u128::from(u32::MAX)) as u32)
+            .collect();
+        micros.sort_unstable();
+        micros
+    };
+    let micros = sorted_micros(|kill| kill.first_ack);
+    let any_micros = sorted_micros(|kill| kill.first_any_ack);
+    let end = Instant::now();
+    let (load_puts_between_kills, load_time_between_kills) =
+        between_kills(kills, log.load_acknowledged, started, end);
     let (after_kills, spurious) = attribute(kills, increases, Instant::now());
     let seconds = |at: Instant| at.saturating_duration_since(started).as_secs_f64();
     let spurious_elections = spurious
@@ -677,25 +791,53 @@ fn report(
                 first_ack_ms: kill
                     .first_ack
                     .map(|ack| (ack - kill.at).as_secs_f64() * 1e3),
+                first_ack_any_client_ms: kill
+                    .first_any_ack
+                    .map(|ack| (ack - kill.at).as_secs_f64() * 1e3),
             })
             .collect(),
         median_ms: percentile(&micros, 0.50),
         p99_ms: percentile(&micros, 0.99),
         max_ms: percentile(&micros, 1.0),
+        any_client_median_ms: percentile(&any_micros, 0.50),
+        any_client_p99_ms: percentile(&any_micros, 0.99),
+        any_client_max_ms: percentile(&any_micros, 1.0),
         elections_after_kills: after_kills,
         elections_not_caused_by_kill: spurious.iter().map(|i| i.to - i.from).sum(),
         spurious_elections,
         writes_acknowledged: acknowledged,
         load_clients: options.load_clients,
         load_writes_per_second: log.load_acknowledged as f64
-            / started.elapsed().as_secs_f64().max(f64::MIN_POSITIVE),
+            / (end - started).as_secs_f64().max(f64::MIN_POSITIVE),
+        load_writes_per_second_between_kills: load_puts_between_kills as f64
+            / load_time_between_kills.as_secs_f64().max(f64::MIN_POSITIVE),
+        load_seconds_between_kills: load_time_between_kills.as_secs_f64(),
         writes_unknown: log.unknown,
         writes_failed: log.failed,
         final_value,
         consistent,
-        seconds: seconds(Instant::now()),
+        seconds: seconds(end),
         aborted,
     }
+}
+
+/// The load writers' acknowledged puts outside every kill's window (the
+/// kill → the probe's first acknowledgement, or → `end` if none came), out
+/// of `total` acknowledged from `started` to `end`, and the time outside.
+fn between_kills(kills: &[Kill], total: u64, started: Instant, end: Instant) -> (u64, Duration) {
+    let (mut outage_puts, mut outage) = (0, Duration::ZERO);
+    for kill in kills {
+        let (until, puts_then) = match (kill.first_ack, kill.load_at_first_ack) {
+            (Some(ack), Some(puts)) => (ack, puts),
+            _ => (end, total),
+        };
+        outage += until.saturating_duration_since(kill.at);
+        outage_puts += puts_then.saturating_sub(kill.load_at_kill);
+    }
+    let serving = end
+        .saturating_duration_since(started)
+        .saturating_sub(outage);
+    (total.saturating_sub(outage_puts), serving)
 }
 
 /// Splits the term increases into the elections within a kill's window
@@ -735,15 +877,21 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
         timing.election_timeout_max_ms
     );
     println!(
-        "kill -> first acknowledged write: median {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+        "kill -> first acknowledged write (probe writer): median {:.1} ms  p99 {:.1} ms  max {:.1} ms",
         report.median_ms, report.p99_ms, report.max_ms
     );
+    if report.load_clients > 0 {
+        println!(
+            "kill -> first acknowledged write (any client): median {:.1} ms  p99 {:.1} ms  max {:.1} ms",
+            report.any_client_median_ms, report.any_client_p99_ms, report.any_client_max_ms
+        );
+    }
     let samples: Vec<String> = report
         .samples_ms
         .iter()
         .map(|ms| format!("{ms:.1}"))
         .collect();
-    println!("samples (ms, sorted): {}", samples.join(" "));
+    println!("probe samples (ms, sorted): {}", samples.join(" "));
     println!(
         "elections: {} within kill windows, {} not caused by a kill",
         report.elections_after_kills, report.elections_not_caused_by_kill
@@ -781,8 +929,12 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
     );
     if report.load_clients > 0 {
         println!(
-            "background load: {} clients, {:.0} puts/s acknowledged over the run",
-            report.load_clients, report.load_writes_per_second
+            "background load: {} clients, {:.0} puts/s acknowledged between kills (over the {:.1} s \
+             outside every kill -> probe's first ack window), {:.0} puts/s over the whole run",
+            report.load_clients,
+            report.load_writes_per_second_between_kills,
+            report.load_seconds_between_kills,
+            report.load_writes_per_second
         );
     }
     if let Some(reason) = &report.aborted {
@@ -795,6 +947,19 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// A kill at `at` whose probe's first acknowledgement came at
+    /// `first.0`, with `first.1` load puts acknowledged in between.
+    fn kill(node: u64, at: Instant, first: Option<(Instant, u64)>) -> Kill {
+        Kill {
+            node,
+            at,
+            first_ack: first.map(|(ack, _)| ack),
+            first_any_ack: first.map(|(ack, _)| ack),
+            load_at_kill: 1_000,
+            load_at_first_ack: first.map(|(_, puts)| 1_000 + puts),
+        }
+    }
+
     /// Term increases inside a kill's window are the kill's; the rest are
     /// spurious, and a kill without a first write keeps its window open.
     #[test]
@@ -802,16 +967,8 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let kills = [
-            Kill {
-                node: 1,
-                at: ms(1_000),
-                first_ack: Some(ms(1_700)),
-            },
-            Kill {
-                node: 2,
-                at: ms(10_000),
-                first_ack: None,
-            },
+            kill(1, ms(1_000), Some((ms(1_700), 0))),
+            kill(2, ms(10_000), None),
         ];
         let increase = |at: u64, from: u64, to: u64| TermIncrease {
             at: ms(at),
@@ -830,5 +987,48 @@ mod tests {
         assert_eq!(caused, 4);
         let spurious: Vec<u64> = spurious.iter().map(|i| i.to).collect();
         assert_eq!(spurious, [2, 6]);
+    }
+
+    /// The load's puts and time between kills leave out every kill's window
+    /// and the puts acknowledged in it; an unanswered kill's window runs to
+    /// the end.
+    #[test]
+    fn load_throughput_between_kills_leaves_out_the_kill_windows() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // 10 s, two 1 s windows with 100 puts each: 8,000 - 200 puts in 8 s.
+        let kills = [
+            kill(1, ms(2_000), Some((ms(3_000), 100))),
+            kill(2, ms(6_000), Some((ms(7_000), 100))),
+        ];
+        assert_eq!(
+            between_kills(&kills, 8_000, t0, ms(10_000)),
+            (7_800, Duration::from_secs(8))
+        );
+        // A kill never answered: its window (and the puts since it) to the end.
+        let kills = [kill(1, ms(8_000), None)];
+        assert_eq!(
+            between_kills(&kills, 1_500, t0, ms(10_000)),
+            (1_000, Duration::from_secs(8))
+        );
+    }
+
+    /// Only load acknowledgements at or after the armed instant count as a
+    /// kill's first, and disarming forgets them.
+    #[test]
+    fn load_first_acknowledgement_is_armed_per_kill() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let load = LoadShared::new(t0);
+        load.acknowledge(ms(100));
+        assert_eq!(load.disarm(), None, "nothing armed");
+        load.arm(ms(500));
+        load.acknowledge(ms(400));
+        assert_eq!(load.first_ack_us.load(Ordering::Relaxed), u64::MAX);
+        load.acknowledge(ms(900));
+        load.acknowledge(ms(700));
+        assert_eq!(load.disarm(), Some(ms(700)));
+        assert_eq!(load.disarm(), None);
+        assert_eq!(load.acknowledged(), 4);
     }
 }

@@ -1,0 +1,266 @@
+//! `loadgen`: the project's closed-loop gRPC load generator, the one
+//! `scripts/bench-vs-etcd.sh` drives a local etcd and a local oncekv with, so
+//! that both are measured by the same code in the same run.
+//!
+//! It owns: talking to each system's wire API directly (etcd's `KV.Put`,
+//! oncekv's `Client.Register`/`Execute`/`ExecutePlain`, and each one's
+//! `Status` to find the leader), the closed loop (every client sends one
+//! request at a time over HTTP/2 connections shared round-robin), the clock
+//! and the one-line report (throughput, p50/p99/p999, errors).
+//!
+//! It must not: send anything to an address that is not loopback (every
+//! endpoint is checked when the arguments are parsed); retry a request (a
+//! failed or timed-out request counts as an error and the client goes on with
+//! its next one, so both systems are measured alike); use oncekv's client
+//! library (its retries and leader discovery would measure something etcd's
+//! side does not have); run unbounded (every call has a timeout and the run a
+//! duration).
+
+mod load;
+mod proto;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use tokio::time::{Instant, sleep};
+use tonic::transport::{Channel, Endpoint};
+
+use load::{LoadOptions, Target};
+
+/// Deadline of a connection attempt and of one leader-discovery `Status`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const LEADER_POLL: Duration = Duration::from_millis(100);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "loadgen",
+    about = "Closed-loop gRPC load against a local etcd or a local oncekv"
+)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// etcd `KV.Put` of 64-byte values (send it to the leader).
+    EtcdPut(LoadArgs),
+    /// oncekv `Client.Execute` of puts: one registered session per client,
+    /// seq + 1 each request, the first outstanding seq = seq.
+    OncekvExec(LoadArgs),
+    /// oncekv `Client.ExecutePlain` of puts (no session, at-least-once).
+    OncekvPlain(LoadArgs),
+    /// Print the etcd leader's client address once every member that answers
+    /// agrees on it.
+    EtcdLeader(LeaderArgs),
+    /// Print the oncekv leader's client address once every node that answers
+    /// agrees on it.
+    OncekvLeader(LeaderArgs),
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// The node every request goes to (host:port on loopback).
+    #[arg(long, value_parser = loopback)]
+    endpoint: SocketAddr,
+    /// Concurrent clients, each with one request in flight.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    clients: u32,
+    /// Seconds of measured load.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    duration_s: u64,
+    /// HTTP/2 connections, shared round-robin by the clients.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    connections: u32,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 64)]
+    value_bytes: usize,
+    /// Deadline of one request; a request past it counts as an error.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    request_timeout_s: u64,
+}
+
+#[derive(Args, Debug)]
+struct LeaderArgs {
+    /// The members' client endpoints (host:port on loopback, comma-separated).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = loopback)]
+    endpoints: Vec<SocketAddr>,
+    /// Seconds to wait for an agreed leader before failing.
+    #[arg(long, default_value_t = 30)]
+    wait_s: u64,
+}
+
+/// Parses `host:port` and refuses anything but a loopback address.
+fn loopback(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim_start_matches("http://");
+    let addr: SocketAddr = text
+        .parse()
+        .map_err(|error| format!("{text}: not an IP:port ({error})"))?;
+    if !addr.ip().is_loopback() {
+        return Err(format!("{addr}: loadgen only talks to loopback addresses"));
+    }
+    Ok(addr)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().mode {
+        Mode::EtcdPut(args) => load(Target::EtcdPut, &args).await,
+        Mode::OncekvExec(args) => load(Target::OncekvExec, &args).await,
+        Mode::OncekvPlain(args) => load(Target::OncekvPlain, &args).await,
+        Mode::EtcdLeader(args) => print_leader(&args, etcd_view).await,
+        Mode::OncekvLeader(args) => print_leader(&args, oncekv_view).await,
+    }
+}
+
+async fn load(target: Target, args: &LoadArgs) -> anyhow::Result<()> {
+    let options = LoadOptions {
+        target,
+        clients: args.clients as usize,
+        duration: Duration::from_secs(args.duration_s),
+        value_bytes: args.value_bytes,
+        request_timeout: Duration::from_secs(args.request_timeout_s),
+    };
+    let mut channels = Vec::new();
+    for _ in 0..args.connections {
+        channels.push(connect(args.endpoint).await?);
+    }
+    let report = load::run(&options, &channels).await?;
+    println!("{report}");
+    Ok(())
+}
+
+/// One HTTP/2 connection (each `connect` opens its own).
+pub(crate) async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
+    Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect()
+        .await
+        .with_context(|| format!("connect to {addr}"))
+}
+
+/// What one member says about itself and the leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct View {
+    addr: SocketAddr,
+    member: u64,
+    /// The leader this member knows (0: none).
+    leader: u64,
+}
+
+/// Polls every endpoint until the members that answer are a majority, all
+/// name the same leader, and the leader is one of them; prints its address.
+async fn print_leader<F, Fut>(args: &LeaderArgs, view: F) -> anyhow::Result<()>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: Future<Output = anyhow::Result<View>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(args.wait_s);
+    let mut last = String::from("no member answered");
+    loop {
+        let mut views = Vec::new();
+        for &addr in &args.endpoints {
+            match tokio::time::timeout(CONNECT_TIMEOUT, view(addr)).await {
+                Ok(Ok(seen)) => views.push(seen),
+                Ok(Err(error)) => last = format!("{addr}: {error:#}"),
+                Err(_) => last = format!("{addr}: no Status answer within {CONNECT_TIMEOUT:?}"),
+            }
+        }
+        if let Some(leader) = agreed_leader(&views, args.endpoints.len()) {
+            println!("{}", leader.addr);
+            return Ok(());
+        }
+        if !views.is_empty() {
+            last = format!("{views:?}");
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "no agreed leader within {} s; last seen: {last}",
+                args.wait_s
+            );
+        }
+        sleep(LEADER_POLL).await;
+    }
+}
+
+/// The leader every answering member names, if a majority answered and the
+/// leader is among them.
+fn agreed_leader(views: &[View], members: usize) -> Option<View> {
+    let first = views.first()?;
+    let agreed = views.len() > members / 2
+        && first.leader != 0
+        && views.iter().all(|view| view.leader == first.leader);
+    agreed
+        .then(|| views.iter().find(|view| view.member == first.leader))
+        .flatten()
+        .copied()
+}
+
+async fn etcd_view(addr: SocketAddr) -> anyhow::Result<View> {
+    use proto::etcd::{StatusRequest, maintenance_client::MaintenanceClient};
+    let reply = MaintenanceClient::new(connect(addr).await?)
+        .status(StatusRequest {})
+        .await?
+        .into_inner();
+    let member = reply
+        .header
+        .context("etcd Status without a header")?
+        .member_id;
+    Ok(View {
+        addr,
+        member,
+        leader: reply.leader,
+    })
+}
+
+async fn oncekv_view(addr: SocketAddr) -> anyhow::Result<View> {
+    use proto::oncekv::{StatusRequest, client_client::ClientClient};
+    let reply = ClientClient::new(connect(addr).await?)
+        .status(StatusRequest {})
+        .await?
+        .into_inner();
+    Ok(View {
+        addr,
+        member: reply.node_id,
+        leader: reply.leader_id,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(port: u16, member: u64, leader: u64) -> View {
+        View {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            member,
+            leader,
+        }
+    }
+
+    /// A leader counts only when a majority answers, all name it, and it
+    /// answered itself.
+    #[test]
+    fn leader_needs_agreement() {
+        let all = [view(1, 1, 2), view(2, 2, 2), view(3, 3, 2)];
+        assert_eq!(agreed_leader(&all, 3), Some(all[1]));
+        assert_eq!(agreed_leader(&all[..2], 3), Some(all[1]));
+        assert_eq!(agreed_leader(&all[1..2], 3), None, "a minority");
+        assert_eq!(agreed_leader(&[all[0], all[2]], 3), None, "leader silent");
+        assert_eq!(agreed_leader(&[all[0], view(2, 2, 3)], 3), None);
+        assert_eq!(agreed_leader(&[view(1, 1, 0), view(2, 2, 0)], 3), None);
+    }
+
+    /// Only loopback endpoints are accepted.
+    #[test]
+    fn endpoints_must_be_loopback() {
+        assert!(loopback("127.0.0.1:2379").is_ok());
+        assert!(loopback("http://127.0.0.1:2379").is_ok());
+        assert!(loopback("[::1]:2379").is_ok());
+        assert!(loopback("10.0.0.1:2379").is_err());
+        assert!(loopback("localhost:2379").is_err());
+    }
+}

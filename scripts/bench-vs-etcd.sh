@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# oncekv against etcd on this machine, in one run: a local 3-node etcd
+# (Debian's etcd-server) and a local 3-node oncekv (scripts/cluster.sh,
+# release build) driven by the project's own closed-loop generator
+# (loadgen/), interleaved per client count (etcd Put, then oncekv Execute,
+# then oncekv ExecutePlain) so that the machine's noise hits all of them
+# alike. Each client has one request in flight; 64-byte puts; 4 HTTP/2
+# connections per run; every request goes to the current leader.
+#
+#   scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]      (default: 1 16 64 256)
+#
+# Prints one line per run and, last, a markdown table with the same-run
+# ratios. Only the ratios mean much: absolute figures on a small shared
+# machine move by ±20% from run to run.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]   (default: 1 16 64 256)
+
+environment:
+  DURATION           seconds of each measured run (default 8)
+  ETCD_PORT_BASE     etcd member N listens on base+N (clients) and
+                     base+100+N (peers) (default 23400)
+  ONCEKV_PORT_BASE   oncekv node N on base+N, base+100+N, base+200+N
+                     (default 9400; see scripts/cluster.sh)
+
+needs etcd and etcdctl: apt-get install -y etcd-server etcd-client
+EOF
+}
+
+readonly ETCD_WAIT_S=30
+readonly LEADER_WAIT_S=30
+readonly STOP_WAIT_S=10
+
+die() {
+    echo "bench-vs-etcd.sh: $*" >&2
+    exit 1
+}
+
+case ${1:-} in
+    -h | --help | help) usage; exit 0 ;;
+esac
+
+DURATION=${DURATION:-8}
+ETCD_PORT_BASE=${ETCD_PORT_BASE:-23400}
+ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9400}
+for number in "$DURATION" "$ETCD_PORT_BASE" "$ONCEKV_PORT_BASE" "$@"; do
+    [[ $number =~ ^[1-9][0-9]*$ ]] || { usage >&2; exit 2; }
+done
+((ETCD_PORT_BASE + 103 <= 65535 && ONCEKV_PORT_BASE + 203 <= 65535)) \
+    || die "port bases too high"
+if (($# > 0)); then
+    COUNTS=("$@")
+else
+    COUNTS=(1 16 64 256)
+fi
+
+for tool in etcd etcdctl; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "bench-vs-etcd.sh: '$tool' is not installed; install Debian's etcd with:" >&2
+        echo "    apt-get install -y etcd-server etcd-client" >&2
+        exit 2
+    fi
+done
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly ROOT
+cd "$ROOT"
+
+echo "building release binaries (oncekv, loadgen)" >&2
+cargo build --release --quiet -p oncekv -p loadgen || die "build failed"
+# scripts/cluster.sh runs $ROOT/target/release/oncekv: the build must land there.
+target_dir=$(cargo metadata --format-version 1 --no-deps \
+    | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)
+[[ -n $target_dir ]] || die "cargo metadata named no target directory"
+if [[ $(realpath "$target_dir") != $(realpath -m "$ROOT/target") ]]; then
+    die "cargo builds into $target_dir, but scripts/cluster.sh runs $ROOT/target/release/oncekv; unset CARGO_TARGET_DIR"
+fi
+readonly LOADGEN=$target_dir/release/loadgen
+
+WORK=$(mktemp -d -t oncekv-vs-etcd.XXXXXX)
+readonly WORK
+export ONCEKV_DATA=$WORK/oncekv ONCEKV_PORT_BASE
+ETCD_PIDS=()
+
+etcd_client() { echo "127.0.0.1:$((ETCD_PORT_BASE + $1))"; }
+etcd_peer() { echo "127.0.0.1:$((ETCD_PORT_BASE + 100 + $1))"; }
+oncekv_client() { echo "127.0.0.1:$((ONCEKV_PORT_BASE + $1))"; }
+etcd_endpoints() { echo "$(etcd_client 1),$(etcd_client 2),$(etcd_client 3)"; }
+oncekv_endpoints() { echo "$(oncekv_client 1),$(oncekv_client 2),$(oncekv_client 3)"; }
+
+# Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
+wait_exit() {
+    local pid=$1 deadline=$((SECONDS + $2))
+    while kill -0 "$pid" 2>/dev/null; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.1
+    done
+}
+
+cleanup() {
+    local pid
+    for pid in "${ETCD_PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${ETCD_PIDS[@]}"; do
+        if ! wait_exit "$pid" "$STOP_WAIT_S"; then
+            kill -KILL "$pid" 2>/dev/null || true
+            wait_exit "$pid" 5 || echo "bench-vs-etcd.sh: etcd pid $pid survived SIGKILL" >&2
+        fi
+    done
+    if [[ -d $ONCEKV_DATA ]]; then
+        scripts/cluster.sh stop >/dev/null 2>&1 \
+            || echo "bench-vs-etcd.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+print_etcd_logs() {
+    local n
+    for n in 1 2 3; do
+        echo "----- etcd n$n: last 20 lines -----" >&2
+        tail -n 20 "$WORK/etcd-n$n.log" >&2 2>/dev/null || true
+    done
+}
+
+start_etcd() {
+    local n cluster=""
+    for n in 1 2 3; do
+        cluster+="${cluster:+,}n$n=http://$(etcd_peer "$n")"
+    done
+    for n in 1 2 3; do
+        etcd --name "n$n" --data-dir "$WORK/etcd-n$n" \
+            --listen-client-urls "http://$(etcd_client "$n")" \
+            --advertise-client-urls "http://$(etcd_client "$n")" \
+            --listen-peer-urls "http://$(etcd_peer "$n")" \
+            --initial-advertise-peer-urls "http://$(etcd_peer "$n")" \
+            --initial-cluster "$cluster" --initial-cluster-state new \
+            --initial-cluster-token oncekv-bench-vs-etcd \
+            --logger zap --log-level error \
+            </dev/null >"$WORK/etcd-n$n.log" 2>&1 &
+        ETCD_PIDS+=("$!")
+    done
+    local deadline=$((SECONDS + ETCD_WAIT_S)) pid
+    until ETCDCTL_API=3 etcdctl --endpoints "$(etcd_endpoints)" --command-timeout 2s \
+        endpoint health >/dev/null 2>&1; do
+        for pid in "${ETCD_PIDS[@]}"; do
+            kill -0 "$pid" 2>/dev/null || { print_etcd_logs; die "an etcd member exited (ports taken? ETCD_PORT_BASE=$ETCD_PORT_BASE)"; }
+        done
+        if ((SECONDS >= deadline)); then
+            print_etcd_logs
+            die "etcd not healthy within ${ETCD_WAIT_S}s"
+        fi
+        sleep 0.2
+    done
+}
+
+# Fails if something already listens on one of the ports both clusters use
+# (a node that cannot bind dies, and its log would say only that).
+check_ports_free() {
+    local n port
+    for n in 1 2 3; do
+        for port in $((ETCD_PORT_BASE + n)) $((ETCD_PORT_BASE + 100 + n)); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                die "127.0.0.1:$port is taken; pick another ETCD_PORT_BASE"
+            fi
+        done
+        for port in $((ONCEKV_PORT_BASE + n)) $((ONCEKV_PORT_BASE + 100 + n)) $((ONCEKV_PORT_BASE + 200 + n)); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                die "127.0.0.1:$port is taken; pick another ONCEKV_PORT_BASE"
+            fi
+        done
+    done
+}
+
+check_ports_free
+echo "starting a 3-node etcd ($(etcd_endpoints)) and a 3-node oncekv ($(oncekv_endpoints))" >&2
+start_etcd
+scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
+    || { cat "$WORK/cluster-start.log" >&2; die "the oncekv cluster did not start"; }
+
+etcd_leader() { "$LOADGEN" etcd-leader --endpoints "$(etcd_endpoints)" --wait-s "$LEADER_WAIT_S"; }
+oncekv_leader() { "$LOADGEN" oncekv-leader --endpoints "$(oncekv_endpoints)" --wait-s "$LEADER_WAIT_S"; }
+
+etcd_version=$(etcd --version | sed -n 's/^etcd Version: //p')
+oncekv_commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+echo "etcd $etcd_version, oncekv $oncekv_commit, $(nproc) cores, ${DURATION} s per run," \
+    "clients ${COUNTS[*]}"
+
+# One run; prints its line (or a line saying it failed) and keeps it.
+LINES=()
+run() {
+    local mode=$1 clients=$2 leader line
+    case $mode in
+        etcd-put) leader=$(etcd_leader) ;;
+        *) leader=$(oncekv_leader) ;;
+    esac || { LINES+=("mode=$mode clients=$clients failed: no leader"); echo "${LINES[-1]}"; return; }
+    if line=$("$LOADGEN" "$mode" --endpoint "$leader" --clients "$clients" --duration-s "$DURATION"); then
+        LINES+=("$line leader=$leader")
+    else
+        LINES+=("mode=$mode clients=$clients failed")
+    fi
+    echo "${LINES[-1]}"
+}
+
+for clients in "${COUNTS[@]}"; do
+    for mode in etcd-put oncekv-exec oncekv-plain; do
+        run "$mode" "$clients"
+    done
+done
+
+echo
+echo "| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) | exec/etcd | p99 exec/etcd | exec/plain |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+printf '%s\n' "${LINES[@]}" | awk '
+    function field(name,    i, kv) {
+        for (i = 1; i <= NF; i++) {
+            split($i, kv, "=")
+            if (kv[1] == name) return kv[2]
+        }
+        return ""
+    }
+    function cell(m, c) {
+        if (!((m, c) in ops)) return "failed"
+        return sprintf("%d (%.2f/%.2f)", ops[m, c], p50[m, c], p99[m, c])
+    }
+    function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
+    {
+        m = field("mode"); c = field("clients")
+        if (!(c in seen)) { seen[c] = 1; order[++n] = c }
+        if ($0 ~ /failed/) next
+        ops[m, c] = field("ops/s"); p50[m, c] = field("p50_ms"); p99[m, c] = field("p99_ms")
+    }
+    END {
+        for (i = 1; i <= n; i++) {
+            c = order[i]
+            printf "| %s | %s | %s | %s | %s | %s | %s |\n", c,
+                cell("etcd-put", c), cell("oncekv-exec", c), cell("oncekv-plain", c),
+                ratio(ops["oncekv-exec", c], ops["etcd-put", c]),
+                ratio(p99["oncekv-exec", c], p99["etcd-put", c]),
+                ratio(ops["oncekv-exec", c], ops["oncekv-plain", c])
+        }
+    }'
