@@ -184,6 +184,7 @@ async fn append_batches<S: RaftLogStorage<TypeConfig>>(
     batch: u64,
     iters: u64,
 ) -> Duration {
+    #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
     let start = Instant::now();
     for _ in 0..iters {
         let first = *next_index;
@@ -203,6 +204,7 @@ async fn append_concurrently<S>(store: &Shared<S>, iters: u64) -> Duration
 where
     S: RaftLogStorage<TypeConfig> + Send + 'static,
 {
+    #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
     let start = Instant::now();
     let appenders: Vec<_> = (0..APPENDERS)
         .map(|appender| {
@@ -272,6 +274,7 @@ fn raw_appends(file: &std::fs::File, offset: &mut u64, sync: Sync, iters: u64) -
     use std::os::unix::io::AsRawFd;
     const RECORD_BYTES: u64 = 128;
     let record = [0x5au8; RECORD_BYTES as usize];
+    #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
     let start = Instant::now();
     for _ in 0..iters {
         if *offset + RECORD_BYTES > BASELINE_FILE_BYTES {
