@@ -93,6 +93,9 @@ pub(super) struct WriterState {
     pub(super) meta_frames: [Option<Vec<u8>>; 3],
     /// Bytes written since the last `fdatasync`.
     pub(super) dirty: bool,
+    /// Tests set this to make every `fdatasync` fail.
+    #[cfg(test)]
+    pub(super) fail_syncs: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// File name of segment `sequence`: zero-padded so names sort in order.
@@ -177,6 +180,10 @@ impl WriterState {
 
     fn sync(&mut self) -> io::Result<()> {
         if self.dirty {
+            #[cfg(test)]
+            if self.fail_syncs.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(io::Error::other("injected fdatasync failure"));
+            }
             self.active.file.sync_data()?;
             self.dirty = false;
         }
