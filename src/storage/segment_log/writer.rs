@@ -21,6 +21,9 @@ use tokio::sync::oneshot;
 
 use super::format::segment_header;
 
+/// Largest group buffer kept for reuse between groups.
+const BUFFER_KEPT_BYTES: usize = 8 << 20;
+
 /// Called on the writer thread once a job's bytes are durable (or failed).
 /// It must not block.
 pub(super) type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
@@ -382,6 +385,11 @@ fn run(mut state: WriterState, rx: &mpsc::Receiver<Job>) {
         }
         for waiter in waiters {
             waiter(result.as_ref().map(drop).map_err(Failure::to_error));
+        }
+        // One huge group (a snapshot's worth of entries replicated at once)
+        // must not pin its buffer for the life of the process.
+        if buffer.capacity() > BUFFER_KEPT_BYTES {
+            buffer = Vec::new();
         }
         if result.is_ok()
             && let Some(purged_index) = purged_index
