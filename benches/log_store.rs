@@ -45,9 +45,9 @@ const APPENDERS: u64 = 8;
 fn raft_entry(index: u64) -> RaftEntry {
     openraft::Entry {
         log_id: openraft::testing::log_id(1, 1, index),
-        payload: openraft::EntryPayload::Normal(Entry {
-            stamp_ms: index,
-            op: Op::Execute(Execute {
+        payload: openraft::EntryPayload::Normal(Entry::single(
+            index,
+            Op::Execute(Execute {
                 cluster_id: ClusterId(1),
                 client_id: ClientId(2 + index % 64),
                 seq: index,
@@ -57,7 +57,7 @@ fn raft_entry(index: u64) -> RaftEntry {
                     value: Value::Bytes(vec![0x5a; 64]),
                 },
             }),
-        }),
+        )),
     }
 }
 

@@ -52,24 +52,24 @@ fn registry_with_sessions(sessions: u64) -> (Registry, u64) {
     };
     registry.apply(
         1,
-        &Entry {
-            stamp_ms: 0,
-            op: Op::Bootstrap {
+        &Entry::single(
+            0,
+            Op::Bootstrap {
                 cluster_id: CLUSTER,
                 config,
             },
-        },
+        ),
     );
     for index in 2..sessions + 2 {
         registry.apply(
             index,
-            &Entry {
-                stamp_ms: 0,
-                op: Op::Register {
+            &Entry::single(
+                0,
+                Op::Register {
                     cluster_id: Some(CLUSTER),
                     nonce: Nonce(u128::from(index) * 0x9e37_79b9_7f4a_7c15),
                 },
-            },
+            ),
         );
     }
     (registry, sessions + 1)
@@ -80,9 +80,9 @@ fn registry_with_sessions(sessions: u64) -> (Registry, u64) {
 fn small_execute(n: u64) -> Entry {
     let client = 2 + n % SESSIONS;
     let seq = 1 + n / SESSIONS;
-    Entry {
-        stamp_ms: n / 100,
-        op: Op::Execute(Execute {
+    Entry::single(
+        n / 100,
+        Op::Execute(Execute {
             cluster_id: CLUSTER,
             client_id: ClientId(client),
             seq,
@@ -92,7 +92,7 @@ fn small_execute(n: u64) -> Entry {
                 delta: 1,
             },
         }),
-    }
+    )
 }
 
 /// Applies `iterations` entries produced by `entry`, timing only the applies.

@@ -64,6 +64,7 @@ pub struct NodeMetrics {
     pub overloaded: Counter,
     pub pending_proposals: Gauge,
     pub proposal_duration: Histogram,
+    pub proposal_batch_requests: Histogram,
     // Counted by the Raft watcher.
     pub term_changes: Counter,
     pub became_leader: Counter,
@@ -117,6 +118,7 @@ impl NodeMetrics {
             overloaded: Counter::default(),
             pending_proposals: Gauge::default(),
             proposal_duration: latency_histogram(),
+            proposal_batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             term_changes: Counter::default(),
             became_leader: Counter::default(),
             commit_index: Gauge::default(),
@@ -181,6 +183,11 @@ impl NodeMetrics {
             "Time from proposing a client request on this node to its applied outcome (commit and apply), successful proposals only",
             Unit::Seconds,
             metrics.proposal_duration.clone(),
+        );
+        r.register(
+            "proposal_batch_requests",
+            "Requests carried by each log entry this node proposed and saw applied (rule 17: requests that arrive while earlier entries are in flight share one entry)",
+            metrics.proposal_batch_requests.clone(),
         );
         r.register(
             "client_replies",
@@ -320,23 +327,26 @@ impl NodeMetrics {
     pub fn count_applied(
         &self,
         entry: &Entry,
-        outcome: &Outcome,
+        outcomes: &[Outcome],
         sessions_before: usize,
         sessions_after: usize,
     ) {
-        self.registry_outcomes
-            .get_or_create(&OutcomeLabels {
-                op: op_label(&entry.op),
-                outcome: outcome_label(outcome),
-            })
-            .inc();
+        let (mut registered, mut unregistered) = (0usize, 0usize);
+        for (op, outcome) in entry.ops.iter().zip(outcomes) {
+            self.registry_outcomes
+                .get_or_create(&OutcomeLabels {
+                    op: op_label(op),
+                    outcome: outcome_label(outcome),
+                })
+                .inc();
+            match outcome {
+                Outcome::Registered(registration) if !registration.duplicate => registered += 1,
+                Outcome::Unregistered => unregistered += 1,
+                _ => {}
+            }
+        }
         // Whatever left the registry and was not this entry's own doing
         // expired: before + registered - unregistered - after.
-        let registered = usize::from(matches!(
-            outcome,
-            Outcome::Registered(registration) if !registration.duplicate
-        ));
-        let unregistered = usize::from(matches!(outcome, Outcome::Unregistered));
         let expired = (sessions_before + registered).saturating_sub(unregistered + sessions_after);
         if expired > 0 {
             self.sessions_expired.inc_by(expired as u64);

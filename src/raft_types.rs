@@ -49,9 +49,10 @@ pub fn same_addr(a: &str, b: &str) -> bool {
     }
 }
 
-/// The response of one applied log entry: the registry's outcome, or
-/// `None` for Raft's own blank and membership entries.
-pub type Applied = Option<registry::Outcome>;
+/// The response of one applied log entry: the registry's outcome of each
+/// request of its batch, in order; empty for Raft's own blank and
+/// membership entries.
+pub type Applied = Vec<registry::Outcome>;
 
 openraft::declare_raft_types!(
     pub TypeConfig:

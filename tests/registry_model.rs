@@ -14,7 +14,7 @@ use oncekv::registry::{
     Registration, Registry, RegistryConfig, Rejection, Seq, Value,
 };
 use proptest::prelude::*;
-use support::registry::CLUSTER;
+use support::registry::{CLUSTER, one};
 
 const CLIENTS: usize = 3;
 const KEYS: [&str; 2] = ["hot", "cold"];
@@ -377,12 +377,9 @@ impl Run {
 
     fn apply(&mut self, op: Op) -> Outcome {
         self.index += 1;
-        let entry = Entry {
-            stamp_ms: self.now_ms,
-            op,
-        };
+        let entry = Entry::single(self.now_ms, op);
         self.model.advance(self.now_ms);
-        let outcome = self.registry.apply(self.index, &entry);
+        let outcome = one(self.registry.apply(self.index, &entry));
         self.log.push((self.index, entry, outcome.clone()));
         outcome
     }
@@ -616,7 +613,7 @@ proptest! {
         // snapshot gives the same answers and ends in the same state.
         let mut twin = Registry::new();
         for (index, entry, outcome) in &run.log {
-            prop_assert_eq!(&twin.apply(*index, entry), outcome);
+            prop_assert_eq!(&one(twin.apply(*index, entry)), outcome);
         }
         prop_assert_eq!(snapshot::state_hash(&twin), snapshot::state_hash(&run.registry));
         prop_assert_eq!(&twin, &run.registry);

@@ -114,16 +114,16 @@ fn rule04_effect_record_and_applied_index_move_together() {
 fn rule04_applied_index_never_moves_backwards() {
     let mut driver = Driver::new();
     let client = driver.register(1);
-    let entry = Entry {
-        stamp_ms: driver.now_ms,
-        op: Op::Execute(oncekv::registry::Execute {
+    let entry = Entry::single(
+        driver.now_ms,
+        Op::Execute(oncekv::registry::Execute {
             cluster_id: CLUSTER,
             client_id: client,
             seq: 1,
             first_outstanding_seq: 1,
             command: incr("n", 1),
         }),
-    };
+    );
     let index = driver.index;
     driver.registry.apply(index, &entry);
 }
@@ -767,15 +767,15 @@ fn entries_before_bootstrap_are_refused() {
     let mut registry = Registry::new();
     let outcome = registry.apply(
         1,
-        &Entry {
-            stamp_ms: 1,
-            op: Op::Register {
+        &Entry::single(
+            1,
+            Op::Register {
                 cluster_id: None,
                 nonce: Nonce(1),
             },
-        },
+        ),
     );
-    assert_eq!(outcome, rejected(Rejection::NotBootstrapped));
+    assert_eq!(outcome, vec![rejected(Rejection::NotBootstrapped)]);
     assert_eq!(registry.session_count(), 0);
 }
 
@@ -869,4 +869,113 @@ fn plain_execute_is_at_least_once() {
         );
     }
     assert_eq!(driver.int("plain"), Some(2));
+}
+
+fn execute_op(client_id: ClientId, seq: u64, command: Command) -> Op {
+    Op::Execute(oncekv::registry::Execute {
+        cluster_id: CLUSTER,
+        client_id,
+        seq,
+        first_outstanding_seq: seq,
+        command,
+    })
+}
+
+/// Rule 17: the requests of one entry apply in order, each through the full
+/// check order with its own outcome; a refusal in the middle of a batch
+/// changes nothing for the requests around it.
+#[test]
+fn rule17_batch_applies_each_request_with_its_own_outcome() {
+    let mut driver = Driver::new();
+    let client = driver.register(1);
+    let outcomes = driver.apply_batch(vec![
+        execute_op(client, 1, incr("n", 5)),
+        execute_op(ClientId(9_999), 1, incr("n", 100)),
+        execute_op(client, 1, incr("n", 5)),
+        execute_op(client, 1, incr("n", 7)),
+        execute_op(client, 2, incr("n", 1)),
+    ]);
+    assert_eq!(
+        outcomes,
+        vec![
+            executed(CommandResult::Incremented { value: 5 }),
+            rejected(Rejection::SessionExpired),
+            duplicate(CommandResult::Incremented { value: 5 }),
+            rejected(Rejection::SeqConflict),
+            executed(CommandResult::Incremented { value: 6 }),
+        ]
+    );
+    assert_eq!(driver.int("n"), Some(6));
+}
+
+/// Rule 17: nothing about a request's outcome depends on the batch it rode
+/// in: the same requests at the same cluster time give the same outcomes
+/// and the same data one per entry or all in one entry.
+#[test]
+fn rule17_outcomes_do_not_depend_on_batching() {
+    let requests = |client: ClientId| {
+        vec![
+            execute_op(client, 1, incr("n", 2)),
+            execute_op(client, 3, append("l", "x")),
+            execute_op(client, 1, incr("n", 2)),
+            execute_op(client, 2, put("n", Value::Bytes(b"text".to_vec()))),
+            execute_op(client, 4, incr("n", 1)),
+            execute_op(client, 3, incr("n", 1)),
+        ]
+    };
+    let mut single = Driver::new();
+    let client = single.register(1);
+    let one_by_one: Vec<Outcome> = requests(client)
+        .into_iter()
+        .map(|op| single.apply(op))
+        .collect();
+    let mut batched = Driver::new();
+    assert_eq!(batched.register(1), client);
+    let together = batched.apply_batch(requests(client));
+    assert_eq!(together, one_by_one);
+    assert_eq!(batched.registry.data(), single.registry.data());
+}
+
+/// Rule 1: registrations batched into one entry get distinct ids, and an id
+/// is never given twice — not even after its session is gone.
+#[test]
+fn rule01_batched_registrations_get_unique_ids_never_reused() {
+    let mut driver = Driver::new();
+    let register = |nonce| Op::Register {
+        cluster_id: Some(CLUSTER),
+        nonce: Nonce(nonce),
+    };
+    let outcomes = driver.apply_batch(vec![register(1), register(2), register(1), register(3)]);
+    let ids: Vec<(u64, bool)> = outcomes
+        .iter()
+        .map(|outcome| match outcome {
+            Outcome::Registered(registration) => (registration.client_id.0, registration.duplicate),
+            other => panic!("register failed: {other:?}"),
+        })
+        .collect();
+    let index = driver.index;
+    assert_eq!(
+        ids,
+        vec![
+            (index, false),
+            (index + 1, false),
+            (index, true),
+            (index + 2, false)
+        ]
+    );
+    // The next entry's index is below the ids just given: the id moves on.
+    let unregister = Op::Unregister {
+        cluster_id: CLUSTER,
+        client_id: ClientId(index + 2),
+    };
+    assert_eq!(driver.apply(unregister), Outcome::Unregistered);
+    assert_eq!(driver.index, index + 1);
+    assert_eq!(driver.register(4), ClientId(index + 3));
+    // Once the log index passes the counter, ids follow the log index again.
+    for _ in 0..5 {
+        driver.keep_alive(ClientId(index), 0);
+    }
+    let next = driver.register(5);
+    assert_eq!(next, ClientId(driver.index));
+    assert_eq!(driver.registry.last_client_id(), next.0);
 }

@@ -13,30 +13,24 @@ use support::registry::{CLUSTER, Driver, append, incr};
 /// appends and increments, duplicates, a conflict, keep-alives, a config
 /// change and an expiry.
 fn log() -> Vec<Entry> {
-    let mut entries = vec![Entry {
-        stamp_ms: 0,
-        op: Op::Bootstrap {
+    let mut entries = vec![Entry::single(
+        0,
+        Op::Bootstrap {
             cluster_id: CLUSTER,
             config: RegistryConfig {
                 session_ttl_ms: 2_000,
                 ..RegistryConfig::default()
             },
         },
-    }];
+    )];
     let register = |nonce| Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(nonce),
     };
     for nonce in 1..=4u128 {
-        entries.push(Entry {
-            stamp_ms: 10,
-            op: register(nonce),
-        });
+        entries.push(Entry::single(10, register(nonce)));
     }
-    entries.push(Entry {
-        stamp_ms: 11,
-        op: register(2),
-    });
+    entries.push(Entry::single(11, register(2)));
     let mut stamp = 20;
     for round in 0..40u64 {
         for client in 2..=5u64 {
@@ -59,26 +53,50 @@ fn log() -> Vec<Entry> {
                     command,
                 })
             };
-            entries.push(Entry {
-                stamp_ms: stamp,
-                op: execute(seq, seq.saturating_sub(2).max(1), command.clone()),
-            });
+            entries.push(Entry::single(
+                stamp,
+                execute(seq, seq.saturating_sub(2).max(1), command.clone()),
+            ));
             if round % 5 == 1 {
                 // A retry, and a reuse of the seq with another command.
-                entries.push(Entry {
-                    stamp_ms: stamp - 3,
-                    op: execute(seq, seq.saturating_sub(1).max(1), command),
-                });
-                entries.push(Entry {
-                    stamp_ms: stamp,
-                    op: execute(seq, seq, incr("other", 1)),
-                });
+                entries.push(Entry::single(
+                    stamp - 3,
+                    execute(seq, seq.saturating_sub(1).max(1), command),
+                ));
+                entries.push(Entry::single(stamp, execute(seq, seq, incr("other", 1))));
             }
         }
-        if round == 20 {
+        if round == 10 {
+            // One entry carrying a batch: two new clients, a retried
+            // register, an execute of a live client and one of an unknown
+            // client, each with its own outcome.
             entries.push(Entry {
                 stamp_ms: stamp,
-                op: Op::SetConfig {
+                ops: vec![
+                    register(10),
+                    register(11),
+                    register(2),
+                    Op::Execute(Execute {
+                        cluster_id: CLUSTER,
+                        client_id: oncekv::registry::ClientId(3),
+                        seq: 500,
+                        first_outstanding_seq: 1,
+                        command: incr("batched", 1),
+                    }),
+                    Op::Execute(Execute {
+                        cluster_id: CLUSTER,
+                        client_id: oncekv::registry::ClientId(999_999),
+                        seq: 1,
+                        first_outstanding_seq: 1,
+                        command: incr("batched", 1),
+                    }),
+                ],
+            });
+        }
+        if round == 20 {
+            entries.push(Entry::single(
+                stamp,
+                Op::SetConfig {
                     cluster_id: CLUSTER,
                     config: RegistryConfig {
                         session_ttl_ms: 1_000,
@@ -86,7 +104,7 @@ fn log() -> Vec<Entry> {
                         ..RegistryConfig::default()
                     },
                 },
-            });
+            ));
         }
     }
     entries
@@ -212,4 +230,26 @@ proptest! {
     fn hostile_entry_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = oncekv::registry::codec::decode_entry(&bytes);
     }
+}
+
+/// A copy of the registry (what snapshots and state hashes encode, outside
+/// the state lock) is a point in time: applying more entries to the
+/// original changes nothing in the copy, and vice versa.
+#[test]
+fn a_copy_is_unaffected_by_later_applies() {
+    let entries = log();
+    let (first, rest) = entries.split_at(entries.len() / 2);
+    let mut registry = Registry::new();
+    for (position, entry) in first.iter().enumerate() {
+        registry.apply(position as u64 + 1, entry);
+    }
+    let hash_before = snapshot::state_hash(&registry);
+    let bytes_before = snapshot::to_bytes(&registry);
+    let copy = registry.clone();
+    for (position, entry) in rest.iter().enumerate() {
+        registry.apply((first.len() + position) as u64 + 1, entry);
+    }
+    assert_ne!(snapshot::state_hash(&registry), hash_before);
+    assert_eq!(snapshot::state_hash(&copy), hash_before);
+    assert_eq!(snapshot::to_bytes(&copy), bytes_before);
 }

@@ -88,7 +88,7 @@ fn openraft_storage_suite_segment_log() -> Result<(), StorageError> {
 }
 
 fn registry_entry(op: Op) -> EntryPayload<TypeConfig> {
-    EntryPayload::Normal(Entry { stamp_ms: 5, op })
+    EntryPayload::Normal(Entry::single(5, op))
 }
 
 /// Appended entries, the vote and the committed id survive a reopen of the

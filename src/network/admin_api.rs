@@ -80,7 +80,7 @@ impl AdminApi {
         let claimed = parse_cluster_id(bytes)
             .map_err(|error| invalid(error.to_string()))?
             .ok_or_else(|| invalid("cluster_id is required"))?;
-        match self.state.read().registry.cluster_id() {
+        match self.state.cluster_id() {
             Some(ours) if ours != claimed => Err(reason_status(ErrorReason::WrongCluster(ours))),
             _ => Ok(claimed),
         }
@@ -510,12 +510,11 @@ impl admin_server::Admin for AdminApi {
         &self,
         _request: Request<proto::StateHashRequest>,
     ) -> Result<Response<proto::StateHashReply>, Status> {
-        // Index, time and hash under one read lock: one moment.
-        let applied = self.state.read();
-        let registry = &applied.registry;
+        // Index, time and hash of one copy of the state: one moment.
+        let (registry, state_hash) = self.state.hashed().await;
         Ok(Response::new(proto::StateHashReply {
             applied_index: registry.applied_index(),
-            state_hash: self.state.state_hash(&applied),
+            state_hash,
             cluster_time_ms: registry.cluster_time_ms(),
             node_id: self.node_id,
         }))

@@ -67,7 +67,7 @@ impl ClientApi {
         if required && claimed.is_none() {
             return Err(invalid("cluster_id is required"));
         }
-        if let (Some(ours), Some(theirs)) = (self.state.read().registry.cluster_id(), claimed)
+        if let (Some(ours), Some(theirs)) = (self.state.cluster_id(), claimed)
             && ours != theirs
         {
             return Err(reason_status(ErrorReason::WrongCluster(ours)));
@@ -328,8 +328,7 @@ impl client_server::Client for ClientApi {
             .and_then(|leader| membership.get_node(&leader))
             .map(|node| node.client_addr.clone())
             .unwrap_or_default();
-        let applied = self.state.read();
-        let registry = &applied.registry;
+        let (registry, state_hash) = self.state.hashed().await;
         Ok(Response::new(proto::StatusReply {
             node_id: self.node_id,
             role: role.into(),
@@ -342,7 +341,7 @@ impl client_server::Client for ClientApi {
             purged_index: metrics.purged.map_or(0, |id| id.index),
             cluster_id: cluster_id_bytes(registry.cluster_id()),
             members,
-            state_hash: self.state.state_hash(&applied),
+            state_hash,
             cluster_time_ms: registry.cluster_time_ms(),
             sessions: registry.session_count() as u64,
         }))

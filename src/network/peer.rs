@@ -33,18 +33,21 @@ const PEER_FORMAT_VERSION: u8 = 1;
 
 // Message sizes between peers, and why they fit together:
 //
-// - A log entry carries one client request, and a client message is at most
-//   `CLIENT_MESSAGE_BYTES_MAX` = 8 MiB (both sides of the client API enforce
-//   it). Its entry adds a version byte, a stamp, ids and bincode varints:
-//   under 1 KiB. So one entry < 8 MiB + 1 KiB.
+// - A log entry carries a batch of client requests, and a client message is
+//   at most `CLIENT_MESSAGE_BYTES_MAX` = 8 MiB (both sides of the client API
+//   enforce it). The proposer closes a batch before its estimated payload
+//   passes `BATCH_BYTES_MAX` = 4 MiB unless the batch is empty, and at
+//   `BATCH_REQUESTS_MAX` = 1,024 requests (`network::proposer`); each request
+//   adds its ids, command tags and bincode varints beyond its payload: under
+//   1 KiB. So one entry < 8 MiB + 1 MiB.
 // - openraft sends at most `MAX_PAYLOAD_ENTRIES` = 64 entries per append
 //   (`node::MAX_PAYLOAD_ENTRIES`): 64 × 8 MiB = 512 MiB in the worst case,
 //   far above any sane message. So the batch is checked here, not assumed:
 //   an encoded append above `PEER_PAYLOAD_BYTES_MAX` = 32 MiB is refused
 //   locally as `PayloadTooLarge` with half the entries as the hint, and
 //   openraft resends fewer (64 → 32 → … → 1). Four worst-case entries
-//   (≈ 32 MiB + 4 KiB) may not fit, three (≈ 24 MiB) do; a batch of one
-//   (< 8 MiB + 1 KiB) always fits, so the shrinking ends.
+//   (≈ 36 MiB) may not fit, three (≈ 27 MiB) do; a batch of one
+//   (< 9 MiB) always fits, so the shrinking ends.
 // - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (node; 4 MiB) plus
 //   the snapshot meta (the membership: well under 1 MiB).
 // - The gRPC message wraps the payload with the cluster id (16 bytes), the

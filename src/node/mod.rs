@@ -14,7 +14,7 @@ use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
-use crate::storage::{ClusterIdentity, SharedState, SledLogStore, StateMachineStore};
+use crate::storage::{ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use openraft::SnapshotPolicy;
@@ -30,14 +30,27 @@ const MAX_PAYLOAD_ENTRIES: u64 = 64;
 /// Snapshot chunk per install RPC, well below the peer payload limit
 /// (`network::peer::PEER_PAYLOAD_BYTES_MAX`, 32 MiB).
 const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
-/// sled's page cache per node; three nodes share one machine.
-const SLED_CACHE_BYTES: u64 = 64 << 20;
 
 /// Accepted connections with Nagle off: request/response traffic would
 /// otherwise wait for delayed acknowledgements (tens of milliseconds).
 /// (`Server::tcp_nodelay` applies only to listeners tonic binds itself.)
 fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// The storage format this build reads and writes. Format 2: log entries
+/// carry batches of requests (rule 17) and snapshots the last client id.
+/// Format 1 (one request per entry, no `format` file) is refused.
+const DATA_FORMAT_VERSION: u32 = 2;
+
+/// Writes `text` to `dir/name` durably: temporary file, fsync, rename,
+/// directory fsync.
+fn write_durably(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    let temporary = dir.join(format!("{name}.tmp"));
+    std::fs::write(&temporary, text)?;
+    std::fs::File::open(&temporary)?.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Refuses a data directory written by another node id; records ours in a
@@ -57,14 +70,47 @@ fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            write_durably(dir, "node_id", &format!("{id}\n"))?;
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("reading {}", path.display()));
+        }
+    }
+    check_data_format(dir)
+}
+
+/// Refuses a data directory of another storage format with a clear message
+/// (never reads it as ours); records ours in a fresh one.
+fn check_data_format(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("format");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found: u32 = text
+                .trim()
+                .parse()
+                .with_context(|| format!("{} is not a format number", path.display()))?;
+            if found != DATA_FORMAT_VERSION {
+                bail!(
+                    "data directory {} holds storage format {found}; this build reads only \
+                     format {DATA_FORMAT_VERSION}",
+                    dir.display()
+                );
+            }
             Ok(())
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let temporary = dir.join("node_id.tmp");
-            std::fs::write(&temporary, format!("{id}\n"))?;
-            std::fs::File::open(&temporary)?.sync_all()?;
-            std::fs::rename(&temporary, &path)?;
-            std::fs::File::open(dir)?.sync_all()?;
+            if dir.join("log").exists() || dir.join("snapshots").exists() {
+                bail!(
+                    "data directory {} was written by an earlier oncekv (storage format 1: one \
+                     request per log entry); this build writes format {DATA_FORMAT_VERSION} \
+                     (batched entries) and cannot read it. Move it aside and start the node \
+                     on an empty directory (a cluster is re-created on new directories)",
+                    dir.display()
+                );
+            }
+            write_durably(dir, "format", &format!("{DATA_FORMAT_VERSION}\n"))?;
             Ok(())
         }
         Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
@@ -74,15 +120,9 @@ fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
 /// Runs a node until `shutdown` completes, then stops it gracefully.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     claim_data_dir(&config.data_dir, config.id)?;
-    let db = sled::Config::new()
-        .path(config.data_dir.join("log"))
-        .cache_capacity(SLED_CACHE_BYTES)
-        // Every fsync goes through the log store's single flusher.
-        .flush_every_ms(None)
-        .open()
-        .context("opening the log database")?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
-    let mut log_store = SledLogStore::open(db).context("opening the log store")?;
+    let mut log_store =
+        SegmentLogStore::open(config.data_dir.join("wal")).context("opening the Raft log")?;
     log_store.report_commit_index(metrics.commit_index.clone());
     let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
         .context("opening the snapshots")?
@@ -334,16 +374,16 @@ async fn ensure_bootstrapped(
                     cluster_id
                 }
             };
-            let entry = Entry {
+            let entry = Entry::single(
                 stamp_ms,
-                op: Op::Bootstrap {
+                Op::Bootstrap {
                     cluster_id,
                     config: config.initial_registry,
                 },
-            };
+            );
             match raft.client_write(entry).await {
                 Ok(written) => {
-                    if let Some(Outcome::Bootstrapped { cluster_id, .. }) = written.data {
+                    if let Some(Outcome::Bootstrapped { cluster_id, .. }) = written.data.first() {
                         tracing::info!(%cluster_id, log_index = written.log_id.index, "cluster bootstrapped");
                     }
                 }

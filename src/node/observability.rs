@@ -36,13 +36,8 @@ struct Scrape {
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
     let raft_metrics = scrape.raft.metrics().borrow().clone();
-    {
-        let applied = scrape.state.read();
-        let hash = scrape.state.state_hash(&applied);
-        scrape
-            .metrics
-            .refresh(&raft_metrics, &applied.registry, hash);
-    }
+    let (registry, hash) = scrape.state.hashed().await;
+    scrape.metrics.refresh(&raft_metrics, &registry, hash);
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         scrape.metrics.encode(),

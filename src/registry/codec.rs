@@ -11,8 +11,9 @@ use serde::{Serialize, de::DeserializeOwned};
 /// bounds keep any entry or snapshot record far below it.
 pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 
-/// Version byte of log entries written by this build.
-pub const ENTRY_FORMAT_VERSION: u8 = 1;
+/// Version byte of log entries written by this build. Version 2 entries carry
+/// a batch of requests (version 1 carried one); version 1 is refused.
+pub const ENTRY_FORMAT_VERSION: u8 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -92,7 +93,7 @@ mod tests {
     fn entry_round_trip_and_version() {
         let entry = Entry {
             stamp_ms: 42,
-            op: Op::Execute(Execute {
+            ops: vec![Op::Execute(Execute {
                 cluster_id: ClusterId(7),
                 client_id: ClientId(3),
                 seq: 9,
@@ -101,7 +102,7 @@ mod tests {
                     key: b"k".to_vec(),
                     value: Value::List(vec![b"a".to_vec()]),
                 },
-            }),
+            })],
         };
         let bytes = encode_entry(&entry);
         assert_eq!(decode_entry(&bytes).unwrap(), entry);
@@ -123,8 +124,9 @@ mod tests {
     /// anything is allocated for it.
     #[test]
     fn huge_length_prefix_is_refused() {
-        // Op::Execute, ..., a key whose varint length claims 2^62 bytes.
-        let mut bytes = vec![ENTRY_FORMAT_VERSION, 0, 2, 7, 3, 9, 8, 0];
+        // stamp 0, one op: Op::Execute, ..., a key whose varint length
+        // claims 2^62 bytes.
+        let mut bytes = vec![ENTRY_FORMAT_VERSION, 0, 1, 2, 7, 3, 9, 8, 0];
         bytes.push(0xFD);
         bytes.extend_from_slice(&(1u64 << 62).to_le_bytes());
         assert!(decode_entry(&bytes).is_err());

@@ -4,13 +4,14 @@
 //! the response it is about to cache — before the effect is applied (rule 12).
 
 use super::types::{Command, CommandResult, Limit, RegistryConfig, Value};
-use std::collections::BTreeMap;
+use imbl::OrdMap;
 
 /// The key-value data, ordered so that iteration (snapshots, hashes) is
-/// canonical (rule 10).
+/// canonical (rule 10). A persistent map: cloning it is O(1) and shares
+/// structure until either copy changes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvStore {
-    entries: BTreeMap<Vec<u8>, Value>,
+    entries: OrdMap<Vec<u8>, Value>,
 }
 
 /// How a planned command changes the data.

@@ -4,6 +4,10 @@
 //! environment, touch IO, or iterate anything in an unspecified order
 //! (DESIGN.md rule 10). Every rule of exactly-once execution lives here.
 //!
+//! An entry carries a batch of requests (rule 17): the index and the cluster
+//! time advance once for the entry, then each request goes through the
+//! checks below in order, each with its own outcome.
+//!
 //! Order of checks for a client request, identical on every replica:
 //! 1. advance cluster time to the entry's stamp (never backwards) and expire
 //!    idle sessions; the cluster id must match (`WRONG_CLUSTER`);
@@ -29,25 +33,30 @@ pub mod types;
 pub use session::CachedResponse;
 pub use types::*;
 
+use imbl::{OrdMap, OrdSet};
 use kv::KvStore;
 use session::Session;
-use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 /// The whole replicated state: sessions, their cached responses, cluster
-/// time, config and the key-value data, as of `applied_index`.
+/// time, config and the key-value data, as of `applied_index`. Its maps are
+/// persistent (copy-on-write, ordered): a clone costs O(1), so a snapshot or
+/// a state hash can be taken from a clone while apply goes on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registry {
     cluster_id: Option<ClusterId>,
     config: RegistryConfig,
     applied_index: u64,
     cluster_time_ms: u64,
-    sessions: BTreeMap<ClientId, Session>,
+    /// The largest client id ever assigned (rule 1): ids are never reused,
+    /// even after their sessions are gone.
+    last_client_id: u64,
+    sessions: OrdMap<ClientId, Session>,
     /// Nonce → the session it registered; lives and dies with the session.
-    nonces: BTreeMap<Nonce, ClientId>,
+    nonces: OrdMap<Nonce, ClientId>,
     /// (last activity, client id) of every session, oldest first: expiry
     /// walks it from the front, in a fixed order.
-    idle: BTreeSet<(u64, ClientId)>,
+    idle: OrdSet<(u64, ClientId)>,
     kv: KvStore,
 }
 
@@ -142,16 +151,31 @@ impl Registry {
         self.advance_index(log_index);
     }
 
-    /// Applies the registry entry committed at `log_index`.
+    /// The largest client id assigned so far (0: none yet).
+    pub fn last_client_id(&self) -> u64 {
+        self.last_client_id
+    }
+
+    /// Applies the registry entry committed at `log_index`: every request
+    /// of its batch in order, one outcome per request, in the same order.
     ///
     /// # Panics
     /// If `log_index` is not above the applied index: the storage layer
     /// applied an entry twice or out of order, and going on would break
     /// exactly-once.
-    pub fn apply(&mut self, log_index: u64, entry: &Entry) -> Outcome {
+    pub fn apply(&mut self, log_index: u64, entry: &Entry) -> Vec<Outcome> {
         self.advance_index(log_index);
         self.advance_time(entry.stamp_ms);
-        let result = match &entry.op {
+        entry
+            .ops
+            .iter()
+            .map(|op| self.apply_op(log_index, op))
+            .collect()
+    }
+
+    /// One request of an entry, after the entry advanced index and time.
+    fn apply_op(&mut self, log_index: u64, op: &Op) -> Outcome {
+        let result = match op {
             Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
             Op::Register { cluster_id, nonce } => self.register(log_index, *cluster_id, *nonce),
             Op::Execute(execute) => self.execute(execute),
@@ -187,7 +211,7 @@ impl Registry {
     fn advance_time(&mut self, stamp_ms: u64) {
         self.cluster_time_ms = self.cluster_time_ms.max(stamp_ms);
         let ttl_ms = self.config.session_ttl_ms;
-        while let Some(&(last_active_ms, client_id)) = self.idle.first() {
+        while let Some(&(last_active_ms, client_id)) = self.idle.get_min() {
             if self.cluster_time_ms.saturating_sub(last_active_ms) <= ttl_ms {
                 break;
             }
@@ -274,8 +298,12 @@ impl Registry {
         if self.sessions.len() as u64 >= self.config.sessions_max {
             return Err(Rejection::ResourceExhausted(Limit::Sessions));
         }
-        let client_id = ClientId(log_index);
+        // One above every id assigned before, and at least the entry's log
+        // index: a function of the log alone (rule 1), unique forever, and
+        // the log index itself for an entry carrying one registration.
+        let client_id = ClientId(self.last_client_id.saturating_add(1).max(log_index));
         let reply = registration(client_id, false);
+        self.last_client_id = client_id.0;
         self.sessions
             .insert(client_id, Session::new(nonce, self.cluster_time_ms));
         self.nonces.insert(nonce, client_id);
@@ -426,7 +454,7 @@ mod tests {
     const CLUSTER: ClusterId = ClusterId(7);
 
     fn entry(stamp_ms: u64, op: Op) -> Entry {
-        Entry { stamp_ms, op }
+        Entry::single(stamp_ms, op)
     }
 
     /// A bootstrapped registry with sessions registered at indexes 2..=6.

@@ -4,8 +4,8 @@
 //! else: the order of checks lives in the registry.
 
 use super::types::{CommandResult, Fingerprint, Nonce, Seq};
+use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// A response cached for one (client id, seq).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +21,7 @@ pub(crate) struct Session {
     pub floor: Seq,
     /// Cluster time of the last request, in milliseconds.
     pub last_active_ms: u64,
-    pub responses: BTreeMap<Seq, CachedResponse>,
+    pub responses: OrdMap<Seq, CachedResponse>,
     /// Sum of `cached_size_bytes` over `responses`.
     pub cached_bytes: u64,
 }
@@ -32,7 +32,7 @@ impl Session {
             nonce,
             floor: 0,
             last_active_ms: now_ms,
-            responses: BTreeMap::new(),
+            responses: OrdMap::new(),
             cached_bytes: 0,
         }
     }
@@ -46,11 +46,13 @@ impl Session {
         self.floor = first_outstanding_seq;
         // Usually only a few responses fall below the new floor: pop them
         // one by one rather than splitting the map (which allocates).
-        while let Some(entry) = self.responses.first_entry() {
-            if *entry.key() >= first_outstanding_seq {
+        while let Some(&(seq, _)) = self.responses.get_min() {
+            if seq >= first_outstanding_seq {
                 break;
             }
-            self.cached_bytes -= entry.remove().result.cached_size_bytes();
+            if let Some(removed) = self.responses.remove(&seq) {
+                self.cached_bytes -= removed.result.cached_size_bytes();
+            }
         }
     }
 

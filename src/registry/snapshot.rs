@@ -2,13 +2,14 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 1 (all integers inside records use the codec module's
+//! Format version 2 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
 //! magic "ONCEKVSS" | version u32 | record* | trailer
 //! record  = length u32 | body (at most 64 MiB)
-//! records = header, then one per session (client id order),
+//! records = header (applied index, cluster id, config, cluster time,
+//!           last client id, counts), then one per session (client id order),
 //!           then one per key (byte order)
 //! trailer = BLAKE3 of every byte before it (32 bytes)
 //! ```
@@ -22,18 +23,21 @@
 //! Reading checks everything: a record's length is checked before any
 //! buffer grows, buffers grow only with bytes actually read, decoding is
 //! limited, and every invariant the registry relies on is verified.
+//!
+//! Version 1 (before batched entries) had no last client id; it is refused,
+//! like any other unknown version.
 
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::session::{CachedResponse, Session};
 use super::types::{ClientId, ClusterId, Nonce, RegistryConfig, Seq, Value};
 use super::{KvStore, Registry};
+use imbl::OrdMap;
 use serde::{Deserialize, Serialize, Serializer};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
 const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
 const STATE_HASH_CONTEXT: &str = "oncekv 2026-11 state hash v1";
 
@@ -79,6 +83,7 @@ struct Header {
     cluster_id: Option<ClusterId>,
     config: RegistryConfig,
     cluster_time_ms: u64,
+    last_client_id: u64,
     sessions: u64,
     keys: u64,
 }
@@ -90,7 +95,7 @@ struct SessionRecordRef<'a> {
     floor: Seq,
     last_active_ms: u64,
     #[serde(serialize_with = "ordered_pairs")]
-    responses: &'a BTreeMap<Seq, CachedResponse>,
+    responses: &'a OrdMap<Seq, CachedResponse>,
 }
 
 /// The owned twin of [`SessionRecordRef`]: the same bytes.
@@ -104,7 +109,7 @@ struct SessionRecord {
 }
 
 fn ordered_pairs<S: Serializer>(
-    map: &&BTreeMap<Seq, CachedResponse>,
+    map: &&OrdMap<Seq, CachedResponse>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     serializer.collect_seq(map.iter())
@@ -120,9 +125,12 @@ pub fn write<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
     #[cfg(feature = "broken-snapshot-drops-sessions")]
     let stripped = {
         let mut stripped = registry.clone();
-        for session in stripped.sessions.values_mut() {
-            session.responses.clear();
-            session.cached_bytes = 0;
+        let client_ids: Vec<_> = stripped.sessions.keys().copied().collect();
+        for client_id in client_ids {
+            if let Some(session) = stripped.sessions.get_mut(&client_id) {
+                session.responses.clear();
+                session.cached_bytes = 0;
+            }
         }
         stripped
     };
@@ -164,6 +172,7 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
         cluster_id: registry.cluster_id,
         config: registry.config,
         cluster_time_ms: registry.cluster_time_ms,
+        last_client_id: registry.last_client_id,
         sessions: registry.sessions.len() as u64,
         keys: registry.kv.len() as u64,
     };
@@ -229,6 +238,7 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         config: header.config,
         applied_index: header.applied_index,
         cluster_time_ms: header.cluster_time_ms,
+        last_client_id: header.last_client_id,
         ..Registry::default()
     };
     for _ in 0..header.sessions {
@@ -263,12 +273,12 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     let client_id = record.client_id;
     if registry
         .sessions
-        .last_key_value()
+        .get_max()
         .is_some_and(|(last, _)| *last >= client_id)
     {
         return Err(SnapshotError::Inconsistent("sessions out of order"));
     }
-    if client_id.0 > registry.applied_index || record.last_active_ms > registry.cluster_time_ms {
+    if client_id.0 > registry.last_client_id || record.last_active_ms > registry.cluster_time_ms {
         return Err(SnapshotError::Inconsistent("session from the future"));
     }
     let session = Session::restore(

@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A client's id: the log index of the entry that registered it (rule 1).
+/// A client's id, assigned when its registration is applied (rule 1): one
+/// above the largest id ever assigned, and at least the log index of the
+/// entry that carried the registration. It depends only on the log, so every
+/// replica agrees on it, and it is never reused (see `Registry::register`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ClientId(pub u64);
 
@@ -35,15 +38,27 @@ impl fmt::Display for ClusterId {
     }
 }
 
-/// One registry entry of the replicated log.
+/// One registry entry of the replicated log: a batch of requests (rule 17).
 ///
-/// `stamp_ms` is the proposing leader's cluster clock (rule 11); the state
-/// machine's cluster time is the maximum stamp seen so far, so a stamp that
-/// goes backwards never moves time back.
+/// `stamp_ms` is the proposing leader's cluster clock (rule 11), stamped
+/// once for the whole batch; the state machine's cluster time is the maximum
+/// stamp seen so far, so a stamp that goes backwards never moves time back.
+/// The requests are applied in order, each through the full check order and
+/// each with its own outcome; one request's refusal never affects another's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub stamp_ms: u64,
-    pub op: Op,
+    pub ops: Vec<Op>,
+}
+
+impl Entry {
+    /// An entry carrying one request.
+    pub fn single(stamp_ms: u64, op: Op) -> Entry {
+        Entry {
+            stamp_ms,
+            ops: vec![op],
+        }
+    }
 }
 
 /// What a registry entry asks for.

@@ -18,7 +18,7 @@ use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
     Applied, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
-use crate::registry::{Registry, codec, snapshot};
+use crate::registry::{ClusterId, Registry, codec, snapshot};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder,
@@ -50,9 +50,28 @@ pub struct SharedState {
     /// it is done once per applied index, however many readers ask
     /// (`Status`, `Admin.StateHash`, metrics scrapes).
     hash_cache: Arc<Mutex<Option<(u64, String)>>>,
+    /// The cluster id once the bootstrap entry (or a snapshot holding it) is
+    /// applied. It never changes after that, so the client paths check it
+    /// without taking the state lock, which apply holds for whole batches.
+    cluster_id: Arc<std::sync::OnceLock<ClusterId>>,
 }
 
 impl SharedState {
+    /// The applied cluster id, read without the state lock.
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.cluster_id.get().copied()
+    }
+
+    /// Publishes the cluster id of `applied`, once it has one.
+    fn publish_cluster_id(&self, applied: &AppliedState) {
+        if self.cluster_id.get().is_none()
+            && let Some(cluster_id) = applied.registry.cluster_id()
+        {
+            // Set once; the registry's id never changes after bootstrap.
+            let _ = self.cluster_id.set(cluster_id);
+        }
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
         self.state
             .read()
@@ -65,23 +84,50 @@ impl SharedState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The hex state hash of `applied` (a guard from [`SharedState::read`],
-    /// so index and hash are of one moment), computed at most once per
-    /// applied index.
-    pub fn state_hash(&self, applied: &AppliedState) -> String {
-        let index = applied.registry.applied_index();
-        let mut cache = self
-            .hash_cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match &*cache {
-            Some((cached, hash)) if *cached == index => hash.clone(),
-            _ => {
-                let hash = crate::registry::snapshot::state_hash(&applied.registry).to_string();
-                *cache = Some((index, hash.clone()));
-                hash
-            }
+    /// A copy of the applied registry: O(1) (its maps are persistent), so
+    /// the lock is held only for the copy and readers can encode or hash
+    /// it at leisure while apply goes on.
+    pub fn registry(&self) -> Registry {
+        self.read().registry.clone()
+    }
+
+    /// The hex state hash of `registry` (a copy from
+    /// [`SharedState::registry`], so its index and hash are of one moment),
+    /// computed at most once per applied index. Hashing encodes the whole
+    /// state: call it off the async workers ([`SharedState::hashed`]).
+    pub fn state_hash(&self, registry: &Registry) -> String {
+        let index = registry.applied_index();
+        let cached = |cache: &Option<(u64, String)>| match cache {
+            Some((cached, hash)) if *cached == index => Some(hash.clone()),
+            _ => None,
+        };
+        if let Some(hash) = cached(&self.lock_hash_cache()) {
+            return hash;
         }
+        // Hashed without holding the cache lock: a concurrent reader of
+        // another index is not made to wait.
+        let hash = crate::registry::snapshot::state_hash(registry).to_string();
+        *self.lock_hash_cache() = Some((index, hash.clone()));
+        hash
+    }
+
+    /// A copy of the applied registry and its state hash, hashed on a
+    /// blocking thread.
+    pub async fn hashed(&self) -> (Registry, String) {
+        let registry = self.registry();
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let hash = state.state_hash(&registry);
+            (registry, hash)
+        })
+        .await
+        .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+    }
+
+    fn lock_hash_cache(&self) -> std::sync::MutexGuard<'_, Option<(u64, String)>> {
+        self.hash_cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -173,6 +219,7 @@ impl StateMachineStore {
             applied.registry = registry;
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
+            state.publish_cluster_id(&applied);
             drop(applied);
             tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), path = %path.display(), "restored snapshot");
             current = Some(CurrentSnapshot {
@@ -319,13 +366,13 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        // Encoding under the read lock captures one point in time; apply
-        // waits only for the in-memory encoding, not for the disk. It runs on
-        // a blocking thread, so a large state does not stall a tokio worker
-        // (and the Raft core or RPCs scheduled on it) while it encodes.
-        let state = self.state.clone();
-        let (meta, bytes) = tokio::task::spawn_blocking(move || {
-            let applied = state.read();
+        // One point in time: the meta and an O(1) copy of the registry are
+        // taken under the read lock, which apply waits for only that long;
+        // the copy is encoded after the lock is released, on a blocking
+        // thread, so neither apply nor a tokio worker (and the Raft core or
+        // RPCs scheduled on it) waits for the encoding.
+        let (meta, registry) = {
+            let applied = self.state.read();
             let last = applied.last_applied;
             let meta = SnapshotMeta {
                 last_log_id: last,
@@ -336,10 +383,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                     last.map_or(0, |id| id.index)
                 ),
             };
-            (meta, snapshot::to_bytes(&applied.registry))
-        })
-        .await
-        .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
+            (meta, applied.registry.clone())
+        };
+        let bytes = tokio::task::spawn_blocking(move || snapshot::to_bytes(&registry))
+            .await
+            .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
         let bytes = Arc::new(bytes);
         let files = self.files.clone();
         let persisted_meta = meta.clone();
@@ -378,30 +426,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let reply = match entry.payload {
                 EntryPayload::Blank => {
                     applied.registry.apply_other(index);
-                    None
+                    Vec::new()
                 }
                 EntryPayload::Normal(ref registry_entry) => {
                     let sessions_before = applied.registry.session_count();
-                    let outcome = applied.registry.apply(index, registry_entry);
+                    let outcomes = applied.registry.apply(index, registry_entry);
                     self.metrics.count_applied(
                         registry_entry,
-                        &outcome,
+                        &outcomes,
                         sessions_before,
                         applied.registry.session_count(),
                     );
-                    tracing::debug!(log_index = index, ?outcome, "applied");
-                    Some(outcome)
+                    tracing::debug!(log_index = index, requests = outcomes.len(), "applied");
+                    outcomes
                 }
                 EntryPayload::Membership(ref membership) => {
                     applied.registry.apply_other(index);
                     applied.membership =
                         StoredMembership::new(Some(entry.log_id), membership.clone());
-                    None
+                    Vec::new()
                 }
             };
             applied.last_applied = Some(entry.log_id);
             replies.push(reply);
         }
+        self.state.publish_cluster_id(&applied);
         drop(applied);
         self.metrics.entries_applied.inc_by(replies.len() as u64);
         metrics::observe_since(&self.metrics.apply_batch_duration, started);
@@ -443,6 +492,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         applied.registry = registry;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
+        self.state.publish_cluster_id(&applied);
         drop(applied);
         self.metrics.snapshots_installed.inc();
         tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), "installed snapshot");

@@ -6,6 +6,12 @@ use oncekv::registry::{
     Seq, Value,
 };
 
+/// The one outcome of an entry that carried one request.
+pub fn one(mut outcomes: Vec<Outcome>) -> Outcome {
+    assert_eq!(outcomes.len(), 1, "an entry of one request has one outcome");
+    outcomes.remove(0)
+}
+
 pub const CLUSTER: ClusterId = ClusterId(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
 
 pub struct Driver {
@@ -41,9 +47,16 @@ impl Driver {
 
     pub fn apply(&mut self, op: Op) -> Outcome {
         self.index += 1;
+        let entry = Entry::single(self.now_ms, op);
+        one(self.registry.apply(self.index, &entry))
+    }
+
+    /// Applies one entry carrying `ops` as a batch; one outcome per op.
+    pub fn apply_batch(&mut self, ops: Vec<Op>) -> Vec<Outcome> {
+        self.index += 1;
         let entry = Entry {
             stamp_ms: self.now_ms,
-            op,
+            ops,
         };
         self.registry.apply(self.index, &entry)
     }
