@@ -33,9 +33,9 @@ pub mod types;
 pub use session::CachedResponse;
 pub use types::*;
 
+use imbl::{OrdMap, OrdSet};
 use kv::KvStore;
 use session::Session;
-use imbl::{OrdMap, OrdSet};
 use std::ops::Bound;
 
 /// The whole replicated state: sessions, their cached responses, cluster

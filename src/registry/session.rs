@@ -4,8 +4,8 @@
 //! else: the order of checks lives in the registry.
 
 use super::types::{CommandResult, Fingerprint, Nonce, Seq};
-use serde::{Deserialize, Serialize};
 use imbl::OrdMap;
+use serde::{Deserialize, Serialize};
 
 /// A response cached for one (client id, seq).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

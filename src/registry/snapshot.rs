@@ -31,8 +31,8 @@ use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::session::{CachedResponse, Session};
 use super::types::{ClientId, ClusterId, Nonce, RegistryConfig, Seq, Value};
 use super::{KvStore, Registry};
-use serde::{Deserialize, Serialize, Serializer};
 use imbl::OrdMap;
+use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
 use std::io::{self, Read, Write};
 

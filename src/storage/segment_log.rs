@@ -217,6 +217,9 @@ pub struct SegmentLogStore<C: RaftTypeConfig> {
     durable_snapshot: Option<tokio::sync::watch::Receiver<u64>>,
     /// Where the committed index is reported, when attached (a metric).
     commit_index: Option<prometheus_client::metrics::gauge::Gauge>,
+    /// Makes the writer's `fdatasync`s fail (tests only).
+    #[cfg(test)]
+    fail_syncs: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<C> SegmentLogStore<C>
@@ -259,6 +262,8 @@ where
             },
         })?;
         let recovered = recovery::recover::<C>(dir, config.segment_bytes)?;
+        #[cfg(test)]
+        let fail_syncs = recovered.writer.fail_syncs.clone();
         let writer = Writer::spawn(recovered.writer).map_err(SegmentLogError::SpawnWriter)?;
         Ok(Self {
             reader: SegmentLogReader {
@@ -270,6 +275,8 @@ where
             _lock: lock,
             durable_snapshot: None,
             commit_index: None,
+            #[cfg(test)]
+            fail_syncs,
         })
     }
 

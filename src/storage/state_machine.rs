@@ -386,8 +386,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             (meta, applied.registry.clone())
         };
         let bytes = tokio::task::spawn_blocking(move || snapshot::to_bytes(&registry))
-        .await
-        .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
+            .await
+            .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
         let bytes = Arc::new(bytes);
         let files = self.files.clone();
         let persisted_meta = meta.clone();

@@ -341,6 +341,8 @@ where
             active,
             meta_frames,
             dirty: false,
+            #[cfg(test)]
+            fail_syncs: Default::default(),
         },
     })
 }

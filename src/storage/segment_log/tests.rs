@@ -498,3 +498,35 @@ async fn reads_take_any_range() -> TestResult {
     );
     Ok(())
 }
+
+/// A failed fdatasync reaches the waiting callback as an io error (the
+/// append is never reported durable), and the log then refuses every
+/// later write, including the vote, instead of carrying on over a file
+/// whose contents are unknown.
+#[tokio::test]
+async fn a_failed_fdatasync_fails_the_append_and_every_later_write() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut store = open(&dir)?;
+    store.blocking_append([entry(1, 1)]).await?;
+    store
+        .fail_syncs
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    store.append_entries(
+        vec![entry(1, 2)],
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    )?;
+    assert!(
+        rx.await?.is_err(),
+        "an append reported durable without its fdatasync"
+    );
+    store
+        .fail_syncs
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.blocking_append([entry(1, 3)]).await.is_err());
+    assert!(store.save_vote(&Vote::new(2, 1)).await.is_err());
+    assert!(store.truncate(log_id(1, 2)).await.is_err());
+    Ok(())
+}

@@ -21,6 +21,9 @@ use tokio::sync::oneshot;
 
 use super::format::segment_header;
 
+/// Largest group buffer kept for reuse between groups.
+const BUFFER_KEPT_BYTES: usize = 8 << 20;
+
 /// Called on the writer thread once a job's bytes are durable (or failed).
 /// It must not block.
 pub(super) type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
@@ -93,6 +96,9 @@ pub(super) struct WriterState {
     pub(super) meta_frames: [Option<Vec<u8>>; 3],
     /// Bytes written since the last `fdatasync`.
     pub(super) dirty: bool,
+    /// Tests set this to make every `fdatasync` fail.
+    #[cfg(test)]
+    pub(super) fail_syncs: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// File name of segment `sequence`: zero-padded so names sort in order.
@@ -177,6 +183,10 @@ impl WriterState {
 
     fn sync(&mut self) -> io::Result<()> {
         if self.dirty {
+            #[cfg(test)]
+            if self.fail_syncs.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(io::Error::other("injected fdatasync failure"));
+            }
             self.active.file.sync_data()?;
             self.dirty = false;
         }
@@ -375,6 +385,11 @@ fn run(mut state: WriterState, rx: &mpsc::Receiver<Job>) {
         }
         for waiter in waiters {
             waiter(result.as_ref().map(drop).map_err(Failure::to_error));
+        }
+        // One huge group (a snapshot's worth of entries replicated at once)
+        // must not pin its buffer for the life of the process.
+        if buffer.capacity() > BUFFER_KEPT_BYTES {
+            buffer = Vec::new();
         }
         if result.is_ok()
             && let Some(purged_index) = purged_index
