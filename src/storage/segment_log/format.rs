@@ -170,6 +170,26 @@ pub(super) fn valid_frame_after(bytes: &[u8], offset: usize) -> Option<usize> {
         .find(|&candidate| read_frame(bytes, candidate).is_some())
 }
 
+/// Disk sector size assumed for torn-write detection: a sector is written
+/// whole or not at all.
+pub(super) const SECTOR_BYTES: usize = 512;
+
+/// Whether `bytes[start..end]` contains a whole sector-aligned stretch of
+/// [`SECTOR_BYTES`] zeros (a sector a crash left unwritten in preallocated
+/// space).
+pub(super) fn has_zeroed_sector(bytes: &[u8], start: usize, end: usize) -> bool {
+    let end = end.min(bytes.len());
+    let first = start.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+    (first..end)
+        .step_by(SECTOR_BYTES)
+        .take_while(|sector| sector + SECTOR_BYTES <= end)
+        .any(|sector| {
+            bytes[sector..sector + SECTOR_BYTES]
+                .iter()
+                .all(|&byte| byte == 0)
+        })
+}
+
 fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
 }

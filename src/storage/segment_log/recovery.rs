@@ -204,9 +204,17 @@ where
     if torn {
         // Only the last group written can be cut short (each group is
         // fdatasynced before the next, and a segment before the next one
-        // exists), and nothing valid can follow it.
+        // exists). Its pages may reach the disk in any order, though, so
+        // valid records after the damage do not prove corruption: if the
+        // damaged stretch holds a whole zeroed sector, that sector was never
+        // written, no fdatasync covered it, and so none covered anything
+        // after it either — an unacknowledged tail, dropped whole (etcd's
+        // WAL reads a zeroed sector the same way). Damage without one is
+        // corruption.
         let valid_record_offset = format::valid_frame_after(&bytes, offset);
-        if !is_last || valid_record_offset.is_some() {
+        let torn_write =
+            valid_record_offset.is_none_or(|next| format::has_zeroed_sector(&bytes, offset, next));
+        if !is_last || !torn_write {
             return Err(SegmentLogError::Corrupt {
                 path: path.to_path_buf(),
                 offset: offset as u64,

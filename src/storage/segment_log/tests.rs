@@ -141,6 +141,38 @@ async fn garbage_after_the_last_record_is_dropped() -> TestResult {
     Ok(())
 }
 
+/// A last write whose pages reached the disk out of order — a zeroed sector
+/// inside a record, valid records after it (they rode in the same unsynced
+/// write) — is an unacknowledged torn write: it is dropped from the damage
+/// on, the entries before it stay, and the log goes on from there.
+#[tokio::test]
+async fn a_torn_write_with_records_after_a_zeroed_sector_is_dropped() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (record_start, record_end) = {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1)]).await?;
+        let record_start = data_end(&last_segment(&dir)?)?;
+        let large: Vec<Entry> = (2..=200).map(|index| entry(1, index)).collect();
+        store.blocking_append(large).await?;
+        let record_end = data_end(&last_segment(&dir)?)?;
+        store.blocking_append([entry(1, 201)]).await?;
+        store.blocking_append([entry(1, 202)]).await?;
+        (record_start, record_end)
+    };
+    let sector = record_start.div_ceil(512) * 512;
+    assert!(sector + 512 < record_end, "the record spans a whole sector");
+    write_at(&last_segment(&dir)?, sector, &[0; 512])?;
+
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1]);
+    store.blocking_append([entry(2, 2)]).await?;
+    drop(store);
+    let mut store = open(&dir)?;
+    assert_eq!(indexes(&mut store).await?, vec![1, 2]);
+    assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(2, 2)));
+    Ok(())
+}
+
 /// A flipped bit in a record with valid records after it is damage, not a
 /// torn write: opening is refused with the file and the offset.
 #[tokio::test]
