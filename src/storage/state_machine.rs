@@ -27,6 +27,7 @@ use openraft::{
 use std::fs;
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 const META_FORMAT_VERSION: u8 = 1;
@@ -46,10 +47,9 @@ pub struct AppliedState {
 #[derive(Clone, Debug, Default)]
 pub struct SharedState {
     state: Arc<RwLock<AppliedState>>,
-    /// (applied index, hex state hash): hashing encodes the whole state, so
-    /// it is done once per applied index, however many readers ask
-    /// (`Status`, `Admin.StateHash`, metrics scrapes).
-    hash_cache: Arc<Mutex<Option<(u64, String)>>>,
+    /// The newest state hash (`Status`, `Admin.StateHash`, metrics
+    /// scrapes): see [`SharedState::hashed`].
+    hashes: Arc<Hashes>,
     /// The cluster id once the bootstrap entry (or a snapshot holding it) is
     /// applied. It never changes after that, so the client paths check it
     /// without taking the state lock, which apply holds for whole batches.
@@ -91,44 +91,60 @@ impl SharedState {
         self.read().registry.clone()
     }
 
-    /// The hex state hash of `registry` (a copy from
-    /// [`SharedState::registry`], so its index and hash are of one moment),
-    /// computed at most once per applied index. Hashing encodes the whole
-    /// state: call it off the async workers ([`SharedState::hashed`]).
-    pub fn state_hash(&self, registry: &Registry) -> String {
-        let index = registry.applied_index();
-        let cached = |cache: &Option<(u64, String)>| match cache {
-            Some((cached, hash)) if *cached == index => Some(hash.clone()),
-            _ => None,
-        };
-        if let Some(hash) = cached(&self.lock_hash_cache()) {
-            return hash;
-        }
-        // Hashed without holding the cache lock: a concurrent reader of
-        // another index is not made to wait.
-        let hash = crate::registry::snapshot::state_hash(registry).to_string();
-        *self.lock_hash_cache() = Some((index, hash.clone()));
-        hash
-    }
-
-    /// A copy of the applied registry and its state hash, hashed on a
-    /// blocking thread.
+    /// A copy of the applied registry and its hex state hash, of one moment
+    /// (the copy's applied index). Hashing encodes the whole state, so it
+    /// runs on a blocking thread and one hash is computed at a time: callers
+    /// that arrive while one is computed wait for it and share its result (a
+    /// state applied at most as long ago as that hash took), and a state
+    /// whose index was hashed already is not hashed again. So any number of
+    /// concurrent `Status` calls, `Admin.StateHash` calls and metrics
+    /// scrapes cost one hash, not one each.
     pub async fn hashed(&self) -> (Registry, String) {
+        let arrived = self.hashes.completed.load(Ordering::Acquire);
+        let mut last = self.hashes.last.lock().await;
+        if let Some(last) = last.as_ref()
+            && last.generation > arrived
+        {
+            return (last.registry.clone(), last.hash.clone());
+        }
         let registry = self.registry();
-        let state = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let hash = state.state_hash(&registry);
-            (registry, hash)
+        if let Some(last) = last.as_ref()
+            && last.registry.applied_index() == registry.applied_index()
+        {
+            return (last.registry.clone(), last.hash.clone());
+        }
+        let copy = registry.clone();
+        let hash = tokio::task::spawn_blocking(move || {
+            crate::registry::snapshot::state_hash(&copy).to_string()
         })
         .await
-        .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+        .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
+        let generation = self.hashes.completed.fetch_add(1, Ordering::AcqRel) + 1;
+        *last = Some(LastHash {
+            generation,
+            registry: registry.clone(),
+            hash: hash.clone(),
+        });
+        (registry, hash)
     }
+}
 
-    fn lock_hash_cache(&self) -> std::sync::MutexGuard<'_, Option<(u64, String)>> {
-        self.hash_cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
+/// The newest state hash, shared by every reader (see
+/// [`SharedState::hashed`]).
+#[derive(Debug, Default)]
+struct Hashes {
+    /// Hashes computed so far.
+    completed: AtomicU64,
+    /// The newest one; its lock is held while the next is computed.
+    last: tokio::sync::Mutex<Option<LastHash>>,
+}
+
+#[derive(Debug)]
+struct LastHash {
+    /// `completed` when this hash was stored.
+    generation: u64,
+    registry: Registry,
+    hash: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -527,6 +543,32 @@ mod tests {
             last_membership: StoredMembership::default(),
             snapshot_id: format!("1-{index}"),
         }
+    }
+
+    /// Concurrent hash requests share one computation, and each gets a
+    /// hash of the copy it is given back (index and hash of one moment).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_hashes_are_computed_once() {
+        let state = SharedState::default();
+        {
+            let mut applied = state.write();
+            for index in 1..=50 {
+                applied.registry.apply_other(index);
+            }
+        }
+        let calls = (0..64).map(|_| {
+            let state = state.clone();
+            tokio::spawn(async move { state.hashed().await })
+        });
+        for call in futures::future::join_all(calls).await {
+            let (registry, hash) = call.unwrap();
+            assert_eq!(hash, snapshot::state_hash(&registry).to_string());
+        }
+        assert_eq!(state.hashes.completed.load(Ordering::Acquire), 1);
+        state.write().registry.apply_other(51);
+        let (registry, _) = state.hashed().await;
+        assert_eq!(registry.applied_index(), 51);
+        assert_eq!(state.hashes.completed.load(Ordering::Acquire), 2);
     }
 
     /// A snapshot that finishes after a newer one (a build overtaken by an
