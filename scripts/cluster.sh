@@ -34,6 +34,7 @@ environment:
   ONCEKV_PORT_BASE   node N listens on base+N (clients), base+100+N (peers)
                      and base+200+N (metrics) (default 7100)
   RUST_LOG           node log filter (default info)
+  ONCEKV_WORKER_THREADS  async runtime threads per node (default: cores / 3, at least 1)
 EOF
 }
 
@@ -64,6 +65,17 @@ peer_addr() { echo "127.0.0.1:$((BASE + 100 + $1))"; }
 metrics_addr() { echo "127.0.0.1:$((BASE + 200 + $1))"; }
 metrics_url() { echo "http://$(metrics_addr "$1")/metrics"; }
 node_dir() { echo "$DATA/n$1"; }
+# Each of the three nodes on this machine gets its share of the cores as
+# async runtime threads (at least one), not one thread per core each.
+worker_threads() {
+    local cores
+    if [[ -n ${ONCEKV_WORKER_THREADS:-} ]]; then
+        echo "$ONCEKV_WORKER_THREADS"
+        return
+    fi
+    cores=$(nproc 2>/dev/null || echo 1)
+    echo $((cores / 3 > 0 ? cores / 3 : 1))
+}
 pid_file() { echo "$(node_dir "$1")/pid"; }
 log_file() { echo "$(node_dir "$1")/node.log"; }
 
@@ -141,6 +153,7 @@ start_node() {
         --peer-addr "$(peer_addr "$n")" \
         --metrics-addr "$(metrics_addr "$n")" \
         --data-dir "$dir/db" \
+        --worker-threads "$(worker_threads)" \
         "${peers[@]}" "${init[@]}" \
         </dev/null >>"$(log_file "$n")" 2>&1 &
     echo $! >"$(pid_file "$n")"

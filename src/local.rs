@@ -11,6 +11,15 @@ use std::path::Path;
 
 use crate::proto::StatusReply;
 
+/// `--worker-threads` for each of `nodes` nodes sharing this machine: their
+/// share of its cores, at least one. Each node defaulting to one thread per
+/// core would put `nodes` times as many threads on the cores, and the
+/// wake-ups and switches between them cost more than the threads bring.
+pub fn worker_threads_per_node(nodes: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    (cores / nodes.max(1)).max(1)
+}
+
 /// The leader every answering node agrees on: it answered as "leader", and
 /// every node that answered names it in the same term. `None` while there is
 /// none or they disagree (an election, a stale leader). Nodes that did not

@@ -61,15 +61,27 @@ fn init_tracing() {
         .init();
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Node(options) => {
-            init_tracing();
-            let config = options.resolve()?;
-            node::run(config, stop_requested()).await
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Command::Node(options) = cli.command {
+        init_tracing();
+        let config = options.resolve()?;
+        if let Some(threads) = config.worker_threads {
+            runtime.worker_threads(threads);
         }
+        return runtime
+            .build()?
+            .block_on(node::run(config, stop_requested()));
+    }
+    runtime.build()?.block_on(run_tool(cli.command))
+}
+
+/// Every subcommand but `node`.
+async fn run_tool(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Node(_) => unreachable!("handled in main"),
         Command::Bench(args) => {
             // Progress events (and the client library's tracing), only when
             // asked for (stderr): `--failover` logs its kills, for reading

@@ -355,6 +355,10 @@ impl Cluster {
             .arg(&node.data_dir)
             .args(["--heartbeat-ms", &options.heartbeat_ms.to_string()])
             .args([
+                "--worker-threads",
+                &oncekv::local::worker_threads_per_node(3).to_string(),
+            ])
+            .args([
                 "--election-timeout-min-ms",
                 &options.election_timeout_min_ms.to_string(),
             ])

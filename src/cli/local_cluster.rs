@@ -352,6 +352,8 @@ impl LocalCluster {
             .arg(self.timing.election_timeout_min_ms.to_string())
             .arg("--election-timeout-max-ms")
             .arg(self.timing.election_timeout_max_ms.to_string())
+            .arg("--worker-threads")
+            .arg(crate::local::worker_threads_per_node(self.nodes.len()).to_string())
             .args(&self.extra_args);
         for peer in &peers {
             command.arg("--peer").arg(peer);

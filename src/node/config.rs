@@ -33,6 +33,8 @@ pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 400;
 /// window (1024) of one session fits whole; a proposal holds at most one
 /// client message (8 MiB, typically well under 1 KiB) until Raft answers.
 pub const DEFAULT_MAX_PENDING_PROPOSALS: usize = 1024;
+/// Largest `--worker-threads` accepted.
+pub const WORKER_THREADS_MAX: usize = 1_024;
 /// Largest `--max-pending-proposals` accepted.
 pub const MAX_PENDING_PROPOSALS_MAX: usize = 1 << 20;
 
@@ -70,7 +72,13 @@ pub struct NodeOptions {
     /// request is refused at once with UNAVAILABLE ("overloaded") [default: 1024].
     #[arg(long)]
     pub max_pending_proposals: Option<usize>,
-    /// Directory for the log (sled), snapshots and the node id file.
+    /// Threads of the node's async runtime [default: one per core]. Nodes
+    /// sharing one machine (a local cluster) do better with their share of
+    /// the cores than with one thread per core each: fewer threads to wake
+    /// and switch between (`scripts/cluster.sh` gives each node cores / 3).
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
+    /// Directory for the Raft log (wal/), snapshots and the node id file.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// A cluster member as ID=PEER_ADDR/CLIENT_ADDR (announced addresses,
@@ -139,6 +147,8 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Admission control of the client API (see `network::client_api`).
     pub max_pending_proposals: usize,
+    /// Threads of the async runtime; `None`: one per core.
+    pub worker_threads: Option<usize>,
     pub data_dir: PathBuf,
     pub members: BTreeMap<NodeId, NodeInfo>,
     pub initialize: bool,
@@ -330,6 +340,12 @@ impl NodeOptions {
                 "max_pending_proposals must be in 1..={MAX_PENDING_PROPOSALS_MAX}"
             )));
         }
+        let worker_threads = self.worker_threads.or(file.worker_threads);
+        if worker_threads.is_some_and(|threads| !(1..=WORKER_THREADS_MAX).contains(&threads)) {
+            return Err(ConfigError::Invalid(format!(
+                "worker_threads must be in 1..={WORKER_THREADS_MAX}"
+            )));
+        }
         let initialize = self.initialize || file.initialize;
         if initialize && !members.contains_key(&id) {
             return Err(ConfigError::Invalid(
@@ -392,6 +408,7 @@ impl NodeOptions {
             peer_via,
             metrics_addr,
             max_pending_proposals,
+            worker_threads,
             data_dir,
             members,
             initialize,
