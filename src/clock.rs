@@ -62,26 +62,35 @@ impl ClusterClock {
         let leading_since = std::sync::Arc::new(Mutex::new(None));
         let watched = std::sync::Arc::downgrade(&leading_since);
         let mut metrics = raft.metrics();
+        // openraft's full metrics change on nearly every step of its core
+        // (indexes move under load); its server metrics only when the role,
+        // vote or leader does. The full ones are watched only while this
+        // node leads without a quorum acknowledgement yet.
+        let mut server = raft.server_metrics();
         tokio::spawn(async move {
             loop {
-                let (leading, term) = {
+                server.borrow_and_update();
+                let (leading, term, waiting_for_ack) = {
                     let metrics = metrics.borrow_and_update();
+                    let leader = metrics.state == openraft::ServerState::Leader;
                     // Leading counts from the first quorum acknowledgement,
                     // not from the server state alone: openraft restores a
                     // restarted ex-leader as leader at once, before any peer
                     // is back, and that time has no leader in fact (rule 11).
-                    (
-                        metrics.state == openraft::ServerState::Leader
-                            && metrics.millis_since_quorum_ack.is_some(),
-                        metrics.current_term,
-                    )
+                    let acked = metrics.millis_since_quorum_ack.is_some();
+                    (leader && acked, metrics.current_term, leader && !acked)
                 };
                 let Some(since) = watched.upgrade() else {
                     return;
                 };
                 note_leading(&since, leading, term);
                 drop(since);
-                if metrics.changed().await.is_err() {
+                let changed = if waiting_for_ack {
+                    metrics.changed().await
+                } else {
+                    server.changed().await
+                };
+                if changed.is_err() {
                     return;
                 }
             }

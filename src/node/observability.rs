@@ -85,16 +85,18 @@ pub async fn watch(
     metrics: Arc<NodeMetrics>,
     health: HealthReporter,
 ) {
-    let mut changes = raft.metrics();
+    // Role, vote and leader changes only: openraft's full metrics change on
+    // nearly every step of its core, and this needs none of those.
+    let mut changes = raft.server_metrics();
     let (mut term, mut leading) = {
         let now = changes.borrow();
-        (now.current_term, now.state == openraft::ServerState::Leader)
+        (now.vote.leader_id().term, now.state == openraft::ServerState::Leader)
     };
     let mut last_health = None;
     loop {
         let (now_term, now_leading) = {
             let now = changes.borrow_and_update();
-            (now.current_term, now.state == openraft::ServerState::Leader)
+            (now.vote.leader_id().term, now.state == openraft::ServerState::Leader)
         };
         if now_term != term {
             metrics.term_changes.inc();
