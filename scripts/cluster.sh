@@ -35,6 +35,8 @@ environment:
                      and base+200+N (metrics) (default 7100)
   RUST_LOG           node log filter (default info)
   ONCEKV_WORKER_THREADS  async runtime threads per node (default: cores / 3, at least 1)
+  ONCEKV_NODE_ARGS   more `oncekv node` flags for every node, space-separated
+                     (e.g. "--heartbeat-ms 30 --election-timeout-min-ms 120")
 EOF
 }
 
@@ -147,6 +149,8 @@ start_node() {
         # Ignored by the node once its data dir holds Raft state.
         init=(--initialize)
     fi
+    local extra=()
+    read -r -a extra <<<"${ONCEKV_NODE_ARGS:-}"
     RUST_LOG=${RUST_LOG:-info} setsid "$BIN" node \
         --id "$n" \
         --client-addr "$(client_addr "$n")" \
@@ -154,6 +158,7 @@ start_node() {
         --metrics-addr "$(metrics_addr "$n")" \
         --data-dir "$dir/db" \
         --worker-threads "$(worker_threads)" \
+        "${extra[@]}" \
         "${peers[@]}" "${init[@]}" \
         </dev/null >>"$(log_file "$n")" 2>&1 &
     echo $! >"$(pid_file "$n")"

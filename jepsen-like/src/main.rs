@@ -39,12 +39,12 @@ struct Args {
     /// Keep the cluster's data directories and logs.
     #[arg(long)]
     keep_cluster_dir: bool,
-    /// Raft timing of every node (the node defaults).
-    #[arg(long, default_value_t = 50)]
+    /// Raft timing of every node (the node defaults, `node::config`).
+    #[arg(long, default_value_t = 30)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 120)]
     election_timeout_min_ms: u64,
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 240)]
     election_timeout_max_ms: u64,
     /// Small, so that restarts load snapshots and lagging nodes install them.
     #[arg(long, default_value_t = 200)]

@@ -90,13 +90,19 @@ pub async fn watch(
     let mut changes = raft.server_metrics();
     let (mut term, mut leading) = {
         let now = changes.borrow();
-        (now.vote.leader_id().term, now.state == openraft::ServerState::Leader)
+        (
+            now.vote.leader_id().term,
+            now.state == openraft::ServerState::Leader,
+        )
     };
     let mut last_health = None;
     loop {
         let (now_term, now_leading) = {
             let now = changes.borrow_and_update();
-            (now.vote.leader_id().term, now.state == openraft::ServerState::Leader)
+            (
+                now.vote.leader_id().term,
+                now.state == openraft::ServerState::Leader,
+            )
         };
         if now_term != term {
             metrics.term_changes.inc();
