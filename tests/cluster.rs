@@ -90,6 +90,62 @@ async fn election_writes_and_not_leader_hint() {
     wait_converged(&cluster, &[1, 2, 3], 1).await;
 }
 
+/// Rule 17 end to end: requests of many sessions arriving together share
+/// log entries (the log grows by fewer entries than there were requests),
+/// every registration gets its own id, every request its own answer, and
+/// each increment takes effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_entries_each_with_its_own_answer() {
+    const SESSIONS: u64 = 32;
+    const ROUNDS: u64 = 10;
+    let cluster = Cluster::start("batches").await;
+    let raw = raw_client(&cluster).await;
+    let last_log_index = || async {
+        let mut highest = 0;
+        for node in 1..=3 {
+            if let Ok(status) = cluster.status(node).await {
+                highest = highest.max(status.last_log_index);
+            }
+        }
+        highest
+    };
+    let before = last_log_index().await;
+    let sessions =
+        futures::future::join_all((0..SESSIONS).map(|i| raw.register(5_000 + u128::from(i)))).await;
+    let ids: std::collections::BTreeSet<u64> =
+        sessions.iter().map(|session| session.client_id).collect();
+    assert_eq!(ids.len() as u64, SESSIONS, "one id per registration");
+    let tasks = sessions.iter().map(|session| {
+        let raw = raw.clone();
+        let client_id = session.client_id;
+        async move {
+            let own = format!("own-{client_id}");
+            for round in 1..=ROUNDS {
+                for (key, seq) in [("shared", 2 * round - 1), (own.as_str(), 2 * round)] {
+                    let request = raw.execute_request(client_id, seq, seq, &incr(key));
+                    let (result, duplicate) = raw.execute(CALL_DEADLINE, &request).await.unwrap();
+                    assert!(!duplicate);
+                    if key != "shared" {
+                        let value = round as i64;
+                        assert_eq!(result, CommandResult::Incremented { value });
+                    }
+                }
+            }
+        }
+    });
+    futures::future::join_all(tasks).await;
+    assert_eq!(
+        raw.read(b"shared").await,
+        Some(Value::Int((SESSIONS * ROUNDS) as i64))
+    );
+    let requests = SESSIONS * (1 + 2 * ROUNDS);
+    let entries = last_log_index().await - before;
+    assert!(
+        entries < requests,
+        "{requests} requests took {entries} log entries: none shared an entry"
+    );
+}
+
 /// SIGKILL all three nodes under load and restart them: every acknowledged
 /// increment is present exactly once (each task's counter equals its last
 /// acknowledged seq, and every reply equals its seq), and cached requests

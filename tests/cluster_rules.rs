@@ -113,6 +113,47 @@ async fn rule16_node_refuses_another_nodes_data_dir() {
     assert!(stderr.contains("belongs to node 1"), "{stderr}");
 }
 
+/// A data directory of the previous storage format (one request per log
+/// entry, the log in sled under `log/`) is refused at start with a message
+/// saying what it is and what to do — never read as the new format; a
+/// directory of an unknown format number is refused too.
+#[tokio::test]
+async fn node_refuses_a_data_dir_of_another_storage_format() {
+    let start = |dir: std::path::PathBuf| async move {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_oncekv"))
+                .args(["node", "--id", "1"])
+                .args(["--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"])
+                .arg("--data-dir")
+                .arg(dir)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("the node exits at once")
+        .unwrap()
+    };
+    let old = tempfile::tempdir().unwrap();
+    std::fs::write(old.path().join("node_id"), "1\n").unwrap();
+    std::fs::create_dir(old.path().join("log")).unwrap();
+    let output = start(old.path().to_path_buf()).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("storage format 1"), "{stderr}");
+    assert!(
+        !old.path().join("wal").exists(),
+        "nothing is written into a refused directory"
+    );
+
+    let future = tempfile::tempdir().unwrap();
+    std::fs::write(future.path().join("format"), "9\n").unwrap();
+    let output = start(future.path().to_path_buf()).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("holds storage format 9"), "{stderr}");
+}
+
 /// A leader paused long enough to be deposed never serves a stale read
 /// when it wakes: it either refuses (not the leader) or answers with the
 /// value written meanwhile under the new leader.

@@ -1,4 +1,6 @@
-//! Sled-backed Raft log storage (openraft 0.9 storage-v2): owns the log entries, the vote, the
+//! Sled-backed Raft log storage (openraft 0.9 storage-v2) — the node's log store before the
+//! segment log, kept as the baseline of `benches/log_store.rs` (see `storage`'s doc; note that
+//! sled 0.34's flush is `sync_file_range` on Linux, not a full fsync). Owns the log entries, the vote, the
 //! committed log id and the last purged log id. It only translates openraft's log calls into
 //! durable sled writes and reads; it decides nothing about consensus and must never report data as
 //! persisted before the single [`Flusher`] has fsynced it.

@@ -1,6 +1,12 @@
-//! The storage adapter: openraft's log store and state machine over sled
-//! and snapshot files. It translates between openraft and the registry core
-//! and owns the fsync discipline; it decides nothing.
+//! The storage adapter: openraft's log store (the segment log) and state
+//! machine (in memory, made durable by snapshot files). It translates
+//! between openraft and the registry core and owns the fsync discipline; it
+//! decides nothing.
+//!
+//! `log_store` (sled) and its `flusher` are the log store the node used
+//! before the segment log; the node no longer uses them. They stay as the
+//! baseline that `benches/log_store.rs` measures the segment log against,
+//! and openraft's suite still runs over them (`tests/storage_suite.rs`).
 
 pub mod flusher;
 pub mod identity;
