@@ -32,6 +32,7 @@ use sled::transaction::TransactionError;
 
 use super::flusher::FlushError;
 use super::flusher::Flusher;
+use super::half_open;
 use crate::registry::codec;
 use crate::registry::codec::CodecError;
 
@@ -234,25 +235,6 @@ where
         return Err(LogStoreError::IndexMismatch { key, index });
     }
     Ok(entry)
-}
-
-/// Converts an index range into the `[start, end)` form, `None` meaning unbounded; returns `None`
-/// for an empty range.
-fn half_open(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.checked_add(1)?,
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1),
-        Bound::Excluded(&e) => Some(e),
-        Bound::Unbounded => None,
-    };
-    match end {
-        Some(end) if end <= start => None,
-        _ => Some((start, end)),
-    }
 }
 
 impl<C> SledLogReader<C>

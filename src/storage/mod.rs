@@ -18,3 +18,25 @@ pub use identity::ClusterIdentity;
 pub use log_store::SledLogStore;
 pub use segment_log::{SegmentLogConfig, SegmentLogError, SegmentLogReader, SegmentLogStore};
 pub use state_machine::{SharedState, StateMachineStore};
+
+use std::ops::{Bound, RangeBounds};
+
+/// Converts a log index range into the `[start, end)` form, `None` meaning
+/// unbounded; returns `None` for an empty range. Both log stores read ranges
+/// through it.
+fn half_open(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => None,
+    };
+    match end {
+        Some(end) if end <= start => None,
+        _ => Some((start, end)),
+    }
+}

@@ -28,7 +28,6 @@ use std::fmt::Debug;
 use std::fs;
 use std::fs::File;
 use std::io;
-use std::ops::Bound;
 use std::ops::RangeBounds;
 use std::path::Path;
 use std::path::PathBuf;
@@ -55,6 +54,7 @@ use openraft::storage::RaftLogStorage;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::half_open;
 use crate::registry::codec::CodecError;
 use format::RecordType;
 use memory::MemoryLog;
@@ -413,25 +413,6 @@ where
             ..Job::new(frames)
         });
         Ok(())
-    }
-}
-
-/// Converts an index range into the `[start, end)` form, `None` meaning unbounded; returns `None`
-/// for an empty range.
-fn half_open(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.checked_add(1)?,
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1),
-        Bound::Excluded(&e) => Some(e),
-        Bound::Unbounded => None,
-    };
-    match end {
-        Some(end) if end <= start => None,
-        _ => Some((start, end)),
     }
 }
 
