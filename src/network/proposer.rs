@@ -18,11 +18,12 @@ use super::client_api::{clock_status, write_status};
 use super::status::{ErrorReason, reason_status};
 use crate::clock::ClusterClock;
 use crate::metrics::{self, NodeMetrics};
-use crate::raft_types::Raft;
+use crate::raft_types::{NodeId, NodeInfo, Raft};
 use crate::registry::{Command, Entry, Op, Outcome, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use openraft::ServerState;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tonic::Status;
 
 /// Entries this node's batcher has in flight at once. Two keep the leader's
@@ -39,6 +40,8 @@ pub const BATCH_REQUESTS_MAX: usize = 1_024;
 /// below 8 MiB + 1,024 × 1 KiB of framing (see the size arithmetic in
 /// `network::peer`).
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
+
+type ServerMetrics = openraft::metrics::RaftServerMetrics<NodeId, NodeInfo>;
 
 /// What a proposal's caller receives: the request's outcome and the log
 /// index of the entry that carried it.
@@ -197,6 +200,7 @@ struct Batcher {
 
 impl Batcher {
     async fn run(self, mut waiting: mpsc::UnboundedReceiver<Proposal>) {
+        let mut server = self.raft.server_metrics();
         // A request that did not fit the previous batch opens the next one.
         let mut carried: Option<Proposal> = None;
         loop {
@@ -207,9 +211,33 @@ impl Batcher {
                     None => return,
                 },
             };
-            // While every slot is taken, requests gather in the queue.
-            let Ok(slot) = self.in_flight.clone().acquire_owned().await else {
-                return;
+            // While every slot is taken, requests gather in the queue. A
+            // leader that steps down leaves its pending entries unanswered
+            // until they commit or are truncated (openraft 0.9), possibly
+            // for the whole request timeout: requests must not wait behind
+            // them for a slot, so a step-down answers the waiting ones.
+            let slot = loop {
+                if let Some(status) = not_leading(&server) {
+                    break Err(status);
+                }
+                tokio::select! {
+                    slot = self.in_flight.clone().acquire_owned() => match slot {
+                        Ok(slot) => break Ok(slot),
+                        Err(_) => return,
+                    },
+                    changed = server.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
+            };
+            let slot = match slot {
+                Ok(slot) => slot,
+                Err(status) => {
+                    answer_all(first, &mut waiting, &status);
+                    continue;
+                }
             };
             let mut batch = Vec::new();
             let mut batch_bytes = 0usize;
@@ -218,6 +246,7 @@ impl Batcher {
                 if proposal.reply.is_closed() {
                     // Its caller gave up (deadline) before it was proposed:
                     // reported as unknown, and never proposed at all.
+                    next = waiting.try_recv().ok();
                     continue;
                 }
                 if !batch.is_empty()
@@ -243,6 +272,35 @@ impl Batcher {
                 drop(slot);
             });
         }
+    }
+}
+
+/// `NOT_LEADER` (with the leader's client address when known) if this node
+/// does not lead now, as openraft's server metrics say. Only a shortcut:
+/// the Raft write is what decides, and refusing here proposes nothing.
+fn not_leading(server: &watch::Receiver<ServerMetrics>) -> Option<Status> {
+    let metrics = server.borrow();
+    if metrics.state == ServerState::Leader {
+        return None;
+    }
+    let leader_client_addr = metrics.current_leader.and_then(|leader| {
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|node| node.client_addr.clone())
+    });
+    Some(reason_status(ErrorReason::NotLeader {
+        leader_id: metrics.current_leader,
+        leader_client_addr,
+    }))
+}
+
+/// Answers `first` and every request queued behind it with `status`,
+/// without proposing any.
+fn answer_all(first: Proposal, waiting: &mut mpsc::UnboundedReceiver<Proposal>, status: &Status) {
+    for proposal in std::iter::once(first).chain(std::iter::from_fn(|| waiting.try_recv().ok())) {
+        let _ = proposal.reply.send(Err(status.clone()));
     }
 }
 
