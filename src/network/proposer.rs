@@ -20,9 +20,9 @@ use crate::clock::ClusterClock;
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{NodeId, NodeInfo, Raft};
 use crate::registry::{Command, Entry, Op, Outcome, Value};
+use openraft::ServerState;
 use std::sync::Arc;
 use std::time::Duration;
-use openraft::ServerState;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tonic::Status;
 
