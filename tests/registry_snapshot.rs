@@ -72,7 +72,7 @@ fn log() -> Vec<Entry> {
             // client, each with its own outcome.
             entries.push(Entry {
                 stamp_ms: stamp,
-                ops: vec![
+                ops: std::sync::Arc::from(vec![
                     register(10),
                     register(11),
                     register(2),
@@ -90,7 +90,7 @@ fn log() -> Vec<Entry> {
                         first_outstanding_seq: 1,
                         command: incr("batched", 1),
                     }),
-                ],
+                ]),
             });
         }
         if round == 20 {

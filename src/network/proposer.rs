@@ -321,7 +321,10 @@ async fn propose_batch(
     let write = async {
         let stamp_ms = clock.stamp().await.map_err(clock_status)?;
         let written = raft
-            .client_write(Entry { stamp_ms, ops })
+            .client_write(Entry {
+                stamp_ms,
+                ops: ops.into(),
+            })
             .await
             .map_err(write_status)?;
         Ok::<_, Status>((written.data, written.log_id.index))

@@ -93,7 +93,7 @@ mod tests {
     fn entry_round_trip_and_version() {
         let entry = Entry {
             stamp_ms: 42,
-            ops: vec![Op::Execute(Execute {
+            ops: std::sync::Arc::new([Op::Execute(Execute {
                 cluster_id: ClusterId(7),
                 client_id: ClientId(3),
                 seq: 9,
@@ -102,7 +102,7 @@ mod tests {
                     key: b"k".to_vec(),
                     value: Value::List(vec![b"a".to_vec()]),
                 },
-            })],
+            })]),
         };
         let bytes = encode_entry(&entry);
         assert_eq!(decode_entry(&bytes).unwrap(), entry);

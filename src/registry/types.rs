@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// A client's id, assigned when its registration is applied (rule 1): one
 /// above the largest id ever assigned, and at least the log index of the
@@ -45,10 +46,14 @@ impl fmt::Display for ClusterId {
 /// stamp seen so far, so a stamp that goes backwards never moves time back.
 /// The requests are applied in order, each through the full check order and
 /// each with its own outcome; one request's refusal never affects another's.
+///
+/// The batch is shared (`Arc`): the Raft log hands out copies of an entry
+/// for every follower's append and again for apply, and those copies must
+/// not duplicate every key and value. It encodes exactly like a `Vec`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     pub stamp_ms: u64,
-    pub ops: Vec<Op>,
+    pub ops: Arc<[Op]>,
 }
 
 impl Entry {
@@ -56,7 +61,7 @@ impl Entry {
     pub fn single(stamp_ms: u64, op: Op) -> Entry {
         Entry {
             stamp_ms,
-            ops: vec![op],
+            ops: Arc::new([op]),
         }
     }
 }

@@ -56,7 +56,7 @@ impl Driver {
         self.index += 1;
         let entry = Entry {
             stamp_ms: self.now_ms,
-            ops,
+            ops: ops.into(),
         };
         self.registry.apply(self.index, &entry)
     }
