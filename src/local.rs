@@ -74,9 +74,32 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The latency at `fraction` (0..=1) of `sorted_micros` (microseconds,
+/// ascending), in milliseconds: the sample at the ceiling rank; 0 when there
+/// is none. Every load tool of the project reports its percentiles this way.
+pub fn percentile(sorted_micros: &[u32], fraction: f64) -> f64 {
+    if sorted_micros.is_empty() {
+        return 0.0;
+    }
+    let rank =
+        ((sorted_micros.len() as f64 * fraction).ceil() as usize).clamp(1, sorted_micros.len());
+    f64::from(sorted_micros[rank - 1]) / 1_000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Percentiles pick the ceiling rank of sorted samples.
+    #[test]
+    fn percentiles() {
+        let samples: Vec<u32> = (1..=1_000).collect();
+        assert_eq!(percentile(&samples, 0.5), 0.5);
+        assert_eq!(percentile(&samples, 0.99), 0.99);
+        assert_eq!(percentile(&samples, 0.999), 0.999);
+        assert_eq!(percentile(&samples[..1], 0.999), 0.001);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
 
     fn reply(node_id: u64, role: &str, term: u64, leader_id: u64) -> Result<StatusReply, String> {
         Ok(StatusReply {

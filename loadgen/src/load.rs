@@ -15,6 +15,7 @@ use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
 use crate::proto::{etcd, oncekv};
+use ::oncekv::local::percentile;
 
 /// Keys per client: each client cycles over its own keys.
 const KEYS_PER_CLIENT: u64 = 1_000;
@@ -231,9 +232,9 @@ pub async fn run(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
         ok: latencies.len() as u64,
         errors,
         seconds,
-        p50_ms: percentile_ms(&latencies, 0.50),
-        p99_ms: percentile_ms(&latencies, 0.99),
-        p999_ms: percentile_ms(&latencies, 0.999),
+        p50_ms: percentile(&latencies, 0.50),
+        p99_ms: percentile(&latencies, 0.99),
+        p999_ms: percentile(&latencies, 0.999),
     })
 }
 
@@ -350,28 +351,9 @@ async fn unregister(callers: Vec<Caller>) {
     }
 }
 
-/// The latency at `fraction` (ceiling rank) of sorted microseconds, in ms.
-fn percentile_ms(sorted_us: &[u32], fraction: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted_us.len() as f64 * fraction).ceil() as usize).clamp(1, sorted_us.len());
-    f64::from(sorted_us[rank - 1]) / 1_000.0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_take_the_ceiling_rank() {
-        let samples: Vec<u32> = (1..=1_000).collect();
-        assert_eq!(percentile_ms(&samples, 0.5), 0.5);
-        assert_eq!(percentile_ms(&samples, 0.99), 0.99);
-        assert_eq!(percentile_ms(&samples, 0.999), 0.999);
-        assert_eq!(percentile_ms(&samples[..1], 0.999), 0.001);
-        assert_eq!(percentile_ms(&[], 0.5), 0.0);
-    }
 
     #[test]
     fn report_is_one_greppable_line() {

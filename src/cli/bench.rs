@@ -8,6 +8,7 @@
 //! a fresh local cluster of its own.
 
 use crate::client::{Client, ClientConfig, Error};
+use crate::local::percentile;
 use crate::registry::{Command, Value};
 use serde::Serialize;
 use std::time::Duration;
@@ -132,15 +133,6 @@ fn command(mix: Mix, client: usize, n: u64, value: &[u8]) -> Command {
             element: value.to_vec(),
         },
     }
-}
-
-pub(crate) fn percentile(sorted_micros: &[u32], fraction: f64) -> f64 {
-    if sorted_micros.is_empty() {
-        return 0.0;
-    }
-    let rank =
-        ((sorted_micros.len() as f64 * fraction).ceil() as usize).clamp(1, sorted_micros.len());
-    f64::from(sorted_micros[rank - 1]) / 1_000.0
 }
 
 /// Runs one measured load.
@@ -289,20 +281,5 @@ impl BenchArgs {
             );
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Percentiles pick the ceiling rank of sorted samples.
-    #[test]
-    fn percentiles() {
-        let samples: Vec<u32> = (1..=1_000).collect();
-        assert_eq!(percentile(&samples, 0.5), 0.5);
-        assert_eq!(percentile(&samples, 0.99), 0.99);
-        assert_eq!(percentile(&samples, 0.999), 0.999);
-        assert_eq!(percentile(&[], 0.5), 0.0);
     }
 }

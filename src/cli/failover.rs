@@ -33,9 +33,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout_at};
 
-use super::bench::percentile;
 use super::local_cluster::{self, LocalCluster, NODES, Timing, agreed_leader, describe};
 use crate::client::{Client, ClientConfig, Error};
+use crate::local::percentile;
 use crate::registry::Value;
 
 /// The counter the writer increments.
