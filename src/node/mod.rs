@@ -14,7 +14,9 @@ use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
-use crate::storage::{ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore};
+use crate::storage::{
+    ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore, replace_file_durably,
+};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use openraft::SnapshotPolicy;
@@ -43,16 +45,6 @@ fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpI
 /// Format 1 (one request per entry, no `format` file) is refused.
 const DATA_FORMAT_VERSION: u32 = 2;
 
-/// Writes `text` to `dir/name` durably: temporary file, fsync, rename,
-/// directory fsync.
-fn write_durably(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
-    let temporary = dir.join(format!("{name}.tmp"));
-    std::fs::write(&temporary, text)?;
-    std::fs::File::open(&temporary)?.sync_all()?;
-    std::fs::rename(&temporary, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
 /// Refuses a data directory written by another node id; records ours in a
 /// fresh one.
 fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
@@ -72,7 +64,7 @@ fn claim_data_dir(dir: &Path, id: NodeId) -> anyhow::Result<()> {
             }
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            write_durably(dir, "node_id", &format!("{id}\n"))?;
+            replace_file_durably(&path, format!("{id}\n").as_bytes())?;
         }
         Err(error) => {
             return Err(error).with_context(|| format!("reading {}", path.display()));
@@ -110,7 +102,7 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
-            write_durably(dir, "format", &format!("{DATA_FORMAT_VERSION}\n"))?;
+            replace_file_durably(&path, format!("{DATA_FORMAT_VERSION}\n").as_bytes())?;
             Ok(())
         }
         Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),

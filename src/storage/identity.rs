@@ -8,7 +8,6 @@
 
 use crate::registry::ClusterId;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -79,17 +78,7 @@ impl ClusterIdentity {
             path: self.path.clone(),
             source,
         };
-        let temporary = self.path.with_extension("tmp");
-        let mut file = fs::File::create(&temporary).map_err(io)?;
-        file.write_all(format!("{id}\n").as_bytes()).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        fs::rename(&temporary, &self.path).map_err(io)?;
-        if let Some(dir) = self.path.parent() {
-            fs::File::open(dir)
-                .and_then(|dir| dir.sync_all())
-                .map_err(io)?;
-        }
-        Ok(())
+        super::replace_file_durably(&self.path, format!("{id}\n").as_bytes()).map_err(io)
     }
 }
 

@@ -20,6 +20,21 @@ pub use segment_log::{SegmentLogConfig, SegmentLogError, SegmentLogReader, Segme
 pub use state_machine::{SharedState, StateMachineStore};
 
 use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+
+/// Replaces the small file at `path` with `bytes` durably: a temporary file
+/// beside it, fsync, rename, directory fsync. A crash leaves the old
+/// content or the new one, never a mix.
+pub fn replace_file_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, bytes)?;
+    std::fs::File::open(&temporary)?.sync_all()?;
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
 
 /// Converts a log index range into the `[start, end)` form, `None` meaning
 /// unbounded; returns `None` for an empty range. Both log stores read ranges
