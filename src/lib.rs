@@ -15,6 +15,8 @@ pub mod node;
 pub mod proto;
 #[cfg(feature = "server")]
 pub mod raft_types;
+#[cfg(feature = "server")]
+pub mod read_index;
 pub mod registry;
 #[cfg(feature = "server")]
 pub mod storage;

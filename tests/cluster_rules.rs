@@ -1,13 +1,15 @@
 //! DESIGN.md rules that only a running cluster can break: the cluster clock
-//! (rule 11) across a whole-cluster outage, cluster and node identity
-//! (rule 16), linearizable reads on a deposed leader, and graceful shutdown.
+//! (rule 11) across a whole-cluster outage and across a leader's loss of its
+//! quorum, cluster and node identity (rule 16), linearizable reads on a
+//! deposed leader and on a leader restarted within its term, and graceful
+//! shutdown.
 
 mod support;
 
 use oncekv::proto::{self, Reason};
 use oncekv::registry::{Command, CommandResult, Value};
 use std::time::Duration;
-use support::cluster::Cluster;
+use support::cluster::{Cluster, NODES, Timing};
 use support::raw::{Raw, raw_client, reason};
 use tokio::time::Instant;
 
@@ -59,6 +61,154 @@ async fn rule11_whole_cluster_outage_does_not_expire_sessions() {
         .await
         .expect_err("an idle session expires");
     assert_eq!(reason(&error), Some(Reason::SessionExpired));
+}
+
+/// Rule 11: a leader's time does not advance while it has no quorum. Both
+/// followers are down for longer than the TTL and come back to the same
+/// term (their election timeout is longer than the leader's heartbeats take
+/// to reach them); the session, kept alive at a normal pace before and
+/// after, is still live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule11_time_without_a_quorum_does_not_count_in_the_same_term() {
+    const TTL: Duration = Duration::from_millis(1_500);
+    let cluster = Cluster::start_with("quorumless", &["--session-ttl-ms", "1500"]).await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(111).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let term = cluster.status(leader).await.unwrap().term;
+    for _ in 0..3 {
+        keep_alive(&raw, session.client_id)
+            .await
+            .expect("a paced keep-alive");
+        tokio::time::sleep(TTL / 3).await;
+    }
+    keep_alive(&raw, session.client_id)
+        .await
+        .expect("the last keep-alive before the outage");
+    let followers: Vec<u64> = NODES.into_iter().filter(|&n| n != leader).collect();
+    for &follower in &followers {
+        // Back in the same term: no election before the leader's heartbeat.
+        cluster.set_timing(
+            follower,
+            Timing {
+                heartbeat_ms: 100,
+                election_min_ms: 10_000,
+                election_max_ms: 12_000,
+            },
+        );
+        cluster.kill(follower);
+    }
+    // The leader leads alone, without a quorum, for three TTLs.
+    tokio::time::sleep(TTL * 3).await;
+    for &follower in &followers {
+        cluster.restart(follower).await;
+    }
+    keep_alive(&raw, session.client_id)
+        .await
+        .expect("the session survives its leader's loss of quorum");
+    let status = cluster.status(leader).await.unwrap();
+    assert_eq!(
+        (status.term, status.leader_id),
+        (term, leader),
+        "the scenario needs the same leader in the same term"
+    );
+    // Time with a quorum still counts: idle longer than the TTL, expired.
+    tokio::time::sleep(TTL * 2).await;
+    let error = keep_alive(&raw, session.client_id)
+        .await
+        .expect_err("an idle session expires");
+    assert_eq!(reason(&error), Some(Reason::SessionExpired));
+}
+
+/// A linearizable read on a leader restarted within its own term sees every
+/// write it acknowledged before the crash, even when its commit record lost
+/// the latest commits (a power loss can: the record is not fsynced on its
+/// own; `--fault rewind-commit-record` takes it back to the start of the
+/// term). The followers' election timeout is long, so the restarted node is
+/// still the leader of its term.
+#[cfg(feature = "fault-injection")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_a_leader_restarted_in_its_term_see_what_it_acknowledged() {
+    const WRITES: u64 = 20;
+    let cluster = Cluster::start_timed(
+        "restarted-leader-reads",
+        &["--fault", "rewind-commit-record"],
+        Timing {
+            heartbeat_ms: 100,
+            election_min_ms: 6_000,
+            election_max_ms: 8_000,
+        },
+    )
+    .await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(14).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let term = cluster.status(leader).await.unwrap().term;
+    for x in 1..=WRITES {
+        let request = raw.execute_request(
+            session.client_id,
+            x,
+            x,
+            &Command::Put {
+                key: b"x".to_vec(),
+                value: Value::Int(x as i64),
+            },
+        );
+        raw.execute(Duration::from_secs(30), &request)
+            .await
+            .expect("a write");
+    }
+    // Right after the last acknowledgement: crash, and back at once, while
+    // the followers are paused, so that reads are already waiting for a
+    // quorum when the first replies after the restart arrive.
+    let followers: Vec<u64> = NODES.into_iter().filter(|&n| n != leader).collect();
+    for &follower in &followers {
+        cluster.pause(follower);
+    }
+    cluster.kill(leader);
+    cluster.restart(leader).await;
+    let request = proto::ReadRequest {
+        cluster_id: raw.cluster_id.clone(),
+        key: b"x".to_vec(),
+    };
+    let reader =
+        {
+            let mut client = cluster.client(leader);
+            tokio::spawn(async move {
+                let until = Instant::now() + Duration::from_secs(20);
+                let mut values = Vec::new();
+                while values.len() < 100 && Instant::now() < until {
+                    match client.read(request.clone()).await {
+                        Ok(reply) => values.push(reply.into_inner().value.map(|value| {
+                            oncekv::network::convert::value_from_proto(value).unwrap()
+                        })),
+                        Err(error) => assert!(
+                            support::raw::retryable(&error),
+                            "a read fails only for this attempt: {error:?}"
+                        ),
+                    }
+                }
+                values
+            })
+        };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for &follower in &followers {
+        cluster.resume(follower);
+    }
+    let reads = reader.await.unwrap();
+    assert!(
+        reads
+            .iter()
+            .all(|value| *value == Some(Value::Int(WRITES as i64))),
+        "every read after the restart sees x = {WRITES}: {reads:?}"
+    );
+    assert!(!reads.is_empty(), "the restarted leader served reads");
+    let status = cluster.status(leader).await.unwrap();
+    assert_eq!(
+        (status.term, status.leader_id),
+        (term, leader),
+        "the scenario needs the same leader in the same term"
+    );
 }
 
 /// Rule 16: a request naming another cluster is refused, final.

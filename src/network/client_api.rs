@@ -16,6 +16,7 @@ use super::status::{ErrorReason, reason_status};
 use crate::clock::ClockError;
 use crate::proto::{self, client_server};
 use crate::raft_types::{NodeId, Raft};
+use crate::read_index::ReadIndex;
 use crate::registry::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
 use crate::storage::SharedState;
 use openraft::ServerState;
@@ -30,6 +31,8 @@ pub struct ClientApi {
     raft: Raft,
     state: SharedState,
     proposer: Proposer,
+    /// The linearizable-read barrier.
+    read_index: ReadIndex,
     request_timeout: Duration,
     /// Test-only: executes whose replies are dropped (see `FaultControl`).
     faults: FaultControl,
@@ -41,6 +44,7 @@ impl ClientApi {
         raft: Raft,
         state: SharedState,
         proposer: Proposer,
+        read_index: ReadIndex,
         request_timeout: Duration,
         faults: FaultControl,
     ) -> ClientApi {
@@ -49,6 +53,7 @@ impl ClientApi {
             raft,
             state,
             proposer,
+            read_index,
             request_timeout,
             faults,
         }
@@ -279,7 +284,7 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::ReadReply>, Status> {
         let request = request.into_inner();
         self.required_cluster(&request.cluster_id)?;
-        let confirmed = tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable())
+        let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;
         confirmed.map_err(|error| match error {

@@ -1,6 +1,6 @@
-//! Test-only fault hooks shared by the node's services: a handle on how many
-//! execute replies this node should still drop. It owns the counter and
-//! nothing else; the services decide where a fault applies. Faults can be
+//! Test-only fault hooks shared by the node: a handle on how many execute
+//! replies this node should still drop, and whether it starts with a
+//! rewound commit record. It owns those settings and nothing else; the services decide where a fault applies. Faults can be
 //! set only in a `fault-injection` build (the `--fault` flag of
 //! `oncekv node`, or the Admin `InjectFault` RPC); in any other build the
 //! counter stays zero.
@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct FaultControl {
     /// Executes (not duplicates) still to be applied without a reply.
     drop_execute_replies: Arc<AtomicU64>,
+    /// Whether the node starts with its committed index taken back to the
+    /// start of its last term (`--fault rewind-commit-record`).
+    rewind_commit_record: bool,
 }
 
 impl FaultControl {
@@ -21,7 +24,22 @@ impl FaultControl {
     pub fn new(drop_execute_replies: u64) -> FaultControl {
         FaultControl {
             drop_execute_replies: Arc::new(AtomicU64::new(drop_execute_replies)),
+            rewind_commit_record: false,
         }
+    }
+
+    /// The same, starting with the committed index of the log taken back to
+    /// the first entry of its last term, as a power loss can.
+    pub fn rewinding_commit_record(self) -> FaultControl {
+        FaultControl {
+            rewind_commit_record: true,
+            ..self
+        }
+    }
+
+    /// Whether the node must rewind its recovered committed index.
+    pub fn rewinds_commit_record(&self) -> bool {
+        self.rewind_commit_record
     }
 
     /// Drops `count` more execute replies; returns how many are pending now.

@@ -124,7 +124,9 @@ pub struct NodeOptions {
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Test-only fault (built with the `fault-injection` feature only):
-    /// `drop-first-execute-reply`.
+    /// `drop-first-execute-reply`, `rewind-commit-record` (start with the
+    /// committed index back at the first entry of the log's last term, as
+    /// a power loss can leave it).
     #[cfg(feature = "fault-injection")]
     #[arg(long)]
     pub fault: Vec<String>,
@@ -431,15 +433,20 @@ impl NodeOptions {
     #[cfg(feature = "fault-injection")]
     fn faults(&self) -> Result<crate::network::faults::FaultControl, ConfigError> {
         let mut drop_execute_replies = 0;
+        let mut rewind_commit_record = false;
         for fault in &self.fault {
             match fault.as_str() {
                 "drop-first-execute-reply" => drop_execute_replies = 1,
+                "rewind-commit-record" => rewind_commit_record = true,
                 other => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
             }
         }
-        Ok(crate::network::faults::FaultControl::new(
-            drop_execute_replies,
-        ))
+        let faults = crate::network::faults::FaultControl::new(drop_execute_replies);
+        Ok(if rewind_commit_record {
+            faults.rewinding_commit_record()
+        } else {
+            faults
+        })
     }
 
     #[cfg(not(feature = "fault-injection"))]

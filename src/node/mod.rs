@@ -5,7 +5,7 @@
 pub mod config;
 pub mod observability;
 
-use crate::clock::ClusterClock;
+use crate::clock::{ClockTiming, ClusterClock};
 use crate::metrics::NodeMetrics;
 use crate::network::admin_api::AdminApi;
 use crate::network::client_api::ClientApi;
@@ -13,6 +13,7 @@ use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
+use crate::read_index::{self, ReadIndex};
 use crate::registry::{ClusterId, Entry, Op, Outcome};
 use crate::storage::{
     ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore, replace_file_durably,
@@ -116,6 +117,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let mut log_store =
         SegmentLogStore::open(config.data_dir.join("wal")).context("opening the Raft log")?;
     log_store.report_commit_index(metrics.commit_index.clone());
+    #[cfg(feature = "fault-injection")]
+    if config.faults.rewinds_commit_record() {
+        let committed = log_store.rewind_committed_to_term_start();
+        tracing::warn!(?committed, "test fault: the commit record is rewound");
+    }
     let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
         .context("opening the snapshots")?
         .with_metrics(metrics.clone());
@@ -156,6 +162,9 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .context("Raft configuration")?;
     let network =
         PeerNetwork::new(config.id, identity.clone()).with_dial_overrides(config.peer_via.clone());
+    let restored = read_index::restored_from(config.id, &mut log_store)
+        .await
+        .context("reading the Raft log state")?;
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config),
@@ -166,10 +175,19 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .await
     .context("starting Raft")?;
 
-    let clock = Arc::new(ClusterClock::new(raft.clone(), state.clone()));
+    let read_index = ReadIndex::new(raft.clone(), restored);
+    let clock = Arc::new(ClusterClock::new(
+        raft.clone(),
+        state.clone(),
+        read_index.clone(),
+        ClockTiming {
+            sample_every: config.heartbeat,
+            quorum_gap: config.election_timeout_min,
+        },
+    ));
     let proposer = Proposer::new(
         raft.clone(),
-        clock,
+        clock.clone(),
         config.request_timeout,
         config.max_pending_proposals,
         metrics.clone(),
@@ -186,6 +204,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         raft.clone(),
         state.clone(),
         proposer,
+        read_index,
         config.request_timeout,
         config.faults.clone(),
     );
@@ -273,6 +292,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             state.clone(),
             identity.clone(),
             config.clone(),
+            clock.clone(),
         )))
     } else {
         None
@@ -340,8 +360,8 @@ async fn ensure_bootstrapped(
     state: SharedState,
     identity: ClusterIdentity,
     config: NodeConfig,
+    clock: Arc<ClusterClock>,
 ) {
-    let clock = ClusterClock::new(raft.clone(), state.clone());
     let mut metrics = raft.metrics();
     loop {
         if state.read().registry.cluster_id().is_some() {

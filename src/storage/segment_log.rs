@@ -306,6 +306,26 @@ where
         &self.reader.log
     }
 
+    /// Test-only (a fault-injection build, `--fault rewind-commit-record`):
+    /// takes the recovered committed id back to the first entry of the last
+    /// term in the log, as a power loss can (the record is not fsynced on
+    /// its own). Returns the committed id now in force.
+    #[cfg(feature = "fault-injection")]
+    pub fn rewind_committed_to_term_start(&mut self) -> Option<LogId<C::NodeId>> {
+        let log = self.log().read();
+        let last = log.last_log_id();
+        let first_of_term = log
+            .range(0, None)
+            .iter()
+            .map(|entry| entry.get_log_id().clone())
+            .find(|log_id| Some(&log_id.leader_id) == last.as_ref().map(|last| &last.leader_id));
+        drop(log);
+        if let Some(first_of_term) = first_of_term {
+            self.committed = self.committed.clone().min(Some(first_of_term));
+        }
+        self.committed.clone()
+    }
+
     /// One framed record of `record_type` holding `value`.
     fn record<T: Serialize + ?Sized>(
         record_type: RecordType,

@@ -38,15 +38,33 @@ pub const TERMINATE_TIMEOUT: Duration = Duration::from_secs(20);
 const LOG_TAIL_LINES: usize = 60;
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Raft timing for a loaded 2-core machine (see DESIGN.md, "Timing").
-const TIMING_FLAGS: [&str; 6] = [
-    "--heartbeat-ms",
-    "100",
-    "--election-timeout-min-ms",
-    "400",
-    "--election-timeout-max-ms",
-    "800",
-];
+/// A node's Raft timing, in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+}
+
+impl Timing {
+    /// Raft timing for a loaded 2-core machine (see README, "Raft timing").
+    pub const TESTS: Timing = Timing {
+        heartbeat_ms: 100,
+        election_min_ms: 400,
+        election_max_ms: 800,
+    };
+
+    fn flags(self) -> [String; 6] {
+        [
+            "--heartbeat-ms".into(),
+            self.heartbeat_ms.to_string(),
+            "--election-timeout-min-ms".into(),
+            self.election_min_ms.to_string(),
+            "--election-timeout-max-ms".into(),
+            self.election_max_ms.to_string(),
+        ]
+    }
+}
 
 /// A running 3-node cluster; dropping it kills every node.
 pub struct Cluster {
@@ -66,6 +84,8 @@ struct Node {
     metrics_addr: SocketAddr,
     data_dir: PathBuf,
     log_path: PathBuf,
+    /// The Raft timing of its next start.
+    timing: Mutex<Timing>,
     /// Locked only briefly, never across an await, so every method can take
     /// `&self` and a test may share the cluster (say, with a nemesis task).
     child: Mutex<Option<Child>>,
@@ -88,6 +108,11 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with extra `oncekv node` flags for every node.
     pub async fn start_with(name: &str, extra_args: &[&str]) -> Cluster {
+        Cluster::start_timed(name, extra_args, Timing::TESTS).await
+    }
+
+    /// Like [`Cluster::start_with`], every node with the Raft `timing`.
+    pub async fn start_timed(name: &str, extra_args: &[&str], timing: Timing) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix(&format!("oncekv-{name}-"))
             .tempdir()
@@ -104,6 +129,7 @@ impl Cluster {
                     metrics_addr: ports[2],
                     data_dir: dir.path().join(format!("n{id}")),
                     log_path: dir.path().join(format!("n{id}.log")),
+                    timing: Mutex::new(timing),
                     child: Mutex::new(None),
                 };
                 (id, node)
@@ -132,6 +158,15 @@ impl Cluster {
             )
             .await;
         cluster
+    }
+
+    /// Sets the Raft timing `node` starts with from now on (a restart).
+    pub fn set_timing(&self, node: u64, timing: Timing) {
+        *self
+            .node(node)
+            .timing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = timing;
     }
 
     /// The cluster's name, as given to `start`.
@@ -190,6 +225,7 @@ impl Cluster {
             metrics_addr: ports[2],
             data_dir: self.dir.path().join(format!("n{id}")),
             log_path: self.dir.path().join(format!("n{id}.log")),
+            timing: Mutex::new(Timing::TESTS),
             child: Mutex::new(None),
         };
         self.nodes.insert(id, node);
@@ -369,7 +405,12 @@ impl Cluster {
             .arg(node.metrics_addr.to_string())
             .arg("--data-dir")
             .arg(&node.data_dir)
-            .args(TIMING_FLAGS)
+            .args(
+                node.timing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .flags(),
+            )
             .args(&self.extra_args);
         for peer in &peers {
             command.arg("--peer").arg(peer);

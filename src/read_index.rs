@@ -1,0 +1,142 @@
+//! The linearizable-read barrier: openraft's read index, raised to the last
+//! log id of a term this node restored as leader, and the wait until that
+//! index is applied. Used by the Client `Read` RPC and by the cluster clock
+//! at the start of a term. It owns that rule and nothing else: it does not
+//! read the state or answer anyone.
+//!
+//! Why the raise. A leader restarted within its own term (a crash, then back
+//! before its followers' election timeout) is restored as leader by openraft
+//! 0.9, whose read index is the larger of its committed index and the first
+//! entry of its term. The committed index it restarts with is only what was
+//! last recorded: a crash can lose the latest record (it is not fsynced on
+//! its own), so the read index can fall below writes this leader already
+//! acknowledged. Every entry of a restored term was proposed by this leader
+//! and any of them may have been acknowledged, so reads in that term wait
+//! until all of them are applied. A new term needs nothing more: its first
+//! entry follows everything any earlier leader acknowledged.
+
+use crate::raft_types::{LogId, NodeId, Raft};
+use openraft::Vote;
+use openraft::error::{CheckIsLeaderError, Fatal, RaftError};
+use openraft::storage::RaftLogStorage;
+
+type ReadError = RaftError<NodeId, CheckIsLeaderError<NodeId, crate::raft_types::NodeInfo>>;
+
+/// The read barrier of one node.
+#[derive(Clone)]
+pub struct ReadIndex {
+    raft: Raft,
+    /// The last log id of the term this node led when it started, if any.
+    restored: Option<LogId>,
+}
+
+/// The last log id of a term `node` was leading when its state was saved:
+/// the vote is a committed vote for `node` and the last entry is of that
+/// leader. `None` otherwise (a follower, a candidate, or a leader that had
+/// not appended anything in its term).
+pub fn restored_leader_last_log(
+    node: NodeId,
+    vote: Option<&Vote<NodeId>>,
+    last_log_id: Option<LogId>,
+) -> Option<LogId> {
+    let vote = vote?;
+    if !vote.is_committed() || vote.leader_id().voted_for() != Some(node) {
+        return None;
+    }
+    let last = last_log_id?;
+    (last.leader_id == *vote.leader_id()).then_some(last)
+}
+
+/// What [`restored_leader_last_log`] says of a log store about to be handed
+/// to openraft.
+pub async fn restored_from<S>(node: NodeId, store: &mut S) -> Result<Option<LogId>, anyhow::Error>
+where
+    S: RaftLogStorage<crate::raft_types::TypeConfig>,
+{
+    let vote = store.read_vote().await?;
+    let last = store.get_log_state().await?.last_log_id;
+    Ok(restored_leader_last_log(node, vote.as_ref(), last))
+}
+
+impl ReadIndex {
+    /// The barrier for `raft`, whose log held `restored` (see
+    /// [`restored_from`]) when the node started.
+    pub fn new(raft: Raft, restored: Option<LogId>) -> ReadIndex {
+        if let Some(restored) = restored {
+            tracing::info!(%restored, "restarted as the leader of its term: reads in this term wait for its last entry");
+        }
+        ReadIndex { raft, restored }
+    }
+
+    /// Confirms this node leads (a quorum heartbeat) and waits until
+    /// everything a read must see is applied. Returns the index read at.
+    /// The caller bounds it with its deadline.
+    pub async fn confirm(&self) -> Result<u64, ReadError> {
+        let (read_log_id, applied) = self.raft.get_read_log_id().await?;
+        let vote = self.raft.metrics().borrow().vote;
+        let floor = self
+            .restored
+            .filter(|restored| vote.is_committed() && restored.leader_id == *vote.leader_id());
+        let read_at = read_log_id.max(floor).map_or(0, |id| id.index);
+        if applied.map_or(0, |id| id.index) < read_at {
+            self.raft
+                .wait(None)
+                .applied_index_at_least(Some(read_at), "linearizable read")
+                .await
+                .map_err(|_| RaftError::Fatal(Fatal::Stopped))?;
+        }
+        Ok(read_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn log_id(term: u64, leader: NodeId, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, leader), index)
+    }
+
+    fn leading(term: u64, node: NodeId) -> Vote<NodeId> {
+        let mut vote = Vote::new(term, node);
+        vote.commit();
+        vote
+    }
+
+    #[test]
+    fn a_leader_restored_in_its_term_reads_at_its_last_entry() {
+        let vote = leading(3, 1);
+        assert_eq!(
+            restored_leader_last_log(1, Some(&vote), Some(log_id(3, 1, 42))),
+            Some(log_id(3, 1, 42))
+        );
+    }
+
+    #[test]
+    fn nothing_to_raise_for_followers_candidates_or_an_empty_term() {
+        // A follower's vote names another leader.
+        assert_eq!(
+            restored_leader_last_log(2, Some(&leading(3, 1)), Some(log_id(3, 1, 42))),
+            None
+        );
+        // A candidate's vote is not committed.
+        assert_eq!(
+            restored_leader_last_log(1, Some(&Vote::new(4, 1)), Some(log_id(3, 1, 42))),
+            None
+        );
+        // Leader of term 4 with nothing appended in it yet.
+        assert_eq!(
+            restored_leader_last_log(1, Some(&leading(4, 1)), Some(log_id(3, 2, 42))),
+            None
+        );
+        assert_eq!(
+            restored_leader_last_log(1, None, Some(log_id(3, 1, 42))),
+            None
+        );
+        assert_eq!(
+            restored_leader_last_log(1, Some(&leading(3, 1)), None),
+            None
+        );
+    }
+}
