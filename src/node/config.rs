@@ -92,6 +92,13 @@ pub struct NodeOptions {
     /// directory holds no Raft state yet (ignored otherwise).
     #[arg(long)]
     pub initialize: bool,
+    /// Bind the client and peer ports to non-loopback addresses although
+    /// they have no TLS and no authentication: anyone who can reach them
+    /// can read and change everything, join the cluster or take it over.
+    /// Without it a node binds only to loopback (127.0.0.0/8, ::1). Use it
+    /// only on a private network you trust.
+    #[arg(long)]
+    pub insecure: bool,
     /// Raft heartbeat interval [default: 30].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -283,6 +290,19 @@ impl NodeOptions {
         }
         if id == 0 {
             return Err(ConfigError::Invalid("node id 0 is reserved".into()));
+        }
+        if !(self.insecure || file.insecure) {
+            for (flag, addr) in [("client-addr", client_addr), ("peer-addr", peer_addr)] {
+                if !addr.ip().is_loopback() {
+                    return Err(ConfigError::Invalid(format!(
+                        "--{flag} {addr} is not a loopback address, and this node has no TLS \
+                         and no authentication: anyone who can reach it could read and \
+                         change every key and session, or join and take over the cluster. \
+                         Bind to 127.0.0.1, or pass --insecure (insecure = true in the \
+                         config file) to accept that on a private network you trust"
+                    )));
+                }
+            }
         }
         let advertise_client_addr = advertised(
             "advertise-client-addr",
@@ -540,6 +560,7 @@ mod tests {
         behind_nat.advertise_peer_addr = Some("node-1.example:7201".into());
         behind_nat.peers = vec!["1=node-1.example:7201/node-1.example:7101".into()];
         behind_nat.peer_via = vec!["2=127.0.0.1:9012".into(), "3=proxy:9013".into()];
+        behind_nat.insecure = true;
         let config = behind_nat.resolve().unwrap();
         assert_eq!(config.client_addr.to_string(), "0.0.0.0:7101");
         assert_eq!(config.advertise_client_addr, "node-1.example:7101");
@@ -560,6 +581,7 @@ mod tests {
         let mut advertised = options();
         advertised.peer_addr = Some("0.0.0.0:7201".parse().unwrap());
         advertised.advertise_peer_addr = Some("127.0.0.1:7201".into());
+        advertised.insecure = true;
         assert!(advertised.resolve().is_ok());
 
         for bad in ["nonsense", "host:", ":80", "host:0", "a b:1", "http://h:1"] {
@@ -589,6 +611,39 @@ mod tests {
         assert!(matches!(zero.resolve(), Err(ConfigError::Invalid(_))));
     }
 
+    /// Without TLS and authentication a node binds its client and peer
+    /// ports only to loopback, unless told `--insecure` (rule 19).
+    #[test]
+    fn non_loopback_binds_need_insecure() {
+        for (client, peer) in [
+            ("0.0.0.0:7101", "127.0.0.1:7201"),
+            ("127.0.0.1:7101", "10.0.0.5:7201"),
+            ("[::]:7101", "127.0.0.1:7201"),
+        ] {
+            let mut exposed = options();
+            exposed.client_addr = Some(client.parse().unwrap());
+            exposed.peer_addr = Some(peer.parse().unwrap());
+            exposed.advertise_client_addr = Some("127.0.0.1:7101".into());
+            exposed.advertise_peer_addr = Some("127.0.0.1:7201".into());
+            match exposed.clone().resolve() {
+                Err(ConfigError::Invalid(message)) => {
+                    assert!(message.contains("--insecure"), "{message}")
+                }
+                other => panic!("{client} {peer}: {other:?}"),
+            }
+            exposed.insecure = true;
+            assert!(exposed.resolve().is_ok(), "{client} {peer} with --insecure");
+        }
+        let mut loopback = options();
+        loopback.client_addr = Some("127.0.0.2:7101".parse().unwrap());
+        loopback.advertise_client_addr = Some("127.0.0.1:7101".into());
+        assert!(loopback.resolve().is_ok());
+        let mut v6 = options();
+        v6.peer_addr = Some("[::1]:7201".parse().unwrap());
+        v6.advertise_peer_addr = Some("127.0.0.1:7201".into());
+        assert!(v6.resolve().is_ok());
+    }
+
     /// The new options come from the file too, and flags still win.
     #[test]
     fn addresses_from_file() {
@@ -599,7 +654,8 @@ mod tests {
             "id = 2\nclient_addr = \"0.0.0.0:7102\"\npeer_addr = \"0.0.0.0:7202\"\n\
              data_dir = \"d\"\nadvertise_client_addr = \"n2.local:7102\"\n\
              advertise_peer_addr = \"n2.local:7202\"\npeer_via = [\"1=127.0.0.1:9021\"]\n\
-             metrics_addr = \"127.0.0.1:7302\"\nmax_pending_proposals = 16\n",
+             metrics_addr = \"127.0.0.1:7302\"\nmax_pending_proposals = 16\n\
+             insecure = true\n",
         )
         .unwrap();
         let options = NodeOptions {
