@@ -5,14 +5,12 @@
 mod support;
 
 use oncekv::client::{Client, ClientConfig, Error};
-use oncekv::proto::Reason;
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv::registry::{CommandResult, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use support::cluster::Cluster;
-use support::raw::{Raw, reason};
 use tokio::time::Instant;
 
 fn client(cluster: &Cluster, config: ClientConfig) -> Client {
@@ -122,6 +120,10 @@ async fn sixty_four_in_flight_across_a_leader_change() {
 #[cfg(feature = "fault-injection")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_fences_the_request() {
+    use oncekv::proto::Reason;
+    use oncekv::registry::Command;
+    use support::raw::{Raw, reason};
+
     let cluster =
         Cluster::start_with("client-fence", &["--fault", "drop-first-execute-reply"]).await;
     let hasty = client(
