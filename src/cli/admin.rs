@@ -403,7 +403,12 @@ impl Admin {
         loop {
             let mut probes: Vec<reach::Probe> = Vec::new();
             for endpoint in &self.endpoints {
-                let answer = query(endpoint, self.remaining().min(Duration::from_secs(2))).await;
+                // Not shorter than a probe: near the deadline a node that
+                // answers must not look silent in the explanation.
+                let timeout = self
+                    .remaining()
+                    .clamp(reach::PROBE_TIMEOUT_MIN, Duration::from_secs(2));
+                let answer = query(endpoint, timeout).await;
                 match &answer {
                     Ok(reply) if reply.role == "leader" => return Ok(reply.clone()),
                     Ok(reply) if !reply.leader_client_addr.is_empty() => {

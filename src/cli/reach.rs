@@ -15,9 +15,16 @@ use serde_json::{Value as Json, json};
 use super::status::{QueryError, query};
 use crate::proto::StatusReply;
 
-/// Longest wait for one endpoint's probe (less when the command's own
-/// deadline is shorter).
+/// Longest wait for one endpoint's probe.
 pub const PROBE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
+/// Shortest wait for one endpoint's probe, however short the command's own
+/// deadline: a node that answers must not be reported silent.
+pub const PROBE_TIMEOUT_MIN: Duration = Duration::from_millis(250);
+
+/// A probe's wait for a command whose deadline is `timeout`.
+pub fn probe_timeout(timeout: Duration) -> Duration {
+    timeout.clamp(PROBE_TIMEOUT_MIN, PROBE_TIMEOUT_MAX)
+}
 
 /// What to do when nothing can be reached.
 const START_HINT: &str = "is the cluster running? Start the local one with \
@@ -76,10 +83,10 @@ pub fn cause_of(error: &(dyn std::error::Error + 'static)) -> Cause {
 pub type Probe = (String, Result<StatusReply, QueryError>);
 
 /// Asks every endpoint for its `Status` (concurrently, each within
-/// `timeout`, at most [`PROBE_TIMEOUT_MAX`]); a leader address the nodes
-/// name that is not among them is asked too.
+/// [`probe_timeout`] of the command's `timeout`); a leader address the
+/// nodes name that is not among them is asked too.
 pub async fn probe(endpoints: &[String], timeout: Duration) -> Vec<Probe> {
-    let timeout = timeout.min(PROBE_TIMEOUT_MAX);
+    let timeout = probe_timeout(timeout);
     let ask = |endpoints: Vec<String>| async move {
         let answers = futures::future::join_all(endpoints.iter().map(|e| query(e, timeout))).await;
         endpoints.into_iter().zip(answers).collect::<Vec<Probe>>()
