@@ -382,7 +382,20 @@ async fn no_cluster_is_one_line_and_a_hint() {
     );
 
     // --json: the same, machine-readable, on stdout.
-    let put = run(&["put", "a", "b", "--json", "--endpoints", e], &[]).await;
+    let put = run(
+        &[
+            "put",
+            "a",
+            "b",
+            "--json",
+            "--endpoints",
+            e,
+            "--timeout-ms",
+            "300",
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(put.code, 1, "{put:?}");
     let object = put.json();
     assert_eq!(object["ok"], false, "{object}");
@@ -427,7 +440,14 @@ async fn no_cluster_is_one_line_and_a_hint() {
 
     // An unknown host is named as such.
     let unknown = run(
-        &["get", "a", "--endpoints", "no-such-host.invalid:7101"],
+        &[
+            "get",
+            "a",
+            "--endpoints",
+            "no-such-host.invalid:7101",
+            "--timeout-ms",
+            "300",
+        ],
         &[],
     )
     .await;
@@ -440,7 +460,7 @@ async fn no_cluster_is_one_line_and_a_hint() {
 
     // The details are for RUST_LOG=debug.
     let debug = run(
-        &["put", "a", "b", "--endpoints", e],
+        &["put", "a", "b", "--endpoints", e, "--timeout-ms", "300"],
         &[("RUST_LOG", "debug")],
     )
     .await;

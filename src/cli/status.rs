@@ -91,15 +91,18 @@ pub async fn query(endpoint: &str, timeout: Duration) -> Result<StatusReply, Que
     } else {
         format!("http://{endpoint}")
     };
+    // The one deadline is the timeout around the whole call: tonic's own
+    // timeouts, racing it, would report the same silence as other errors.
     let endpoint = Endpoint::from_shared(uri)
-        .map_err(|error| QueryError::InvalidEndpoint(error_chain(&error)))?
-        .connect_timeout(timeout)
-        .timeout(timeout);
+        .map_err(|error| QueryError::InvalidEndpoint(error_chain(&error)))?;
     let call = async {
         let channel = endpoint
             .connect()
             .await
-            .map_err(|error| QueryError::Connect(cause_of(&error)))?;
+            .map_err(|error| match cause_of(&error) {
+                Cause::TimedOut => QueryError::Timeout(timeout),
+                cause => QueryError::Connect(cause),
+            })?;
         let reply = ClientClient::new(channel)
             .status(StatusRequest {})
             .await
