@@ -1,38 +1,11 @@
-//! The `oncekv` binary: run a node, or talk to a cluster.
+//! The `oncekv` binary: run a node, or talk to a cluster. Arguments are
+//! parsed by [`oncekv::cli::Cli`]; this file owns the runtime, tracing and
+//! the process's exit.
 
-use clap::{Parser, Subcommand};
-use oncekv::node::{self, config::NodeOptions};
+use oncekv::cli::{Cli, Command};
+use oncekv::node;
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
-
-#[derive(Parser)]
-#[command(
-    name = "oncekv",
-    version,
-    about = "Exactly-once key-value service on Raft",
-    after_help = oncekv::cli::kv::EXIT_CODES_HELP
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run one node of a cluster.
-    Node(Box<NodeOptions>),
-    /// Show every node's id, role, term and log / applied indexes.
-    Status(oncekv::cli::status::StatusArgs),
-    /// Closed-loop load against a running cluster: throughput and latency;
-    /// or, with --failover, leader kills on a fresh local cluster of its own.
-    Bench(oncekv::cli::bench::BenchArgs),
-    /// Operator commands: membership, sessions, registry config, snapshots,
-    /// state hashes, local reads.
-    Admin(oncekv::cli::admin::AdminArgs),
-    /// The key-value commands: put, get, del, incr, append, cas, sessions.
-    #[command(flatten)]
-    Kv(oncekv::cli::kv::KvCommand),
-}
 
 /// Resolves when the process is asked to stop (SIGTERM or ctrl-c).
 async fn stop_requested() {
@@ -61,49 +34,40 @@ fn init_tracing() {
         .init();
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    let cli = Cli::parse_checked();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Command::Node(options) = cli.command {
         init_tracing();
-        let config = options.resolve()?;
-        if let Some(threads) = config.worker_threads {
-            runtime.worker_threads(threads);
+        let run = || -> anyhow::Result<()> {
+            let config = options.resolve()?;
+            if let Some(threads) = config.worker_threads {
+                runtime.worker_threads(threads);
+            }
+            runtime
+                .build()?
+                .block_on(node::run(config, stop_requested()))
+        };
+        let result = run();
+        if let Err(error) = result {
+            tracing::debug!(error = ?error, "the node stopped on an error");
+            eprintln!("error: {error:#}");
+            std::process::exit(1);
         }
-        return runtime
-            .build()?
-            .block_on(node::run(config, stop_requested()));
+        return;
     }
-    runtime.build()?.block_on(run_tool(cli.command))
-}
-
-/// Every subcommand but `node`.
-async fn run_tool(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::Node(_) => unreachable!("handled in main"),
-        Command::Bench(args) => {
-            // Progress events (and the client library's tracing), only when
-            // asked for (stderr): `--failover` logs its kills, for reading
-            // side by side with the node logs.
-            if std::env::var_os("RUST_LOG").is_some() {
-                init_tracing();
-            }
-            args.run().await
-        }
-        Command::Status(args) => {
-            if !args.run().await? {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        Command::Admin(args) => std::process::exit(args.run().await),
-        Command::Kv(command) => {
-            // The client library's tracing, only when asked for (stderr).
-            if std::env::var_os("RUST_LOG").is_some() {
-                init_tracing();
-            }
-            std::process::exit(command.run().await);
-        }
+    // The tools' own tracing (the client library's retries, the reasons
+    // behind a one-line error), only when asked for: stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        init_tracing();
     }
+    let code = match runtime.build() {
+        Ok(runtime) => runtime.block_on(oncekv::cli::run(cli.command, cli.common)),
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            1
+        }
+    };
+    std::process::exit(code);
 }

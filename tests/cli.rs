@@ -1,14 +1,94 @@
 //! The key-value commands of the `oncekv` binary (`src/cli/kv.rs`) run as a
 //! user would run them — one process per command — against a real 3-node
 //! cluster: plain and JSON output, exit codes, a definite failure when no
-//! node can be reached, and an unknown outcome (exit 3) when a reply is lost.
+//! node can be reached or no leader is elected, and an unknown outcome
+//! (exit 3) when a reply is lost. Without any cluster: the common flags
+//! work before and after the subcommand (admin, status and bench included),
+//! `ONCEKV_PORT_BASE` picks the default endpoints of every command, and an
+//! unreachable cluster is one line of what happened and one of what to do.
 //! At most two clusters are started in this file (CI has 2 cores).
 
 mod support;
 
+use std::process::Stdio;
+use std::time::Duration;
+
 use serde_json::{Value as Json, json};
-use support::admin::oncekv;
+use support::admin::{RUN_TIMEOUT, Run, oncekv};
 use support::cluster::Cluster;
+use tokio::time::Instant;
+
+/// Runs `oncekv ARGS` exactly as given (no endpoints added), with `env`
+/// added to the environment and `ONCEKV_PORT_BASE` and `RUST_LOG` removed
+/// unless `env` sets them.
+async fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncekv"));
+    command
+        .args(args)
+        .env_remove("ONCEKV_PORT_BASE")
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(RUN_TIMEOUT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("oncekv {args:?} did not exit within {RUN_TIMEOUT:?}"))
+        .unwrap_or_else(|error| panic!("run oncekv {args:?}: {error}"));
+    Run {
+        code: output
+            .status
+            .code()
+            .unwrap_or_else(|| panic!("oncekv {args:?} was killed: {:?}", output.status)),
+        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+/// A loopback address nothing listens on (bound, then closed).
+fn closed_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+}
+
+/// A port base whose three client ports (base+1..=base+3) nothing listens on.
+fn closed_port_base() -> u16 {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        if port > 65_530 {
+            continue;
+        }
+        let others: Result<Vec<_>, _> = [port + 1, port + 2]
+            .iter()
+            .map(|port| std::net::TcpListener::bind(("127.0.0.1", *port)))
+            .collect();
+        if others.is_ok() {
+            return port - 1;
+        }
+    }
+    panic!("no three consecutive free loopback ports");
+}
+
+/// Asserts that `run` failed with exit 1 and exactly two lines on stderr —
+/// `error: <error_start>…` naming every endpoint in `endpoints`, and
+/// `hint: <hint_part>…` — with nothing of a debug dump in them.
+fn assert_two_line_error(run: &Run, error_start: &str, endpoints: &[&str], hint_part: &str) {
+    assert_eq!(run.code, 1, "{run:?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "two lines on stderr: {run:?}");
+    assert!(
+        lines[0].starts_with(&format!("error: {error_start}")),
+        "{run:?}"
+    );
+    for endpoint in endpoints {
+        assert!(lines[0].contains(endpoint), "{endpoint} not named: {run:?}");
+    }
+    assert!(lines[1].starts_with("hint: "), "{run:?}");
+    assert!(lines[1].contains(hint_part), "{run:?}");
+    for dump in ["tonic", "code: '", "source:", "Os {", "transport error"] {
+        assert!(!run.stderr.contains(dump), "{dump:?} on stderr: {run:?}");
+    }
+}
 
 /// Every command against one cluster, in plain text and JSON, and no
 /// session left behind afterwards.
@@ -162,6 +242,43 @@ async fn commands_against_a_real_cluster() {
     // Unregister is applied on the leader before close() returns.
     assert_eq!(leader["sessions"], 0, "sessions left behind: {object}");
     assert!(leader["applied_index"].as_u64().unwrap() > 0, "{object}");
+
+    // Two of three nodes down: the survivor answers but cannot be elected.
+    // A command says so, naming who answered and who did not, and fails
+    // definitely (nothing could be sent).
+    let leader_id = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let survivor = (1..=3).find(|node| *node != leader_id).unwrap();
+    for node in (1..=3).filter(|node| *node != survivor) {
+        cluster.kill(node);
+    }
+    cluster
+        .wait_until(
+            Duration::from_secs(60),
+            "the survivor knowing no leader",
+            |statuses| {
+                statuses[&survivor]
+                    .as_ref()
+                    .is_ok_and(|status| status.leader_id == 0)
+            },
+        )
+        .await;
+    let put = oncekv(&e, &["put", "k", "v", "--timeout-ms", "1000"]).await;
+    let others: Vec<String> = (1..=3)
+        .filter(|node| *node != survivor)
+        .map(|node| cluster.client_addr(node))
+        .collect();
+    let survivor_addr = cluster.client_addr(survivor);
+    let mut named = vec![survivor_addr.as_str()];
+    named.extend(others.iter().map(String::as_str));
+    assert_two_line_error(&put, "the cluster has no leader: ", &named, "majority");
+    assert!(
+        put.stderr.contains(&format!(
+            "node {survivor} (candidate) at {}",
+            cluster.client_addr(survivor)
+        )) || put.stderr.contains(&format!("node {survivor} (follower)")),
+        "{put:?}"
+    );
+    assert!(put.stderr.contains("connection refused"), "{put:?}");
 }
 
 /// With no node reachable nothing can be sent, so even an increment fails
@@ -177,7 +294,7 @@ async fn unreachable_endpoint_is_a_definite_failure() {
     let read = oncekv(&endpoints, &["get", "k", "--timeout-ms", "300"]).await;
     assert_eq!(read.code, 1, "{read:?}");
     assert_eq!(read.stdout, "", "{read:?}");
-    assert!(read.stderr.contains("unavailable"), "{read:?}");
+    assert!(read.stderr.contains("cannot reach the cluster"), "{read:?}");
 
     // The client library asks for the cluster id and registers a session
     // before it sends any command; neither can happen here, so the increment
@@ -189,11 +306,274 @@ async fn unreachable_endpoint_is_a_definite_failure() {
     assert_eq!(object["ok"], false, "{object}");
     assert_eq!(object["kind"], "unavailable", "{object}");
     assert_eq!(object["outcome"], "none", "{object}");
-    assert!(incr.stderr.contains("unavailable"), "{incr:?}");
+    assert!(incr.stderr.contains("cannot reach the cluster"), "{incr:?}");
 
     let sessions = oncekv(&endpoints, &["sessions", "--timeout-ms", "300"]).await;
     assert_eq!(sessions.code, 1, "{sessions:?}");
-    assert!(sessions.stderr.contains("unreachable"), "{sessions:?}");
+    assert!(
+        sessions.stderr.contains("connection refused"),
+        "{sessions:?}"
+    );
+}
+
+/// With nothing listening, every command that talks to the cluster says in
+/// one line which endpoints it tried and what happened, and in a second
+/// what to do — no debug dump; `--json` carries the same as fields; the
+/// details come only with `RUST_LOG=debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cluster_is_one_line_and_a_hint() {
+    let closed = closed_endpoint();
+    let e = closed.as_str();
+    let flags = ["--endpoints", e, "--timeout-ms", "300"];
+    let start_hint = "scripts/cluster.sh start";
+    for command in [
+        &["put", "a", "b"][..],
+        &["get", "a"],
+        &["del", "a"],
+        &["incr", "c"],
+        &["append", "l", "x"],
+        &["cas", "a", "b", "--absent"],
+        &["sessions"],
+        &["admin", "members"],
+        &["admin", "sessions"],
+        &["admin", "session", "1"],
+        &["admin", "expire", "1"],
+        &["admin", "config"],
+        &["admin", "config", "set", "--window", "8"],
+        &["admin", "promote", "4"],
+        &["admin", "hash"],
+        &["bench", "--duration", "1"],
+    ] {
+        let args: Vec<&str> = command.iter().chain(&flags).copied().collect();
+        let result = run(&args, &[]).await;
+        assert_two_line_error(
+            &result,
+            &format!("cannot reach the cluster at {e}: connection refused"),
+            &[e],
+            start_hint,
+        );
+        assert_eq!(result.stdout, "", "{args:?}: {result:?}");
+    }
+    // A command aimed at one node names that node.
+    for command in [
+        &["admin", "snapshot", "--node", e][..],
+        &["admin", "local-get", "k", "--node", e],
+    ] {
+        let args: Vec<&str> = command.iter().chain(&flags).copied().collect();
+        let result = run(&args, &[]).await;
+        assert_two_line_error(
+            &result,
+            &format!("cannot reach {e}: connection refused"),
+            &[e],
+            "oncekv status",
+        );
+    }
+    // `status` prints its table (each node's cause) and then the two lines.
+    let status = run(&["status", "--endpoints", e], &[]).await;
+    assert_two_line_error(
+        &status,
+        &format!("cannot reach the cluster at {e}: connection refused"),
+        &[e],
+        start_hint,
+    );
+    assert_eq!(
+        status.stdout,
+        format!("{e}  unreachable (connection refused)\n")
+    );
+
+    // --json: the same, machine-readable, on stdout.
+    let put = run(
+        &[
+            "put",
+            "a",
+            "b",
+            "--json",
+            "--endpoints",
+            e,
+            "--timeout-ms",
+            "300",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(put.code, 1, "{put:?}");
+    let object = put.json();
+    assert_eq!(object["ok"], false, "{object}");
+    assert_eq!(object["kind"], "unavailable", "{object}");
+    assert_eq!(object["outcome"], "none", "{object}");
+    assert_eq!(
+        object["error"],
+        format!("cannot reach the cluster at {e}: connection refused"),
+        "{object}"
+    );
+    assert!(
+        object["hint"].as_str().unwrap().contains(start_hint),
+        "{object}"
+    );
+    assert_eq!(
+        object["nodes"],
+        json!([{"endpoint": e, "reachable": false, "error": "connection refused"}]),
+        "{object}"
+    );
+
+    // A port that accepts connections but never answers: the endpoint is
+    // silent, not refusing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = silent
+        .local_addr()
+        .map(|addr| (silent, addr.to_string()))
+        .unwrap();
+    let hung = run(
+        &["incr", "c", "--endpoints", &silent.1, "--timeout-ms", "300"],
+        &[],
+    )
+    .await;
+    assert_two_line_error(
+        &hung,
+        &format!(
+            "cannot reach the cluster at {}: no answer within 300ms",
+            silent.1
+        ),
+        &[],
+        start_hint,
+    );
+
+    // An unknown host is named as such.
+    let unknown = run(
+        &[
+            "get",
+            "a",
+            "--endpoints",
+            "no-such-host.invalid:7101",
+            "--timeout-ms",
+            "300",
+        ],
+        &[],
+    )
+    .await;
+    assert_two_line_error(
+        &unknown,
+        "cannot reach the cluster at no-such-host.invalid:7101: unknown host",
+        &[],
+        "host names",
+    );
+
+    // The details are for RUST_LOG=debug.
+    let debug = run(
+        &["put", "a", "b", "--endpoints", e, "--timeout-ms", "300"],
+        &[("RUST_LOG", "debug")],
+    )
+    .await;
+    assert_eq!(debug.code, 1, "{debug:?}");
+    assert!(debug.stderr.contains("tcp connect error"), "{debug:?}");
+    assert!(
+        debug
+            .stderr
+            .contains(&format!("error: cannot reach the cluster at {e}")),
+        "{debug:?}"
+    );
+}
+
+/// `--json`, `--endpoints` and `--timeout-ms` mean the same before the
+/// subcommand as after it (and, for admin, between `admin` and its
+/// subcommand): same exit code, same JSON, the same endpoint tried, and the
+/// deadline honoured (an admin command waits for a leader until it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn common_flags_work_before_and_after_the_subcommand() {
+    let closed = closed_endpoint();
+    let e = closed.as_str();
+    let flags = ["--json", "--endpoints", e, "--timeout-ms", "300"];
+    let commands: [&[&str]; 6] = [
+        &["incr", "c"],
+        &["get", "c"],
+        &["sessions"],
+        &["admin", "members"],
+        &["admin", "config", "set", "--window", "8"],
+        &["status"],
+    ];
+    for command in commands {
+        let before: Vec<&str> = flags.iter().chain(command).copied().collect();
+        let after: Vec<&str> = command.iter().chain(&flags).copied().collect();
+        let mut variants = vec![before, after];
+        if command[0] == "admin" {
+            let mut middle = vec!["admin"];
+            middle.extend(flags);
+            middle.extend(&command[1..]);
+            variants.push(middle);
+        }
+        let mut runs = Vec::new();
+        for args in &variants {
+            let started = Instant::now();
+            let result = run(args, &[]).await;
+            assert!(
+                started.elapsed() < Duration::from_secs(8),
+                "{args:?} ignored --timeout-ms 300: {result:?}"
+            );
+            assert_eq!(result.code, 1, "{args:?}: {result:?}");
+            assert!(result.stderr.contains(e), "{args:?}: {result:?}");
+            let json: Vec<Json> = result
+                .stdout
+                .lines()
+                .map(|line| {
+                    serde_json::from_str(line)
+                        .unwrap_or_else(|error| panic!("{args:?}: not JSON ({error}): {result:?}"))
+                })
+                .collect();
+            assert_eq!(json.len(), 1, "{args:?}: {result:?}");
+            runs.push(json);
+        }
+        assert!(
+            runs.windows(2).all(|pair| pair[0] == pair[1]),
+            "{command:?}: {runs:?}"
+        );
+    }
+
+    // `oncekv node` takes none of them: a usage error.
+    let node = run(&["--json", "node", "--id", "1"], &[]).await;
+    assert_eq!(node.code, 2, "{node:?}");
+    assert!(node.stderr.contains("takes none of"), "{node:?}");
+    // `bench --failover` runs a cluster of its own: no endpoints, wherever given.
+    for args in [
+        &["--endpoints", e, "bench", "--failover", "--kills", "1"][..],
+        &["bench", "--failover", "--kills", "1", "--endpoints", e],
+        &["--timeout-ms", "300", "bench", "--failover", "--kills", "1"],
+    ] {
+        let failover = run(args, &[]).await;
+        assert_eq!(failover.code, 2, "{args:?}: {failover:?}");
+        assert_eq!(failover.stdout, "", "{args:?}: {failover:?}");
+    }
+}
+
+/// Without `--endpoints`, every command asks the local cluster at
+/// `ONCEKV_PORT_BASE` + 1..=3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_base_picks_every_commands_default_endpoints() {
+    let base = closed_port_base();
+    let endpoints: Vec<String> = (1..=3).map(|n| format!("127.0.0.1:{}", base + n)).collect();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let base = base.to_string();
+    for command in [
+        &["put", "a", "b"][..],
+        &["get", "a"],
+        &["sessions"],
+        &["admin", "members"],
+        &["admin", "hash"],
+        &["status"],
+        &["bench", "--duration", "1"],
+    ] {
+        let args: Vec<&str> = command
+            .iter()
+            .chain(&["--timeout-ms", "300"])
+            .copied()
+            .collect();
+        let result = run(&args, &[("ONCEKV_PORT_BASE", &base)]).await;
+        assert_two_line_error(
+            &result,
+            "cannot reach the cluster at ",
+            &endpoints,
+            "scripts/cluster.sh start",
+        );
+    }
 }
 
 /// The leader applies the increment but its reply is lost (the
@@ -225,6 +605,12 @@ async fn lost_reply_is_an_unknown_outcome() {
         incr.stderr.contains("may or may not have taken effect"),
         "{incr:?}"
     );
+    assert!(
+        incr.stderr
+            .contains("hint: its seq is fenced, so no late copy of it can execute"),
+        "{incr:?}"
+    );
+    assert_eq!(incr.stderr.lines().count(), 2, "{incr:?}");
 
     // It was applied (once); a new call works and sees it.
     assert_eq!(oncekv(&e, &["get", "balance"]).await.ok(), "5\n");

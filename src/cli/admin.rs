@@ -3,8 +3,9 @@
 //! local reads. It owns finding the leader (following `NOT_LEADER` hints),
 //! composing multi-step operations (`promote`, `replace`, `config set`) from
 //! single RPCs, and the presentation; the cluster decides everything else.
-//! Endpoints, `--json`, `--timeout-ms` and the exit codes are the key-value
-//! commands' (see [`super::kv`]).
+//! Endpoints, `--json`, `--timeout-ms` (global flags: before `admin`,
+//! after it or after the subcommand), the two-line errors and the exit
+//! codes are the key-value commands' (see [`super::kv`]).
 //!
 //! | command | does |
 //! | --- | --- |
@@ -34,7 +35,9 @@ use serde_json::{Value as Json, json};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use super::kv::{CommonArgs, Failure, Success, print_report, success, value_json, value_lines};
+use super::CommonArgs;
+use super::kv::{Failure, Success, print_report, success, value_json, value_lines};
+use super::reach::{self, cause_of};
 use super::status::query;
 use crate::network::convert;
 use crate::network::status::error_detail;
@@ -86,11 +89,9 @@ pub enum AdminCommand {
     LocalGet(LocalGetArgs),
 }
 
+/// A subcommand with no arguments of its own.
 #[derive(Debug, Clone, clap::Args)]
-pub struct OnlyCommon {
-    #[command(flatten)]
-    pub common: CommonArgs,
-}
+pub struct OnlyCommon {}
 
 /// `add-learner ID PEER_ADDR CLIENT_ADDR`.
 #[derive(Debug, Clone, clap::Args)]
@@ -101,16 +102,12 @@ pub struct AddLearnerArgs {
     /// How long the learner may take to catch up (on top of --timeout-ms).
     #[arg(long, default_value_t = CATCH_UP_TIMEOUT_MS)]
     pub catch_up_timeout_ms: u64,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `promote ID`, `remove ID`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeArgs {
     pub id: u64,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `replace --dead ID --new ID=PEER_ADDR/CLIENT_ADDR`.
@@ -126,8 +123,6 @@ pub struct ReplaceArgs {
     /// How long the new node may take to catch up (on top of --timeout-ms).
     #[arg(long, default_value_t = CATCH_UP_TIMEOUT_MS)]
     pub catch_up_timeout_ms: u64,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `session ID`, `expire ID`.
@@ -135,8 +130,6 @@ pub struct ReplaceArgs {
 pub struct SessionArgs {
     /// The session's client id.
     pub client_id: u64,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `config [set …]`.
@@ -144,8 +137,6 @@ pub struct SessionArgs {
 pub struct ConfigArgs {
     #[command(subcommand)]
     pub action: Option<ConfigAction>,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -173,8 +164,6 @@ pub struct ConfigSetArgs {
     pub list_elements_max: Option<u64>,
     #[arg(long)]
     pub keys_max: Option<u64>,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `snapshot --node ADDR`.
@@ -183,8 +172,6 @@ pub struct SnapshotArgs {
     /// The node's client address (host:port).
     #[arg(long)]
     pub node: String,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `local-get KEY --node ADDR`.
@@ -194,18 +181,15 @@ pub struct LocalGetArgs {
     /// The node's client address (host:port).
     #[arg(long)]
     pub node: String,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 impl AdminArgs {
     /// Runs the command, prints its result (stdout) or error (stderr), and
     /// returns the process exit code.
-    pub async fn run(&self) -> i32 {
-        let common = self.command.common();
+    pub async fn run(&self, common: &CommonArgs) -> i32 {
         let report = match common.endpoints() {
             Ok(endpoints) => {
-                let admin = Admin::new(endpoints, Instant::now() + common.timeout());
+                let admin = Admin::new(endpoints, common.timeout());
                 self.command.execute(admin).await
             }
             Err(failure) => Err(failure),
@@ -217,23 +201,6 @@ impl AdminArgs {
 }
 
 impl AdminCommand {
-    fn common(&self) -> &CommonArgs {
-        match self {
-            AdminCommand::Members(args) | AdminCommand::Sessions(args) => &args.common,
-            AdminCommand::Hash(args) => &args.common,
-            AdminCommand::AddLearner(args) => &args.common,
-            AdminCommand::Promote(args) | AdminCommand::Remove(args) => &args.common,
-            AdminCommand::Replace(args) => &args.common,
-            AdminCommand::Session(args) | AdminCommand::Expire(args) => &args.common,
-            AdminCommand::Config(args) => match &args.action {
-                Some(ConfigAction::Set(set)) => &set.common,
-                None => &args.common,
-            },
-            AdminCommand::Snapshot(args) => &args.common,
-            AdminCommand::LocalGet(args) => &args.common,
-        }
-    }
-
     async fn execute(&self, mut admin: Admin) -> Result<Success, Failure> {
         match self {
             AdminCommand::Members(_) => members(&admin).await,
@@ -293,6 +260,9 @@ impl NewMember {
 struct Admin {
     endpoints: Vec<String>,
     deadline: Instant,
+    /// The command's `--timeout-ms` (bounds the probes that explain a
+    /// failure).
+    timeout: Duration,
 }
 
 /// How one failed attempt is handled.
@@ -304,11 +274,20 @@ enum Retry {
 }
 
 impl Admin {
-    fn new(endpoints: Vec<String>, deadline: Instant) -> Admin {
+    fn new(endpoints: Vec<String>, timeout: Duration) -> Admin {
         Admin {
             endpoints,
-            deadline,
+            deadline: Instant::now() + timeout,
+            timeout,
         }
+    }
+
+    /// Why the cluster could not be got through to, from asking every
+    /// endpoint once; `detail` is what the failed call saw.
+    async fn unreachable(&self, detail: Option<&str>) -> Failure {
+        tracing::debug!(?detail, endpoints = ?self.endpoints, "the call did not get through");
+        let probes = reach::probe(&self.endpoints, self.timeout).await;
+        Failure::unreachable(reach::diagnose(&probes, detail))
     }
 
     /// Moves the deadline by `ms` (for waits the cluster bounds itself).
@@ -339,14 +318,16 @@ impl Admin {
     {
         let client = self.client(endpoint)?;
         let timeout = self.remaining().max(ATTEMPT_MIN);
-        match tokio::time::timeout(timeout, call(client)).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(status_failure(&status).with("node", json!(endpoint))),
-            Err(_) => Err(Failure::new(
-                "unavailable",
-                format!("{endpoint} did not answer in time"),
-            )),
-        }
+        let failure = match tokio::time::timeout(timeout, call(client)).await {
+            Ok(Ok(reply)) => return Ok(reply.into_inner()),
+            Ok(Err(status)) if error_detail(&status).is_none() && classify(&status).is_some() => {
+                tracing::debug!(%endpoint, ?status, "the call did not get through");
+                node_unreachable(endpoint, &cause_of(&status).to_string())
+            }
+            Ok(Err(status)) => status_failure(&status),
+            Err(_) => node_unreachable(endpoint, &format!("no answer within {timeout:?}")),
+        };
+        Err(failure.with("node", json!(endpoint)))
     }
 
     /// Runs `call` on the leader: follows `NOT_LEADER` hints, moves on from
@@ -375,18 +356,26 @@ impl Admin {
             };
             maybe_applied |= mutation && sent_and_unanswered(&status);
             if Instant::now() >= self.deadline {
-                let failure = status_failure(&status);
+                tracing::debug!(?status, maybe_applied, "giving up at the deadline");
                 return Err(if maybe_applied {
                     Failure::new(
                         "outcome_unknown",
                         format!(
-                            "{}; the change may or may not have been made: check before retrying",
+                            "no answer before the deadline ({}): the change may or may not \
+                             have been made",
                             status.message()
                         ),
                     )
+                    .hint(
+                        "check with `oncekv admin members` (or `admin config`) before running \
+                         it again",
+                    )
                     .unknown()
+                } else if error_detail(&status).is_none() {
+                    // Below our service: why the nodes could not be reached.
+                    self.unreachable(Some(status.message())).await
                 } else {
-                    failure
+                    status_failure(&status)
                 });
             }
             match retry {
@@ -411,27 +400,33 @@ impl Admin {
     /// The leader's own `Status` (found through the nodes' leader hints).
     async fn leader_status(&self) -> Result<StatusReply, Failure> {
         let mut pause = Duration::from_millis(50);
-        let mut last_error = String::from("no endpoint answered");
         loop {
+            let mut probes: Vec<reach::Probe> = Vec::new();
             for endpoint in &self.endpoints {
-                match query(endpoint, self.remaining().min(Duration::from_secs(2))).await {
-                    Ok(reply) if reply.role == "leader" => return Ok(reply),
+                // Not shorter than a probe: near the deadline a node that
+                // answers must not look silent in the explanation.
+                let timeout = self
+                    .remaining()
+                    .clamp(reach::PROBE_TIMEOUT_MIN, Duration::from_secs(2));
+                let answer = query(endpoint, timeout).await;
+                match &answer {
+                    Ok(reply) if reply.role == "leader" => return Ok(reply.clone()),
                     Ok(reply) if !reply.leader_client_addr.is_empty() => {
-                        match query(&reply.leader_client_addr, Duration::from_secs(2)).await {
-                            Ok(leader) if leader.role == "leader" => return Ok(leader),
-                            Ok(_) => last_error = "the hinted leader does not lead".into(),
-                            Err(error) => last_error = error.to_string(),
+                        let hint = reply.leader_client_addr.clone();
+                        let leader = query(&hint, Duration::from_secs(2)).await;
+                        if let Ok(leader) = &leader
+                            && leader.role == "leader"
+                        {
+                            return Ok(leader.clone());
                         }
+                        probes.push((endpoint.clone(), answer));
+                        probes.push((hint, leader));
                     }
-                    Ok(_) => last_error = format!("{endpoint} knows no leader"),
-                    Err(error) => last_error = format!("{endpoint}: {error}"),
+                    _ => probes.push((endpoint.clone(), answer)),
                 }
             }
             if Instant::now() >= self.deadline {
-                return Err(Failure::new(
-                    "unavailable",
-                    format!("no leader found: {last_error}"),
-                ));
+                return Err(Failure::unreachable(reach::diagnose(&probes, None)));
             }
             tokio::time::sleep(pause.min(self.remaining())).await;
             pause = (pause * 2).min(BACKOFF_MAX);
@@ -482,6 +477,13 @@ fn sent_and_unanswered(status: &tonic::Status) -> bool {
             tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
         ),
     }
+}
+
+/// One named node could not be talked to: `cause` says why.
+fn node_unreachable(endpoint: &str, cause: &str) -> Failure {
+    Failure::new("unavailable", format!("cannot reach {endpoint}: {cause}")).hint(
+        "is the node running, and is this its client address? `oncekv status` shows every node",
+    )
 }
 
 /// A final failure from the cluster, named like the key-value commands'.
@@ -972,9 +974,12 @@ async fn hash(admin: &Admin) -> Result<Success, Failure> {
         tokio::time::sleep(pause.min(admin.remaining())).await;
         pause = (pause * 2).min(BACKOFF_MAX);
     };
+    let unreachable = answers.iter().filter(|answer| answer.is_err()).count();
+    if unreachable == nodes.len() {
+        return Err(admin.unreachable(None).await);
+    }
     let mut lines = Vec::new();
     let mut objects = Vec::new();
-    let unreachable = answers.iter().filter(|answer| answer.is_err()).count();
     for (node, answer) in nodes.iter().zip(&answers) {
         match answer {
             Ok(reply) => {
@@ -990,9 +995,11 @@ async fn hash(admin: &Admin) -> Result<Success, Failure> {
                     "cluster_time_ms": reply.cluster_time_ms,
                 }));
             }
-            Err(_) => {
+            Err(failure) => {
                 lines.push(format!("{node}  unreachable"));
-                objects.push(json!({"endpoint": node, "reachable": false}));
+                objects.push(
+                    json!({"endpoint": node, "reachable": false, "error": failure.message()}),
+                );
             }
         }
     }
@@ -1075,17 +1082,20 @@ async fn local_get(admin: &Admin, key: &str, node: &str) -> Result<Success, Fail
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use crate::cli::{Cli, Command};
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: AdminCommand,
+    /// `oncekv admin ARGS…`, as the binary parses it.
+    fn parse(args: &[&str]) -> Result<AdminCommand, clap::Error> {
+        parse_with_common(args).map(|(command, _)| command)
     }
 
-    fn parse(args: &[&str]) -> Result<AdminCommand, clap::Error> {
-        Cli::try_parse_from(std::iter::once("admin").chain(args.iter().copied()))
-            .map(|cli| cli.command)
+    fn parse_with_common(args: &[&str]) -> Result<(AdminCommand, CommonArgs), clap::Error> {
+        let args = ["oncekv", "admin"].into_iter().chain(args.iter().copied());
+        let cli = Cli::try_parse_checked(args)?;
+        match cli.command {
+            Command::Admin(admin) => Ok((admin.command, cli.common)),
+            other => panic!("not an admin command: {other:?}"),
+        }
     }
 
     /// The subcommands parse as documented; `config set` takes any subset.
@@ -1109,9 +1119,63 @@ mod tests {
         assert!(matches!(parse(&["config"]), Ok(AdminCommand::Config(c)) if c.action.is_none()));
         assert!(parse(&["snapshot"]).is_err(), "--node is required");
         assert!(matches!(
-            parse(&["local-get", "k", "--node", "127.0.0.1:7101", "--json"]),
-            Ok(AdminCommand::LocalGet(args)) if args.common.json
+            parse_with_common(&["local-get", "k", "--node", "127.0.0.1:7101", "--json"]),
+            Ok((AdminCommand::LocalGet(args), common)) if common.json && args.key == "k"
         ));
+    }
+
+    /// The common flags mean the same before `admin`, between `admin` and
+    /// its subcommand, and after it, for every admin subcommand (`config
+    /// set` one level deeper included).
+    #[test]
+    fn common_flags_go_anywhere() {
+        let expected = CommonArgs {
+            endpoints: vec!["a:1".into()],
+            json: true,
+            timeout_ms: Some(700),
+        };
+        let flags = ["--json", "--endpoints", "a:1", "--timeout-ms", "700"];
+        for command in [
+            &["members"][..],
+            &["add-learner", "4", "127.0.0.1:7204", "127.0.0.1:7104"],
+            &["promote", "4"],
+            &["remove", "4"],
+            &["replace", "--dead", "3", "--new", "4=p:1/c:1"],
+            &["sessions"],
+            &["session", "5"],
+            &["expire", "5"],
+            &["config"],
+            &["config", "set", "--window", "8"],
+            &["snapshot", "--node", "n:1"],
+            &["hash"],
+            &["local-get", "k", "--node", "n:1"],
+        ] {
+            let before: Vec<&str> = ["oncekv"]
+                .iter()
+                .chain(&flags)
+                .chain(&["admin"])
+                .chain(command)
+                .copied()
+                .collect();
+            let middle: Vec<&str> = ["oncekv", "admin"]
+                .iter()
+                .chain(&flags)
+                .chain(command)
+                .copied()
+                .collect();
+            let after: Vec<&str> = ["oncekv", "admin"]
+                .iter()
+                .chain(command)
+                .chain(&flags)
+                .copied()
+                .collect();
+            for args in [before, middle, after] {
+                let cli = Cli::try_parse_checked(&args)
+                    .unwrap_or_else(|error| panic!("{args:?}: {error}"));
+                assert!(matches!(cli.command, Command::Admin(_)), "{args:?}");
+                assert_eq!(cli.common, expected, "{args:?}");
+            }
+        }
     }
 
     /// `--new` takes ID=PEER_ADDR/CLIENT_ADDR, nothing else.

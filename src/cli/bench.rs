@@ -29,10 +29,6 @@ pub enum Mix {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Client endpoints (host:port, comma-separated) [default: the local
-    /// cluster of scripts/cluster.sh]
-    #[arg(long, value_delimiter = ',')]
-    pub endpoints: Vec<String>,
     /// Concurrent bench clients, each with its own session.
     #[arg(long, default_value_t = 1)]
     pub clients: usize,
@@ -53,16 +49,14 @@ pub struct BenchArgs {
     /// Run the registry path, then the plain path, and print both.
     #[arg(long)]
     pub compare: bool,
-    /// Print one JSON object per run.
-    #[arg(long)]
-    pub json: bool,
     /// Failover benchmark instead: start a fresh local 3-node cluster,
     /// SIGKILL its leader --kills times while one probe client writes, and
     /// time each kill to the probe's next acknowledged write. Takes no
-    /// --endpoints and none of the load options (see --load-clients).
+    /// --endpoints, no --timeout-ms and none of the load options (see
+    /// --load-clients).
     #[arg(
         long,
-        conflicts_with_all = ["endpoints", "clients", "duration", "pipeline", "mix", "value_size", "plain", "compare"]
+        conflicts_with_all = ["endpoints", "timeout_ms", "clients", "duration", "pipeline", "mix", "value_size", "plain", "compare"]
     )]
     pub failover: bool,
     /// Leader kills of --failover.
@@ -135,21 +129,33 @@ fn command(mix: Mix, client: usize, n: u64, value: &[u8]) -> Command {
     }
 }
 
-/// Runs one measured load.
+/// Default deadline of one bench request, retries included.
+pub const TIMEOUT_MS_DEFAULT: u64 = 30_000;
+
+/// Runs one measured load; each request within `timeout`.
 pub async fn run_once(
     args: &BenchArgs,
     endpoints: &[String],
     plain: bool,
+    timeout: Duration,
 ) -> anyhow::Result<Report> {
     let config = ClientConfig {
-        call_timeout: Duration::from_secs(30),
+        call_timeout: timeout,
         ..ClientConfig::default()
     };
     let mut clients = Vec::new();
     for _ in 0..args.clients.max(1) {
         let client = Client::with_config(endpoints.to_vec(), config.clone());
-        if !plain {
-            client.client_id().await?;
+        if !plain && let Err(error) = client.client_id().await {
+            return Err(match error {
+                Error::Unavailable(detail) => {
+                    tracing::debug!(%detail, "could not register a bench session");
+                    let probes = super::reach::probe(endpoints, timeout).await;
+                    let diagnosis = super::reach::diagnose(&probes, Some(&detail));
+                    anyhow::anyhow!("{}\nhint: {}", diagnosis.message, diagnosis.hint)
+                }
+                other => anyhow::anyhow!("cannot register a bench session: {other}"),
+            });
         }
         clients.push(client);
     }
@@ -240,7 +246,9 @@ fn print(report: &Report, json: bool) -> anyhow::Result<()> {
 }
 
 impl BenchArgs {
-    pub async fn run(&self) -> anyhow::Result<()> {
+    /// Runs the benchmark with the common flags (`--endpoints`, `--json`,
+    /// `--timeout-ms` per request).
+    pub async fn run(&self, common: &super::CommonArgs) -> anyhow::Result<()> {
         if self.failover {
             return super::failover::run(&super::failover::FailoverOptions {
                 kills: self.kills,
@@ -249,17 +257,16 @@ impl BenchArgs {
                     election_timeout_min_ms: self.election_timeout_min_ms,
                     election_timeout_max_ms: self.election_timeout_max_ms,
                 },
-                json: self.json,
+                json: common.json,
                 keep_dir: self.keep_cluster_dir,
                 load_clients: self.load_clients,
             })
             .await;
         }
-        let endpoints = if self.endpoints.is_empty() {
-            super::default_endpoints()
-        } else {
-            self.endpoints.clone()
-        };
+        let endpoints = common
+            .endpoints()
+            .map_err(|failure| anyhow::anyhow!("{}", failure.message()))?;
+        let timeout = common.timeout_or(TIMEOUT_MS_DEFAULT);
         let modes: &[bool] = if self.compare {
             &[false, true]
         } else {
@@ -267,13 +274,13 @@ impl BenchArgs {
         };
         let mut reports = Vec::new();
         for &plain in modes {
-            let report = run_once(self, &endpoints, plain).await?;
-            print(&report, self.json)?;
+            let report = run_once(self, &endpoints, plain, timeout).await?;
+            print(&report, common.json)?;
             reports.push(report);
         }
         if let [registry, plain] = reports.as_slice()
             && plain.ops_per_second > 0.0
-            && !self.json
+            && !common.json
         {
             println!(
                 "registry overhead: {:.1}% fewer ops/s than plain writes",

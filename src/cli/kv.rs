@@ -19,7 +19,8 @@
 //!
 //! VALUE, ELEMENT, NEW and `--expected` are taken as UTF-8 bytes; with `--int`
 //! they are parsed as an i64, and `put --list` takes comma-separated items
-//! (an empty string is the empty list). Every command takes `--endpoints
+//! (an empty string is the empty list). Every command takes the common
+//! flags ([`CommonArgs`], before or after the subcommand): `--endpoints
 //! a,b,c` (default: [`super::default_endpoints`]), `--json` and
 //! `--timeout-ms` (the call's deadline, retries included; default 10000).
 //!
@@ -44,9 +45,18 @@
 //!   `response_discarded`, `invalid_argument`, `resource_exhausted`,
 //!   `overflow`, `wrong_type`), and `outcome` is `"none"` (the command had no
 //!   effect) or `"unknown"` (it may have had one; then `"seq"` and `"fenced"`
-//!   are given too).
+//!   are given too). `"hint"` says what to do, when there is advice; an
+//!   `unavailable` failure also has `"nodes"`: what each endpoint said when
+//!   asked why (`{"endpoint","reachable":false,"error":"connection
+//!   refused"}`, or `{"endpoint","reachable":true,"node_id","role",
+//!   "leader_id"}`).
 //!
-//! The error is also written to stderr, in both modes.
+//! The error is also written to stderr, in both modes: `error: ` and one
+//! line of what happened, then `hint: ` and one line of what to do. A call
+//! that did not get through is explained by asking every endpoint once
+//! ([`super::reach`]): nothing listening, no answer, unknown host, no
+//! leader, not initialised, or a leader that answered too slowly. The
+//! client library's own words are logged at debug level (`RUST_LOG=debug`).
 //!
 //! # Exit codes
 //!
@@ -74,8 +84,9 @@ use crate::client::{Client, ClientConfig, Error};
 use crate::proto::StatusReply;
 use crate::registry::{CommandResult, Value, ValueKind};
 
-use super::default_endpoints;
+use super::reach::{self, plain_reason};
 use super::status::{QueryError, query};
+use super::{CommonArgs, default_endpoints};
 
 /// Exit code of a success.
 pub const EXIT_OK: i32 = 0;
@@ -101,25 +112,13 @@ Exit codes of put, get, del, incr, append, cas and sessions:
 With --json the result is one JSON object on stdout: {\"ok\":true,...} or
 {\"ok\":false,\"error\":...,\"kind\":...,\"outcome\":\"none\"|\"unknown\"}.";
 
-/// The options every key-value command takes.
-#[derive(Debug, Clone, clap::Args)]
-pub struct CommonArgs {
-    /// Client endpoints, as host:port, comma-separated or repeated [default:
-    /// the local cluster of scripts/cluster.sh, 127.0.0.1 ports
-    /// ONCEKV_PORT_BASE+1..=+3]
-    #[arg(long, value_delimiter = ',')]
-    pub endpoints: Vec<String>,
-    /// Print one JSON object on stdout instead of plain text.
-    #[arg(long)]
-    pub json: bool,
-    /// Deadline of the call in milliseconds, retries included.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub timeout_ms: u64,
-}
+/// Default deadline of a key-value or admin command.
+pub const TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
 impl CommonArgs {
+    /// The command's deadline: `--timeout-ms`, default 10 s.
     pub(super) fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
+        self.timeout_or(TIMEOUT_MS_DEFAULT)
     }
 
     pub(super) fn endpoints(&self) -> Result<Vec<String>, Failure> {
@@ -176,16 +175,12 @@ pub struct PutArgs {
     /// Store VALUE as a list of comma-separated items ("" is the empty list).
     #[arg(long)]
     pub list: bool,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `get KEY`, `del KEY`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeyArgs {
     pub key: String,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `incr KEY [DELTA]`.
@@ -195,8 +190,6 @@ pub struct IncrArgs {
     /// How much to add; may be negative.
     #[arg(default_value_t = 1, allow_negative_numbers = true)]
     pub delta: i64,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `append KEY ELEMENT`.
@@ -206,8 +199,6 @@ pub struct AppendArgs {
     /// The element, as UTF-8 bytes.
     #[arg(allow_hyphen_values = true)]
     pub element: String,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `cas KEY NEW (--expected VALUE | --absent) [--int]`.
@@ -232,16 +223,11 @@ pub struct CasArgs {
     /// NEW and --expected are i64s (otherwise UTF-8 bytes).
     #[arg(long)]
     pub int: bool,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// `sessions`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SessionsArgs {
-    #[command(flatten)]
-    pub common: CommonArgs,
-}
+pub struct SessionsArgs {}
 
 /// One key-value call, its arguments parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,7 +279,10 @@ enum Outcome {
 pub(super) struct Failure {
     exit: i32,
     kind: &'static str,
+    /// What happened, on one line.
     message: String,
+    /// What to do about it, on one line (printed as a second line).
+    hint: Option<String>,
     outcome: Outcome,
     /// Extra JSON fields (the key, the seq of an unknown outcome, …).
     fields: Map<String, Json>,
@@ -305,9 +294,51 @@ impl Failure {
             exit: EXIT_FAILED,
             kind,
             message: message.into(),
+            hint: None,
             outcome: Outcome::None,
             fields: Map::new(),
         }
+    }
+
+    /// What happened, on one line.
+    pub(super) fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same failure, with what to do about it.
+    pub(super) fn hint(self, hint: impl Into<String>) -> Failure {
+        Failure {
+            hint: Some(hint.into()),
+            ..self
+        }
+    }
+
+    /// A failure to get through to the cluster, explained by `diagnosis`
+    /// (what the endpoints said when asked): kind `unavailable`, nothing
+    /// executed (exit 1).
+    pub(super) fn unreachable(diagnosis: reach::Diagnosis) -> Failure {
+        Failure::new("unavailable", diagnosis.message)
+            .hint(diagnosis.hint)
+            .with("nodes", Json::Array(diagnosis.nodes))
+    }
+
+    /// This failure (a call that did not get through to `endpoints`),
+    /// explained by asking them once why not, its own text kept as the
+    /// detail; its other JSON fields are kept.
+    pub(super) async fn explained(self, endpoints: &[String], timeout: Duration) -> Failure {
+        tracing::debug!(error = %self.message, ?endpoints, "the call did not get through");
+        let probes = reach::probe(endpoints, timeout).await;
+        let mut explained = Failure::unreachable(reach::diagnose(&probes, Some(&self.message)));
+        for (name, value) in self.fields {
+            explained.fields.entry(name).or_insert(value);
+        }
+        explained
+    }
+
+    /// Prints the failure on stderr (no JSON) and returns its exit code.
+    pub(super) fn print_to_stderr(self) -> i32 {
+        let stderr = std::io::stderr();
+        print_report(&mut std::io::sink(), &mut stderr.lock(), false, Err(self))
     }
 
     pub(super) fn usage(message: impl Into<String>) -> Failure {
@@ -331,8 +362,10 @@ impl Failure {
         self
     }
 
-    /// The failure of a client call on `key`.
+    /// The failure of a client call on `key`. An `unavailable` one is then
+    /// [`Failure::explained`] by the caller.
     fn from_client(error: &Error, key: &str) -> Failure {
+        tracing::debug!(error = ?error, key, "the client call failed");
         let kind = match error {
             Error::OutcomeUnknown { .. } => "outcome_unknown",
             Error::Unavailable(_) => "unavailable",
@@ -343,25 +376,37 @@ impl Failure {
             Error::InvalidArgument(_) => "invalid_argument",
             Error::ResourceExhausted(_) => "resource_exhausted",
         };
-        let failure = Failure::new(kind, error.to_string()).with("key", json!(key));
+        let failure = Failure::new(kind, plain_reason(&error.to_string())).with("key", json!(key));
         match error {
-            Error::OutcomeUnknown { seq, fenced, .. } => {
+            Error::OutcomeUnknown {
+                seq,
+                fenced,
+                reason,
+            } => {
                 let fence = if *fenced {
-                    "its seq is fenced: no late copy can execute"
+                    "its seq is fenced, so no late copy of it can execute"
                 } else {
-                    "the fence was not confirmed; the session is closed (best effort)"
+                    "the fence was not confirmed; the session is closed (best effort), which \
+                     also stops late copies"
                 };
                 Failure {
                     exit: EXIT_UNKNOWN,
                     outcome: Outcome::Unknown,
                     message: format!(
-                        "{error}; the command may or may not have taken effect ({fence})"
+                        "outcome unknown for seq {seq} ({}): the command may or may not have \
+                         taken effect",
+                        plain_reason(reason)
                     ),
                     ..failure
                 }
+                .hint(format!(
+                    "{fence}; read the key (`oncekv get {key}`) before running the command again"
+                ))
                 .with("seq", json!(seq))
                 .with("fenced", json!(fenced))
             }
+            Error::SessionExpired => failure
+                .hint("nothing was executed; run the command again (it registers a new session)"),
             _ => failure,
         }
     }
@@ -370,32 +415,14 @@ impl Failure {
 impl KvCommand {
     /// Runs the command, prints its result (stdout) or error (stderr), and
     /// returns the process exit code.
-    pub async fn run(&self) -> i32 {
-        let report = self.execute().await;
+    pub async fn run(&self, common: &CommonArgs) -> i32 {
+        let report = self.execute(common).await;
         let stdout = std::io::stdout();
         let stderr = std::io::stderr();
-        print_report(
-            &mut stdout.lock(),
-            &mut stderr.lock(),
-            self.common().json,
-            report,
-        )
+        print_report(&mut stdout.lock(), &mut stderr.lock(), common.json, report)
     }
 
-    /// The options common to every command.
-    pub fn common(&self) -> &CommonArgs {
-        match self {
-            KvCommand::Put(args) => &args.common,
-            KvCommand::Get(args) | KvCommand::Del(args) => &args.common,
-            KvCommand::Incr(args) => &args.common,
-            KvCommand::Append(args) => &args.common,
-            KvCommand::Cas(args) => &args.common,
-            KvCommand::Sessions(args) => &args.common,
-        }
-    }
-
-    async fn execute(&self) -> Result<Success, Failure> {
-        let common = self.common();
+    async fn execute(&self, common: &CommonArgs) -> Result<Success, Failure> {
         let endpoints = common.endpoints()?;
         let op = match self {
             KvCommand::Sessions(_) => return sessions(&endpoints, common.timeout()).await,
@@ -428,7 +455,7 @@ impl KvCommand {
             },
         };
         let client = Client::with_config(
-            endpoints,
+            endpoints.clone(),
             ClientConfig {
                 call_timeout: common.timeout(),
                 ..ClientConfig::default()
@@ -438,7 +465,12 @@ impl KvCommand {
         // Unregister, so the CLI leaves no session behind (a no-op when no
         // session was registered, as for `get`).
         client.close().await;
-        result
+        match result {
+            Err(failure) if failure.kind == "unavailable" => {
+                Err(failure.explained(&endpoints, common.timeout()).await)
+            }
+            other => other,
+        }
     }
 }
 
@@ -585,11 +617,8 @@ async fn sessions(endpoints: &[String], timeout: Duration) -> Result<Success, Fa
     if answers.iter().any(Result::is_ok) {
         Ok(success(lines, [("nodes", Json::Array(nodes))]))
     } else {
-        Err(Failure::new(
-            "unavailable",
-            format!("no node answered: {}", lines.join("; ")),
-        )
-        .with("nodes", Json::Array(nodes)))
+        let probes: Vec<reach::Probe> = endpoints.iter().cloned().zip(answers).collect();
+        Err(Failure::unreachable(reach::diagnose(&probes, None)))
     }
 }
 
@@ -657,6 +686,9 @@ pub(super) fn print_report(
         }
         Err(failure) => {
             let _ = writeln!(err, "error: {}", failure.message);
+            if let Some(hint) = &failure.hint {
+                let _ = writeln!(err, "hint: {hint}");
+            }
             if json && failure.exit != EXIT_USAGE {
                 writeln!(out, "{}", failure_json(failure))
             } else {
@@ -678,6 +710,9 @@ fn failure_json(failure: &Failure) -> Json {
     let mut object = Map::new();
     object.insert("ok".to_owned(), Json::Bool(false));
     object.insert("error".to_owned(), json!(failure.message));
+    if let Some(hint) = &failure.hint {
+        object.insert("hint".to_owned(), json!(hint));
+    }
     object.insert("kind".to_owned(), json!(failure.kind));
     let outcome = match failure.outcome {
         Outcome::None => "none",
@@ -801,17 +836,19 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use crate::cli::{Cli, Command};
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        command: KvCommand,
+    /// The key-value command `args` name, as the binary parses it.
+    fn parse(args: &[&str]) -> Result<KvCommand, clap::Error> {
+        parse_with_common(args).map(|(command, _)| command)
     }
 
-    fn parse(args: &[&str]) -> Result<KvCommand, clap::Error> {
-        Cli::try_parse_from(std::iter::once("oncekv").chain(args.iter().copied()))
-            .map(|cli| cli.command)
+    fn parse_with_common(args: &[&str]) -> Result<(KvCommand, CommonArgs), clap::Error> {
+        let cli = Cli::try_parse_checked(std::iter::once("oncekv").chain(args.iter().copied()))?;
+        match cli.command {
+            Command::Kv(command) => Ok((command, cli.common)),
+            other => panic!("{args:?} is not a key-value command: {other:?}"),
+        }
     }
 
     /// Bytes print as text when UTF-8, else as 0x-hex; lists one item per
@@ -870,11 +907,13 @@ mod tests {
     /// Negative numbers and dash-leading values are values, not flags.
     #[test]
     fn negative_numbers_are_values() {
-        let KvCommand::Incr(args) = parse(&["incr", "k", "-3", "--json"]).unwrap() else {
+        let (KvCommand::Incr(args), common) =
+            parse_with_common(&["incr", "k", "-3", "--json"]).unwrap()
+        else {
             panic!("not incr");
         };
         assert_eq!(args.delta, -3);
-        assert!(args.common.json);
+        assert!(common.json);
         let KvCommand::Put(args) = parse(&["put", "k", "-5", "--int"]).unwrap() else {
             panic!("not put");
         };
@@ -890,16 +929,18 @@ mod tests {
     /// The defaults, and the argument rules clap enforces (exit 2).
     #[test]
     fn argument_rules() {
-        let KvCommand::Incr(args) = parse(&["incr", "k"]).unwrap() else {
+        let (KvCommand::Incr(args), common) = parse_with_common(&["incr", "k"]).unwrap() else {
             panic!("not incr");
         };
         assert_eq!(args.delta, 1);
-        assert_eq!(args.common.timeout_ms, 10_000);
-        assert!(args.common.endpoints.is_empty());
-        let KvCommand::Get(args) = parse(&["get", "k", "--endpoints", "a:1,b:2"]).unwrap() else {
+        assert_eq!(common.timeout(), Duration::from_millis(10_000));
+        assert!(common.endpoints.is_empty());
+        let (KvCommand::Get(_), common) =
+            parse_with_common(&["get", "k", "--endpoints", "a:1,b:2"]).unwrap()
+        else {
             panic!("not get");
         };
-        assert_eq!(args.common.endpoints, ["a:1", "b:2"]);
+        assert_eq!(common.endpoints, ["a:1", "b:2"]);
         for bad in [
             &["cas", "k", "v"][..],
             &["cas", "k", "v", "--absent", "--expected", "x"],
@@ -907,9 +948,42 @@ mod tests {
             &["put", "k"],
             &["incr", "k", "x"],
             &["get", "k", "--timeout-ms", "0"],
+            &["--timeout-ms", "0", "get", "k"],
         ] {
             let error = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
             assert_eq!(error.exit_code(), EXIT_USAGE, "{bad:?}");
+        }
+    }
+
+    /// The common flags mean the same before the subcommand, after it, or
+    /// between its arguments, for every key-value command.
+    #[test]
+    fn common_flags_go_anywhere() {
+        let expected = CommonArgs {
+            endpoints: vec!["a:1".into(), "b:2".into()],
+            json: true,
+            timeout_ms: Some(300),
+        };
+        let flags = ["--json", "--endpoints", "a:1,b:2", "--timeout-ms", "300"];
+        for command in [
+            &["put", "k", "v"][..],
+            &["get", "k"],
+            &["del", "k"],
+            &["incr", "k", "2"],
+            &["append", "k", "x"],
+            &["cas", "k", "v", "--absent"],
+            &["sessions"],
+        ] {
+            let before: Vec<&str> = flags.iter().chain(command).copied().collect();
+            let after: Vec<&str> = command.iter().chain(&flags).copied().collect();
+            let mut between: Vec<&str> = vec![command[0], flags[0]];
+            between.extend(&command[1..]);
+            between.extend(&flags[1..]);
+            for args in [before, after, between] {
+                let (_, common) =
+                    parse_with_common(&args).unwrap_or_else(|error| panic!("{args:?}: {error}"));
+                assert_eq!(common, expected, "{args:?}");
+            }
         }
     }
 

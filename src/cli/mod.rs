@@ -1,15 +1,153 @@
-//! Command-line front ends for people: each submodule owns one subcommand's
-//! talking to the cluster and its presentation (plain text or JSON). Argument
-//! parsing of the whole binary and exiting belong to `main.rs` (the key-value
-//! commands of `kv` return their documented exit code for it to exit with);
-//! nothing here decides anything about the cluster.
+//! The `oncekv` command line for people: [`Cli`] is the whole binary's
+//! argument parser (`main.rs` parses, runs `oncekv node` itself and hands
+//! every other command to [`run`]), and each submodule owns one
+//! subcommand's talking to the cluster and its presentation (plain text or
+//! JSON). The flags every cluster command shares ([`CommonArgs`]: endpoints,
+//! `--json`, `--timeout-ms`) are global: they go before or after the
+//! subcommand. Errors are one line of what happened and one of what to do
+//! ([`reach`]); details go to tracing (`RUST_LOG=debug`). Nothing here
+//! decides anything about the cluster.
+
+use crate::node::config::NodeOptions;
 
 pub mod admin;
 pub mod bench;
 pub mod failover;
 pub mod kv;
 pub mod local_cluster;
+pub mod reach;
 pub mod status;
+
+/// The `oncekv` binary's arguments.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "oncekv",
+    version,
+    about = "Exactly-once key-value service on Raft",
+    after_help = kv::EXIT_CODES_HELP
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run one node of a cluster (takes none of --endpoints, --json,
+    /// --timeout-ms).
+    Node(Box<NodeOptions>),
+    /// Show every node's id, role, term and log / applied indexes
+    /// (--timeout-ms: per node, default 2000).
+    Status,
+    /// Closed-loop load against a running cluster: throughput and latency;
+    /// or, with --failover, leader kills on a fresh local cluster of its own
+    /// (--timeout-ms: per request, default 30000).
+    Bench(bench::BenchArgs),
+    /// Operator commands: membership, sessions, registry config, snapshots,
+    /// state hashes, local reads.
+    Admin(admin::AdminArgs),
+    /// The key-value commands: put, get, del, incr, append, cas, sessions.
+    #[command(flatten)]
+    Kv(kv::KvCommand),
+}
+
+/// The flags every command that talks to a cluster takes, before or after
+/// its subcommand (`oncekv --json incr c` and `oncekv incr c --json` alike).
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct CommonArgs {
+    /// Client endpoints, as host:port, comma-separated or repeated [default:
+    /// the local cluster of scripts/cluster.sh, 127.0.0.1 ports
+    /// ONCEKV_PORT_BASE+1..=+3]
+    #[arg(long, global = true, value_delimiter = ',', value_name = "HOST:PORT")]
+    pub endpoints: Vec<String>,
+    /// Print JSON on stdout instead of plain text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Deadline in milliseconds, retries included [default: 10000; status:
+    /// 2000 per node; bench: 30000 per request]
+    #[arg(
+        long,
+        global = true,
+        value_name = "MS",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub timeout_ms: Option<u64>,
+}
+
+impl CommonArgs {
+    /// `--timeout-ms`, or `default_ms`.
+    pub fn timeout_or(&self, default_ms: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms.unwrap_or(default_ms))
+    }
+}
+
+impl Cli {
+    /// Parses the process's arguments; on a usage error prints it and exits
+    /// with 2 (clap's code), as [`Cli::try_parse_checked`] explains.
+    pub fn parse_checked() -> Cli {
+        Cli::try_parse_checked(std::env::args_os()).unwrap_or_else(|error| error.exit())
+    }
+
+    /// Parses `args` (the program name first), refusing the common flags
+    /// for `node`, which talks to no cluster as a client, and the endpoints
+    /// and deadline for `bench --failover`, which runs its own cluster.
+    pub fn try_parse_checked<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, Parser};
+        let cli = Cli::try_parse_from(args)?;
+        let conflict = |message: &str| {
+            Err(Cli::command().error(clap::error::ErrorKind::ArgumentConflict, message))
+        };
+        match &cli.command {
+            Command::Node(_) if cli.common != CommonArgs::default() => {
+                conflict("`oncekv node` takes none of --endpoints, --json, --timeout-ms")
+            }
+            // clap checks a global flag's conflicts only where it is given:
+            // before the subcommand, `--endpoints` would slip past
+            // `--failover`'s `conflicts_with`.
+            Command::Bench(bench)
+                if bench.failover
+                    && (!cli.common.endpoints.is_empty() || cli.common.timeout_ms.is_some()) =>
+            {
+                conflict(
+                    "`oncekv bench --failover` starts a cluster of its own: it takes no \
+                     --endpoints and no --timeout-ms",
+                )
+            }
+            _ => Ok(cli),
+        }
+    }
+}
+
+/// Runs every command but `node`; returns the process's exit code. A
+/// command's error is printed here, on stderr, on one line (`bench` and
+/// `status`; the key-value and admin commands print their own, see
+/// [`kv`]).
+pub async fn run(command: Command, common: CommonArgs) -> i32 {
+    match command {
+        Command::Node(_) => {
+            eprintln!("error: `oncekv node` runs in main");
+            kv::EXIT_USAGE
+        }
+        Command::Status => status::run(&common).await,
+        Command::Bench(args) => match args.run(&common).await {
+            Ok(()) => kv::EXIT_OK,
+            Err(error) => {
+                tracing::debug!(error = ?error, "bench failed");
+                eprintln!("error: {error:#}");
+                kv::EXIT_FAILED
+            }
+        },
+        Command::Admin(args) => args.run(&common).await,
+        Command::Kv(command) => command.run(&common).await,
+    }
+}
 
 /// Client port base of the local cluster when `ONCEKV_PORT_BASE` is unset:
 /// node N serves clients on base + N (as `scripts/cluster.sh` does).
@@ -62,6 +200,47 @@ mod tests {
             endpoints_for_base(7100),
             ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
         );
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_checked(std::iter::once("oncekv").chain(args.iter().copied()))
+    }
+
+    /// `status` and `bench` take the common flags on either side too; `node`
+    /// and `bench --failover` refuse the ones they cannot use, wherever
+    /// given (exit 2).
+    #[test]
+    fn common_flags_per_command() {
+        for args in [
+            &["--json", "--timeout-ms", "5", "status"][..],
+            &["status", "--json", "--timeout-ms", "5"],
+        ] {
+            let cli = parse(args).unwrap();
+            assert!(matches!(cli.command, Command::Status), "{args:?}");
+            assert!(
+                cli.common.json && cli.common.timeout_ms == Some(5),
+                "{args:?}"
+            );
+        }
+        for args in [
+            &["--endpoints", "h:1", "bench", "--clients", "2"][..],
+            &["bench", "--endpoints", "h:1", "--clients", "2"],
+        ] {
+            let cli = parse(args).unwrap();
+            assert!(matches!(cli.command, Command::Bench(_)), "{args:?}");
+            assert_eq!(cli.common.endpoints, ["h:1"], "{args:?}");
+        }
+        assert!(parse(&["--json", "bench", "--failover"]).is_ok());
+        for bad in [
+            &["--json", "node", "--id", "1"][..],
+            &["node", "--id", "1", "--endpoints", "h:1"],
+            &["--endpoints", "h:1", "bench", "--failover"],
+            &["bench", "--failover", "--endpoints", "h:1"],
+            &["--timeout-ms", "9", "bench", "--failover"],
+        ] {
+            let error = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
+            assert_eq!(error.exit_code(), 2, "{bad:?}");
+        }
     }
 
     /// A base that is not a port, or leaves no room for three ports, is refused.

@@ -1,8 +1,9 @@
 //! `oncekv status`: asks every given node for its own view of the cluster (the
 //! `Status` RPC, answered by every node, leader or not) and prints one line —
 //! or one JSON object — per node, in the order given. It owns the per-call
-//! deadline and the presentation; it never retries, and it judges nothing
-//! beyond "did this node answer".
+//! deadline (`--timeout-ms`, default 2000 per node) and the presentation;
+//! it never retries, and it judges nothing beyond "did this node answer"
+//! (when none did, [`super::reach`] says why on stderr).
 
 use std::io::Write;
 use std::time::Duration;
@@ -10,37 +11,39 @@ use std::time::Duration;
 use serde::Serialize;
 use tonic::transport::Endpoint;
 
+use super::CommonArgs;
+use super::kv::{EXIT_FAILED, EXIT_OK};
+use super::reach::{self, Cause, cause_of};
 use crate::proto::client_client::ClientClient;
 use crate::proto::{Member, StatusReply, StatusRequest};
 
-pub use super::default_endpoints;
-
-/// Deadline of one `Status` call, connecting included.
+/// Default deadline of one `Status` call, connecting included.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Arguments of `oncekv status`, for the binary's argument parser.
-#[derive(Debug, Clone, clap::Args)]
-pub struct StatusArgs {
-    /// Client endpoints to ask, as host:port, comma-separated or repeated
-    /// [default: the local cluster of scripts/cluster.sh, 127.0.0.1 ports
-    /// ONCEKV_PORT_BASE+1..=+3]
-    #[arg(long, value_delimiter = ',')]
-    pub endpoints: Vec<String>,
-    /// Print one JSON object per line instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-impl StatusArgs {
-    /// Runs the command; `Ok(true)` when at least one node answered.
-    pub async fn run(&self) -> anyhow::Result<bool> {
-        let endpoints = if self.endpoints.is_empty() {
-            default_endpoints()
-        } else {
-            self.endpoints.clone()
-        };
-        status(&endpoints, self.json).await
+/// `oncekv status`: prints every node's line (stdout) and returns the exit
+/// code: 0 when at least one node answered; otherwise 1, with what happened
+/// and what to do on stderr; 2 for unusable endpoints.
+pub async fn run(common: &CommonArgs) -> i32 {
+    let endpoints = match common.endpoints() {
+        Ok(endpoints) => endpoints,
+        Err(failure) => return failure.print_to_stderr(),
+    };
+    let timeout = common.timeout_or(STATUS_TIMEOUT.as_millis() as u64);
+    let stdout = std::io::stdout();
+    let answers = match status_to(&mut stdout.lock(), &endpoints, common.json, timeout).await {
+        Ok(answers) => answers,
+        Err(error) => {
+            eprintln!("error: cannot write the status: {error}");
+            return EXIT_FAILED;
+        }
+    };
+    if answers.iter().any(|(_, answer)| answer.is_ok()) {
+        return EXIT_OK;
     }
+    let diagnosis = reach::diagnose(&answers, None);
+    eprintln!("error: {}", diagnosis.message);
+    eprintln!("hint: {}", diagnosis.hint);
+    EXIT_FAILED
 }
 
 /// Why one node's status could not be had.
@@ -49,39 +52,26 @@ pub enum QueryError {
     #[error("invalid endpoint: {0}")]
     InvalidEndpoint(String),
     #[error("{0}")]
-    Connect(String),
+    Connect(Cause),
     #[error("{:?}: {}", .0.code(), .0.message())]
     Rpc(tonic::Status),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
 }
 
-/// Asks every endpoint (concurrently, each within [`STATUS_TIMEOUT`]) and
-/// prints one line per node to stdout: a table row, or with `json` one JSON
-/// object. Returns whether at least one node answered; an error only when
-/// there is nothing to ask or stdout cannot be written.
-pub async fn status(endpoints: &[String], json: bool) -> anyhow::Result<bool> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    status_to(&mut out, endpoints, json).await
-}
-
-/// [`status`], printing to `out`.
+/// Asks every endpoint (concurrently, each within `timeout`) and prints one
+/// line per node to `out`: a table row, or with `json` one JSON object.
+/// Returns every endpoint's answer; an error only when `out` cannot be
+/// written.
 pub async fn status_to(
     out: &mut impl Write,
     endpoints: &[String],
     json: bool,
-) -> anyhow::Result<bool> {
-    anyhow::ensure!(!endpoints.is_empty(), "no endpoints to ask");
-    let answers = futures::future::join_all(
-        endpoints
-            .iter()
-            .map(|endpoint| query(endpoint, STATUS_TIMEOUT)),
-    )
-    .await;
-    let mut answered = false;
+    timeout: Duration,
+) -> std::io::Result<Vec<reach::Probe>> {
+    let answers =
+        futures::future::join_all(endpoints.iter().map(|endpoint| query(endpoint, timeout))).await;
     for (endpoint, answer) in endpoints.iter().zip(&answers) {
-        answered |= answer.is_ok();
         let line = if json {
             json_line(endpoint, answer)?
         } else {
@@ -90,7 +80,7 @@ pub async fn status_to(
         writeln!(out, "{line}")?;
     }
     out.flush()?;
-    Ok(answered)
+    Ok(endpoints.iter().cloned().zip(answers).collect())
 }
 
 /// One `Status` call to `endpoint` (`host:port`, or a full `http://` URI),
@@ -101,15 +91,18 @@ pub async fn query(endpoint: &str, timeout: Duration) -> Result<StatusReply, Que
     } else {
         format!("http://{endpoint}")
     };
+    // The one deadline is the timeout around the whole call: tonic's own
+    // timeouts, racing it, would report the same silence as other errors.
     let endpoint = Endpoint::from_shared(uri)
-        .map_err(|error| QueryError::InvalidEndpoint(error_chain(&error)))?
-        .connect_timeout(timeout)
-        .timeout(timeout);
+        .map_err(|error| QueryError::InvalidEndpoint(error_chain(&error)))?;
     let call = async {
         let channel = endpoint
             .connect()
             .await
-            .map_err(|error| QueryError::Connect(error_chain(&error)))?;
+            .map_err(|error| match cause_of(&error) {
+                Cause::TimedOut => QueryError::Timeout(timeout),
+                cause => QueryError::Connect(cause),
+            })?;
         let reply = ClientClient::new(channel)
             .status(StatusRequest {})
             .await
@@ -327,8 +320,7 @@ mod tests {
         assert_eq!(json["members"][0]["peer_addr"], "127.0.0.1:7201");
     }
 
-    /// A port nobody listens on is reported unreachable, and the call says
-    /// that no node answered.
+    /// A port nobody listens on is reported unreachable, with the cause.
     #[tokio::test]
     async fn nobody_listening_means_no_answer() {
         let port = {
@@ -336,15 +328,19 @@ mod tests {
             listener.local_addr().unwrap().port()
         };
         let mut out = Vec::new();
-        let answered = status_to(&mut out, &[format!("127.0.0.1:{port}")], false)
-            .await
-            .unwrap();
-        assert!(!answered);
+        let answers = status_to(
+            &mut out,
+            &[format!("127.0.0.1:{port}")],
+            false,
+            STATUS_TIMEOUT,
+        )
+        .await
+        .unwrap();
+        assert!(answers.iter().all(|(_, answer)| answer.is_err()));
         let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.starts_with(&format!("127.0.0.1:{port}  unreachable (")),
-            "{text}"
+        assert_eq!(
+            text,
+            format!("127.0.0.1:{port}  unreachable (connection refused)\n")
         );
-        assert!(text.contains("Connection refused"), "{text}");
     }
 }

@@ -220,6 +220,9 @@ pub struct SegmentLogStore<C: RaftTypeConfig> {
     /// Makes the writer's `fdatasync`s fail (tests only).
     #[cfg(test)]
     fail_syncs: Arc<std::sync::atomic::AtomicBool>,
+    /// How far each segment file is synced (tests only).
+    #[cfg(test)]
+    synced: writer::SyncedExtents,
 }
 
 impl<C> SegmentLogStore<C>
@@ -264,6 +267,8 @@ where
         let recovered = recovery::recover::<C>(dir, config.segment_bytes)?;
         #[cfg(test)]
         let fail_syncs = recovered.writer.fail_syncs.clone();
+        #[cfg(test)]
+        let synced = recovered.writer.synced.clone();
         let writer = Writer::spawn(recovered.writer).map_err(SegmentLogError::SpawnWriter)?;
         Ok(Self {
             reader: SegmentLogReader {
@@ -277,6 +282,8 @@ where
             commit_index: None,
             #[cfg(test)]
             fail_syncs,
+            #[cfg(test)]
+            synced,
         })
     }
 

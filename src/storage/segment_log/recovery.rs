@@ -351,6 +351,8 @@ where
             dirty: false,
             #[cfg(test)]
             fail_syncs: Default::default(),
+            #[cfg(test)]
+            synced: Default::default(),
         },
     })
 }

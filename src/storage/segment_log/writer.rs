@@ -99,7 +99,20 @@ pub(super) struct WriterState {
     /// Tests set this to make every `fdatasync` fail.
     #[cfg(test)]
     pub(super) fail_syncs: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Tests: [`SyncedExtents`] of the segment files, for simulating a
+    /// power loss.
+    #[cfg(test)]
+    pub(super) synced: SyncedExtents,
 }
+
+/// Tests only: how much of each segment file an `fdatasync` (or the
+/// `sync_all` that created it) covers — its data end at its last sync. A
+/// simulated power loss drops every byte past it (the segment tests'
+/// `lose_unsynced_writes`), so a write reported durable without its sync
+/// is caught. Recorded right after the sync calls themselves.
+#[cfg(test)]
+pub(super) type SyncedExtents =
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<PathBuf, u64>>>;
 
 /// File name of segment `sequence`: zero-padded so names sort in order.
 pub(super) fn segment_file_name(sequence: u64) -> String {
@@ -188,9 +201,20 @@ impl WriterState {
                 return Err(io::Error::other("injected fdatasync failure"));
             }
             self.active.file.sync_data()?;
+            #[cfg(test)]
+            self.record_synced();
             self.dirty = false;
         }
         Ok(())
+    }
+
+    /// Tests: the active segment is synced up to its current offset.
+    #[cfg(test)]
+    fn record_synced(&self) {
+        self.synced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.active.path.clone(), self.active.offset);
     }
 
     /// Starts the next segment, its head holding the newest vote, committed
@@ -206,6 +230,9 @@ impl WriterState {
         let sequence = self.active.sequence + 1;
         let next = create_segment(&self.dir, sequence, self.segment_bytes, &head)?;
         let full = std::mem::replace(&mut self.active, next);
+        // `create_segment` synced the new segment's head.
+        #[cfg(test)]
+        self.record_synced();
         tracing::debug!(
             segment_sequence = sequence,
             full_segment_bytes = full.offset,
@@ -296,6 +323,9 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn spawn(state: WriterState) -> io::Result<Self> {
+        // What recovery found (or created) counts as synced.
+        #[cfg(test)]
+        state.record_synced();
         let (tx, rx) = mpsc::channel();
         let thread = thread::Builder::new()
             .name("segment-log-writer".into())
