@@ -1028,3 +1028,67 @@ fn check_key(key: &[u8]) -> Result<(), Error> {
 fn unexpected(result: CommandResult) -> Error {
     Error::InvalidArgument(format!("unexpected result {result:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::network::status::{ErrorReason, reason_status};
+
+    /// A server's refusal of an undecodable request (what the wire codec
+    /// answers) is a final INVALID_ARGUMENT to the library, not a retry and
+    /// not an unknown outcome; a limit broken by the request is a typed
+    /// final error naming the limit.
+    #[test]
+    fn malformed_request_and_limit_refusals_are_final() {
+        let prost = tonic::Status::internal("failed to decode Protobuf message: buffer underflow");
+        let refused = crate::network::wire_codec::decode_failure::<proto::ExecuteRequest>(prost);
+        let Attempt::Final(status) = classify::<()>(Err(refused)) else {
+            panic!("not final");
+        };
+        assert!(matches!(final_error(&status, 1), Error::InvalidArgument(_)));
+
+        let exceeded = reason_status(ErrorReason::LimitExceeded(LimitExceeded {
+            limit: Limit::KeyBytes,
+            max: 4,
+            requested: 5,
+        }));
+        let Attempt::Final(status) = classify::<()>(Err(exceeded)) else {
+            panic!("not final");
+        };
+        assert_eq!(
+            final_error(&status, 1),
+            Error::LimitExceeded {
+                limit: Limit::KeyBytes,
+                max: 4,
+                requested: 5
+            }
+        );
+    }
+
+    /// The reason of an unknown outcome is the most informative failure
+    /// seen (the latest among equals), with the last one when it differs.
+    #[test]
+    fn failures_report_the_most_informative_reason() {
+        let mut failures = Failures::default();
+        failures.note(&tonic::Status::unavailable("tcp connect error"));
+        failures.note(&reason_status(ErrorReason::ResourceExhausted(Limit::Keys)));
+        failures.note(&reason_status(ErrorReason::NotLeader {
+            leader_id: None,
+            leader_client_addr: None,
+        }));
+        failures.note(&tonic::Status::deadline_exceeded("attempt timed out"));
+        let reason = failures.reason();
+        assert!(
+            reason.starts_with("replicated limit keys_max reached"),
+            "{reason}"
+        );
+        assert!(reason.contains("the last of 4 failed attempts"), "{reason}");
+        assert!(reason.contains("attempt timed out"), "{reason}");
+
+        let mut one = Failures::default();
+        one.note(&reason_status(ErrorReason::Unavailable(
+            "overloaded".into(),
+        )));
+        assert_eq!(one.reason(), "overloaded");
+    }
+}

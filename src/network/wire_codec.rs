@@ -71,7 +71,7 @@ impl<U: Message + Name + Default> Decoder for WireDecoder<U> {
 }
 
 /// What to answer when a `U` did not decode (prost's `INTERNAL` status).
-fn decode_failure<U: Name>(status: Status) -> Status {
+pub(crate) fn decode_failure<U: Name>(status: Status) -> Status {
     let name = U::full_name();
     if is_request(&name) {
         reason_status(ErrorReason::InvalidArgument(format!(
