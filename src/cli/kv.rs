@@ -92,10 +92,11 @@ pub const EXIT_UNKNOWN: i32 = 3;
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes of put, get, del, incr, append, cas and sessions:
   0  success (also a cas that did not swap, a del of an absent key)
-  1  definite failure, nothing executed: invalid argument, wrong cluster, seq
-     conflict, response discarded, session expired, cluster unavailable before
-     the command was sent, overflow or wrong type, key absent (get), no node
-     answered (sessions)
+  1  definite failure, nothing executed: invalid argument (an empty key too),
+     a limit the request breaks (key, value or list too large), wrong cluster,
+     seq conflict, response discarded, session expired, cluster unavailable
+     before the command was sent, overflow or wrong type, key absent (get), no
+     node answered (sessions)
   2  usage error
   3  outcome unknown: the command may or may not have taken effect (the error
      says whether its seq is fenced; the session is closed either way)

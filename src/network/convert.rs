@@ -220,8 +220,9 @@ pub fn registry_config_to_proto(config: &RegistryConfig) -> proto::RegistryConfi
     }
 }
 
-/// The config as sent; its bounds are checked by
-/// [`RegistryConfig::validate`], on the wire's edge and again when applied.
+/// A whole config as a reply carries it (`GetConfig`, `SetConfig`); not
+/// validated here (a config only changes through a patch, which the core
+/// validates as a whole when it applies).
 pub fn registry_config_from_proto(
     config: Option<proto::RegistryConfig>,
 ) -> Result<RegistryConfig, ConvertError> {
