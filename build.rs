@@ -16,9 +16,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("oncekv_descriptor.bin"),
         descriptors.encode_to_vec(),
     )?;
+    // The messages some method takes as its request: only a server decodes
+    // them, so an undecodable one is the caller's malformed input
+    // (`network::wire_codec`).
+    let mut requests: Vec<String> = descriptors
+        .file
+        .iter()
+        .flat_map(|file| &file.service)
+        .flat_map(|service| &service.method)
+        .map(|method| method.input_type().trim_start_matches('.').to_string())
+        .collect();
+    requests.sort();
+    requests.dedup();
+    std::fs::write(
+        out_dir.join("request_messages.rs"),
+        format!(
+            "/// Full names of the messages some method takes as its request.\n\
+             pub const REQUEST_MESSAGES: &[&str] = &{requests:?};\n"
+        ),
+    )?;
+    let mut config = tonic_prost_build::Config::new();
+    // `prost::Name` for every message: the codec names what it failed to
+    // decode, and tells requests from replies.
+    config.enable_type_names();
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_fds(descriptors)?;
+        .codec_path("crate::network::wire_codec::WireCodec")
+        .compile_fds_with_config(descriptors, config)?;
     Ok(())
 }

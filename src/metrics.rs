@@ -143,7 +143,7 @@ impl NodeMetrics {
         let r = &mut registry;
         r.register(
             "registry_outcomes",
-            "Registry entries applied on this replica, by operation (register, execute, execute_plain, keep_alive, unregister, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, too_many_outstanding, invalid, not_bootstrapped); the same on every replica at the same applied index",
+            "Registry entries applied on this replica, by operation (register, execute, execute_plain, keep_alive, unregister, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, limit_exceeded, too_many_outstanding, invalid, not_bootstrapped); the same on every replica at the same applied index",
             metrics.registry_outcomes.clone(),
         );
         r.register(
@@ -191,7 +191,7 @@ impl NodeMetrics {
         );
         r.register(
             "client_replies",
-            "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, other)",
+            "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, limit_exceeded, other)",
             metrics.client_replies.clone(),
         );
         r.register(
@@ -448,7 +448,7 @@ pub fn op_label(op: &Op) -> &'static str {
         Op::Execute(_) => "execute",
         Op::KeepAlive { .. } => "keep_alive",
         Op::Unregister { .. } => "unregister",
-        Op::SetConfig { .. } => "set_config",
+        Op::SetConfig { .. } | Op::PatchConfig { .. } => "set_config",
         Op::ExecutePlain { .. } => "execute_plain",
     }
 }
@@ -460,7 +460,10 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
         Outcome::Registered(registration) if registration.duplicate => "duplicate",
         Outcome::Executed {
             duplicate: true, ..
-        } => "duplicate",
+        }
+        | Outcome::Rejected(Rejection::LimitExceeded {
+            duplicate: true, ..
+        }) => "duplicate",
         Outcome::Bootstrapped { .. }
         | Outcome::Registered(_)
         | Outcome::Executed { .. }
@@ -474,6 +477,7 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
             Rejection::ResponseDiscarded { .. } => "discarded",
             Rejection::TooManyOutstanding { .. } => "too_many_outstanding",
             Rejection::ResourceExhausted(_) => "rejected_by_limit",
+            Rejection::LimitExceeded { .. } => "limit_exceeded",
             Rejection::InvalidArgument(_) => "invalid",
             Rejection::NotBootstrapped => "not_bootstrapped",
         },

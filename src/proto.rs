@@ -2,6 +2,7 @@
 #![allow(clippy::all, missing_docs)]
 
 tonic::include_proto!("oncekv.v1");
+include!(concat!(env!("OUT_DIR"), "/request_messages.rs"));
 
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

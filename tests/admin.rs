@@ -331,9 +331,9 @@ async fn sessions_reads_snapshots_and_refusals() {
     let cluster_id = raw.cluster_id.clone();
     let bad_config = proto::SetConfigRequest {
         cluster_id: cluster_id.clone(),
-        config: Some(proto::RegistryConfig {
-            window: 0,
-            ..convert::registry_config_to_proto(&RegistryConfig::default())
+        patch: Some(proto::RegistryConfigPatch {
+            window: Some(0),
+            ..Default::default()
         }),
     };
     let error = on_leader(&raw, |mut client| {

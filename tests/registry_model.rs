@@ -10,8 +10,8 @@ mod support;
 
 use oncekv::registry::snapshot;
 use oncekv::registry::{
-    ClientId, Command, CommandResult, Entry, Execute, InvalidArgument, Nonce, Op, Outcome,
-    Registration, Registry, RegistryConfig, Rejection, Seq, Value,
+    ClientId, Command, CommandResult, ConfigPatch, Entry, Execute, InvalidArgument, Nonce, Op,
+    Outcome, Registration, Registry, RegistryConfig, Rejection, Seq, Value,
 };
 use proptest::prelude::*;
 use support::registry::{CLUSTER, one};
@@ -156,6 +156,7 @@ impl Model {
                 client_id,
                 session_ttl_ms: self.config.session_ttl_ms,
                 window: self.config.window,
+                limits: self.config.request_limits(),
                 duplicate,
             })
         };
@@ -227,6 +228,7 @@ impl Model {
                 Outcome::KeptAlive {
                     floor: session.floor,
                     session_ttl_ms: self.config.session_ttl_ms,
+                    limits: self.config.request_limits(),
                 }
             }
             None => Outcome::Rejected(Rejection::SessionExpired),
@@ -534,14 +536,19 @@ impl Run {
                 window,
                 session_ttl_ms,
             } => {
+                // A patch of two fields: the model's config with them set.
                 let config = RegistryConfig {
                     window,
                     session_ttl_ms,
-                    ..*self.registry.config()
+                    ..self.model.config
                 };
-                let outcome = self.apply(Op::SetConfig {
+                let outcome = self.apply(Op::PatchConfig {
                     cluster_id: CLUSTER,
-                    config,
+                    patch: ConfigPatch {
+                        window: Some(window),
+                        session_ttl_ms: Some(session_ttl_ms),
+                        ..ConfigPatch::default()
+                    },
                 });
                 assert_eq!(outcome, Outcome::ConfigSet(config));
                 self.model.config = config;

@@ -5,8 +5,9 @@ mod support;
 
 use oncekv::registry::snapshot;
 use oncekv::registry::{
-    ClientId, ClusterId, Command, CommandResult, Entry, InvalidArgument, Limit, Nonce, Op, Outcome,
-    Registry, RegistryConfig, Rejection, Value, ValueKind,
+    CACHED_RESPONSE_BOOKKEEPING_BYTES, ClientId, ClusterId, Command, CommandResult, ConfigPatch,
+    Entry, InvalidArgument, Limit, LimitExceeded, Nonce, Op, Outcome, Registry, RegistryConfig,
+    Rejection, Value, ValueKind,
 };
 use support::registry::{CLUSTER, Driver, append, incr, put};
 
@@ -98,7 +99,7 @@ fn rule04_effect_record_and_applied_index_move_together() {
     let cached = restored
         .cached_response(client, 1)
         .expect("response cached");
-    assert_eq!(cached.result, CommandResult::Incremented { value: 5 });
+    assert_eq!(cached.result, Ok(CommandResult::Incremented { value: 5 }));
     driver.registry = restored;
     assert_eq!(
         driver.execute(client, 1, 1, incr("n", 5)),
@@ -283,7 +284,8 @@ fn rule07_fenced_request_is_never_executed() {
         driver.keep_alive(client, 2),
         Outcome::KeptAlive {
             floor: 2,
-            session_ttl_ms: RegistryConfig::default().session_ttl_ms
+            session_ttl_ms: RegistryConfig::default().session_ttl_ms,
+            limits: RegistryConfig::default().request_limits(),
         }
     );
     assert_eq!(
@@ -453,7 +455,8 @@ fn rule11_keep_alive_refreshes_activity_and_floor() {
             driver.keep_alive(client, 2),
             Outcome::KeptAlive {
                 floor: 2,
-                session_ttl_ms: 1_000
+                session_ttl_ms: 1_000,
+                ..
             }
         ));
     }
@@ -487,34 +490,41 @@ fn rule12_session_limit_rejects_without_evicting() {
 
 /// Rule 12: the size of the response about to be cached counts: a
 /// compare-and-swap whose result carries a large value is refused before
-/// its effect, and cached responses at or above the floor are never
-/// dropped to make room.
+/// its effect while the session's cache is too full for it, and cached
+/// responses at or above the floor are never dropped to make room. It is a
+/// capacity limit (this attempt only): once the floor trims the cache, the
+/// same seq succeeds.
 #[test]
 fn rule12_cached_bytes_limit_counts_the_response_about_to_be_cached() {
     let config = RegistryConfig {
-        cached_bytes_per_session_max: 1_000,
-        value_bytes_max: 4_096,
+        cached_bytes_per_session_max: 2_100,
+        value_bytes_max: 2_048,
         ..RegistryConfig::default()
     };
     let mut driver = Driver::with_config(config);
     let client = driver.register(1);
     let writer = driver.register(2);
     driver.execute(writer, 1, 1, put("big", Value::Bytes(vec![7; 2_000])));
-    driver.execute(client, 1, 1, incr("n", 1));
+    for seq in 1..=3 {
+        driver.execute(client, seq, 1, incr("n", 1));
+    }
     let cas = Command::CompareAndSwap {
         key: b"big".to_vec(),
         expected: None,
         new: Value::Int(0),
     };
+    // 3 × 32 bytes cached + 32 + 2,000 for the answer > 2,100.
     assert_eq!(
-        driver.execute(client, 2, 1, cas),
+        driver.execute(client, 4, 1, cas.clone()),
         rejected(Rejection::ResourceExhausted(Limit::CachedBytesPerSession))
     );
     assert_eq!(
         driver.registry.get(b"big"),
         Some(&Value::Bytes(vec![7; 2_000]))
     );
-    assert!(driver.registry.cached_response(client, 1).is_some());
+    for seq in 1..=3 {
+        assert!(driver.registry.cached_response(client, seq).is_some());
+    }
     // A swap that would succeed is refused just the same: no effect.
     let swap = Command::CompareAndSwap {
         key: b"big".to_vec(),
@@ -522,56 +532,416 @@ fn rule12_cached_bytes_limit_counts_the_response_about_to_be_cached() {
         new: Value::Bytes(vec![8; 2_000]),
     };
     assert_eq!(
-        driver.execute(client, 3, 1, swap),
+        driver.execute(client, 5, 1, swap),
         rejected(Rejection::ResourceExhausted(Limit::CachedBytesPerSession))
     );
     assert_eq!(
         driver.registry.get(b"big"),
         Some(&Value::Bytes(vec![7; 2_000]))
     );
+    // Not cached: once the floor trims the cache, the same seq succeeds.
+    assert_eq!(
+        driver.execute(client, 4, 4, cas),
+        executed(CommandResult::CompareAndSwap {
+            swapped: false,
+            current: Some(Value::Bytes(vec![7; 2_000])),
+        })
+    );
 }
 
-/// Rule 12: key, value, list and key-count limits reject before the effect.
+fn exceeded(limit: Limit, max: u64, requested: u64) -> LimitExceeded {
+    LimitExceeded {
+        limit,
+        max,
+        requested,
+    }
+}
+
+fn limit_refused(exceeded: LimitExceeded, duplicate: bool) -> Outcome {
+    rejected(Rejection::LimitExceeded {
+        exceeded,
+        duplicate,
+    })
+}
+
+/// Rule 12: a limit the request breaks by itself — a key, value or list
+/// too large, measured on what the command would store — is refused before
+/// any effect, and the refusal is final for the seq: cached like a result,
+/// so a retry gets it again as a duplicate even after the limit was raised
+/// (a retry never executes what an earlier copy was refused), while a new
+/// seq is judged under the new limit.
 #[test]
-fn rule12_data_limits_reject_before_the_effect() {
+fn rule12_request_limits_are_final_and_cached() {
     let config = RegistryConfig {
         key_bytes_max: 4,
         value_bytes_max: 32,
         list_elements_max: 2,
-        keys_max: 3,
         ..RegistryConfig::default()
     };
     let mut driver = Driver::with_config(config);
     let client = driver.register(1);
-    let exhausted = |limit| rejected(Rejection::ResourceExhausted(limit));
+    let long_key = incr("long-key", 1);
+    let big_value = put("v", Value::Bytes(vec![0; 33]));
+    let long_list = put("w", Value::List(vec![b"a".to_vec(); 3]));
+    let big_new = Command::CompareAndSwap {
+        key: b"c".to_vec(),
+        expected: None,
+        new: Value::Bytes(vec![0; 40]),
+    };
     assert_eq!(
-        driver.execute(client, 1, 1, incr("long-key", 1)),
-        exhausted(Limit::KeyBytes)
+        driver.execute(client, 1, 1, long_key.clone()),
+        limit_refused(exceeded(Limit::KeyBytes, 4, 8), false)
     );
     assert_eq!(
-        driver.execute(client, 2, 1, put("v", Value::Bytes(vec![0; 33]))),
-        exhausted(Limit::ValueBytes)
+        driver.execute(client, 2, 1, big_value.clone()),
+        limit_refused(exceeded(Limit::ValueBytes, 32, 33), false)
     );
-    driver.execute(client, 3, 1, append("l", "a"));
-    driver.execute(client, 4, 1, append("l", "b"));
     assert_eq!(
-        driver.execute(client, 5, 1, append("l", "c")),
-        exhausted(Limit::ListElements)
+        driver.execute(client, 3, 1, long_list),
+        limit_refused(exceeded(Limit::ListElements, 2, 3), false)
     );
-    driver.execute(client, 6, 1, incr("x", 1));
-    driver.execute(client, 7, 1, incr("y", 1));
     assert_eq!(
-        driver.execute(client, 8, 1, incr("z", 1)),
-        exhausted(Limit::Keys)
+        driver.execute(client, 4, 1, big_new),
+        limit_refused(exceeded(Limit::ValueBytes, 32, 40), false)
     );
-    // Rejections are for this attempt only: the same seq may succeed later.
-    driver.execute(client, 9, 1, Command::Delete { key: b"y".to_vec() });
+    // A list grown past a limit by an append: the third element.
+    driver.execute(client, 5, 1, append("l", "a"));
+    driver.execute(client, 6, 1, append("l", "b"));
     assert_eq!(
-        driver.execute(client, 8, 1, incr("z", 1)),
+        driver.execute(client, 7, 1, append("l", "c")),
+        limit_refused(exceeded(Limit::ListElements, 2, 3), false)
+    );
+    assert!(driver.registry.data().iter().all(|(key, _)| key == b"l"));
+    // Final: the retry gets the cached refusal, even under a raised limit.
+    driver.apply(Op::PatchConfig {
+        cluster_id: CLUSTER,
+        patch: ConfigPatch {
+            key_bytes_max: Some(64),
+            value_bytes_max: Some(1_024),
+            ..ConfigPatch::default()
+        },
+    });
+    assert_eq!(
+        driver.execute(client, 1, 1, long_key.clone()),
+        limit_refused(exceeded(Limit::KeyBytes, 4, 8), true)
+    );
+    assert_eq!(
+        driver.execute(client, 2, 1, big_value.clone()),
+        limit_refused(exceeded(Limit::ValueBytes, 32, 33), true)
+    );
+    // The seq is taken: another command under it is a conflict.
+    assert_eq!(
+        driver.execute(client, 2, 1, incr("v", 1)),
+        rejected(Rejection::SeqConflict)
+    );
+    // A new seq is judged under the new limits.
+    assert_eq!(
+        driver.execute(client, 8, 1, long_key),
         executed(CommandResult::Incremented { value: 1 })
     );
-    assert_eq!(driver.registry.data().len(), 3);
-    assert_eq!(driver.int("long-key"), None);
+    assert_eq!(
+        driver.execute(client, 9, 1, big_value),
+        executed(CommandResult::Stored)
+    );
+    // The cached refusal is charged like a response, and trimmed like one.
+    let session = driver.registry.session(client).unwrap();
+    assert_eq!(session.cached_responses, 9);
+    driver.keep_alive(client, 10);
+    assert_eq!(driver.registry.session(client).unwrap().cached_bytes, 0);
+}
+
+/// Rule 12: the sessionless path refuses a limit the request breaks the
+/// same way (nothing to cache: it has no seq).
+#[test]
+fn rule12_plain_execute_refuses_request_limits() {
+    let config = RegistryConfig {
+        value_bytes_max: 16,
+        ..RegistryConfig::default()
+    };
+    let mut driver = Driver::with_config(config);
+    assert_eq!(
+        driver.apply(Op::ExecutePlain {
+            cluster_id: CLUSTER,
+            command: put("v", Value::Bytes(vec![0; 17])),
+        }),
+        limit_refused(exceeded(Limit::ValueBytes, 16, 17), false)
+    );
+    assert!(driver.registry.data().is_empty());
+}
+
+/// Rule 12: capacity limits (the key count) refuse for this attempt only:
+/// nothing is cached, and the same seq succeeds once room is made. A
+/// request that also breaks a limit by itself gets the final refusal.
+#[test]
+fn rule12_capacity_limits_are_for_this_attempt_only() {
+    let config = RegistryConfig {
+        keys_max: 2,
+        value_bytes_max: 32,
+        ..RegistryConfig::default()
+    };
+    let mut driver = Driver::with_config(config);
+    let client = driver.register(1);
+    driver.execute(client, 1, 1, incr("x", 1));
+    driver.execute(client, 2, 1, incr("y", 1));
+    assert_eq!(
+        driver.execute(client, 3, 1, incr("z", 1)),
+        rejected(Rejection::ResourceExhausted(Limit::Keys))
+    );
+    assert!(driver.registry.cached_response(client, 3).is_none());
+    // Can never succeed beats not now.
+    assert_eq!(
+        driver.execute(client, 4, 1, put("z", Value::Bytes(vec![0; 33]))),
+        limit_refused(exceeded(Limit::ValueBytes, 32, 33), false)
+    );
+    driver.execute(client, 5, 1, Command::Delete { key: b"y".to_vec() });
+    assert_eq!(
+        driver.execute(client, 3, 1, incr("z", 1)),
+        executed(CommandResult::Incremented { value: 1 })
+    );
+    assert_eq!(driver.registry.data().len(), 2);
+}
+
+/// Rule 12: data written under larger limits stays usable after they are
+/// lowered: it can be read and deleted, and a response that no session
+/// could cache — a failed compare-and-swap answering with a value larger
+/// than a whole session's cache — is a final refusal, not a capacity
+/// refusal retried forever.
+#[test]
+fn rule12_a_response_no_session_could_cache_is_final() {
+    let config = RegistryConfig {
+        key_bytes_max: 16,
+        value_bytes_max: 4_096,
+        cached_bytes_per_session_max: 8_192,
+        ..RegistryConfig::default()
+    };
+    let mut driver = Driver::with_config(config);
+    let client = driver.register(1);
+    driver.execute(client, 1, 1, put("big", Value::Bytes(vec![7; 4_000])));
+    driver.execute(client, 2, 1, incr("a-long-key", 1));
+    assert!(matches!(
+        driver.apply(Op::PatchConfig {
+            cluster_id: CLUSTER,
+            patch: ConfigPatch {
+                key_bytes_max: Some(4),
+                value_bytes_max: Some(64),
+                cached_bytes_per_session_max: Some(100),
+                ..ConfigPatch::default()
+            },
+        }),
+        Outcome::ConfigSet(_)
+    ));
+    let cas = Command::CompareAndSwap {
+        key: b"big".to_vec(),
+        expected: None,
+        new: Value::Int(1),
+    };
+    let refused = exceeded(Limit::CachedBytesPerSession, 100, 4_032);
+    assert_eq!(
+        driver.execute(client, 3, 3, cas.clone()),
+        limit_refused(refused, false)
+    );
+    assert_eq!(
+        driver.execute(client, 3, 3, cas),
+        limit_refused(refused, true)
+    );
+    assert_eq!(
+        driver.registry.get(b"big"),
+        Some(&Value::Bytes(vec![7; 4_000]))
+    );
+    assert_eq!(
+        driver.execute(
+            client,
+            4,
+            3,
+            Command::Delete {
+                key: b"a-long-key".to_vec()
+            }
+        ),
+        executed(CommandResult::Deleted { existed: true })
+    );
+}
+
+/// Rule 12: a config that would refuse requests forever is refused — at
+/// bootstrap and in a config entry — naming both fields: a session's cache
+/// must hold the largest response a command can produce, a compare-and-swap
+/// answering with a value of `value_bytes_max` (plus 32 bytes of
+/// bookkeeping). At the boundary, such a response is cached on an empty
+/// session, whatever the value's type.
+#[test]
+fn rule12_config_cross_check_keeps_every_response_cacheable() {
+    let at = |value_bytes_max: u64, cached_bytes_per_session_max: u64| RegistryConfig {
+        value_bytes_max,
+        cached_bytes_per_session_max,
+        ..RegistryConfig::default()
+    };
+    for invalid in [at(64, 0), at(64, 95), at(4 << 20, 1 << 20)] {
+        let Err(InvalidArgument::Config(why)) = invalid.validate() else {
+            panic!("{invalid:?} accepted");
+        };
+        assert!(
+            why.contains("cached_bytes_per_session_max") && why.contains("value_bytes_max"),
+            "{why}"
+        );
+        let mut registry = Registry::new();
+        let outcomes = registry.apply(
+            1,
+            &Entry::single(
+                0,
+                Op::Bootstrap {
+                    cluster_id: CLUSTER,
+                    config: invalid,
+                },
+            ),
+        );
+        assert!(matches!(
+            outcomes[..],
+            [Outcome::Rejected(Rejection::InvalidArgument(_))]
+        ));
+    }
+    assert_eq!(
+        CommandResult::largest_cached_size_bytes(64),
+        64 + CACHED_RESPONSE_BOOKKEEPING_BYTES
+    );
+    let boundary = at(64, 96);
+    assert_eq!(boundary.validate(), Ok(()));
+    let values = [
+        Value::Bytes(vec![1; 64]),
+        Value::List(vec![vec![2; 8]; 4]),
+        Value::List(vec![Vec::new(); 8]),
+        Value::Int(3),
+    ];
+    for (n, value) in values.into_iter().enumerate() {
+        assert!(value.size_bytes() <= 64);
+        let mut driver = Driver::with_config(boundary);
+        let client = driver.register(1);
+        let key = format!("k{n}");
+        let swap = Command::CompareAndSwap {
+            key: key.clone().into_bytes(),
+            expected: None,
+            new: value.clone(),
+        };
+        assert_eq!(
+            driver.execute(client, 1, 1, swap),
+            executed(CommandResult::CompareAndSwap {
+                swapped: true,
+                current: Some(value.clone()),
+            })
+        );
+        let failed = Command::CompareAndSwap {
+            key: key.into_bytes(),
+            expected: None,
+            new: Value::Int(0),
+        };
+        assert_eq!(
+            driver.execute(client, 2, 2, failed),
+            executed(CommandResult::CompareAndSwap {
+                swapped: false,
+                current: Some(value),
+            })
+        );
+    }
+    // A config entry is checked as a whole against the config in force:
+    // raising value_bytes_max past what the cache holds is refused.
+    let mut driver = Driver::with_config(boundary);
+    let raise = Op::PatchConfig {
+        cluster_id: CLUSTER,
+        patch: ConfigPatch {
+            value_bytes_max: Some(65),
+            ..ConfigPatch::default()
+        },
+    };
+    assert!(matches!(
+        driver.apply(raise),
+        Outcome::Rejected(Rejection::InvalidArgument(InvalidArgument::Config(_)))
+    ));
+    assert_eq!(driver.registry.config(), &boundary);
+}
+
+/// Rule 12: a config patch changes only the fields it sets, on the config
+/// in force when it applies, so two operators changing different fields
+/// both get their change; a patch that sets nothing is refused. An entry
+/// of the whole-config kind older builds wrote still replaces every field.
+#[test]
+fn rule12_config_patch_changes_only_the_fields_it_sets() {
+    let mut driver = Driver::new();
+    let operator_a = Op::PatchConfig {
+        cluster_id: CLUSTER,
+        patch: ConfigPatch {
+            window: Some(8),
+            ..ConfigPatch::default()
+        },
+    };
+    let operator_b = Op::PatchConfig {
+        cluster_id: CLUSTER,
+        patch: ConfigPatch {
+            session_ttl_ms: Some(5_000),
+            ..ConfigPatch::default()
+        },
+    };
+    let outcomes = driver.apply_batch(vec![operator_a.clone(), operator_b]);
+    let expected = RegistryConfig {
+        window: 8,
+        session_ttl_ms: 5_000,
+        ..RegistryConfig::default()
+    };
+    assert_eq!(outcomes.last(), Some(&Outcome::ConfigSet(expected)));
+    assert_eq!(driver.registry.config(), &expected);
+    // A retried patch sets the same values again.
+    assert_eq!(driver.apply(operator_a), Outcome::ConfigSet(expected));
+    assert_eq!(
+        driver.apply(Op::PatchConfig {
+            cluster_id: CLUSTER,
+            patch: ConfigPatch::default(),
+        }),
+        rejected(Rejection::InvalidArgument(
+            InvalidArgument::EmptyConfigPatch
+        ))
+    );
+    let whole = RegistryConfig {
+        keys_max: 7,
+        ..RegistryConfig::default()
+    };
+    assert_eq!(
+        driver.apply(Op::SetConfig {
+            cluster_id: CLUSTER,
+            config: whole,
+        }),
+        Outcome::ConfigSet(whole)
+    );
+}
+
+/// An empty key is malformed on every path that executes a command (as
+/// etcd has it): INVALID_ARGUMENT, nothing executed, nothing cached — it is
+/// a fact of the request alone, so a retry gets it again.
+#[test]
+fn empty_key_is_invalid_on_every_path() {
+    let mut driver = Driver::new();
+    let client = driver.register(1);
+    let empties = [
+        put("", Value::Int(1)),
+        incr("", 1),
+        append("", "e"),
+        Command::Delete { key: Vec::new() },
+        Command::CompareAndSwap {
+            key: Vec::new(),
+            expected: None,
+            new: Value::Int(1),
+        },
+    ];
+    let invalid = rejected(Rejection::InvalidArgument(InvalidArgument::EmptyKey));
+    for (seq, command) in (1..).zip(empties) {
+        assert_eq!(driver.execute(client, seq, 1, command.clone()), invalid);
+        assert_eq!(driver.execute(client, seq, 1, command.clone()), invalid);
+        assert_eq!(
+            driver.apply(Op::ExecutePlain {
+                cluster_id: CLUSTER,
+                command,
+            }),
+            invalid
+        );
+        assert!(driver.registry.cached_response(client, seq).is_none());
+    }
+    assert!(driver.registry.data().is_empty());
 }
 
 /// Rule 12: the TTL and limits change only through a config entry, which
@@ -606,7 +976,8 @@ fn rule12_config_changes_only_through_the_log() {
         driver.keep_alive(client, 1),
         Outcome::KeptAlive {
             floor: 1,
-            session_ttl_ms: 5_000
+            session_ttl_ms: 5_000,
+            limits: shorter.request_limits(),
         }
     );
     assert_eq!(
@@ -655,6 +1026,35 @@ fn rule13_snapshot_carries_the_whole_registry() {
     assert_eq!(
         driver.execute(client, 2, 2, append("l", "x")),
         duplicate(CommandResult::Appended { length: 1 })
+    );
+}
+
+/// Rule 13: a cached refusal of a request that broke a limit travels in the
+/// snapshot like any cached response: a node restored from it (a new
+/// leader) answers the retry with the same final refusal, and hashes alike.
+#[test]
+fn rule13_snapshot_carries_cached_limit_refusals() {
+    let config = RegistryConfig {
+        value_bytes_max: 16,
+        ..RegistryConfig::default()
+    };
+    let mut driver = Driver::with_config(config);
+    let client = driver.register(1);
+    let big = put("v", Value::Bytes(vec![0; 17]));
+    let refused = limit_refused(exceeded(Limit::ValueBytes, 16, 17), false);
+    assert_eq!(driver.execute(client, 1, 1, big.clone()), refused);
+    let bytes = snapshot::to_bytes(&driver.registry);
+    let restored = snapshot::from_bytes(&bytes).unwrap();
+    assert_eq!(restored, driver.registry);
+    assert_eq!(snapshot::to_bytes(&restored), bytes);
+    assert_eq!(
+        snapshot::state_hash(&restored),
+        snapshot::state_hash(&driver.registry)
+    );
+    driver.registry = restored;
+    assert_eq!(
+        driver.execute(client, 1, 1, big),
+        limit_refused(exceeded(Limit::ValueBytes, 16, 17), true)
     );
 }
 
@@ -836,6 +1236,48 @@ fn order_of_checks_is_the_documented_one() {
     assert_eq!(driver.int("n"), Some(4));
 }
 
+/// Step 7 in its documented order: an empty key, then a limit the request
+/// breaks by itself (final, cached), then capacity limits (this attempt):
+/// the key count, then the session's cached bytes — which a refusal about
+/// to be cached needs too.
+#[test]
+fn order_of_limit_checks_is_the_documented_one() {
+    let config = RegistryConfig {
+        keys_max: 1,
+        value_bytes_max: 8,
+        cached_bytes_per_session_max: 64,
+        ..RegistryConfig::default()
+    };
+    let mut driver = Driver::with_config(config);
+    let client = driver.register(1);
+    driver.execute(client, 1, 1, incr("a", 1));
+    // Empty key beats a limit the request breaks.
+    assert_eq!(
+        driver.execute(client, 2, 1, put("", Value::Bytes(vec![0; 9]))),
+        rejected(Rejection::InvalidArgument(InvalidArgument::EmptyKey))
+    );
+    // A limit the request breaks beats the key count.
+    assert_eq!(
+        driver.execute(client, 2, 1, put("b", Value::Bytes(vec![0; 9]))),
+        limit_refused(exceeded(Limit::ValueBytes, 8, 9), false)
+    );
+    // Now 64 bytes are cached: the key count refuses first...
+    assert_eq!(
+        driver.execute(client, 3, 1, incr("b", 1)),
+        rejected(Rejection::ResourceExhausted(Limit::Keys))
+    );
+    // ...and a refusal that cannot be cached is not final yet.
+    assert_eq!(
+        driver.execute(client, 4, 1, put("a", Value::Bytes(vec![0; 9]))),
+        rejected(Rejection::ResourceExhausted(Limit::CachedBytesPerSession))
+    );
+    assert!(driver.registry.cached_response(client, 4).is_none());
+    assert_eq!(
+        driver.execute(client, 4, 3, put("a", Value::Bytes(vec![0; 9]))),
+        limit_refused(exceeded(Limit::ValueBytes, 8, 9), false)
+    );
+}
+
 /// Unregister ends a session and its nonce; a second unregister finds no
 /// session.
 #[test]
@@ -906,6 +1348,55 @@ fn rule17_batch_applies_each_request_with_its_own_outcome() {
         ]
     );
     assert_eq!(driver.int("n"), Some(6));
+}
+
+/// Rule 17: a request refused for a limit it breaks, or for an empty key,
+/// changes nothing for the requests around it in its batch — of its own
+/// session or another — and gets the same outcome it gets alone.
+#[test]
+fn rule17_a_refused_request_never_affects_another_in_its_batch() {
+    let config = RegistryConfig {
+        value_bytes_max: 16,
+        ..RegistryConfig::default()
+    };
+    let requests = |first: ClientId, second: ClientId| {
+        vec![
+            execute_op(first, 1, incr("n", 1)),
+            execute_op(first, 2, put("v", Value::Bytes(vec![0; 17]))),
+            execute_op(second, 1, incr("", 1)),
+            execute_op(first, 2, put("v", Value::Bytes(vec![0; 17]))),
+            execute_op(first, 3, incr("n", 1)),
+            execute_op(second, 2, append("l", "x")),
+        ]
+    };
+    let mut single = Driver::with_config(config);
+    let (first, second) = (single.register(1), single.register(2));
+    let one_by_one: Vec<Outcome> = requests(first, second)
+        .into_iter()
+        .map(|op| single.apply(op))
+        .collect();
+    let mut batched = Driver::with_config(config);
+    assert_eq!((batched.register(1), batched.register(2)), (first, second));
+    let together = batched.apply_batch(requests(first, second));
+    assert_eq!(together, one_by_one);
+    assert_eq!(
+        together,
+        vec![
+            executed(CommandResult::Incremented { value: 1 }),
+            limit_refused(exceeded(Limit::ValueBytes, 16, 17), false),
+            rejected(Rejection::InvalidArgument(InvalidArgument::EmptyKey)),
+            limit_refused(exceeded(Limit::ValueBytes, 16, 17), true),
+            executed(CommandResult::Incremented { value: 2 }),
+            executed(CommandResult::Appended { length: 1 }),
+        ]
+    );
+    assert_eq!(batched.registry.data(), single.registry.data());
+    for seq in 1..=3 {
+        assert_eq!(
+            batched.registry.cached_response(first, seq),
+            single.registry.cached_response(first, seq)
+        );
+    }
 }
 
 /// Rule 17: nothing about a request's outcome depends on the batch it rode

@@ -146,7 +146,9 @@ impl Admin {
             let mut client = self.client(target)?;
             let result = within(client.set_config(proto::SetConfigRequest {
                 cluster_id: cluster_id.to_vec(),
-                config: Some(config),
+                patch: Some(oncekv::network::convert::config_patch_replacing_with(
+                    &config,
+                )),
             }))
             .await;
             let status = match result {

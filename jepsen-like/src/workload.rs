@@ -204,7 +204,8 @@ pub fn completion(
                 | Error::WrongCluster { .. }
                 | Error::SeqConflict { .. }
                 | Error::ResponseDiscarded { .. }
-                | Error::InvalidArgument(_) => EventType::Fail,
+                | Error::InvalidArgument(_)
+                | Error::LimitExceeded { .. } => EventType::Fail,
             };
             (kind, None, Some(error.to_string()))
         }

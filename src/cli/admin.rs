@@ -867,22 +867,22 @@ async fn set_config(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, Failu
         ));
     }
     let cluster_id = admin.cluster_id().await?;
-    let (current, _) = leader_config(admin).await?;
-    let config = proto::RegistryConfig {
-        session_ttl_ms: set.session_ttl_ms.unwrap_or(current.session_ttl_ms),
-        sessions_max: set.sessions_max.unwrap_or(current.sessions_max),
-        window: set.window.unwrap_or(current.window),
-        cached_bytes_per_session_max: set
-            .cached_bytes_per_session_max
-            .unwrap_or(current.cached_bytes_per_session_max),
-        key_bytes_max: set.key_bytes_max.unwrap_or(current.key_bytes_max),
-        value_bytes_max: set.value_bytes_max.unwrap_or(current.value_bytes_max),
-        list_elements_max: set.list_elements_max.unwrap_or(current.list_elements_max),
-        keys_max: set.keys_max.unwrap_or(current.keys_max),
+    // Only the given fields travel: the registry applies them to the config
+    // in force when the entry applies, so a concurrent change of other
+    // fields is kept, and a retry sets the same values again.
+    let patch = proto::RegistryConfigPatch {
+        session_ttl_ms: set.session_ttl_ms,
+        sessions_max: set.sessions_max,
+        window: set.window,
+        cached_bytes_per_session_max: set.cached_bytes_per_session_max,
+        key_bytes_max: set.key_bytes_max,
+        value_bytes_max: set.value_bytes_max,
+        list_elements_max: set.list_elements_max,
+        keys_max: set.keys_max,
     };
     let request = proto::SetConfigRequest {
         cluster_id,
-        config: Some(config),
+        patch: Some(patch),
     };
     let reply = admin
         .on_leader(true, |mut client| {
@@ -890,7 +890,7 @@ async fn set_config(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, Failu
             async move { client.set_config(request).await }
         })
         .await?;
-    let applied = reply.config.unwrap_or(config);
+    let applied = reply.config.unwrap_or_default();
     Ok(config_report(&applied, "log_index", reply.log_index))
 }
 

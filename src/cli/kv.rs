@@ -62,8 +62,10 @@
 //!
 //! - 0: success (a `cas` that did not swap, and a `del` of an absent key,
 //!   are successes: the command ran and the answer is definite).
-//! - 1: definite failure, nothing was executed: invalid argument, wrong
-//!   cluster, seq conflict, response discarded, session expired on the first
+//! - 1: definite failure, nothing was executed: invalid argument (an empty
+//!   key included), a limit the request breaks (a key, value or list too
+//!   large: `kind` `limit_exceeded`, with `limit`, `limit_max` and
+//!   `limit_requested`), wrong cluster, seq conflict, response discarded, session expired on the first
 //!   attempt, cluster unavailable before the command was sent (no node
 //!   reachable, no leader, no session), an increment that would overflow or a
 //!   value of the wrong type (nothing changed), the key absent for `get`; for
@@ -101,10 +103,11 @@ pub const EXIT_UNKNOWN: i32 = 3;
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes of put, get, del, incr, append, cas and sessions:
   0  success (also a cas that did not swap, a del of an absent key)
-  1  definite failure, nothing executed: invalid argument, wrong cluster, seq
-     conflict, response discarded, session expired, cluster unavailable before
-     the command was sent, overflow or wrong type, key absent (get), no node
-     answered (sessions)
+  1  definite failure, nothing executed: invalid argument (an empty key too),
+     a limit the request breaks (key, value or list too large), wrong cluster,
+     seq conflict, response discarded, session expired, cluster unavailable
+     before the command was sent, overflow or wrong type, key absent (get), no
+     node answered (sessions)
   2  usage error
   3  outcome unknown: the command may or may not have taken effect (the error
      says whether its seq is fenced; the session is closed either way)
@@ -375,9 +378,18 @@ impl Failure {
             Error::ResponseDiscarded { .. } => "response_discarded",
             Error::InvalidArgument(_) => "invalid_argument",
             Error::ResourceExhausted(_) => "resource_exhausted",
+            Error::LimitExceeded { .. } => "limit_exceeded",
         };
         let failure = Failure::new(kind, plain_reason(&error.to_string())).with("key", json!(key));
         match error {
+            Error::LimitExceeded {
+                limit,
+                max,
+                requested,
+            } => failure
+                .with("limit", json!(limit.to_string()))
+                .with("limit_max", json!(max))
+                .with("limit_requested", json!(requested)),
             Error::OutcomeUnknown {
                 seq,
                 fenced,
@@ -1018,6 +1030,11 @@ mod tests {
             Error::ResponseDiscarded { seq: 1, floor: 2 },
             Error::InvalidArgument("x".into()),
             Error::ResourceExhausted("x".into()),
+            Error::LimitExceeded {
+                limit: crate::registry::Limit::ValueBytes,
+                max: 65_536,
+                requested: 65_537,
+            },
         ];
         for error in definite {
             let failure = Failure::from_client(&error, "k");

@@ -8,7 +8,11 @@
 //! the seq is fenced (the floor moves past it), so a late copy can never
 //! execute. A session the cluster no longer knows is never silently
 //! replaced under in-flight calls: they report an unknown outcome, and only
-//! new calls get a new session.
+//! new calls get a new session. A request that can never succeed — an empty
+//! key, or one that breaks a request limit the cluster told the session
+//! (key, value or list too large) — is refused before it is sent, with a
+//! definite, typed error; the cluster refuses it the same way, finally, if
+//! it is sent anyway.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), oncekv::client::Error> {
@@ -24,7 +28,7 @@ pub mod seqs;
 use crate::network::convert;
 use crate::network::status::error_detail;
 use crate::proto::{self, Reason, client_client::ClientClient};
-use crate::registry::{Command, CommandResult, Value};
+use crate::registry::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
 use rand::Rng;
 use retry::Backoff;
 use seqs::Seqs;
@@ -69,6 +73,29 @@ pub enum Error {
     /// A replicated limit refused the request until the deadline.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
+    /// The request itself breaks a replicated limit (a key, value or list
+    /// too large, or a response too large to cache): it can never succeed
+    /// as sent. Nothing was executed — whether the library refused it
+    /// before sending or the cluster did (finally: every retry of the seq
+    /// gets the same answer).
+    #[error(
+        "the request breaks the replicated limit {limit} = {max} (it needs {requested}); nothing was executed"
+    )]
+    LimitExceeded {
+        limit: Limit,
+        max: u64,
+        requested: u64,
+    },
+}
+
+impl From<LimitExceeded> for Error {
+    fn from(exceeded: LimitExceeded) -> Error {
+        Error::LimitExceeded {
+            limit: exceeded.limit,
+            max: exceeded.max,
+            requested: exceeded.requested,
+        }
+    }
 }
 
 /// Tuning of a [`Client`].
@@ -169,6 +196,9 @@ struct Session {
     /// at every keep-alive): keep-alives are paced by it.
     ttl_ms: std::sync::atomic::AtomicU64,
     seqs: Mutex<Seqs>,
+    /// The request limits as last heard from the cluster (at register, then
+    /// at every keep-alive); `None` from a server that does not send them.
+    limits: Mutex<Option<RequestLimits>>,
     /// Signalled whenever a seq finishes (the window may have opened).
     finished: Notify,
     expired: std::sync::atomic::AtomicBool,
@@ -217,6 +247,18 @@ fn classify<T>(result: Result<T, tonic::Status>) -> Attempt<T> {
 fn final_error(status: &tonic::Status, seq: u64) -> Error {
     let detail = error_detail(status);
     match detail.as_ref().map(|detail| detail.reason()) {
+        Some(Reason::LimitExceeded) => {
+            let detail = detail.unwrap_or_default();
+            match Limit::from_name(&detail.limit) {
+                Some(limit) => Error::LimitExceeded {
+                    limit,
+                    max: detail.limit_max,
+                    requested: detail.limit_requested,
+                },
+                // A limit this build does not know: still final.
+                None => Error::InvalidArgument(status.message().to_string()),
+            }
+        }
         Some(Reason::SessionExpired) => Error::SessionExpired,
         Some(Reason::WrongCluster) => Error::WrongCluster {
             expected: hex(&detail.map(|d| d.expected_cluster_id).unwrap_or_default()),
@@ -245,6 +287,61 @@ fn status_reason(status: &tonic::Status) -> String {
     match error_detail(status) {
         Some(detail) => detail.reason().as_str_name().to_string(),
         None => format!("{:?}", status.code()),
+    }
+}
+
+/// How much a failed attempt tells about why the call could not complete,
+/// for reporting an unknown outcome: the registry's own reason for refusing
+/// this attempt (a capacity limit, the window) says most; a node saying why
+/// it cannot serve (no quorum, overload) next; then "not the leader"; a
+/// failure below the service (a refused connection, the attempt's own
+/// timeout) least.
+fn informativeness(status: &tonic::Status) -> u8 {
+    match error_detail(status).map(|detail| detail.reason()) {
+        Some(Reason::ResourceExhausted | Reason::TooManyOutstanding) => 3,
+        Some(Reason::NotLeader) => 1,
+        Some(_) => 2,
+        None => 0,
+    }
+}
+
+/// The failed attempts of one call, so that an unknown outcome reports the
+/// most informative reason seen, not merely the last one (a call refused
+/// for a capacity limit whose last attempt met an election would otherwise
+/// say "not the leader").
+#[derive(Debug, Default)]
+struct Failures {
+    /// The most informative failure so far (the latest among equals).
+    best: Option<(u8, String)>,
+    last: Option<String>,
+    count: u32,
+}
+
+impl Failures {
+    fn note(&mut self, status: &tonic::Status) {
+        let text = match error_detail(status) {
+            Some(_) => status.message().to_string(),
+            None => format!("{:?}: {}", status.code(), status.message()),
+        };
+        let rank = informativeness(status);
+        if self.best.as_ref().is_none_or(|(best, _)| rank >= *best) {
+            self.best = Some((rank, text.clone()));
+        }
+        self.last = Some(text);
+        self.count += 1;
+    }
+
+    /// The reason to report: the most informative failure, and the last one
+    /// when it differs.
+    fn reason(&self) -> String {
+        match (&self.best, &self.last) {
+            (Some((_, best)), Some(last)) if best != last => format!(
+                "{best} (the last of {} failed attempts: {last})",
+                self.count
+            ),
+            (Some((_, best)), _) => best.clone(),
+            (None, _) => "no attempt was answered".into(),
+        }
     }
 }
 
@@ -348,6 +445,7 @@ impl Client {
 
     /// A linearizable read through the leader.
     pub async fn get(&self, key: &[u8]) -> Result<Option<Value>, Error> {
+        check_key(key)?;
         let deadline = self.deadline();
         let cluster_id = self.cluster_id(deadline).await?;
         let request = proto::ReadRequest {
@@ -372,8 +470,10 @@ impl Client {
     /// Executes `command` exactly once (or reports that its outcome is
     /// unknown), retrying the same request until the call's deadline.
     pub async fn execute(&self, command: Command) -> Result<CommandResult, Error> {
+        check_key(command.key())?;
         let deadline = Instant::now() + self.inner.config.call_timeout;
         let session = self.session(deadline).await?;
+        self.check_request_limits(&session, &command).await?;
         let seq = session.begin(deadline).await?;
         let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
         let result = self
@@ -402,6 +502,29 @@ impl Client {
         result
     }
 
+    /// Refuses, before a seq is taken or anything is sent, a command that
+    /// breaks a request limit. The session's limits may be stale (config
+    /// changes after its register or last keep-alive): a command they
+    /// refuse is checked again against the limits a keep-alive returns now,
+    /// so a raised limit never refuses a request wrongly. If that keep-alive
+    /// fails, the command is sent and the cluster decides.
+    async fn check_request_limits(
+        &self,
+        session: &Arc<Session>,
+        command: &Command,
+    ) -> Result<(), Error> {
+        let Some(limits) = session.limits() else {
+            return Ok(());
+        };
+        if limits.check(command).is_ok() || !self.keep_alive(session).await {
+            return Ok(());
+        }
+        match session.limits() {
+            Some(limits) => limits.check(command).map_err(Error::from),
+            None => Ok(()),
+        }
+    }
+
     async fn execute_seq(
         &self,
         session: &Arc<Session>,
@@ -411,6 +534,7 @@ impl Client {
     ) -> Result<CommandResult, Error> {
         let proto_command = convert::command_to_proto(command);
         let mut attempt: u32 = 0;
+        let mut failures = Failures::default();
         loop {
             let request = proto::ExecuteRequest {
                 cluster_id: session.cluster_id.clone(),
@@ -492,10 +616,11 @@ impl Client {
                     return Err(error);
                 }
                 Attempt::Retry { status, hint } => {
+                    failures.note(&status);
                     if Instant::now() >= deadline {
                         return Err(Error::OutcomeUnknown {
                             seq,
-                            reason: status.message().to_string(),
+                            reason: failures.reason(),
                             fenced: false,
                         });
                     }
@@ -510,6 +635,7 @@ impl Client {
     /// attempt" failures like any call, so a retry after a lost reply may
     /// apply it twice. A baseline for measuring what exactly-once costs.
     pub async fn execute_plain(&self, command: Command) -> Result<CommandResult, Error> {
+        check_key(command.key())?;
         let deadline = self.deadline();
         let request = proto::ExecutePlainRequest {
             cluster_id: self.cluster_id(deadline).await?,
@@ -744,6 +870,12 @@ impl Client {
             cluster_id: reply.cluster_id,
             ttl_ms: std::sync::atomic::AtomicU64::new(reply.session_ttl_ms),
             seqs: Mutex::new(Seqs::new(reply.window)),
+            limits: Mutex::new(
+                reply
+                    .limits
+                    .as_ref()
+                    .map(convert::request_limits_from_proto),
+            ),
             finished: Notify::new(),
             expired: std::sync::atomic::AtomicBool::new(false),
             last_sent: Mutex::new(Instant::now()),
@@ -821,6 +953,10 @@ impl Client {
                         .ttl_ms
                         .store(reply.session_ttl_ms, std::sync::atomic::Ordering::Relaxed);
                 }
+                if let Some(limits) = &reply.limits {
+                    *session.limits.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(convert::request_limits_from_proto(limits));
+                }
                 true
             }
             Err((status, _)) => {
@@ -838,6 +974,10 @@ impl Client {
 }
 
 impl Session {
+    fn limits(&self) -> Option<RequestLimits> {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn first_outstanding(&self) -> u64 {
         self.seqs
             .lock()
@@ -880,6 +1020,75 @@ impl Session {
     }
 }
 
+/// An empty key can never be valid (the cluster refuses it on every path).
+fn check_key(key: &[u8]) -> Result<(), Error> {
+    convert::check_key(key).map_err(|error| Error::InvalidArgument(error.to_string()))
+}
+
 fn unexpected(result: CommandResult) -> Error {
     Error::InvalidArgument(format!("unexpected result {result:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::network::status::{ErrorReason, reason_status};
+
+    /// A server's refusal of an undecodable request (what the wire codec
+    /// answers) is a final INVALID_ARGUMENT to the library, not a retry and
+    /// not an unknown outcome; a limit broken by the request is a typed
+    /// final error naming the limit.
+    #[test]
+    fn malformed_request_and_limit_refusals_are_final() {
+        let prost = tonic::Status::internal("failed to decode Protobuf message: buffer underflow");
+        let refused = crate::network::wire_codec::decode_failure::<proto::ExecuteRequest>(prost);
+        let Attempt::Final(status) = classify::<()>(Err(refused)) else {
+            panic!("not final");
+        };
+        assert!(matches!(final_error(&status, 1), Error::InvalidArgument(_)));
+
+        let exceeded = reason_status(ErrorReason::LimitExceeded(LimitExceeded {
+            limit: Limit::KeyBytes,
+            max: 4,
+            requested: 5,
+        }));
+        let Attempt::Final(status) = classify::<()>(Err(exceeded)) else {
+            panic!("not final");
+        };
+        assert_eq!(
+            final_error(&status, 1),
+            Error::LimitExceeded {
+                limit: Limit::KeyBytes,
+                max: 4,
+                requested: 5
+            }
+        );
+    }
+
+    /// The reason of an unknown outcome is the most informative failure
+    /// seen (the latest among equals), with the last one when it differs.
+    #[test]
+    fn failures_report_the_most_informative_reason() {
+        let mut failures = Failures::default();
+        failures.note(&tonic::Status::unavailable("tcp connect error"));
+        failures.note(&reason_status(ErrorReason::ResourceExhausted(Limit::Keys)));
+        failures.note(&reason_status(ErrorReason::NotLeader {
+            leader_id: None,
+            leader_client_addr: None,
+        }));
+        failures.note(&tonic::Status::deadline_exceeded("attempt timed out"));
+        let reason = failures.reason();
+        assert!(
+            reason.starts_with("replicated limit keys_max reached"),
+            "{reason}"
+        );
+        assert!(reason.contains("the last of 4 failed attempts"), "{reason}");
+        assert!(reason.contains("attempt timed out"), "{reason}");
+
+        let mut one = Failures::default();
+        one.note(&reason_status(ErrorReason::Unavailable(
+            "overloaded".into(),
+        )));
+        assert_eq!(one.reason(), "overloaded");
+    }
 }

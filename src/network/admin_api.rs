@@ -19,7 +19,7 @@ use super::proposer::Proposer;
 use super::status::{ErrorReason, reason_status};
 use crate::proto::{self, admin_server};
 use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
-use crate::registry::{ClientId, ClusterId, Op, Outcome, bounds};
+use crate::registry::{ClientId, ClusterId, Op, Outcome};
 use crate::storage::SharedState;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership, RaftMetrics, ServerState};
@@ -441,12 +441,14 @@ impl admin_server::Admin for AdminApi {
     ) -> Result<Response<proto::SetConfigReply>, Status> {
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
-        let config = convert::registry_config_from_proto(request.config).map_err(convert_status)?;
-        // A fact of the request alone; the core checks again when applying.
-        config
-            .validate()
-            .map_err(|error| invalid(error.to_string()))?;
-        match self.propose(Op::SetConfig { cluster_id, config }).await? {
+        let patch = convert::config_patch_from_proto(request.patch).map_err(convert_status)?;
+        // A fact of the request alone. Whether the patched config is valid
+        // depends on the config in force when the entry applies: the core
+        // decides that, in log order, on every replica alike.
+        if patch.is_empty() {
+            return Err(invalid("the config patch sets no field"));
+        }
+        match self.propose(Op::PatchConfig { cluster_id, patch }).await? {
             (Outcome::ConfigSet(config), log_index) => {
                 tracing::info!(
                     log_index,
@@ -525,13 +527,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::LocalReadRequest>,
     ) -> Result<Response<proto::LocalReadReply>, Status> {
         let key = request.into_inner().key;
-        if key.len() as u64 > bounds::KEY_BYTES_MAX {
-            return Err(convert_status(ConvertError::TooLarge(
-                "key",
-                key.len(),
-                bounds::KEY_BYTES_MAX,
-            )));
-        }
+        convert::check_key(&key).map_err(convert_status)?;
         let applied = self.state.read();
         Ok(Response::new(proto::LocalReadReply {
             value: applied.registry.get(&key).map(convert::value_to_proto),

@@ -2,8 +2,9 @@
 //! cluster clock, proposes them to Raft and maps the applied outcome (or the
 //! failure) to the wire. It never decides new / duplicate / conflict itself:
 //! that happens only when the committed entry is applied (rule 3). The only
-//! early refusals are facts that can never change — malformed input and a
-//! cluster id other than this node's — and admission control, which the
+//! early refusals are facts that can never change — malformed input (an
+//! empty key included) and a cluster id other than this node's — and
+//! admission control, which the
 //! shared `Proposer` applies: beyond `--max-pending-proposals` proposals in
 //! flight a request is refused at once with `UNAVAILABLE` ("overloaded",
 //! this attempt only), so overload never builds an unbounded queue.
@@ -143,6 +144,7 @@ fn registration_reply(registration: Registration) -> proto::RegisterReply {
         session_ttl_ms: registration.session_ttl_ms,
         window: registration.window,
         duplicate: registration.duplicate,
+        limits: Some(convert::request_limits_to_proto(&registration.limits)),
     }
 }
 
@@ -252,11 +254,13 @@ impl client_server::Client for ClientApi {
                 Outcome::KeptAlive {
                     floor,
                     session_ttl_ms,
+                    limits,
                 },
                 _,
             ) => Ok(Response::new(proto::KeepAliveReply {
                 floor,
                 session_ttl_ms,
+                limits: Some(convert::request_limits_to_proto(&limits)),
             })),
             (other, _) => Err(rejected(other)),
         }
@@ -284,6 +288,7 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::ReadReply>, Status> {
         let request = request.into_inner();
         self.required_cluster(&request.cluster_id)?;
+        convert::check_key(&request.key).map_err(convert_status)?;
         let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;

@@ -144,6 +144,7 @@ fn reason_label(reason: Reason) -> &'static str {
         Reason::SeqConflict => "seq_conflict",
         Reason::ResponseDiscarded => "response_discarded",
         Reason::InvalidArgument => "invalid_argument",
+        Reason::LimitExceeded => "limit_exceeded",
     }
 }
 

@@ -5,7 +5,8 @@
 
 use crate::proto;
 use crate::registry::{
-    Command, CommandResult, RegistryConfig, SessionView, Value, ValueKind, bounds,
+    Command, CommandResult, ConfigPatch, RegistryConfig, RequestLimits, SessionView, Value,
+    ValueKind, bounds,
 };
 
 /// Why a wire message could not become a core value.
@@ -17,6 +18,8 @@ pub enum ConvertError {
     TooLarge(&'static str, usize, u64),
     #[error("unknown value kind {0}")]
     UnknownKind(i32),
+    #[error("empty key: a key is at least one byte long")]
+    EmptyKey,
 }
 
 fn bounded(what: &'static str, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>, ConvertError> {
@@ -26,8 +29,25 @@ fn bounded(what: &'static str, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>, Conv
     Ok(bytes)
 }
 
+/// Checks a key from the wire: non-empty (as etcd has it) and within the
+/// hard bound. Every path that takes a key goes through it.
+pub fn check_key(key: &[u8]) -> Result<(), ConvertError> {
+    if key.is_empty() {
+        return Err(ConvertError::EmptyKey);
+    }
+    if key.len() as u64 > bounds::KEY_BYTES_MAX {
+        return Err(ConvertError::TooLarge(
+            "key",
+            key.len(),
+            bounds::KEY_BYTES_MAX,
+        ));
+    }
+    Ok(())
+}
+
 fn key(bytes: Vec<u8>) -> Result<Vec<u8>, ConvertError> {
-    bounded("key", bytes, bounds::KEY_BYTES_MAX)
+    check_key(&bytes)?;
+    Ok(bytes)
 }
 
 pub fn value_from_proto(value: proto::Value) -> Result<Value, ConvertError> {
@@ -200,8 +220,9 @@ pub fn registry_config_to_proto(config: &RegistryConfig) -> proto::RegistryConfi
     }
 }
 
-/// The config as sent; its bounds are checked by
-/// [`RegistryConfig::validate`], on the wire's edge and again when applied.
+/// A whole config as a reply carries it (`GetConfig`, `SetConfig`); not
+/// validated here (a config only changes through a patch, which the core
+/// validates as a whole when it applies).
 pub fn registry_config_from_proto(
     config: Option<proto::RegistryConfig>,
 ) -> Result<RegistryConfig, ConvertError> {
@@ -216,6 +237,67 @@ pub fn registry_config_from_proto(
         list_elements_max: config.list_elements_max,
         keys_max: config.keys_max,
     })
+}
+
+/// A patch from the wire: the fields it sets (their bounds and combination
+/// are checked when its entry applies, against the config in force then).
+pub fn config_patch_from_proto(
+    patch: Option<proto::RegistryConfigPatch>,
+) -> Result<ConfigPatch, ConvertError> {
+    let patch = patch.ok_or(ConvertError::Missing("patch"))?;
+    Ok(ConfigPatch {
+        session_ttl_ms: patch.session_ttl_ms,
+        sessions_max: patch.sessions_max,
+        window: patch.window,
+        cached_bytes_per_session_max: patch.cached_bytes_per_session_max,
+        key_bytes_max: patch.key_bytes_max,
+        value_bytes_max: patch.value_bytes_max,
+        list_elements_max: patch.list_elements_max,
+        keys_max: patch.keys_max,
+    })
+}
+
+pub fn config_patch_to_proto(patch: &ConfigPatch) -> proto::RegistryConfigPatch {
+    proto::RegistryConfigPatch {
+        session_ttl_ms: patch.session_ttl_ms,
+        sessions_max: patch.sessions_max,
+        window: patch.window,
+        cached_bytes_per_session_max: patch.cached_bytes_per_session_max,
+        key_bytes_max: patch.key_bytes_max,
+        value_bytes_max: patch.value_bytes_max,
+        list_elements_max: patch.list_elements_max,
+        keys_max: patch.keys_max,
+    }
+}
+
+/// A patch that sets every field to `config`'s (a whole-config write).
+pub fn config_patch_replacing_with(config: &proto::RegistryConfig) -> proto::RegistryConfigPatch {
+    proto::RegistryConfigPatch {
+        session_ttl_ms: Some(config.session_ttl_ms),
+        sessions_max: Some(config.sessions_max),
+        window: Some(config.window),
+        cached_bytes_per_session_max: Some(config.cached_bytes_per_session_max),
+        key_bytes_max: Some(config.key_bytes_max),
+        value_bytes_max: Some(config.value_bytes_max),
+        list_elements_max: Some(config.list_elements_max),
+        keys_max: Some(config.keys_max),
+    }
+}
+
+pub fn request_limits_to_proto(limits: &RequestLimits) -> proto::RequestLimits {
+    proto::RequestLimits {
+        key_bytes_max: limits.key_bytes_max,
+        value_bytes_max: limits.value_bytes_max,
+        list_elements_max: limits.list_elements_max,
+    }
+}
+
+pub fn request_limits_from_proto(limits: &proto::RequestLimits) -> RequestLimits {
+    RequestLimits {
+        key_bytes_max: limits.key_bytes_max,
+        value_bytes_max: limits.value_bytes_max,
+        list_elements_max: limits.list_elements_max,
+    }
 }
 
 pub fn session_to_proto(session: &SessionView) -> proto::SessionInfo {
@@ -315,13 +397,64 @@ mod tests {
         );
     }
 
-    /// Oversized keys and missing fields are refused at the edge.
+    /// A patch survives the round trip, unset fields included; a missing
+    /// one is refused.
+    #[test]
+    fn config_patch_round_trips() {
+        let patch = ConfigPatch {
+            window: Some(8),
+            list_elements_max: Some(0),
+            ..ConfigPatch::default()
+        };
+        assert_eq!(
+            config_patch_from_proto(Some(config_patch_to_proto(&patch))),
+            Ok(patch)
+        );
+        assert_eq!(
+            config_patch_from_proto(None),
+            Err(ConvertError::Missing("patch"))
+        );
+        let whole = registry_config_to_proto(&RegistryConfig::default());
+        assert_eq!(
+            config_patch_from_proto(Some(config_patch_replacing_with(&whole))),
+            Ok(ConfigPatch::replacing_with(&RegistryConfig::default()))
+        );
+    }
+
+    /// Oversized keys, empty keys and missing fields are refused at the edge.
     #[test]
     fn bad_input_is_refused() {
         assert_eq!(
             command_from_proto(None),
             Err(ConvertError::Missing("command"))
         );
+        for empty in [
+            Command::Delete { key: Vec::new() },
+            Command::Put {
+                key: Vec::new(),
+                value: Value::Int(1),
+            },
+            Command::Increment {
+                key: Vec::new(),
+                delta: 1,
+            },
+            Command::Append {
+                key: Vec::new(),
+                element: b"e".to_vec(),
+            },
+            Command::CompareAndSwap {
+                key: Vec::new(),
+                expected: None,
+                new: Value::Int(1),
+            },
+        ] {
+            assert_eq!(
+                command_from_proto(Some(command_to_proto(&empty))),
+                Err(ConvertError::EmptyKey)
+            );
+        }
+        assert_eq!(check_key(b""), Err(ConvertError::EmptyKey));
+        assert_eq!(check_key(b"k"), Ok(()));
         let huge = Command::Delete {
             key: vec![0; bounds::KEY_BYTES_MAX as usize + 1],
         };

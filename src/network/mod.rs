@@ -16,6 +16,7 @@ pub mod peer;
 #[cfg(feature = "server")]
 pub mod proposer;
 pub mod status;
+pub mod wire_codec;
 
 /// Largest client message either side accepts: a value at the hard bound
 /// (`registry::bounds`) plus room. The client server and the client library

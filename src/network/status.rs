@@ -4,7 +4,7 @@
 //! the top of `proto/oncekv.proto`).
 
 use crate::proto::{ErrorDetail, Reason};
-use crate::registry::{ClusterId, Limit, Rejection, Seq};
+use crate::registry::{ClusterId, Limit, LimitExceeded, Rejection, Seq};
 use prost::Message;
 use tonic::Code;
 
@@ -32,6 +32,8 @@ pub enum ErrorReason {
         floor: Seq,
     },
     InvalidArgument(String),
+    /// The request itself breaks a replicated limit: final.
+    LimitExceeded(LimitExceeded),
 }
 
 impl From<Rejection> for ErrorReason {
@@ -45,6 +47,7 @@ impl From<Rejection> for ErrorReason {
                 ErrorReason::TooManyOutstanding { floor, window }
             }
             Rejection::ResourceExhausted(limit) => ErrorReason::ResourceExhausted(limit),
+            Rejection::LimitExceeded { exceeded, .. } => ErrorReason::LimitExceeded(exceeded),
             Rejection::InvalidArgument(invalid) => {
                 ErrorReason::InvalidArgument(invalid.to_string())
             }
@@ -121,6 +124,16 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             )
         }
         ErrorReason::InvalidArgument(why) => (Code::InvalidArgument, Reason::InvalidArgument, why),
+        ErrorReason::LimitExceeded(exceeded) => {
+            detail.limit = exceeded.limit.to_string();
+            detail.limit_max = exceeded.max;
+            detail.limit_requested = exceeded.requested;
+            (
+                Code::InvalidArgument,
+                Reason::LimitExceeded,
+                format!("{exceeded}; final: nothing was executed, fix the request"),
+            )
+        }
     };
     detail.reason = wire_reason as i32;
     let mut status = tonic::Status::with_details(code, message, detail.encode_to_vec().into());
@@ -174,6 +187,15 @@ mod tests {
                 Code::FailedPrecondition,
                 Reason::WrongCluster,
             ),
+            (
+                ErrorReason::LimitExceeded(LimitExceeded {
+                    limit: Limit::ValueBytes,
+                    max: 65_536,
+                    requested: 65_537,
+                }),
+                Code::InvalidArgument,
+                Reason::LimitExceeded,
+            ),
         ];
         for (reason, code, wire) in cases {
             let status = reason_status(reason);
@@ -185,5 +207,26 @@ mod tests {
                 wire.as_str_name()
             );
         }
+    }
+
+    /// A limit the request breaks travels with its name, value and what
+    /// the request needed.
+    #[test]
+    fn limit_exceeded_names_the_limit() {
+        let status = reason_status(ErrorReason::LimitExceeded(LimitExceeded {
+            limit: Limit::ValueBytes,
+            max: 65_536,
+            requested: 65_537,
+        }));
+        let detail = error_detail(&status).expect("detail");
+        assert_eq!(
+            (
+                detail.limit.as_str(),
+                detail.limit_max,
+                detail.limit_requested
+            ),
+            ("value_bytes_max", 65_536, 65_537)
+        );
+        assert!(status.message().contains("value_bytes_max"));
     }
 }

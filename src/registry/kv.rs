@@ -2,8 +2,12 @@
 //! planning of a command into a result and an effect. Planning changes
 //! nothing, so the registry can check every limit — including the size of
 //! the response it is about to cache — before the effect is applied (rule 12).
+//! It tells a limit the request breaks by itself (final) from a capacity
+//! limit (this attempt); what to do with either is the registry's business.
 
-use super::types::{Command, CommandResult, Limit, RegistryConfig, Value};
+use super::types::{
+    Command, CommandResult, Limit, LimitExceeded, RegistryConfig, Value, list_element_size_bytes,
+};
 use imbl::OrdMap;
 
 /// The key-value data, ordered so that iteration (snapshots, hashes) is
@@ -29,6 +33,16 @@ pub(crate) enum Effect {
 pub(crate) struct Plan {
     pub result: CommandResult,
     pub effect: Effect,
+}
+
+/// Why a command may not take effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The command breaks a limit by itself, given the data it applies to:
+    /// it can never succeed as sent.
+    Exceeded(LimitExceeded),
+    /// A capacity limit is reached; it may free up.
+    Exhausted(Limit),
 }
 
 impl KvStore {
@@ -58,53 +72,49 @@ impl KvStore {
     }
 
     /// Works out what `command` would return and do, without doing it, and
-    /// checks the data limits its effect would have to respect.
-    pub(crate) fn plan(&self, command: &Command, config: &RegistryConfig) -> Result<Plan, Limit> {
+    /// checks the data limits its effect would have to respect: first the
+    /// limits the command breaks by itself (those a client can check
+    /// before sending, then a list an append would grow past a limit), then
+    /// the key count.
+    pub(crate) fn plan(&self, command: &Command, config: &RegistryConfig) -> Result<Plan, Refusal> {
+        config
+            .request_limits()
+            .check(command)
+            .map_err(Refusal::Exceeded)?;
         let current = self.entries.get(command.key());
         let plan = plan(current, command);
-        self.check_limits(command.key(), current, &plan.effect, config)?;
+        self.check_limits(current, &plan.effect, config)?;
         Ok(plan)
     }
 
-    /// The data limit, if any, that applying `effect` at `key` would break.
+    /// The limit, if any, that applying `effect` to `current` would break
+    /// beyond those of [`RequestLimits::check`](super::RequestLimits::check).
     fn check_limits(
         &self,
-        key: &[u8],
         current: Option<&Value>,
         effect: &Effect,
         config: &RegistryConfig,
-    ) -> Result<(), Limit> {
+    ) -> Result<(), Refusal> {
+        if let (Effect::Push(element), Some(list @ Value::List(items))) = (effect, current) {
+            let exceeded = |limit, max, requested| {
+                Err(Refusal::Exceeded(LimitExceeded {
+                    limit,
+                    max,
+                    requested,
+                }))
+            };
+            let size_bytes = list.size_bytes() + list_element_size_bytes(element);
+            if size_bytes > config.value_bytes_max {
+                return exceeded(Limit::ValueBytes, config.value_bytes_max, size_bytes);
+            }
+            let elements = items.len() as u64 + 1;
+            if elements > config.list_elements_max {
+                return exceeded(Limit::ListElements, config.list_elements_max, elements);
+            }
+        }
         let creates = current.is_none() && matches!(effect, Effect::Set(_) | Effect::Push(_));
-        if creates {
-            if key.len() as u64 > config.key_bytes_max {
-                return Err(Limit::KeyBytes);
-            }
-            if self.entries.len() as u64 >= config.keys_max {
-                return Err(Limit::Keys);
-            }
-        }
-        let (size_bytes, list_elements) = match effect {
-            Effect::Nothing | Effect::Remove => return Ok(()),
-            Effect::Set(value) => (
-                value.size_bytes(),
-                match value {
-                    Value::List(items) => items.len() as u64,
-                    _ => 0,
-                },
-            ),
-            Effect::Push(element) => {
-                let (size, count) = match current {
-                    Some(list @ Value::List(items)) => (list.size_bytes(), items.len() as u64),
-                    _ => (0, 0),
-                };
-                (size + element.len() as u64 + 8, count + 1)
-            }
-        };
-        if size_bytes > config.value_bytes_max {
-            return Err(Limit::ValueBytes);
-        }
-        if list_elements > config.list_elements_max {
-            return Err(Limit::ListElements);
+        if creates && self.entries.len() as u64 >= config.keys_max {
+            return Err(Refusal::Exhausted(Limit::Keys));
         }
         Ok(())
     }

@@ -19,8 +19,15 @@
 //! 5. seq cached → same fingerprint: the cached result, marked duplicate;
 //!    other fingerprint: `SEQ_CONFLICT`;
 //! 6. seq ≥ floor + window → `TOO_MANY_OUTSTANDING`;
-//! 7. a limit would be exceeded (including the response about to be cached)
-//!    → `RESOURCE_EXHAUSTED`;
+//! 7. limits, before any effect: first an empty key → `INVALID_ARGUMENT`
+//!    (a fact of the request alone, so final without being cached); then a
+//!    limit the request breaks by itself, given the data it applies to (a
+//!    key, value or list too large; a response larger than a whole session
+//!    may cache) → `LIMIT_EXCEEDED`, final: the refusal is cached as the
+//!    seq's response, so a retry gets it again; then a capacity limit (the
+//!    key count, or the session's cached bytes with the response about to
+//!    be cached — a refusal to cache included) → `RESOURCE_EXHAUSTED`, this
+//!    attempt only;
 //! 8. execute, cache the result with the command's fingerprint.
 
 pub mod codec;
@@ -34,8 +41,8 @@ pub use session::CachedResponse;
 pub use types::*;
 
 use imbl::{OrdMap, OrdSet};
-use kv::KvStore;
-use session::Session;
+use kv::{KvStore, Refusal};
+use session::{Session, response_size_bytes};
 use std::ops::Bound;
 
 /// The whole replicated state: sessions, their cached responses, cluster
@@ -188,7 +195,10 @@ impl Registry {
                 cluster_id,
                 client_id,
             } => self.unregister(*cluster_id, *client_id),
-            Op::SetConfig { cluster_id, config } => self.set_config(*cluster_id, config),
+            Op::SetConfig { cluster_id, config } => {
+                self.set_config(*cluster_id, &ConfigPatch::replacing_with(config))
+            }
+            Op::PatchConfig { cluster_id, patch } => self.set_config(*cluster_id, patch),
             Op::ExecutePlain {
                 cluster_id,
                 command,
@@ -288,6 +298,7 @@ impl Registry {
             client_id,
             session_ttl_ms: self.config.session_ttl_ms,
             window: self.config.window,
+            limits: self.config.request_limits(),
             duplicate,
         };
         if let Some(&client_id) = self.nonces.get(&nonce) {
@@ -343,10 +354,7 @@ impl Registry {
             && !skip_dedup
         {
             return if cached.fingerprint == fingerprint {
-                Ok(Outcome::Executed {
-                    result: cached.result.clone(),
-                    duplicate: true,
-                })
+                Ok(answer(cached.result.clone(), true))
             } else {
                 Err(Rejection::SeqConflict)
             };
@@ -357,25 +365,43 @@ impl Registry {
                 window: config.window,
             });
         }
-        let plan = self
-            .kv
-            .plan(&request.command, &config)
-            .map_err(Rejection::ResourceExhausted)?;
+        // Step 7: limits, before any effect.
+        check_key(&request.command)?;
+        let planned = match self.kv.plan(&request.command, &config) {
+            Ok(plan) => Ok(plan),
+            Err(Refusal::Exceeded(exceeded)) => Err(exceeded),
+            Err(Refusal::Exhausted(limit)) => return Err(Rejection::ResourceExhausted(limit)),
+        };
+        // A result no session could cache, even an empty one, can never be
+        // answered: a limit of the request (given the data), like the rest.
+        let planned = match planned {
+            Ok(plan) if plan.result.cached_size_bytes() > config.cached_bytes_per_session_max => {
+                Err(LimitExceeded {
+                    limit: Limit::CachedBytesPerSession,
+                    max: config.cached_bytes_per_session_max,
+                    requested: plan.result.cached_size_bytes(),
+                })
+            }
+            other => other,
+        };
+        let (response, effect) = match planned {
+            Ok(plan) => (Ok(plan.result), Some(plan.effect)),
+            Err(exceeded) => (Err(exceeded), None),
+        };
         let session = self
             .sessions
             .get_mut(&request.client_id)
             .expect("touched above");
-        if session.cached_bytes + plan.result.cached_size_bytes()
+        if session.cached_bytes + response_size_bytes(&response)
             > config.cached_bytes_per_session_max
         {
             return Err(Rejection::ResourceExhausted(Limit::CachedBytesPerSession));
         }
-        session.cache(request.seq, fingerprint, plan.result.clone());
-        self.kv.apply(request.command.key(), plan.effect);
-        Ok(Outcome::Executed {
-            result: plan.result,
-            duplicate: false,
-        })
+        session.cache(request.seq, fingerprint, response.clone());
+        if let Some(effect) = effect {
+            self.kv.apply(request.command.key(), effect);
+        }
+        Ok(answer(response, false))
     }
 
     fn execute_plain(
@@ -384,10 +410,12 @@ impl Registry {
         command: &Command,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        let plan = self
-            .kv
-            .plan(command, &self.config)
-            .map_err(Rejection::ResourceExhausted)?;
+        check_key(command)?;
+        let plan = match self.kv.plan(command, &self.config) {
+            Ok(plan) => plan,
+            Err(Refusal::Exceeded(exceeded)) => return Ok(answer(Err(exceeded), false)),
+            Err(Refusal::Exhausted(limit)) => return Err(Rejection::ResourceExhausted(limit)),
+        };
         self.kv.apply(command.key(), plan.effect);
         Ok(Outcome::Executed {
             result: plan.result,
@@ -408,6 +436,7 @@ impl Registry {
         Ok(Outcome::KeptAlive {
             floor,
             session_ttl_ms: self.config.session_ttl_ms,
+            limits: self.config.request_limits(),
         })
     }
 
@@ -424,16 +453,43 @@ impl Registry {
         }
     }
 
+    /// Applies a config patch to the config in force now, and the result
+    /// only if it is valid as a whole (rule 12).
     fn set_config(
         &mut self,
         cluster_id: ClusterId,
-        config: &RegistryConfig,
+        patch: &ConfigPatch,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
+        if patch.is_empty() {
+            return Err(Rejection::InvalidArgument(
+                InvalidArgument::EmptyConfigPatch,
+            ));
+        }
+        let config = patch.applied_to(&self.config);
         config.validate().map_err(Rejection::InvalidArgument)?;
-        self.config = *config;
-        Ok(Outcome::ConfigSet(*config))
+        self.config = config;
+        Ok(Outcome::ConfigSet(config))
     }
+}
+
+/// The outcome of an execute whose response is `response`.
+fn answer(response: Result<CommandResult, LimitExceeded>, duplicate: bool) -> Outcome {
+    match response {
+        Ok(result) => Outcome::Executed { result, duplicate },
+        Err(exceeded) => Outcome::Rejected(Rejection::LimitExceeded {
+            exceeded,
+            duplicate,
+        }),
+    }
+}
+
+/// Step 7a: an empty key is malformed (as etcd has it).
+fn check_key(command: &Command) -> Result<(), Rejection> {
+    if command.key().is_empty() {
+        return Err(Rejection::InvalidArgument(InvalidArgument::EmptyKey));
+    }
+    Ok(())
 }
 
 fn view(client_id: ClientId, session: &Session, cluster_time_ms: u64) -> SessionView {

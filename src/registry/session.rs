@@ -3,15 +3,32 @@
 //! invariant (never moves backwards, nothing cached below it) and nothing
 //! else: the order of checks lives in the registry.
 
-use super::types::{CommandResult, Fingerprint, Nonce, Seq};
+use super::types::{CommandResult, Fingerprint, LimitExceeded, Nonce, Seq};
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 
-/// A response cached for one (client id, seq).
+/// A response cached for one (client id, seq): the command's result, or the
+/// refusal of a request that breaks a limit by itself (final, so replayed
+/// like a result).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CachedResponse {
     pub fingerprint: Fingerprint,
-    pub result: CommandResult,
+    pub result: Result<CommandResult, LimitExceeded>,
+}
+
+impl CachedResponse {
+    /// The size charged against `cached_bytes_per_session_max`.
+    pub fn cached_size_bytes(&self) -> u64 {
+        response_size_bytes(&self.result)
+    }
+}
+
+/// The size charged for caching `response`.
+pub(crate) fn response_size_bytes(response: &Result<CommandResult, LimitExceeded>) -> u64 {
+    match response {
+        Ok(result) => result.cached_size_bytes(),
+        Err(exceeded) => exceeded.cached_size_bytes(),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,14 +68,19 @@ impl Session {
                 break;
             }
             if let Some(removed) = self.responses.remove(&seq) {
-                self.cached_bytes -= removed.result.cached_size_bytes();
+                self.cached_bytes -= removed.cached_size_bytes();
             }
         }
     }
 
-    pub fn cache(&mut self, seq: Seq, fingerprint: Fingerprint, result: CommandResult) {
+    pub fn cache(
+        &mut self,
+        seq: Seq,
+        fingerprint: Fingerprint,
+        result: Result<CommandResult, LimitExceeded>,
+    ) {
         debug_assert!(seq >= self.floor, "caching below the floor");
-        self.cached_bytes += result.cached_size_bytes();
+        self.cached_bytes += response_size_bytes(&result);
         let previous = self.responses.insert(
             seq,
             CachedResponse {
@@ -84,7 +106,7 @@ impl Session {
         }
         let cached_bytes = responses
             .iter()
-            .map(|(_, response)| response.result.cached_size_bytes())
+            .map(|(_, response)| response.cached_size_bytes())
             .sum();
         Ok(Session {
             nonce,

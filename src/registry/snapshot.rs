@@ -2,7 +2,7 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 2 (all integers inside records use the codec module's
+//! Format version 3 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
@@ -24,12 +24,18 @@
 //! buffer grows, buffers grow only with bytes actually read, decoding is
 //! limited, and every invariant the registry relies on is verified.
 //!
-//! Version 1 (before batched entries) had no last client id; it is refused,
-//! like any other unknown version.
+//! Version 3 caches a response as a result *or* the refusal of a request
+//! that broke a limit by itself (`Result<CommandResult, LimitExceeded>`);
+//! version 2 cached results only, and is still read (each response becomes
+//! `Ok`), so a node keeps its snapshots across the upgrade; it is written
+//! as version 3 from then on. Version 1 (before batched entries) had no
+//! last client id; it is refused, like any other unknown version.
 
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::session::{CachedResponse, Session};
-use super::types::{ClientId, ClusterId, Nonce, RegistryConfig, Seq, Value};
+use super::types::{
+    ClientId, ClusterId, CommandResult, Fingerprint, Nonce, RegistryConfig, Seq, Value,
+};
 use super::{KvStore, Registry};
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize, Serializer};
@@ -37,7 +43,9 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+/// The previous version, still read (see the module doc).
+const SNAPSHOT_FORMAT_VERSION_2: u32 = 2;
 const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
 const STATE_HASH_CONTEXT: &str = "oncekv 2026-11 state hash v1";
 
@@ -63,7 +71,9 @@ pub enum SnapshotError {
     Io(#[from] io::Error),
     #[error("not an oncekv snapshot")]
     BadMagic,
-    #[error("unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION})")]
+    #[error(
+        "unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION_2} and {SNAPSHOT_FORMAT_VERSION})"
+    )]
     UnsupportedVersion(u32),
     #[error("snapshot truncated")]
     Truncated,
@@ -106,6 +116,46 @@ struct SessionRecord {
     floor: Seq,
     last_active_ms: u64,
     responses: Vec<(Seq, CachedResponse)>,
+}
+
+/// A session record of format version 2: responses were results only.
+#[derive(Serialize, Deserialize)]
+struct SessionRecordV2 {
+    client_id: ClientId,
+    nonce: Nonce,
+    floor: Seq,
+    last_active_ms: u64,
+    responses: Vec<(Seq, CachedResponseV2)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CachedResponseV2 {
+    fingerprint: Fingerprint,
+    result: CommandResult,
+}
+
+impl From<SessionRecordV2> for SessionRecord {
+    fn from(record: SessionRecordV2) -> SessionRecord {
+        SessionRecord {
+            client_id: record.client_id,
+            nonce: record.nonce,
+            floor: record.floor,
+            last_active_ms: record.last_active_ms,
+            responses: record
+                .responses
+                .into_iter()
+                .map(|(seq, response)| {
+                    (
+                        seq,
+                        CachedResponse {
+                            fingerprint: response.fingerprint,
+                            result: Ok(response.result),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
 }
 
 fn ordered_pairs<S: Serializer>(
@@ -222,7 +272,7 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     let mut version = [0u8; 4];
     read_exact(&mut input, &mut version)?;
     let version = u32::from_le_bytes(version);
-    if version != SNAPSHOT_FORMAT_VERSION {
+    if version != SNAPSHOT_FORMAT_VERSION && version != SNAPSHOT_FORMAT_VERSION_2 {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
@@ -242,7 +292,11 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         ..Registry::default()
     };
     for _ in 0..header.sessions {
-        let record: SessionRecord = read_record(&mut input, &mut buffer)?;
+        let record: SessionRecord = if version == SNAPSHOT_FORMAT_VERSION_2 {
+            read_record::<_, SessionRecordV2>(&mut input, &mut buffer)?.into()
+        } else {
+            read_record(&mut input, &mut buffer)?
+        };
         restore_session(&mut registry, record)?;
     }
     let mut pairs = Vec::new();
@@ -349,5 +403,119 @@ impl<R: Read> Read for HashingReader<R> {
         let read = self.inner.read(out)?;
         self.hasher.update(&out[..read]);
         Ok(read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{Command, Entry, Execute, Op, Registry};
+
+    const CLUSTER: ClusterId = ClusterId(7);
+
+    /// The snapshot of `registry` in format version 2, as builds before
+    /// version 3 wrote it (every cached response must be a result).
+    fn to_bytes_v2(registry: &Registry) -> Vec<u8> {
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        out.write_all(MAGIC).unwrap();
+        out.write_all(&SNAPSHOT_FORMAT_VERSION_2.to_le_bytes())
+            .unwrap();
+        let mut buffer = Vec::new();
+        let header = Header {
+            applied_index: registry.applied_index,
+            cluster_id: registry.cluster_id,
+            config: registry.config,
+            cluster_time_ms: registry.cluster_time_ms,
+            last_client_id: registry.last_client_id,
+            sessions: registry.sessions.len() as u64,
+            keys: registry.kv.len() as u64,
+        };
+        write_record(&mut out, &mut buffer, &header).unwrap();
+        for (client_id, session) in &registry.sessions {
+            let record = SessionRecordV2 {
+                client_id: *client_id,
+                nonce: session.nonce,
+                floor: session.floor,
+                last_active_ms: session.last_active_ms,
+                responses: session
+                    .responses
+                    .iter()
+                    .map(|(seq, response)| {
+                        let result = response.result.clone().expect("v2 caches results only");
+                        (
+                            *seq,
+                            CachedResponseV2 {
+                                fingerprint: response.fingerprint,
+                                result,
+                            },
+                        )
+                    })
+                    .collect(),
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        for pair in registry.kv.iter() {
+            write_record(&mut out, &mut buffer, &pair).unwrap();
+        }
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        bytes
+    }
+
+    /// A snapshot written by the previous format version restores to the
+    /// same state, which is written (and hashed) as the current version.
+    #[test]
+    fn version_2_snapshots_are_read() {
+        let mut registry = Registry::new();
+        registry.apply(
+            1,
+            &Entry::single(
+                0,
+                Op::Bootstrap {
+                    cluster_id: CLUSTER,
+                    config: RegistryConfig::default(),
+                },
+            ),
+        );
+        registry.apply(
+            2,
+            &Entry::single(
+                10,
+                Op::Register {
+                    cluster_id: Some(CLUSTER),
+                    nonce: Nonce(5),
+                },
+            ),
+        );
+        registry.apply(
+            3,
+            &Entry::single(
+                20,
+                Op::Execute(Execute {
+                    cluster_id: CLUSTER,
+                    client_id: ClientId(2),
+                    seq: 1,
+                    first_outstanding_seq: 1,
+                    command: Command::Increment {
+                        key: b"n".to_vec(),
+                        delta: 4,
+                    },
+                }),
+            ),
+        );
+        let restored = from_bytes(&to_bytes_v2(&registry)).expect("version 2 reads");
+        assert_eq!(restored, registry);
+        assert_eq!(to_bytes(&restored), to_bytes(&registry));
+        assert_eq!(state_hash(&restored), state_hash(&registry));
+        let mut other = to_bytes_v2(&registry);
+        other[8] = 4;
+        assert!(matches!(
+            from_bytes(&other),
+            Err(SnapshotError::UnsupportedVersion(4))
+        ));
     }
 }

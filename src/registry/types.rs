@@ -94,7 +94,10 @@ pub enum Op {
         cluster_id: ClusterId,
         client_id: ClientId,
     },
-    /// Replaces the TTL and limits (rule 12): the only way they change.
+    /// Replaces the whole TTL and limits (rule 12). Builds before
+    /// `PatchConfig` proposed this; it is still applied, so their logs
+    /// replay identically, but nothing proposes it any more: two operators
+    /// each writing back a whole config could undo each other's change.
     SetConfig {
         cluster_id: ClusterId,
         config: RegistryConfig,
@@ -105,6 +108,14 @@ pub enum Op {
     ExecutePlain {
         cluster_id: ClusterId,
         command: Command,
+    },
+    /// Changes the fields the patch sets, on the config in force when the
+    /// entry applies (rule 12); the combination is validated then. Added
+    /// after every other variant, so entries written before it decode
+    /// unchanged.
+    PatchConfig {
+        cluster_id: ClusterId,
+        patch: ConfigPatch,
     },
 }
 
@@ -150,9 +161,14 @@ impl Value {
         match self {
             Value::Bytes(bytes) => bytes.len() as u64,
             Value::Int(_) => 8,
-            Value::List(items) => items.iter().map(|item| item.len() as u64 + 8).sum(),
+            Value::List(items) => items.iter().map(|item| list_element_size_bytes(item)).sum(),
         }
     }
+}
+
+/// What one list element adds to its list's [`Value::size_bytes`].
+pub fn list_element_size_bytes(element: &[u8]) -> u64 {
+    element.len() as u64 + 8
 }
 
 /// A deliberately non-idempotent operation on the key-value store.
@@ -224,18 +240,123 @@ pub enum CommandResult {
     },
 }
 
+/// The fixed size charged against `cached_bytes_per_session_max` for every
+/// cached response, on top of any value it carries.
+pub const CACHED_RESPONSE_BOOKKEEPING_BYTES: u64 = 32;
+
 impl CommandResult {
     /// The size charged against `cached_bytes_per_session_max` for caching
     /// this result: a fixed 32 bytes of bookkeeping plus any value it carries.
     pub fn cached_size_bytes(&self) -> u64 {
-        const BOOKKEEPING_BYTES: u64 = 32;
         match self {
             CommandResult::CompareAndSwap {
                 current: Some(value),
                 ..
-            } => BOOKKEEPING_BYTES + value.size_bytes(),
-            _ => BOOKKEEPING_BYTES,
+            } => CACHED_RESPONSE_BOOKKEEPING_BYTES + value.size_bytes(),
+            _ => CACHED_RESPONSE_BOOKKEEPING_BYTES,
         }
+    }
+
+    /// The largest [`cached_size_bytes`](Self::cached_size_bytes) a command
+    /// can produce when every value is at most `value_bytes_max`: a
+    /// compare-and-swap answering with a value of that size. (A list is
+    /// measured by the same `size_bytes`, so its length does not add to it.)
+    pub fn largest_cached_size_bytes(value_bytes_max: u64) -> u64 {
+        CACHED_RESPONSE_BOOKKEEPING_BYTES.saturating_add(value_bytes_max)
+    }
+}
+
+/// A replicated limit the request breaks by itself, given the data it
+/// applies to: it can never succeed as sent (DESIGN.md's "limit broken by
+/// the request itself"). Final for its seq: the refusal is cached like a
+/// result, so a retry gets it again, under any leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitExceeded {
+    pub limit: Limit,
+    /// The limit's value when the request applied.
+    pub max: u64,
+    /// What the request needed, in the limit's unit (bytes or elements).
+    pub requested: u64,
+}
+
+impl LimitExceeded {
+    /// The size charged against `cached_bytes_per_session_max` for caching
+    /// this refusal.
+    pub fn cached_size_bytes(&self) -> u64 {
+        CACHED_RESPONSE_BOOKKEEPING_BYTES
+    }
+}
+
+impl fmt::Display for LimitExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the request breaks the replicated limit {} = {} (it needs {})",
+            self.limit, self.max, self.requested
+        )
+    }
+}
+
+/// The limits a request can break by itself, whatever the data: the part of
+/// the replicated config a client learns at register and keep-alive so it
+/// can refuse such a request before sending it. The registry applies the
+/// same check ([`RequestLimits::check`]), so the two never disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestLimits {
+    pub key_bytes_max: u64,
+    pub value_bytes_max: u64,
+    pub list_elements_max: u64,
+}
+
+impl RequestLimits {
+    /// The first limit `command` breaks by itself: a command that stores a
+    /// value (all but delete) with a key longer than `key_bytes_max`, a
+    /// value (a put's, a compare-and-swap's new one, an append's element)
+    /// larger than `value_bytes_max`, or a list with more elements than
+    /// `list_elements_max`. Delete is never refused by them, so a key
+    /// written under a larger limit can still be removed.
+    pub fn check(&self, command: &Command) -> Result<(), LimitExceeded> {
+        let over = |limit, max, requested| {
+            if requested > max {
+                Err(LimitExceeded {
+                    limit,
+                    max,
+                    requested,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        if matches!(command, Command::Delete { .. }) {
+            return Ok(());
+        }
+        over(
+            Limit::KeyBytes,
+            self.key_bytes_max,
+            command.key().len() as u64,
+        )?;
+        match command {
+            Command::Put { value, .. } | Command::CompareAndSwap { new: value, .. } => {
+                over(Limit::ValueBytes, self.value_bytes_max, value.size_bytes())?;
+                if let Value::List(items) = value {
+                    over(
+                        Limit::ListElements,
+                        self.list_elements_max,
+                        items.len() as u64,
+                    )?;
+                }
+            }
+            Command::Append { element, .. } => {
+                over(
+                    Limit::ValueBytes,
+                    self.value_bytes_max,
+                    list_element_size_bytes(element),
+                )?;
+                over(Limit::ListElements, self.list_elements_max, 1)?;
+            }
+            Command::Increment { .. } | Command::Delete { .. } => {}
+        }
+        Ok(())
     }
 }
 
@@ -282,9 +403,40 @@ impl Default for RegistryConfig {
 }
 
 impl RegistryConfig {
-    /// Checks the config against [`bounds`]; a config that fails is refused
-    /// with `INVALID_ARGUMENT` and never applied.
+    /// The limits a request can break by itself.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            key_bytes_max: self.key_bytes_max,
+            value_bytes_max: self.value_bytes_max,
+            list_elements_max: self.list_elements_max,
+        }
+    }
+
+    /// Checks the config against [`bounds`] and checks that its limits
+    /// agree with each other; a config that fails is refused with
+    /// `INVALID_ARGUMENT` and never applied.
+    ///
+    /// The combination rule: a session must be able to cache the largest
+    /// response a command can produce (a compare-and-swap answering with a
+    /// value of `value_bytes_max`), else every such request would be
+    /// refused forever.
     pub fn validate(&self) -> Result<(), InvalidArgument> {
+        self.validate_bounds()?;
+        let largest = CommandResult::largest_cached_size_bytes(self.value_bytes_max);
+        if self.cached_bytes_per_session_max < largest {
+            return Err(InvalidArgument::Config(format!(
+                "cached_bytes_per_session_max ({}) must be at least value_bytes_max ({}) + {} \
+                 ({largest}): the largest response a command can cache, a compare-and-swap \
+                 answering with a value of value_bytes_max, must fit in a session",
+                self.cached_bytes_per_session_max,
+                self.value_bytes_max,
+                CACHED_RESPONSE_BOOKKEEPING_BYTES,
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_bounds(&self) -> Result<(), InvalidArgument> {
         let checks = [
             (
                 self.session_ttl_ms >= bounds::SESSION_TTL_MS_MIN,
@@ -316,6 +468,57 @@ impl RegistryConfig {
     }
 }
 
+/// A change of some fields of the [`RegistryConfig`] (`None`: unchanged),
+/// applied to the config in force when its entry applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigPatch {
+    pub session_ttl_ms: Option<u64>,
+    pub sessions_max: Option<u64>,
+    pub window: Option<u64>,
+    pub cached_bytes_per_session_max: Option<u64>,
+    pub key_bytes_max: Option<u64>,
+    pub value_bytes_max: Option<u64>,
+    pub list_elements_max: Option<u64>,
+    pub keys_max: Option<u64>,
+}
+
+impl ConfigPatch {
+    /// A patch that sets every field to `config`'s.
+    pub fn replacing_with(config: &RegistryConfig) -> ConfigPatch {
+        ConfigPatch {
+            session_ttl_ms: Some(config.session_ttl_ms),
+            sessions_max: Some(config.sessions_max),
+            window: Some(config.window),
+            cached_bytes_per_session_max: Some(config.cached_bytes_per_session_max),
+            key_bytes_max: Some(config.key_bytes_max),
+            value_bytes_max: Some(config.value_bytes_max),
+            list_elements_max: Some(config.list_elements_max),
+            keys_max: Some(config.keys_max),
+        }
+    }
+
+    /// Whether the patch sets no field.
+    pub fn is_empty(&self) -> bool {
+        *self == ConfigPatch::default()
+    }
+
+    /// `config` with the fields this patch sets replaced.
+    pub fn applied_to(&self, config: &RegistryConfig) -> RegistryConfig {
+        RegistryConfig {
+            session_ttl_ms: self.session_ttl_ms.unwrap_or(config.session_ttl_ms),
+            sessions_max: self.sessions_max.unwrap_or(config.sessions_max),
+            window: self.window.unwrap_or(config.window),
+            cached_bytes_per_session_max: self
+                .cached_bytes_per_session_max
+                .unwrap_or(config.cached_bytes_per_session_max),
+            key_bytes_max: self.key_bytes_max.unwrap_or(config.key_bytes_max),
+            value_bytes_max: self.value_bytes_max.unwrap_or(config.value_bytes_max),
+            list_elements_max: self.list_elements_max.unwrap_or(config.list_elements_max),
+            keys_max: self.keys_max.unwrap_or(config.keys_max),
+        }
+    }
+}
+
 /// What applying one registry entry produced.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
@@ -336,6 +539,8 @@ pub enum Outcome {
         /// its keep-alives by the current TTL, not the one it registered
         /// under (the TTL is replicated config and may change, rule 12).
         session_ttl_ms: u64,
+        /// The request limits in force then, for the same reason.
+        limits: RequestLimits,
     },
     Unregistered,
     ConfigSet(RegistryConfig),
@@ -349,13 +554,17 @@ pub struct Registration {
     pub client_id: ClientId,
     pub session_ttl_ms: u64,
     pub window: u64,
+    /// The request limits in force, so the client can refuse a request
+    /// that breaks one before sending it.
+    pub limits: RequestLimits,
     /// A retried register answered with the session it already created.
     pub duplicate: bool,
 }
 
-/// Why a registry entry took no effect. None of these is cached: each is
-/// either final by construction (the state that caused it never reverts) or
-/// valid for this attempt only (see DESIGN.md's error table).
+/// Why a registry entry took no effect. Only `LimitExceeded` is cached (as
+/// the seq's response); every other one is either final by construction
+/// (the state that caused it never reverts, or it is a fact of the request
+/// alone) or valid for this attempt only (see DESIGN.md's error table).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Rejection {
     /// Unknown or expired client id. Final.
@@ -368,8 +577,16 @@ pub enum Rejection {
     ResponseDiscarded { floor: Seq },
     /// The seq is at or beyond floor + window. This attempt only.
     TooManyOutstanding { floor: Seq, window: u64 },
-    /// A replicated limit would be exceeded. This attempt only.
+    /// A replicated capacity limit (sessions, keys, the session's cached
+    /// bytes) would be exceeded; it may free up. This attempt only.
     ResourceExhausted(Limit),
+    /// The request itself breaks a replicated limit. Final: cached as the
+    /// seq's response (for a sessionless execute, nothing is cached).
+    LimitExceeded {
+        exceeded: LimitExceeded,
+        /// Answered from the cache: a retry of a request already refused.
+        duplicate: bool,
+    },
     /// Malformed input. Final.
     InvalidArgument(InvalidArgument),
     /// The cluster has no id and config yet. This attempt only.
@@ -397,6 +614,26 @@ pub enum InvalidArgument {
     },
     #[error("invalid registry config: {0}")]
     Config(String),
+    #[error("empty key: a key is at least one byte long")]
+    EmptyKey,
+    #[error("the config patch sets no field")]
+    EmptyConfigPatch,
+}
+
+impl Limit {
+    /// The limit named as in [`RegistryConfig`] (what `Display` prints).
+    pub fn from_name(name: &str) -> Option<Limit> {
+        [
+            Limit::Sessions,
+            Limit::CachedBytesPerSession,
+            Limit::KeyBytes,
+            Limit::ValueBytes,
+            Limit::ListElements,
+            Limit::Keys,
+        ]
+        .into_iter()
+        .find(|limit| limit.to_string() == name)
+    }
 }
 
 impl fmt::Display for Limit {

@@ -220,3 +220,71 @@ impl Raw {
             .map(|value| convert::value_from_proto(value).expect("well-formed value"))
     }
 }
+
+/// A codec that sends and receives message bodies as raw bytes, so a test
+/// can put anything on the wire — garbage included — where a protobuf
+/// message belongs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BytesCodec;
+
+impl tonic::codec::Codec for BytesCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = BytesCodec;
+    type Decoder = BytesCodec;
+
+    fn encoder(&mut self) -> BytesCodec {
+        BytesCodec
+    }
+
+    fn decoder(&mut self) -> BytesCodec {
+        BytesCodec
+    }
+}
+
+impl tonic::codec::Encoder for BytesCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        prost::bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for BytesCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
+    }
+}
+
+/// One unary call of `path` (e.g. `/oncekv.v1.Client/Execute`) at `addr`
+/// whose request message is exactly `body`; the reply's raw bytes.
+pub async fn raw_call(
+    addr: &str,
+    path: &'static str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel(addr));
+    grpc.ready()
+        .await
+        .map_err(|error| tonic::Status::unavailable(error.to_string()))?;
+    grpc.unary(
+        tonic::Request::new(body),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        BytesCodec,
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}

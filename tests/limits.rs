@@ -1,0 +1,381 @@
+//! Limits and malformed input against real 3-node clusters: a request that
+//! breaks a replicated limit by itself is refused at once and finally (a
+//! retry gets the same answer, at a new leader and after the limit was
+//! raised); the client library refuses it before sending and the CLI fails
+//! at once with exit 1; an undecodable protobuf body and an empty key are
+//! INVALID_ARGUMENT on every service; config changes are patches checked as
+//! a whole; an unknown outcome names the most informative reason seen.
+//! Three clusters are started in this file (CI has 2 cores).
+
+mod support;
+
+use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
+use oncekv::network::status::{REASON_METADATA_KEY, error_detail};
+use oncekv::proto::{self, Reason};
+use oncekv::registry::{Command, CommandResult, Limit, Value};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::admin::oncekv;
+use support::cluster::Cluster;
+use support::raw::{Raw, raw_call, raw_client, reason};
+use tokio::time::Instant;
+
+const CALL_DEADLINE: Duration = Duration::from_secs(30);
+/// `value_bytes_max` of the default config.
+const VALUE_BYTES_MAX: u64 = 64 << 10;
+
+fn put(key: &str, value: Value) -> Command {
+    Command::Put {
+        key: key.as_bytes().to_vec(),
+        value,
+    }
+}
+
+/// A value one byte above the default `value_bytes_max`.
+fn too_big() -> Value {
+    Value::Bytes(vec![b'x'; VALUE_BYTES_MAX as usize + 1])
+}
+
+/// Sends a config patch through the leader.
+async fn patch_config(
+    raw: &Raw,
+    patch: proto::RegistryConfigPatch,
+) -> Result<proto::SetConfigReply, tonic::Status> {
+    let request = proto::SetConfigRequest {
+        cluster_id: raw.cluster_id.clone(),
+        patch: Some(patch),
+    };
+    raw.admin_on_leader(CALL_DEADLINE, |mut client| {
+        let request = request.clone();
+        async move { client.set_config(request).await.map(|r| r.into_inner()) }
+    })
+    .await
+}
+
+/// Asserts that `status` is the final refusal of a value one byte too big.
+fn assert_value_limit(status: &tonic::Status, max: u64) {
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    let detail = error_detail(status).expect("our detail");
+    assert_eq!(detail.reason(), Reason::LimitExceeded, "{status}");
+    assert_eq!(
+        (
+            detail.limit.as_str(),
+            detail.limit_max,
+            detail.limit_requested
+        ),
+        ("value_bytes_max", max, VALUE_BYTES_MAX + 1)
+    );
+    assert_eq!(
+        status.metadata().get(REASON_METADATA_KEY).unwrap(),
+        "LIMIT_EXCEEDED"
+    );
+}
+
+/// Waits until a node other than `old` leads.
+async fn wait_for_new_leader(cluster: &Cluster, old: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for node in (1..=3).filter(|node| *node != old) {
+            if let Ok(status) = cluster.status(node).await
+                && status.role == "leader"
+            {
+                return node;
+            }
+        }
+        assert!(Instant::now() < deadline, "no new leader after {old}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// On the wire: undecodable bodies and empty keys are INVALID_ARGUMENT with
+/// our reason on every service and path, and nothing of them reaches the
+/// registry; a value above `value_bytes_max` is LIMIT_EXCEEDED at once,
+/// and final: its retry gets the same refusal from a new leader, even
+/// after the limit was raised, while a new seq is judged under the new
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_input_and_limits_are_final_on_the_wire() {
+    let cluster = Cluster::start("limits-wire").await;
+    let raw = raw_client(&cluster).await;
+    let leader = cluster.wait_for_leader(CALL_DEADLINE).await;
+    let at = cluster.client_addr(leader);
+
+    // Undecodable bodies: a length-delimited field claiming 127 bytes of
+    // which one follows, and bytes that are no field at all.
+    let garbage: [&[u8]; 2] = [&[0x12, 0x7f, 0x01], &[0xff; 9]];
+    let calls: [(String, &'static str); 5] = [
+        (at.clone(), "/oncekv.v1.Client/Execute"),
+        (at.clone(), "/oncekv.v1.Client/Read"),
+        (at.clone(), "/oncekv.v1.Client/Register"),
+        (at.clone(), "/oncekv.v1.Admin/SetConfig"),
+        (cluster.peer_addr(leader), "/oncekv.v1.Raft/AppendEntries"),
+    ];
+    for body in garbage {
+        for (addr, path) in &calls {
+            let status = raw_call(addr, path, body.to_vec())
+                .await
+                .expect_err("garbage is refused");
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{path}: {status}"
+            );
+            assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{path}");
+            assert_eq!(
+                status.metadata().get(REASON_METADATA_KEY).unwrap(),
+                "INVALID_ARGUMENT"
+            );
+        }
+    }
+
+    // Empty keys, on every path that takes a key.
+    let session = raw.register(1).await;
+    let empty = raw.execute_request(session.client_id, 1, 1, &put("", Value::Int(1)));
+    let status = raw.execute(CALL_DEADLINE, &empty).await.unwrap_err();
+    assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+    assert!(status.message().contains("empty key"), "{status}");
+    let plain = proto::ExecutePlainRequest {
+        cluster_id: raw.cluster_id.clone(),
+        command: empty.command.clone(),
+    };
+    let status = raw
+        .on_leader(CALL_DEADLINE, |mut client| {
+            let request = plain.clone();
+            async move { client.execute_plain(request).await }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+    let read = proto::ReadRequest {
+        cluster_id: raw.cluster_id.clone(),
+        key: Vec::new(),
+    };
+    let status = raw
+        .on_leader(CALL_DEADLINE, |mut client| {
+            let request = read.clone();
+            async move { client.read(request).await }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+    for node in 1..=3 {
+        let status = cluster
+            .admin(node)
+            .local_read(proto::LocalReadRequest { key: Vec::new() })
+            .await
+            .unwrap_err();
+        assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+    }
+    // Nothing was cached for seq 1: a real command under it executes.
+    let first = raw.execute_request(session.client_id, 1, 1, &put("a", Value::Int(1)));
+    assert_eq!(
+        raw.execute(CALL_DEADLINE, &first).await.unwrap(),
+        (CommandResult::Stored, false)
+    );
+
+    // A value above the limit: refused at once, finally.
+    let big = raw.execute_request(session.client_id, 2, 2, &put("big", too_big()));
+    let started = Instant::now();
+    let status = raw.execute(CALL_DEADLINE, &big).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_value_limit(&status, VALUE_BYTES_MAX);
+    let raised = patch_config(
+        &raw,
+        proto::RegistryConfigPatch {
+            value_bytes_max: Some(2 * VALUE_BYTES_MAX),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("raise value_bytes_max");
+    assert_eq!(raised.config.unwrap().value_bytes_max, 2 * VALUE_BYTES_MAX);
+    cluster.kill(leader);
+    wait_for_new_leader(&cluster, leader).await;
+    let status = raw.execute(CALL_DEADLINE, &big).await.unwrap_err();
+    assert_value_limit(&status, VALUE_BYTES_MAX);
+    let again = raw.execute_request(session.client_id, 3, 3, &put("big", too_big()));
+    assert_eq!(
+        raw.execute(CALL_DEADLINE, &again).await.unwrap(),
+        (CommandResult::Stored, false)
+    );
+    assert_eq!(raw.read(b"big").await, Some(too_big()));
+}
+
+/// The client library refuses a request that breaks a limit it learned at
+/// registration before sending anything, with a typed definite error; a
+/// limit raised since is learned again, not held against the request. The
+/// CLI fails at once (exit 1) naming the limit. Config changes are patches:
+/// two operators changing different fields at once both get their change;
+/// a combination that would refuse requests forever is refused naming both
+/// fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_and_cli_fail_at_once_and_config_changes_are_patches() {
+    let cluster = Cluster::start("limits-client").await;
+    let raw = raw_client(&cluster).await;
+    let e = cluster.client_addrs();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let config = ClientConfig {
+        call_timeout: Duration::from_secs(30),
+        observer: Some(AttemptObserver::new(move |event| {
+            seen.lock().unwrap().push(event.clone());
+        })),
+        ..ClientConfig::default()
+    };
+    let client = Client::with_config(e.clone(), config);
+    client.put(b"small", Value::Int(1)).await.unwrap();
+    let sent_before = attempts.lock().unwrap().len();
+
+    let started = Instant::now();
+    let error = client.put(b"big", too_big()).await.unwrap_err();
+    assert_eq!(
+        error,
+        Error::LimitExceeded {
+            limit: Limit::ValueBytes,
+            max: VALUE_BYTES_MAX,
+            requested: VALUE_BYTES_MAX + 1,
+        }
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        attempts.lock().unwrap().len(),
+        sent_before,
+        "refused before sending"
+    );
+    assert_eq!(
+        client.put(b"", Value::Int(1)).await,
+        Err(Error::InvalidArgument(
+            "empty key: a key is at least one byte long".into()
+        ))
+    );
+    assert!(matches!(
+        client.get(b"").await,
+        Err(Error::InvalidArgument(_))
+    ));
+
+    // The CLI: at once, exit 1, the limit named.
+    let value = "x".repeat(VALUE_BYTES_MAX as usize + 1);
+    let started = Instant::now();
+    let run = oncekv(&e, &["put", "--timeout-ms", "3000", "k", &value]).await;
+    assert!(started.elapsed() < Duration::from_millis(2_500), "{run:?}");
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("value_bytes_max"), "{run:?}");
+    let run = oncekv(&e, &["put", "k", &value, "--json"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    let object = run.json();
+    assert_eq!(object["kind"], "limit_exceeded");
+    assert_eq!(object["outcome"], "none");
+    assert_eq!(object["limit"], "value_bytes_max");
+    assert_eq!(object["limit_requested"], VALUE_BYTES_MAX + 1);
+
+    // A combination that would refuse every large response is refused,
+    // through the API and the CLI, naming both fields; nothing changes.
+    for cached in [0, VALUE_BYTES_MAX + 31] {
+        let status = patch_config(
+            &raw,
+            proto::RegistryConfigPatch {
+                cached_bytes_per_session_max: Some(cached),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+        assert!(
+            status.message().contains("cached_bytes_per_session_max")
+                && status.message().contains("value_bytes_max"),
+            "{status}"
+        );
+    }
+    let run = oncekv(
+        &e,
+        &[
+            "admin",
+            "config",
+            "set",
+            "--cached-bytes-per-session-max",
+            "100",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("value_bytes_max"), "{run:?}");
+    let status = patch_config(&raw, proto::RegistryConfigPatch::default())
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+
+    // Two operators at once, each changing one field: both changes stay.
+    let (window, ttl, value_max) = tokio::join!(
+        oncekv(&e, &["admin", "config", "set", "--window", "64"]),
+        oncekv(&e, &["admin", "config", "set", "--session-ttl-ms", "45000"]),
+        patch_config(
+            &raw,
+            proto::RegistryConfigPatch {
+                value_bytes_max: Some(2 * VALUE_BYTES_MAX),
+                ..Default::default()
+            },
+        ),
+    );
+    window.ok();
+    ttl.ok();
+    value_max.expect("raise value_bytes_max");
+    let shown = oncekv(&e, &["admin", "config", "--json"]).await.json();
+    assert_eq!(shown["config"]["window"], 64);
+    assert_eq!(shown["config"]["session_ttl_ms"], 45_000);
+    assert_eq!(shown["config"]["value_bytes_max"], 2 * VALUE_BYTES_MAX);
+
+    // The client still holds the old limit from its registration: it asks
+    // again before refusing, and the put goes through.
+    client.put(b"big", too_big()).await.unwrap();
+    assert_eq!(client.get(b"big").await.unwrap(), Some(too_big()));
+    client.close().await;
+}
+
+/// An unknown outcome reports the most informative reason its attempts
+/// met: a call refused for a capacity limit (keys_max) until a majority of
+/// the cluster died names that limit, not the "not the leader" or the
+/// refused connection its last attempts got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_unknown_names_the_most_informative_reason() {
+    let cluster = Cluster::start("limits-unknown").await;
+    let raw = raw_client(&cluster).await;
+    patch_config(
+        &raw,
+        proto::RegistryConfigPatch {
+            keys_max: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("keys_max 1");
+    let refused = Arc::new(tokio::sync::Notify::new());
+    let signal = refused.clone();
+    let config = ClientConfig {
+        call_timeout: Duration::from_secs(8),
+        attempt_timeout: Duration::from_secs(1),
+        observer: Some(AttemptObserver::new(move |event| {
+            if matches!(&event.outcome, AttemptOutcome::Retry { reason } if reason == "RESOURCE_EXHAUSTED")
+            {
+                signal.notify_one();
+            }
+        })),
+        ..ClientConfig::default()
+    };
+    let client = Client::with_config(cluster.client_addrs(), config);
+    client.put(b"a", Value::Int(1)).await.unwrap();
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.increment(b"b", 1).await }
+    });
+    refused.notified().await;
+    let leader = cluster.wait_for_leader(CALL_DEADLINE).await;
+    cluster.kill(leader);
+    cluster.kill((1..=3).find(|node| *node != leader).unwrap());
+    let error = call.await.unwrap().unwrap_err();
+    let Error::OutcomeUnknown { reason, .. } = &error else {
+        panic!("expected an unknown outcome, got {error:?}");
+    };
+    assert!(reason.contains("keys_max"), "{reason}");
+    assert!(reason.contains("the last of"), "{reason}");
+}
