@@ -23,6 +23,8 @@ enum Command {
     Node(Box<NodeOptions>),
     /// Show every node's id, role, term and log / applied indexes.
     Status(oncekv::cli::status::StatusArgs),
+    /// Ask one node's gRPC health service: exit 0 when SERVING, 1 otherwise.
+    Health(oncekv::cli::health::HealthArgs),
     /// Closed-loop load against a running cluster: throughput and latency;
     /// or, with --failover, leader kills on a fresh local cluster of its own.
     Bench(oncekv::cli::bench::BenchArgs),
@@ -98,6 +100,7 @@ async fn run_tool(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Admin(args) => std::process::exit(args.run().await),
+        Command::Health(args) => std::process::exit(if args.run().await { 0 } else { 1 }),
         Command::Kv(command) => {
             // The client library's tracing, only when asked for (stderr).
             if std::env::var_os("RUST_LOG").is_some() {

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod bench;
 pub mod failover;
+pub mod health;
 pub mod kv;
 pub mod local_cluster;
 pub mod status;
