@@ -13,6 +13,7 @@ use crate::node::config::NodeOptions;
 pub mod admin;
 pub mod bench;
 pub mod failover;
+pub mod health;
 pub mod kv;
 pub mod local_cluster;
 pub mod reach;
@@ -42,6 +43,9 @@ pub enum Command {
     /// Show every node's id, role, term and log / applied indexes
     /// (--timeout-ms: per node, default 2000).
     Status,
+    /// Ask one node's gRPC health service: exit 0 when SERVING, 1 otherwise
+    /// (--timeout-ms: the call, default 2000).
+    Health(health::HealthArgs),
     /// Closed-loop load against a running cluster: throughput and latency;
     /// or, with --failover, leader kills on a fresh local cluster of its own
     /// (--timeout-ms: per request, default 30000).
@@ -136,6 +140,13 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
             kv::EXIT_USAGE
         }
         Command::Status => status::run(&common).await,
+        Command::Health(args) => {
+            if args.run(common.timeout_ms).await {
+                kv::EXIT_OK
+            } else {
+                kv::EXIT_FAILED
+            }
+        }
         Command::Bench(args) => match args.run(&common).await {
             Ok(()) => kv::EXIT_OK,
             Err(error) => {

@@ -184,6 +184,11 @@ struct Inner {
     channels: Mutex<BTreeMap<String, ClientClient<Channel>>>,
     /// Index into `endpoints` of the node believed to lead.
     leader: Mutex<usize>,
+    /// Where the next try goes when no leader is known: it moves through
+    /// every endpoint in turn, so an announced leader address this client
+    /// cannot reach (a host name inside a container network) never sends it
+    /// back to the same follower forever.
+    rotation: Mutex<usize>,
     cluster_id: Mutex<Vec<u8>>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
 }
@@ -371,6 +376,7 @@ impl Client {
                 endpoints: Mutex::new(endpoints.into_iter().map(Into::into).collect()),
                 channels: Mutex::new(BTreeMap::new()),
                 leader: Mutex::new(0),
+                rotation: Mutex::new(0),
                 cluster_id: Mutex::new(Vec::new()),
                 session: tokio::sync::Mutex::new(None),
             }),
@@ -759,7 +765,13 @@ impl Client {
                 new_target
             }
             None => {
-                *leader = (*leader + 1) % endpoints.len().max(1);
+                let mut rotation = self
+                    .inner
+                    .rotation
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                *rotation = (*rotation + 1) % endpoints.len().max(1);
+                *leader = *rotation;
                 false
             }
         }
