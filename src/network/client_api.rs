@@ -279,6 +279,19 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::ReadReply>, Status> {
         let request = request.into_inner();
         self.required_cluster(&request.cluster_id)?;
+        // DELIBERATELY BROKEN when built with `broken-stale-reads` (a
+        // fault-injection build for the jepsen-like harness only, to prove
+        // its checker catches stale reads): no read index, so any node — a
+        // follower, a deposed leader — answers from its own applied state.
+        #[cfg(feature = "broken-stale-reads")]
+        if true {
+            let applied = self.state.read();
+            let value = applied.registry.get(&request.key);
+            return Ok(Response::new(proto::ReadReply {
+                value: value.map(convert::value_to_proto),
+                applied_index: applied.registry.applied_index(),
+            }));
+        }
         let confirmed = tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable())
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;
