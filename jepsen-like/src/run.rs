@@ -546,12 +546,16 @@ async fn inject(
             admin
                 .set_config(leader, &cluster_id, short, Duration::from_secs(30))
                 .await?;
+            // Announced once in force (the lifecycle client idles out the
+            // short TTL only while it is), and its end announced before the
+            // restore is proposed: a session idle under the short TTL for
+            // as long as the announcement stands did expire.
             ttl.send_replace(Duration::from_millis(SHORT_TTL_MS));
             sleep(planned.duration).await;
+            ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
             admin
                 .set_config(leader, &cluster_id, original, Duration::from_secs(30))
                 .await?;
-            ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
         }
     }
     recorder.record(Event::complete(&invoke, EventType::Info, 0));

@@ -605,7 +605,8 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
         // phase); without such a phase, every fourth cycle, as idling then
         // takes two whole TTLs.
         cycle += 1;
-        let ttl = *context.session_ttl.borrow();
+        let mut ttl_watch = context.session_ttl.clone();
+        let ttl = *ttl_watch.borrow_and_update();
         let idle_out = ttl <= SHORT_TTL || (!context.short_ttl_phase && cycle % 4 == 1);
         if on_track && idle_out && !context.stopped() {
             // Idle past the TTL in cluster time (the leader's clock runs
@@ -614,6 +615,13 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
             tokio::select! {
                 () = tokio::time::sleep(ttl * 2 + Duration::from_millis(500)) => {}
                 _ = stop.wait_for(|stop| *stop) => return op_id,
+            }
+            // The TTL changed while idling (the short-TTL phase ended; the
+            // runner announces that before it proposes the change): the
+            // session may never have been idle past the TTL in force, so
+            // its expiry is not certain and nothing is asked of it.
+            if ttl_watch.has_changed().unwrap_or(true) {
+                continue;
             }
             op_id += 1;
             let value = format!("c{client_number}-s{op_id}");
