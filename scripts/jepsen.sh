@@ -4,7 +4,7 @@
 #   scripts/jepsen.sh smoke                    one 45 s run, seed 1, 3 leader kills, release build
 #   scripts/jepsen.sh ci-smoke                 the same run on the debug build (what .ci/run runs)
 #   scripts/jepsen.sh long [SEEDS] [DURATION]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
-#   scripts/jepsen.sh broken                   both deliberately broken servers; each must be found invalid
+#   scripts/jepsen.sh broken                   the three deliberately broken servers; each must be found invalid
 #
 # Every run writes history.jsonl, results.json and report.html under
 # target/jepsen/. Exit status: 0 when every run came out as required
@@ -42,8 +42,9 @@ run() {
         1) verdict=INVALID ;;
         *) verdict=unknown ;;
     esac
-    local ops dups kills
-    ops=$(grep -m1 '^operations:' "$out.txt" | sed 's/^operations: //' || true)
+    local ops reads dups kills
+    ops=$(grep -m1 '^operations (writes):' "$out.txt" | sed 's/^operations (writes): //' || true)
+    reads=$(grep -m1 '^reads:' "$out.txt" | sed 's/^reads: //' || true)
     dups=$(grep -m1 '^leader changes seen:' "$out.txt" | sed 's/^leader changes seen: //' || true)
     kills=$(grep -m1 '^leader kill' "$out.txt" | sed 's/^leader kill -> first acknowledgement: //' || true)
     local status=as-required
@@ -51,7 +52,7 @@ run() {
         status=NOT-AS-REQUIRED
         failures=$((failures + 1))
     fi
-    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$kills" "$dups")")
+    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$kills" "$dups")")
 }
 
 print_summary() {
@@ -104,7 +105,7 @@ case ${1:-} in
             mkdir -p target/broken
             cp -a target/release target/broken/
         fi
-        for feature in broken-skip-dedup broken-snapshot-drops-sessions; do
+        for feature in broken-skip-dedup broken-snapshot-drops-sessions broken-stale-reads; do
             build_server "fault-injection,$feature" target/broken
             cp target/broken/release/oncekv "target/broken/oncekv-$feature"
             run "$feature" 1 "target/broken/oncekv-$feature" --seed 1 --duration 45 --leader-kills 3 --quiet

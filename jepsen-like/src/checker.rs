@@ -19,9 +19,29 @@
 //! previous returned value plus its own delta plus a sum of unknown deltas
 //! (anything else means some increment executed twice or vanished).
 //!
-//! Session lifecycle: a request below the floor or a conflicting seq must not
-//! be answered as a success; a retry of an acknowledged seq must be answered
-//! as a duplicate.
+//! Session lifecycle: a request below the floor, a conflicting seq or a
+//! request of an expired session must not be answered as a success; a retry
+//! of an acknowledged seq must be answered as a duplicate.
+//!
+//! Reads (linearizable `get`s, each with its invoke and completion time;
+//! *read violations*, at most one per read): a read must find a state that
+//! holds every write acknowledged before the read began and nothing of a
+//! write invoked after it completed.
+//! - a list read holds each element once, only elements some request
+//!   appended (and not only failed ones), none whose first request was
+//!   invoked after the read completed, every element acknowledged before
+//!   the read began, and is a prefix of the list the replicas hold at the
+//!   end (so reads agree with each other and with the final order);
+//! - a counter read lies within [the positive deltas acknowledged before the
+//!   read began + every negative delta of a request invoked before it
+//!   completed and not definitely failed, the negative deltas acknowledged
+//!   before it began + every such positive delta]; with positive deltas only
+//!   it is also at least the value returned by any increment acknowledged
+//!   before it began, and at most the value before any acknowledged
+//!   increment invoked after it completed;
+//! - a read that begins after another read of the same key completed finds
+//!   at least as much (a list as long, a counter of positive deltas as
+//!   large).
 //!
 //! Replicas: after healing, every replica has the same applied index, state
 //! hash and values (*divergence* otherwise).
@@ -68,6 +88,10 @@ pub struct Safety {
     pub reply_mismatches: u64,
     pub counter_violations: u64,
     pub lifecycle_violations: u64,
+    /// Reads that found a state no linearization allows (stale, from the
+    /// future, or out of order).
+    #[serde(default)]
+    pub read_violations: u64,
     pub divergence: u64,
     /// The history itself is malformed (an unpaired completion).
     pub malformed: u64,
@@ -82,6 +106,7 @@ impl Safety {
             + self.reply_mismatches
             + self.counter_violations
             + self.lifecycle_violations
+            + self.read_violations
             + self.divergence
             + self.malformed
     }
@@ -128,8 +153,15 @@ pub fn check(events: &[Event], finals: &[NodeFinal]) -> Findings {
     check_divergence(finals, &mut findings);
     check_replies(&operations, &mut findings);
     check_lifecycle(&operations, &mut findings);
-    check_lists(&operations, &reads, &mut findings);
+    let lists = list_writes(&operations);
+    check_lists(&lists, &reads, &mut findings);
     check_counters(&operations, &reads, &mut findings);
+    check_reads(
+        &operations,
+        &lists,
+        reads.first().map(|(_, v)| *v),
+        &mut findings,
+    );
     findings
 }
 
@@ -211,7 +243,7 @@ fn check_lifecycle(operations: &[Operation], findings: &mut Findings) {
             continue;
         };
         let wrong = match (expect, done.kind) {
-            (Expect::Discarded | Expect::Conflict, EventType::Ok) => true,
+            (Expect::Discarded | Expect::Conflict | Expect::Expired, EventType::Ok) => true,
             (Expect::Duplicate, EventType::Ok) => !done.duplicate,
             _ => false,
         };
@@ -243,12 +275,11 @@ struct Written {
     lengths: Vec<u64>,
 }
 
-fn check_lists(
-    operations: &[Operation],
-    reads: &[(u64, &BTreeMap<String, FinalValue>)],
-    findings: &mut Findings,
-) {
-    let mut keys: BTreeMap<&str, BTreeMap<&str, Written>> = BTreeMap::new();
+/// Every value appended to each list key, with what is known of it.
+type ListWrites<'a> = BTreeMap<&'a str, BTreeMap<&'a str, Written>>;
+
+fn list_writes(operations: &[Operation]) -> ListWrites<'_> {
+    let mut keys: ListWrites = BTreeMap::new();
     for operation in operations {
         let (key, value) = match &operation.op {
             Op::Append { key, value } | Op::Lifecycle { key, value, .. } => (key, value),
@@ -291,7 +322,15 @@ fn check_lists(
             EventType::Fail => {}
         }
     }
-    for (key, written) in &keys {
+    keys
+}
+
+fn check_lists(
+    keys: &ListWrites,
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
+    for (key, written) in keys {
         for (node, values) in reads {
             let list: &[String] = match values.get(*key) {
                 Some(FinalValue::List(list)) => list,
@@ -646,22 +685,460 @@ fn subset_sums(deltas: &[i64]) -> Option<BTreeSet<i64>> {
     )
 }
 
+/// What a read found, rebuilt from the history.
+enum Found<'a> {
+    List(&'a [String]),
+    Int(i64),
+    Absent,
+    Other(String),
+}
+
+impl Found<'_> {
+    fn describe(&self) -> String {
+        match self {
+            Found::List(list) => format!("a list of {} elements", list.len()),
+            Found::Int(value) => format!("the integer {value}"),
+            Found::Absent => "nothing".to_string(),
+            Found::Other(text) => text.clone(),
+        }
+    }
+}
+
+/// One checked read, for the real-time pass and the count.
+struct ReadRecord<'a> {
+    process: Process,
+    op_id: u64,
+    key: &'a str,
+    invoke_ns: u64,
+    complete_ns: u64,
+    /// What later reads must not fall below (list length, counter value);
+    /// `None` when the key's values need not grow.
+    measure: Option<i64>,
+    issues: Vec<String>,
+}
+
+/// The acknowledged appends of one list key, by acknowledgement time.
+struct ListIndex<'a> {
+    written: &'a BTreeMap<&'a str, Written>,
+    acked: Vec<(u64, &'a str)>,
+}
+
+impl<'a> ListIndex<'a> {
+    fn new(written: &'a BTreeMap<&'a str, Written>) -> ListIndex<'a> {
+        let mut acked: Vec<(u64, &str)> = written
+            .iter()
+            .filter_map(|(value, record)| Some((record.acked_ns?, *value)))
+            .collect();
+        acked.sort_unstable();
+        ListIndex { written, acked }
+    }
+
+    /// What is wrong with `list`, read between `invoke_ns` and
+    /// `complete_ns`, against the appends and the final list.
+    fn check(
+        &self,
+        list: &[String],
+        invoke_ns: u64,
+        complete_ns: u64,
+        final_list: Option<&[String]>,
+    ) -> Vec<String> {
+        let mut issues = Vec::new();
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        let mut acked_before = 0usize;
+        let (mut twice, mut unknown, mut failed, mut future) = (None, None, None, None);
+        for value in list {
+            if !seen.insert(value.as_str()) {
+                twice.get_or_insert(value);
+                continue;
+            }
+            let Some(record) = self.written.get(value.as_str()) else {
+                unknown.get_or_insert(value);
+                continue;
+            };
+            if record.acked_ns.is_none() && !record.unknown {
+                failed.get_or_insert(value);
+            }
+            if record.invoke_ns >= complete_ns {
+                future.get_or_insert((value, record.invoke_ns));
+            }
+            if record.acked_ns.is_some_and(|acked| acked < invoke_ns) {
+                acked_before += 1;
+            }
+        }
+        if let Some(value) = twice {
+            issues.push(format!("holds {value} more than once"));
+        }
+        if let Some(value) = unknown {
+            issues.push(format!("holds {value}, which was never appended"));
+        }
+        if let Some(value) = failed {
+            issues.push(format!(
+                "holds {value}, although every request for it failed"
+            ));
+        }
+        if let Some((value, at)) = future {
+            issues.push(format!(
+                "holds {value}, whose append began at {} after the read completed",
+                ns(at)
+            ));
+        }
+        let expected = self.acked.partition_point(|(at, _)| *at < invoke_ns);
+        if acked_before < expected {
+            let missing: Vec<&(u64, &str)> = self.acked[..expected]
+                .iter()
+                .filter(|(_, value)| !seen.contains(value))
+                .collect();
+            if let Some((at, value)) = missing.first() {
+                issues.push(format!(
+                    "is stale: misses {value}, acknowledged at {} before the read began \
+                     ({} acknowledged appends missing in all)",
+                    ns(*at),
+                    missing.len()
+                ));
+            }
+        }
+        if let Some(final_list) = final_list {
+            let differs = list
+                .iter()
+                .zip(final_list)
+                .position(|(a, b)| a != b)
+                .or((list.len() > final_list.len()).then_some(final_list.len()));
+            if let Some(position) = differs {
+                issues.push(format!(
+                    "is no prefix of the final list: position {} holds {} where the final \
+                     list holds {}",
+                    position + 1,
+                    list[position],
+                    final_list
+                        .get(position)
+                        .map_or("nothing", |value| value.as_str())
+                ));
+            }
+        }
+        issues
+    }
+}
+
+/// The increments of one counter key, sorted for the read bounds.
+#[derive(Default)]
+struct CounterIndex {
+    all_positive: bool,
+    /// Acknowledged increments by completion time, with prefix sums of
+    /// their positive and negative deltas and the running maximum of their
+    /// returned values (all with a leading 0 / `None`).
+    acked_done_ns: Vec<u64>,
+    acked_positive: Vec<i64>,
+    acked_negative: Vec<i64>,
+    acked_returned_max: Vec<Option<i64>>,
+    /// Increments not definitely failed by invoke time, with prefix sums
+    /// of their positive and negative deltas.
+    possible_invoke_ns: Vec<u64>,
+    possible_positive: Vec<i64>,
+    possible_negative: Vec<i64>,
+    /// Acknowledged increments by invoke time, with the suffix minimum of
+    /// the value before each (returned minus delta; a trailing `None`).
+    acked_invoke_ns: Vec<u64>,
+    acked_before_min: Vec<Option<i64>>,
+}
+
+/// Prefix sums of `values`, with a leading 0.
+fn prefix_sums(values: impl Iterator<Item = i64>) -> Vec<i64> {
+    let mut sums = vec![0i64];
+    for value in values {
+        sums.push(sums.last().copied().unwrap_or(0).saturating_add(value));
+    }
+    sums
+}
+
+impl CounterIndex {
+    fn new(increments: &[(&Operation, i64)]) -> CounterIndex {
+        let returned = |operation: &Operation| match operation
+            .completion
+            .as_ref()
+            .and_then(|c| c.reply.as_ref())
+        {
+            Some(Reply::Incremented { value }) => Some(*value),
+            _ => None,
+        };
+        let mut acked: Vec<(&Operation, i64)> = increments
+            .iter()
+            .copied()
+            .filter(|(operation, _)| operation.outcome() == EventType::Ok)
+            .collect();
+        let mut possible: Vec<(u64, i64)> = increments
+            .iter()
+            .filter(|(operation, _)| operation.outcome() != EventType::Fail)
+            .map(|(operation, delta)| (operation.invoke_ns, *delta))
+            .collect();
+        possible.sort_unstable();
+        acked.sort_by_key(|(operation, _)| operation.complete_ns());
+        let mut index = CounterIndex {
+            all_positive: increments.iter().all(|(_, delta)| *delta > 0),
+            acked_done_ns: acked.iter().map(|(o, _)| o.complete_ns()).collect(),
+            acked_positive: prefix_sums(acked.iter().map(|(_, d)| (*d).max(0))),
+            acked_negative: prefix_sums(acked.iter().map(|(_, d)| (*d).min(0))),
+            acked_returned_max: vec![None],
+            possible_invoke_ns: possible.iter().map(|(at, _)| *at).collect(),
+            possible_positive: prefix_sums(possible.iter().map(|(_, d)| (*d).max(0))),
+            possible_negative: prefix_sums(possible.iter().map(|(_, d)| (*d).min(0))),
+            ..CounterIndex::default()
+        };
+        for (operation, _) in &acked {
+            let before = index.acked_returned_max.last().copied().flatten();
+            index
+                .acked_returned_max
+                .push(before.max(returned(operation)));
+        }
+        acked.sort_by_key(|(operation, _)| operation.invoke_ns);
+        index.acked_invoke_ns = acked.iter().map(|(o, _)| o.invoke_ns).collect();
+        index.acked_before_min = vec![None; acked.len() + 1];
+        for (position, (operation, delta)) in acked.iter().enumerate().rev() {
+            let value_before = returned(operation).map(|value| value - delta);
+            let after = index.acked_before_min[position + 1];
+            index.acked_before_min[position] = match (value_before, after) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        index
+    }
+
+    /// What is wrong with `value`, read between `invoke_ns` and
+    /// `complete_ns`.
+    fn check(&self, value: i64, invoke_ns: u64, complete_ns: u64) -> Vec<String> {
+        let mut issues = Vec::new();
+        let done = self.acked_done_ns.partition_point(|at| *at < invoke_ns);
+        let begun = self
+            .possible_invoke_ns
+            .partition_point(|at| *at < complete_ns);
+        let low = self.acked_positive[done].saturating_add(self.possible_negative[begun]);
+        let high = self.acked_negative[done].saturating_add(self.possible_positive[begun]);
+        if value < low {
+            issues.push(format!(
+                "is stale: {value} is below {low}, what the increments acknowledged before \
+                 the read began add up to at least"
+            ));
+        } else if value > high {
+            issues.push(format!(
+                "is from the future: {value} is above {high}, what the increments begun \
+                 before the read completed add up to at most"
+            ));
+        }
+        if self.all_positive && issues.is_empty() {
+            if let Some(returned) = self.acked_returned_max[done]
+                && value < returned
+            {
+                issues.push(format!(
+                    "is stale: {value} is below {returned}, returned by an increment \
+                     acknowledged before the read began"
+                ));
+            }
+            let later = self
+                .acked_invoke_ns
+                .partition_point(|at| *at <= complete_ns);
+            if let Some(before) = self.acked_before_min[later]
+                && value > before
+            {
+                issues.push(format!(
+                    "is from the future: {value} is above {before}, the value before an \
+                     increment that began after the read completed"
+                ));
+            }
+        }
+        issues
+    }
+}
+
+/// Seconds since the start, for problem texts.
+fn ns(at: u64) -> String {
+    format!("{:.3} s", at as f64 / 1e9)
+}
+
+fn check_reads(
+    operations: &[Operation],
+    lists: &ListWrites,
+    final_values: Option<&BTreeMap<String, FinalValue>>,
+    findings: &mut Findings,
+) {
+    let list_indexes: BTreeMap<&str, ListIndex> = lists
+        .iter()
+        .map(|(key, written)| (*key, ListIndex::new(written)))
+        .collect();
+    let mut increments: BTreeMap<&str, Vec<(&Operation, i64)>> = BTreeMap::new();
+    for operation in operations {
+        if let Op::Increment { key, delta } = &operation.op {
+            increments.entry(key).or_default().push((operation, *delta));
+        }
+    }
+    let counter_indexes: BTreeMap<&str, CounterIndex> = increments
+        .iter()
+        .map(|(key, increments)| (*key, CounterIndex::new(increments)))
+        .collect();
+    // Each process's last successful list read of each key, to rebuild the
+    // next one from.
+    let mut previous: BTreeMap<(Process, &str), Vec<String>> = BTreeMap::new();
+    let mut records: Vec<ReadRecord> = Vec::new();
+    for operation in operations {
+        let Op::Read { key } = &operation.op else {
+            continue;
+        };
+        let Some(done) = operation
+            .completion
+            .as_ref()
+            .filter(|d| d.kind == EventType::Ok)
+        else {
+            continue;
+        };
+        let list = previous
+            .entry((operation.process, key.as_str()))
+            .or_default();
+        let found = match &done.reply {
+            Some(Reply::ReadList { shared, tail }) => {
+                if let Err(error) = history::rebuild_list_read(list, *shared, tail) {
+                    findings.safety.malformed += 1;
+                    findings.problem(format!(
+                        "malformed history: {:?} op {}: {error}",
+                        operation.process, operation.op_id
+                    ));
+                    continue;
+                }
+                Found::List(list)
+            }
+            Some(Reply::ReadInt { value }) => Found::Int(*value),
+            Some(Reply::ReadAbsent) => {
+                list.clear();
+                Found::Absent
+            }
+            other => Found::Other(format!("{other:?}")),
+        };
+        let (invoke_ns, complete_ns) = (operation.invoke_ns, done.time_ns);
+        // The list the replicas hold at the end (absent: empty).
+        let final_list: Option<&[String]> = final_values.map(|values| match values.get(key) {
+            Some(FinalValue::List(list)) => list.as_slice(),
+            _ => &[],
+        });
+        let (measure, issues) = match (
+            list_indexes.get(key.as_str()),
+            counter_indexes.get(key.as_str()),
+            &found,
+        ) {
+            (Some(index), _, Found::List(list)) => (
+                Some(list.len() as i64),
+                index.check(list, invoke_ns, complete_ns, final_list),
+            ),
+            (Some(index), _, Found::Absent) => (
+                Some(0),
+                index.check(&[], invoke_ns, complete_ns, final_list),
+            ),
+            (_, Some(index), Found::Int(value)) => (
+                index.all_positive.then_some(*value),
+                index.check(*value, invoke_ns, complete_ns),
+            ),
+            (_, Some(index), Found::Absent) => (
+                index.all_positive.then_some(0),
+                index.check(0, invoke_ns, complete_ns),
+            ),
+            (None, None, Found::Absent) => (None, Vec::new()),
+            (None, None, found) => (
+                None,
+                vec![format!("found {}, but nobody wrote it", found.describe())],
+            ),
+            (_, _, found) => (
+                None,
+                vec![format!(
+                    "found {}, not the type its writes make",
+                    found.describe()
+                )],
+            ),
+        };
+        records.push(ReadRecord {
+            process: operation.process,
+            op_id: operation.op_id,
+            key,
+            invoke_ns,
+            complete_ns,
+            measure,
+            issues,
+        });
+    }
+    check_reads_in_real_time(&mut records);
+    for record in &records {
+        if record.issues.is_empty() {
+            continue;
+        }
+        findings.safety.read_violations += 1;
+        findings.problem(format!(
+            "read of {:?} by {:?} op {} ({} – {}) {}",
+            record.key,
+            record.process,
+            record.op_id,
+            ns(record.invoke_ns),
+            ns(record.complete_ns),
+            record.issues.join("; ")
+        ));
+    }
+}
+
+/// A read that began after another read of the same key completed must
+/// find at least as much.
+fn check_reads_in_real_time(records: &mut [ReadRecord]) {
+    let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (position, record) in records.iter().enumerate() {
+        if record.measure.is_some() {
+            by_key.entry(record.key).or_default().push(position);
+        }
+    }
+    for positions in by_key.values() {
+        let mut done: Vec<(u64, i64, usize)> = positions
+            .iter()
+            .map(|&p| (records[p].complete_ns, records[p].measure.unwrap_or(0), p))
+            .collect();
+        done.sort_unstable();
+        // The running maximum of what the reads completed so far found.
+        let mut running: Vec<(i64, usize)> = Vec::with_capacity(done.len());
+        for &(_, measure, position) in &done {
+            let best = match running.last() {
+                Some(&(max, at)) if max >= measure => (max, at),
+                _ => (measure, position),
+            };
+            running.push(best);
+        }
+        for &position in positions {
+            let record = &records[position];
+            let earlier = done.partition_point(|(at, _, _)| *at < record.invoke_ns);
+            if earlier == 0 {
+                continue;
+            }
+            let (max, at) = running[earlier - 1];
+            let measure = record.measure.unwrap_or(0);
+            if max > measure {
+                let issue = format!(
+                    "went back in time: found {measure}, where {:?} op {}, which completed \
+                     before this read began, found {max}",
+                    records[at].process, records[at].op_id
+                );
+                records[position].issues.push(issue);
+            }
+        }
+    }
+}
+
 /// Whether a run exercised the fault paths it is meant to (counted from the
 /// history alone: server metrics are reset by a kill).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Exercise {
     pub leader_kills_planned: u64,
     pub leader_kills: u64,
-    /// Leader kills with no acknowledged operation invoked after them.
+    /// Leader kills with no acknowledged write invoked after them.
     pub kills_without_ack: u64,
-    /// Acknowledged operations during which the leader changed (a kill or a
+    /// Acknowledged writes during which the leader changed (a kill or a
     /// new leader seen by the monitor).
     pub acks_after_leader_change: u64,
     /// Of those, answered by the registry as duplicates after a retry.
     pub duplicates_after_leader_change: u64,
-    /// Every acknowledged operation answered as a duplicate.
+    /// Every acknowledged write answered as a duplicate.
     pub duplicates: u64,
-    /// Acknowledged operations retried at least once.
+    /// Acknowledged writes retried at least once.
     pub retried: u64,
     /// Why the run is not conclusive (empty: it is).
     pub missing: Vec<String>,
@@ -697,9 +1174,14 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
     }
     changes.sort_unstable();
     result.leader_kills = kills.len() as u64;
+    // Writes only: a read changes nothing a retry could duplicate.
     let acked: Vec<&Operation> = operations
         .iter()
-        .filter(|o| matches!(o.process, Process::Client(_)) && o.outcome() == EventType::Ok)
+        .filter(|o| {
+            matches!(o.process, Process::Client(_))
+                && !matches!(o.op, Op::Read { .. })
+                && o.outcome() == EventType::Ok
+        })
         .collect();
     for kill in &kills {
         if !acked.iter().any(|o| o.invoke_ns > *kill) {
@@ -789,6 +1271,9 @@ mod tests {
     struct H {
         events: Vec<Event>,
         seq: BTreeMap<u64, u64>,
+        /// Each reader's last list read of "k" (reads are recorded as a
+        /// difference from it).
+        lists: BTreeMap<u64, Vec<String>>,
     }
 
     impl H {
@@ -862,6 +1347,321 @@ mod tests {
             let reply = (kind == EventType::Ok).then_some(Reply::Incremented { value });
             self.complete(t1, client, op_id, kind, reply)
         }
+    }
+
+    impl H {
+        /// A read of `key` by `client`, invoked at `t0` and answered at
+        /// `t1` with `reply` (no session or seq: reads have none).
+        fn read(
+            &mut self,
+            client: u64,
+            op_id: u64,
+            key: &str,
+            t0: u64,
+            t1: u64,
+            reply: Reply,
+        ) -> &mut Self {
+            let invoke = Event::invoke(
+                t0,
+                Process::Client(client),
+                op_id,
+                Op::Read { key: key.into() },
+            );
+            let mut done = Event::complete(&invoke, EventType::Ok, t1);
+            done.reply = Some(reply);
+            done.attempts = 1;
+            self.events.push(invoke);
+            self.events.push(done);
+            self
+        }
+
+        /// A read of the list "k" that found `list`, recorded as the
+        /// workload records it.
+        fn read_list(
+            &mut self,
+            client: u64,
+            op_id: u64,
+            t0: u64,
+            t1: u64,
+            list: &[&str],
+        ) -> &mut Self {
+            let list: Vec<String> = list.iter().map(|v| v.to_string()).collect();
+            let previous = self.lists.entry(client).or_default();
+            let reply = history::list_read_reply(previous, &list);
+            *previous = list;
+            self.read(client, op_id, "k", t0, t1, reply)
+        }
+
+        /// A read of the counter "n" that found `value`.
+        fn read_counter(
+            &mut self,
+            client: u64,
+            op_id: u64,
+            t0: u64,
+            t1: u64,
+            value: i64,
+        ) -> &mut Self {
+            self.read(client, op_id, "n", t0, t1, Reply::ReadInt { value })
+        }
+    }
+
+    /// The valid history with reads of both keys that a linearizable
+    /// store allows: while appends and increments are in flight, right
+    /// after acknowledgements, seeing an unknown append and an unknown
+    /// increment that took effect, by two readers.
+    fn valid_with_reads() -> (H, Vec<NodeFinal>) {
+        let (mut h, finals) = valid();
+        h.read_list(9, 1, 2, 4, &[])
+            .read_list(9, 2, 12, 14, &["c1-s1"])
+            .read_list(8, 1, 12, 32, &["c1-s1", "c2-s1"])
+            .read_list(9, 3, 35, 38, &["c1-s1", "c2-s1", "c1-s2"])
+            .read_list(8, 2, 39, 41, &["c1-s1", "c2-s1", "c1-s2"])
+            .read_list(9, 4, 82, 86, &["c1-s1", "c2-s1", "c1-s2", "c1-s4"])
+            .read_list(8, 3, 92, 95, &["c1-s1", "c2-s1", "c1-s2", "c1-s4"])
+            .read(9, 5, "n", 95, 99, Reply::ReadAbsent)
+            .read_counter(9, 6, 108, 112, 12)
+            .read_counter(8, 4, 106, 109, 7)
+            .read_counter(9, 7, 135, 140, 15)
+            .read(9, 8, "nobody-wrote-this", 140, 141, Reply::ReadAbsent);
+        (h, finals)
+    }
+
+    /// Reads a linearizable store can give pass.
+    #[test]
+    fn a_valid_history_with_reads_passes() {
+        let (h, finals) = valid_with_reads();
+        let findings = check(&h.events, &finals);
+        assert!(findings.valid(), "{findings:#?}");
+        let figures = crate::report::figures(1, 9, &h.events, &exercise(&h.events, 0), 200, 0);
+        assert_eq!(
+            (
+                figures.reads_ok,
+                figures.reads_ok_of_lists,
+                figures.reads_ok_of_counters
+            ),
+            (12, 7, 4)
+        );
+        assert_eq!(figures.attempted, 9, "reads are not among the writes");
+    }
+
+    /// The number of read violations once `read` is added to the valid
+    /// history with reads, and the first problem.
+    fn read_violations(read: impl FnOnce(&mut H)) -> (u64, String) {
+        let (mut h, finals) = valid_with_reads();
+        read(&mut h);
+        let findings = check(&h.events, &finals);
+        let total = findings.safety.total();
+        assert_eq!(total, findings.safety.read_violations, "{findings:#?}");
+        (
+            total,
+            findings.problems.first().cloned().unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn a_stale_list_read_is_caught() {
+        // c1-s4 was acknowledged at 90, before the read began.
+        let (count, problem) = read_violations(|h| {
+            h.read_list(7, 1, 92, 95, &["c1-s1", "c2-s1", "c1-s2"]);
+        });
+        assert_eq!(count, 1);
+        assert!(
+            problem.contains("stale") && problem.contains("c1-s4"),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn a_list_read_missing_an_acknowledged_append_is_caught() {
+        // c2-s1 (acknowledged at 30) missing from the middle: stale, and
+        // no prefix of the final list either — still one violating read.
+        let (count, problem) = read_violations(|h| {
+            h.read_list(7, 1, 35, 38, &["c1-s1", "c1-s2"]);
+        });
+        assert_eq!(count, 1);
+        assert!(problem.contains("misses c2-s1"), "{problem}");
+        assert!(problem.contains("no prefix"), "{problem}");
+    }
+
+    #[test]
+    fn a_list_read_seeing_a_future_append_is_caught() {
+        // c1-s4 was invoked at 80, after this read completed at 44.
+        let (count, problem) = read_violations(|h| {
+            h.read_list(7, 1, 41, 44, &["c1-s1", "c2-s1", "c1-s2", "c1-s4"]);
+        });
+        assert_eq!(count, 1);
+        assert!(
+            problem.contains("c1-s4") && problem.contains("after the read"),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn list_reads_out_of_the_final_order_or_twice_or_failed_are_caught() {
+        // Each read at [15, 18], when only c1-s1 had been acknowledged and
+        // the longest read so far had one element: nothing but its own
+        // list is wrong.
+        for (list, defect) in [
+            (&["c2-s1", "c1-s1"][..], "no prefix"),
+            (&["c1-s1", "c1-s1"][..], "more than once"),
+            (&["c1-s1", "c1-s3"][..], "every request for it failed"),
+            (&["c1-s1", "c9-s9"][..], "never appended"),
+        ] {
+            let (count, problem) = read_violations(|h| {
+                h.read_list(7, 1, 15, 18, list);
+            });
+            assert_eq!(count, 1, "{list:?}");
+            assert!(problem.contains(defect), "{list:?}: {problem}");
+        }
+    }
+
+    #[test]
+    fn a_list_read_going_back_in_time_is_caught() {
+        // Reader 9 saw the unknown c1-s2 (until 38); a read begun after
+        // that may not miss it, although it was never acknowledged.
+        let (count, problem) = read_violations(|h| {
+            h.read_list(7, 1, 39, 42, &["c1-s1", "c2-s1"]);
+        });
+        assert_eq!(count, 1);
+        assert!(problem.contains("back in time"), "{problem}");
+    }
+
+    #[test]
+    fn counter_reads_outside_their_bounds_are_caught() {
+        // Before 99 no increment had begun: nothing to see.
+        let (count, problem) = read_violations(|h| {
+            h.read_counter(7, 1, 95, 99, 5);
+        });
+        assert_eq!(count, 1);
+        assert!(problem.contains("future"), "{problem}");
+        // Both acknowledged (5 and 3) before 135: at least 8.
+        let (count, problem) = read_violations(|h| {
+            h.read_counter(7, 1, 135, 140, 5);
+        });
+        assert_eq!(count, 1);
+        assert!(problem.contains("stale"), "{problem}");
+        // Within [8, 15], but the increment acknowledged at 130 returned 15.
+        let (count, problem) = read_violations(|h| {
+            h.read_counter(7, 1, 135, 140, 12);
+        });
+        assert_eq!(count, 1);
+        assert!(
+            problem.contains("stale") && problem.contains("returned"),
+            "{problem}"
+        );
+        // Before the increment invoked at 120 the counter was at most 12.
+        let (count, problem) = read_violations(|h| {
+            h.read_counter(7, 1, 113, 118, 15);
+        });
+        assert_eq!(count, 1);
+        assert!(problem.contains("future"), "{problem}");
+        // Reader 9 found 12 by 112: a read begun after cannot find less.
+        let (count, problem) = read_violations(|h| {
+            h.read_counter(7, 1, 113, 118, 7);
+        });
+        assert_eq!(count, 1);
+        assert!(problem.contains("back in time"), "{problem}");
+    }
+
+    #[test]
+    fn a_value_read_where_nothing_was_written_is_caught() {
+        let (count, _) = read_violations(|h| {
+            h.read(7, 1, "nobody-wrote-this", 0, 1, Reply::ReadInt { value: 3 });
+        });
+        assert_eq!(count, 1);
+        let (count, _) = read_violations(|h| {
+            h.read(
+                7,
+                1,
+                "n",
+                140,
+                141,
+                Reply::ReadList {
+                    shared: 0,
+                    tail: vec![],
+                },
+            );
+        });
+        assert_eq!(count, 1);
+    }
+
+    /// With negative deltas the bounds are: positive deltas acknowledged
+    /// before the read plus every negative one possibly applied, up to the
+    /// negative ones acknowledged plus every positive one possibly applied.
+    #[test]
+    fn counter_read_bounds_with_negative_deltas() {
+        let history = |second: EventType| {
+            let mut h = H::default();
+            h.incr(1, 1, 10, 0, 10, EventType::Ok, 10)
+                .incr(2, 1, -4, 20, 30, second, 6)
+                .incr(3, 1, 5, 60, 70, EventType::Info, 0);
+            h
+        };
+        let finals = replicas(&[], 6);
+        // -4 unknown: [6, 10] at [40, 50].
+        for (value, valid) in [(5, false), (6, true), (10, true), (11, false)] {
+            let mut h = history(EventType::Info);
+            h.read_counter(9, 1, 40, 50, value);
+            let findings = check(&h.events, &finals);
+            assert_eq!(
+                findings.safety.read_violations,
+                u64::from(!valid),
+                "{value}: {findings:#?}"
+            );
+        }
+        // -4 acknowledged: exactly 6 at [40, 50]; [6, 11] at [40, 65].
+        for (value, end, valid) in [
+            (6, 50, true),
+            (7, 50, false),
+            (11, 65, true),
+            (12, 65, false),
+        ] {
+            let mut h = history(EventType::Ok);
+            h.read_counter(9, 1, 40, end, value);
+            let findings = check(&h.events, &finals);
+            assert_eq!(
+                findings.safety.read_violations,
+                u64::from(!valid),
+                "{value}: {findings:#?}"
+            );
+        }
+    }
+
+    /// A lifecycle request of a session idled past the TTL must be refused
+    /// as expired; answered ok, it was executed on a session that should be
+    /// gone.
+    #[test]
+    fn an_expired_session_answered_ok_is_caught() {
+        let mut h = H::default();
+        h.invoke(
+            0,
+            1,
+            1,
+            Op::Lifecycle {
+                key: "k".into(),
+                value: "c1-s1".into(),
+                expect: Expect::Expired,
+            },
+        )
+        .complete(10, 1, 1, EventType::Ok, Some(Reply::Appended { length: 1 }));
+        let findings = check(&h.events, &replicas(&["c1-s1"], 0));
+        assert_eq!(findings.safety.lifecycle_violations, 1, "{findings:#?}");
+        assert_eq!(findings.safety.total(), 1, "{findings:#?}");
+        // Refused as expired: nothing wrong.
+        let mut h = H::default();
+        h.invoke(
+            0,
+            1,
+            1,
+            Op::Lifecycle {
+                key: "k".into(),
+                value: "c1-s1".into(),
+                expect: Expect::Expired,
+            },
+        )
+        .complete(10, 1, 1, EventType::Fail, None);
+        let findings = check(&h.events, &replicas(&[], 0));
+        assert!(findings.valid(), "{findings:#?}");
     }
 
     fn append_op(client: u64, op_id: u64) -> Op {

@@ -1,9 +1,9 @@
 //! The history of a run: every client operation as an `invoke` event
-//! followed by exactly one completion (`ok`: it took effect, with its reply;
-//! `fail`: it definitely did not; `info`: unknown), plus the nemesis's
-//! faults and the monitor's leader changes, in the order they happened.
-//! Written and read as JSON lines. This module only records and pairs
-//! events; judging them is the checker's job.
+//! followed by exactly one completion (`ok`: it took effect, with its reply
+//! — for a read, the value it found; `fail`: it definitely did not; `info`:
+//! unknown), plus the nemesis's faults and the monitor's leader changes, in
+//! the order they happened. Written and read as JSON lines. This module
+//! only records and pairs events; judging them is the checker's job.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -47,6 +47,10 @@ pub enum Op {
         value: String,
         expect: Expect,
     },
+    /// A linearizable read of `key` (a list or a counter) through the
+    /// client library's `get`. It changes nothing, so it completes as `ok`
+    /// (with its value as the reply) or `fail`, never `info`.
+    Read { key: String },
     /// A fault: `invoke` when it starts, `info` when it is healed.
     Fault { kind: String, nodes: Vec<u64> },
     /// The monitor saw `leader` lead in `term` (a leader change).
@@ -79,6 +83,21 @@ pub enum Reply {
     Incremented {
         value: i64,
     },
+    /// A read found a list: the length it shares with the same process's
+    /// previous successful read of the same key, then the elements after
+    /// that (the list is `previous[..shared]` followed by `tail`). Lists
+    /// only grow, so each element is written about once per reader instead
+    /// of once per read.
+    ReadList {
+        shared: u64,
+        tail: Vec<String>,
+    },
+    /// A read found an integer.
+    ReadInt {
+        value: i64,
+    },
+    /// A read found no value at the key.
+    ReadAbsent,
     /// Any other result, described.
     Other {
         text: String,
@@ -230,6 +249,42 @@ pub fn read_jsonl<R: BufRead>(input: R) -> anyhow::Result<Vec<Event>> {
     Ok(events)
 }
 
+/// The reply recording a read that found `list`, given the same process's
+/// previous successful read of the same key (empty if none).
+pub fn list_read_reply(previous: &[String], list: &[String]) -> Reply {
+    let shared = previous
+        .iter()
+        .zip(list)
+        .take_while(|(a, b)| a == b)
+        .count();
+    Reply::ReadList {
+        shared: shared as u64,
+        tail: list[shared..].to_vec(),
+    }
+}
+
+/// Rebuilds, in place, the list a [`Reply::ReadList`] stands for from the
+/// same process's previous read of that key; an error if `shared` is longer
+/// than that read (a malformed history).
+pub fn rebuild_list_read(
+    list: &mut Vec<String>,
+    shared: u64,
+    tail: &[String],
+) -> Result<(), String> {
+    let shared = usize::try_from(shared)
+        .ok()
+        .filter(|shared| *shared <= list.len())
+        .ok_or_else(|| {
+            format!(
+                "a read shares {shared} elements with a previous read of {} elements",
+                list.len()
+            )
+        })?;
+    list.truncate(shared);
+    list.extend_from_slice(tail);
+    Ok(())
+}
+
 /// An operation with its invoke and completion paired.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Operation {
@@ -333,6 +388,38 @@ mod tests {
         assert!(text.contains("\"type\":\"invoke\""), "{text}");
         assert!(text.contains("\"duplicate\":true"), "{text}");
         assert_eq!(read_jsonl(&bytes[..]).unwrap(), events);
+    }
+
+    /// A list read is recorded against the reader's previous one and
+    /// rebuilt from it exactly, whatever the two lists are.
+    #[test]
+    fn list_reads_round_trip_through_their_delta() {
+        let list = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases = [
+            (list(&[]), list(&["a", "b"])),
+            (list(&["a", "b"]), list(&["a", "b", "c"])),
+            (list(&["a", "b", "c"]), list(&["a", "b", "c"])),
+            (list(&["a", "b", "c"]), list(&["a"])),
+            (list(&["a", "b"]), list(&["b", "a", "d"])),
+        ];
+        for (previous, now) in cases {
+            let reply = list_read_reply(&previous, &now);
+            let Reply::ReadList { shared, tail } = &reply else {
+                panic!("{reply:?}");
+            };
+            let mut rebuilt = previous.clone();
+            rebuild_list_read(&mut rebuilt, *shared, tail).unwrap();
+            assert_eq!(rebuilt, now, "{previous:?} -> {reply:?}");
+        }
+        let reply = list_read_reply(&list(&["a", "b"]), &list(&["a", "b", "c"]));
+        assert_eq!(
+            reply,
+            Reply::ReadList {
+                shared: 2,
+                tail: list(&["c"])
+            }
+        );
+        assert!(rebuild_list_read(&mut list(&["a"]), 2, &[]).is_err());
     }
 
     /// Invokes pair with their completions; a missing completion is info.

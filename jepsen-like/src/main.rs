@@ -29,6 +29,9 @@ struct Args {
     /// Clients incrementing the shared counters.
     #[arg(long, default_value_t = 2)]
     incrementers: u64,
+    /// Clients reading the hot lists and the counters (linearizable `get`).
+    #[arg(long, default_value_t = 2)]
+    readers: u64,
     /// The oncekv binary to run (a release build, with the
     /// `fault-injection` feature for lost replies).
     #[arg(long, default_value = "target/release/oncekv")]
@@ -69,6 +72,7 @@ fn main() {
             .unwrap_or_else(|| (args.duration / 12).max(1) as u32),
         appenders: args.appenders,
         incrementers: args.incrementers,
+        readers: args.readers,
         server_bin: args.server_bin,
         out_dir: args
             .out

@@ -32,7 +32,7 @@ pub struct Recovery {
     pub max_ms: f64,
 }
 
-/// Acknowledged operations per second in the phases of a run.
+/// Acknowledged writes per second in the phases of a run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Throughput {
     /// Before the first fault.
@@ -69,6 +69,12 @@ pub struct Figures {
     pub faults: Vec<FaultWindow>,
     pub kill_to_first_ack: Recovery,
     pub throughput: Throughput,
+    /// Reads (not among the operations above): answered, of lists and of
+    /// counters among them, and failed.
+    pub reads_ok: u64,
+    pub reads_ok_of_lists: u64,
+    pub reads_ok_of_counters: u64,
+    pub reads_failed: u64,
 }
 
 /// Sorted-sample percentile (nearest rank); 0 when empty.
@@ -120,10 +126,34 @@ pub fn figures(
     new_leader_floor_ns: u64,
 ) -> Figures {
     let operations = history::pair(events).unwrap_or_default();
+    // Writes: every figure but the read counts is about them.
     let client_ops: Vec<&history::Operation> = operations
         .iter()
-        .filter(|o| matches!(o.process, Process::Client(_)))
+        .filter(|o| matches!(o.process, Process::Client(_)) && !is_read(o))
         .collect();
+    let keys_of = |counters: bool| -> std::collections::BTreeSet<&str> {
+        operations
+            .iter()
+            .filter_map(|o| match &o.op {
+                Op::Increment { key, .. } if counters => Some(key.as_str()),
+                Op::Append { key, .. } | Op::Lifecycle { key, .. } if !counters => {
+                    Some(key.as_str())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let (counter_keys, list_keys) = (keys_of(true), keys_of(false));
+    let reads_ok: Vec<&str> = operations
+        .iter()
+        .filter_map(|o| match &o.op {
+            Op::Read { key } if o.outcome() == EventType::Ok => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
+    let reads_of = |keys: &std::collections::BTreeSet<&str>| {
+        reads_ok.iter().filter(|key| keys.contains(*key)).count() as u64
+    };
     let count = |kind: EventType| client_ops.iter().filter(|o| o.outcome() == kind).count() as u64;
     let retries = client_ops
         .iter()
@@ -190,7 +220,18 @@ pub fn figures(
         throughput: throughput(&acks, &faults, seconds(workload_end_ns)),
         faults,
         kill_to_first_ack,
+        reads_ok: reads_ok.len() as u64,
+        reads_ok_of_lists: reads_of(&list_keys),
+        reads_ok_of_counters: reads_of(&counter_keys),
+        reads_failed: operations
+            .iter()
+            .filter(|o| is_read(o) && o.outcome() != EventType::Ok)
+            .count() as u64,
     }
+}
+
+fn is_read(operation: &history::Operation) -> bool {
+    matches!(operation.op, Op::Read { .. })
 }
 
 fn throughput(acks_ns: &[u64], faults: &[FaultWindow], end_s: f64) -> Throughput {
@@ -264,7 +305,7 @@ pub fn summary(
     );
     let _ = writeln!(
         out,
-        "operations: {} attempted, {} ok, {} fail ({} of them refusals the lifecycle client provoked), {} info; {} retries; {} answered as duplicates by the registry",
+        "operations (writes): {} attempted, {} ok, {} fail ({} of them refusals the lifecycle client provoked), {} info; {} retries; {} answered as duplicates by the registry",
         f.attempted, f.ok, f.fail, f.fail_expected, f.info, f.retries, f.duplicates
     );
     let _ = writeln!(
@@ -296,15 +337,20 @@ pub fn summary(
         r.p99_ms,
         r.max_ms
     );
+    let _ = writeln!(
+        out,
+        "reads: {} ok ({} of lists, {} of counters), {} failed; read violations {}",
+        f.reads_ok, f.reads_ok_of_lists, f.reads_ok_of_counters, f.reads_failed, s.read_violations
+    );
     let t = &f.throughput;
     let _ = writeln!(
         out,
-        "throughput (acknowledged ops/s): before faults {:.0}, during faults {:.0}, between faults {:.0}, after faults {:.0}",
+        "throughput (acknowledged writes/s): before faults {:.0}, during faults {:.0}, between faults {:.0}, after faults {:.0}",
         t.before, t.during, t.between, t.after
     );
     let _ = writeln!(
         out,
-        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, divergence {}{}",
+        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, read violations {}, divergence {}{}",
         s.duplicated,
         s.lost,
         s.phantom,
@@ -312,6 +358,7 @@ pub fn summary(
         s.reply_mismatches,
         s.counter_violations,
         s.lifecycle_violations,
+        s.read_violations,
         s.divergence,
         if s.malformed > 0 {
             format!(", malformed history {}", s.malformed)
@@ -357,7 +404,9 @@ fn series(events: &[Event], end_s: f64) -> Series {
     let mut ok = vec![0u64; buckets];
     let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); buckets];
     for operation in history::pair(events).unwrap_or_default() {
-        if !matches!(operation.process, Process::Client(_)) || operation.outcome() != EventType::Ok
+        if !matches!(operation.process, Process::Client(_))
+            || is_read(&operation)
+            || operation.outcome() != EventType::Ok
         {
             continue;
         }
@@ -569,7 +618,7 @@ pub fn html(
     let max_of = |points: &[(f64, f64)]| points.iter().map(|p| p.1).fold(0.0, f64::max);
     let throughput = chart(
         &format!(
-            "Acknowledged operations per second ({} s buckets)",
+            "Acknowledged writes per second ({} s buckets)",
             series.bucket_s
         ),
         "ops/s",
@@ -581,7 +630,7 @@ pub fn html(
         &[("ok/s", RGBColor(25, 118, 210), &series.ok_per_s)],
     )?;
     let latency = chart(
-        "Latency of acknowledged operations, invoke to ok (ms, log scale)",
+        "Latency of acknowledged writes, invoke to ok (ms, log scale)",
         "ms",
         end_s,
         max_of(&series.max_ms) * 1.5,

@@ -33,6 +33,7 @@ pub struct RunOptions {
     pub leader_kills: u32,
     pub appenders: u64,
     pub incrementers: u64,
+    pub readers: u64,
     pub server_bin: PathBuf,
     pub out_dir: PathBuf,
     pub keep_cluster_dir: bool,
@@ -256,6 +257,7 @@ async fn drive(
         stop: stop_rx.clone(),
         session_ttl: ttl_rx,
         short_ttl_phase: schedule.iter().any(|f| f.kind == FaultKind::ShortTtl),
+        list_epoch: Arc::default(),
     };
     // The registry config to restore after the short-TTL phase.
     let original_config = match &tools.admin {
@@ -265,7 +267,7 @@ async fn drive(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let faults_done = Arc::new(AtomicU64::new(0));
 
-    // Clients: appenders, incrementers and one lifecycle client.
+    // Clients: appenders, incrementers, readers and one lifecycle client.
     let mut clients = Vec::new();
     let mut number = 0;
     for _ in 0..options.appenders {
@@ -283,6 +285,10 @@ async fn drive(
             number,
             Role::Incrementer,
         )));
+    }
+    for _ in 0..options.readers {
+        number += 1;
+        clients.push(tokio::spawn(workload::run_reader(context.clone(), number)));
     }
     number += 1;
     clients.push(tokio::spawn(workload::run_lifecycle(
@@ -540,12 +546,16 @@ async fn inject(
             admin
                 .set_config(leader, &cluster_id, short, Duration::from_secs(30))
                 .await?;
+            // Announced once in force (the lifecycle client idles out the
+            // short TTL only while it is), and its end announced before the
+            // restore is proposed: a session idle under the short TTL for
+            // as long as the announcement stands did expire.
             ttl.send_replace(Duration::from_millis(SHORT_TTL_MS));
             sleep(planned.duration).await;
+            ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
             admin
                 .set_config(leader, &cluster_id, original, Duration::from_secs(30))
                 .await?;
-            ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
         }
     }
     recorder.record(Event::complete(&invoke, EventType::Info, 0));
@@ -652,11 +662,13 @@ async fn progress(
         sleep(Duration::from_secs(1)).await;
         let seen = *seen.lock().unwrap_or_else(PoisonError::into_inner);
         eprintln!(
-            "[{:6.1}s] ok {} fail {} info {} | faults {}/{} | leader n{} term {}",
+            "[{:6.1}s] ok {} fail {} info {} | reads ok {} fail {} | faults {}/{} | leader n{} term {}",
             recorder.elapsed().as_secs_f64(),
             counts.ok.load(Ordering::Relaxed),
             counts.fail.load(Ordering::Relaxed),
             counts.info.load(Ordering::Relaxed),
+            counts.reads_ok.load(Ordering::Relaxed),
+            counts.reads_failed.load(Ordering::Relaxed),
             faults_done.load(Ordering::Relaxed),
             faults_planned,
             seen.leader,
@@ -820,7 +832,7 @@ fn finish(
     let findings: Findings = checker::check(&events, &driven.finals);
     let exercise = checker::exercise(&events, u64::from(options.leader_kills));
     let verdict = Verdict::of(&findings, &exercise);
-    let clients = options.appenders + options.incrementers + 1;
+    let clients = options.appenders + options.incrementers + options.readers + 1;
     let figures = report::figures(
         options.seed,
         clients,

@@ -1,10 +1,12 @@
 //! The client tasks: appenders of unique values to a few hot lists,
-//! incrementers of shared counters, and a session-lifecycle client that
-//! speaks the raw protocol to provoke duplicates, discarded and conflicting
-//! seqs and expired sessions. Every operation is recorded as an invoke and
-//! exactly one completion; what to make of them is the checker's business.
-//! Each task's operation stream comes from its own RNG seeded from the run's
-//! seed, so the same seed gives the same operations.
+//! incrementers of shared counters, readers of both (linearizable `get`s),
+//! and a session-lifecycle client that speaks the raw protocol to provoke
+//! duplicates, discarded and conflicting seqs and expired sessions. Every
+//! operation is recorded as an invoke and exactly one completion; what to
+//! make of them is the checker's business. Each task's operation stream
+//! comes from its own RNG seeded from the run's seed, so the same seed gives
+//! the same operations (except which list set a reader reads: the one the
+//! appenders are writing at that moment).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,14 +15,14 @@ use std::time::Duration;
 use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
 use oncekv::network::{convert, status::error_detail};
 use oncekv::proto::{self, Reason, client_client::ClientClient};
-use oncekv::registry::{Command, CommandResult};
+use oncekv::registry::{Command, CommandResult, Value};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::history::{Event, EventType, Expect, Op, Process, Recorder, Reply};
+use crate::history::{self, Event, EventType, Expect, Op, Process, Recorder, Reply};
 
 /// Appenders write to this many hot lists at a time.
 pub const HOT_LISTS: u64 = 3;
@@ -51,21 +53,24 @@ pub fn keys_of(events: &[Event]) -> Vec<String> {
     let keys: std::collections::BTreeSet<&String> = events
         .iter()
         .filter_map(|event| match &event.op {
-            Op::Append { key, .. } | Op::Increment { key, .. } | Op::Lifecycle { key, .. } => {
-                Some(key)
-            }
+            Op::Append { key, .. }
+            | Op::Increment { key, .. }
+            | Op::Lifecycle { key, .. }
+            | Op::Read { key } => Some(key),
             _ => None,
         })
         .collect();
     keys.into_iter().cloned().collect()
 }
 
-/// Live counts for the progress line.
+/// Live counts for the progress line (writes; reads apart).
 #[derive(Debug, Default)]
 pub struct Counts {
     pub ok: AtomicU64,
     pub fail: AtomicU64,
     pub info: AtomicU64,
+    pub reads_ok: AtomicU64,
+    pub reads_failed: AtomicU64,
 }
 
 impl Counts {
@@ -92,6 +97,9 @@ pub struct Context {
     /// The run has a short-TTL phase (else the lifecycle client idles out
     /// the normal TTL now and then).
     pub short_ttl_phase: bool,
+    /// The highest list epoch an appender has reached (see [`list_key`]):
+    /// readers read the lists being written.
+    pub list_epoch: Arc<AtomicU64>,
 }
 
 impl Context {
@@ -136,6 +144,9 @@ pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64
         op_id += 1;
         let (op, command) = match role {
             Role::Appender => {
+                context
+                    .list_epoch
+                    .fetch_max(op_id / OPS_PER_LIST_EPOCH, Ordering::Relaxed);
                 let key = list_key(op_id, rng.r#gen());
                 let value = format!("c{client_number}-s{op_id}");
                 (
@@ -180,6 +191,99 @@ pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64
             // Do not spin when failures come back at once.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+    client.close().await;
+    op_id
+}
+
+/// Pause between two reads of one reader, at most: reads are cheap for
+/// the cluster but each list read is recorded, so unpaced readers would
+/// crowd the history and the 2-core machine.
+pub const READ_PAUSE_MAX: Duration = Duration::from_millis(10);
+
+/// Runs one closed-loop reader (one `get` at a time, a short random pause
+/// between) through the client library until told to stop; returns its
+/// number of operations. Each read picks, from the reader's own RNG, a
+/// counter or one of the hot lists the appenders are writing now. The
+/// reader's endpoint list is rotated by its number, so that readers start
+/// at different nodes: a node that answers a read it must refuse (a
+/// follower without the read index) gets asked.
+pub async fn run_reader(context: Context, client_number: u64) -> u64 {
+    let mut rng = context.rng(client_number);
+    let mut endpoints = context.endpoints.clone();
+    if !endpoints.is_empty() {
+        let turn = (client_number % endpoints.len() as u64) as usize;
+        endpoints.rotate_left(turn);
+    }
+    let client = Client::with_config(
+        endpoints,
+        ClientConfig {
+            call_timeout: CALL_TIMEOUT,
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            ..ClientConfig::default()
+        },
+    );
+    let process = Process::Client(client_number);
+    // The last list each key was read as, to record the next read of it
+    // as a difference (`Reply::ReadList`).
+    let mut last: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut op_id = 0;
+    while !context.stopped() {
+        op_id += 1;
+        let pick = rng.gen_range(0..(COUNTER_KEYS.len() as u64 + HOT_LISTS));
+        let key = match COUNTER_KEYS.get(pick as usize) {
+            Some(counter) => counter.to_string(),
+            None => format!(
+                "list-{}-{}",
+                context.list_epoch.load(Ordering::Relaxed),
+                pick - COUNTER_KEYS.len() as u64
+            ),
+        };
+        let invoke = Event::invoke(0, process, op_id, Op::Read { key: key.clone() });
+        context.recorder.record(invoke.clone());
+        let result = client.get(key.as_bytes()).await;
+        let done = match result {
+            Ok(value) => {
+                let mut done = Event::complete(&invoke, EventType::Ok, 0);
+                done.reply = Some(match value {
+                    None => {
+                        last.remove(&key);
+                        Reply::ReadAbsent
+                    }
+                    Some(Value::Int(value)) => Reply::ReadInt { value },
+                    Some(Value::List(items)) => {
+                        let list: Vec<String> = items
+                            .iter()
+                            .map(|item| String::from_utf8_lossy(item).into_owned())
+                            .collect();
+                        let previous = last.entry(key.clone()).or_default();
+                        let reply = history::list_read_reply(previous, &list);
+                        *previous = list;
+                        reply
+                    }
+                    Some(Value::Bytes(bytes)) => Reply::Other {
+                        text: format!("bytes {bytes:?}"),
+                    },
+                });
+                context.counts.reads_ok.fetch_add(1, Ordering::Relaxed);
+                done
+            }
+            Err(error) => {
+                // A read changes nothing: a failed one is simply failed.
+                let mut done = Event::complete(&invoke, EventType::Fail, 0);
+                done.error = Some(error.to_string());
+                context.counts.reads_failed.fetch_add(1, Ordering::Relaxed);
+                done
+            }
+        };
+        let failed = done.kind != EventType::Ok;
+        context.recorder.record(done);
+        let pause = if failed {
+            Duration::from_millis(20)
+        } else {
+            READ_PAUSE_MAX.mul_f64(rng.r#gen::<f64>())
+        };
+        tokio::time::sleep(pause).await;
     }
     client.close().await;
     op_id
@@ -502,7 +606,8 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
         // phase); without such a phase, every fourth cycle, as idling then
         // takes two whole TTLs.
         cycle += 1;
-        let ttl = *context.session_ttl.borrow();
+        let mut ttl_watch = context.session_ttl.clone();
+        let ttl = *ttl_watch.borrow_and_update();
         let idle_out = ttl <= SHORT_TTL || (!context.short_ttl_phase && cycle % 4 == 1);
         if on_track && idle_out && !context.stopped() {
             // Idle past the TTL in cluster time (the leader's clock runs
@@ -511,6 +616,13 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
             tokio::select! {
                 () = tokio::time::sleep(ttl * 2 + Duration::from_millis(500)) => {}
                 _ = stop.wait_for(|stop| *stop) => return op_id,
+            }
+            // The TTL changed while idling (the short-TTL phase ended; the
+            // runner announces that before it proposes the change): the
+            // session may never have been idle past the TTL in force, so
+            // its expiry is not certain and nothing is asked of it.
+            if ttl_watch.has_changed().unwrap_or(true) {
+                continue;
             }
             op_id += 1;
             let value = format!("c{client_number}-s{op_id}");

@@ -289,6 +289,19 @@ impl client_server::Client for ClientApi {
         let request = request.into_inner();
         self.required_cluster(&request.cluster_id)?;
         convert::check_key(&request.key).map_err(convert_status)?;
+        // DELIBERATELY BROKEN when built with `broken-stale-reads` (a
+        // fault-injection build for the jepsen-like harness only, to prove
+        // its checker catches stale reads): no read index, so any node — a
+        // follower, a deposed leader — answers from its own applied state.
+        #[cfg(feature = "broken-stale-reads")]
+        if true {
+            let applied = self.state.read();
+            let value = applied.registry.get(&request.key);
+            return Ok(Response::new(proto::ReadReply {
+                value: value.map(convert::value_to_proto),
+                applied_index: applied.registry.applied_index(),
+            }));
+        }
         let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;
