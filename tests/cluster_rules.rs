@@ -296,6 +296,20 @@ async fn node_refuses_a_data_dir_of_another_storage_format() {
         "nothing is written into a refused directory"
     );
 
+    let previous = tempfile::tempdir().unwrap();
+    std::fs::write(previous.path().join("format"), "2\n").unwrap();
+    let output = start(previous.path().to_path_buf()).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("holds storage format 2") && stderr.contains("re-create the cluster"),
+        "{stderr}"
+    );
+    assert!(
+        !previous.path().join("wal").exists(),
+        "nothing is written into a refused directory"
+    );
+
     let future = tempfile::tempdir().unwrap();
     std::fs::write(future.path().join("format"), "9\n").unwrap();
     let output = start(future.path().to_path_buf()).await;

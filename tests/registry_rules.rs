@@ -774,6 +774,14 @@ fn rule12_config_cross_check_keeps_every_response_cacheable() {
         cached_bytes_per_session_max,
         ..RegistryConfig::default()
     };
+    // A list limit of 0 would refuse every append forever.
+    let no_lists = RegistryConfig {
+        list_elements_max: 0,
+        ..RegistryConfig::default()
+    };
+    assert!(
+        matches!(no_lists.validate(), Err(InvalidArgument::Config(why)) if why.contains("list_elements_max"))
+    );
     for invalid in [at(64, 0), at(64, 95), at(4 << 20, 1 << 20)] {
         let Err(InvalidArgument::Config(why)) = invalid.validate() else {
             panic!("{invalid:?} accepted");

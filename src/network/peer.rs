@@ -28,8 +28,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
-/// Version byte of peer message payloads.
-const PEER_FORMAT_VERSION: u8 = 1;
+/// Version byte of peer message payloads. 2 since the apply rules of
+/// storage format 3: a node of either side refuses the other's messages, so
+/// replicas of different rules never share a log.
+const PEER_FORMAT_VERSION: u8 = 2;
 
 // Message sizes between peers, and why they fit together:
 //

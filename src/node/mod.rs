@@ -44,7 +44,7 @@ fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpI
 /// The storage format this build reads and writes. Format 2: log entries
 /// carry batches of requests (rule 17) and snapshots the last client id.
 /// Format 1 (one request per entry, no `format` file) is refused.
-const DATA_FORMAT_VERSION: u32 = 2;
+const DATA_FORMAT_VERSION: u32 = 3;
 
 /// Refuses a data directory written by another node id; records ours in a
 /// fresh one.
@@ -84,6 +84,17 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
                 .trim()
                 .parse()
                 .with_context(|| format!("{} is not a format number", path.display()))?;
+            if found == 2 {
+                bail!(
+                    "data directory {} holds storage format 2, written by an earlier oncekv \
+                     whose log entries were decided under other apply rules (request limits, \
+                     empty keys, config checks); replaying them under this build's rules could \
+                     make replicas disagree. This build reads only format {DATA_FORMAT_VERSION}. \
+                     Move the directory aside and re-create the cluster on empty directories \
+                     (all nodes: builds of format 2 and 3 do not talk to each other)",
+                    dir.display()
+                );
+            }
             if found != DATA_FORMAT_VERSION {
                 bail!(
                     "data directory {} holds storage format {found}; this build reads only \

@@ -13,7 +13,7 @@ pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 
 /// Version byte of log entries written by this build. Version 2 entries carry
 /// a batch of requests (version 1 carried one); version 1 is refused.
-pub const ENTRY_FORMAT_VERSION: u8 = 2;
+pub const ENTRY_FORMAT_VERSION: u8 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {

@@ -95,9 +95,10 @@ pub enum Op {
         client_id: ClientId,
     },
     /// Replaces the whole TTL and limits (rule 12). Builds before
-    /// `PatchConfig` proposed this; it is still applied, so their logs
-    /// replay identically, but nothing proposes it any more: two operators
-    /// each writing back a whole config could undo each other's change.
+    /// `PatchConfig` proposed this; it stays so that every later request
+    /// kind keeps its number, and is still applied (as a patch setting
+    /// every field), but nothing proposes it any more: two operators each
+    /// writing back a whole config could undo each other's change.
     SetConfig {
         cluster_id: ClusterId,
         config: RegistryConfig,
@@ -460,6 +461,10 @@ impl RegistryConfig {
                 "value_bytes_max must be 8..=4 MiB",
             ),
             (self.keys_max >= 1, "keys_max must be at least 1"),
+            (
+                self.list_elements_max >= 1,
+                "list_elements_max must be at least 1 (0 would refuse every append forever)",
+            ),
         ];
         match checks.iter().find(|(ok, _)| !ok) {
             Some((_, reason)) => Err(InvalidArgument::Config(reason.to_string())),
