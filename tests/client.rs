@@ -24,22 +24,6 @@ fn patient() -> ClientConfig {
     }
 }
 
-/// Waits until a node other than `old` leads.
-async fn wait_for_new_leader(cluster: &Cluster, old: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        for node in (1..=3).filter(|node| *node != old) {
-            if let Ok(status) = cluster.status(node).await
-                && status.role == "leader"
-            {
-                return node;
-            }
-        }
-        assert!(Instant::now() < deadline, "no new leader after {old}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Every typed operation returns its typed result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_operations() {
@@ -282,7 +266,7 @@ async fn shared_counters_under_leader_kills() {
         }
         let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
         cluster.kill(leader);
-        wait_for_new_leader(&cluster, leader).await;
+        cluster.wait_for_new_leader(leader).await;
         cluster.restart(leader).await;
     }
     let mut per_key: std::collections::BTreeMap<String, (u64, u64, Vec<i64>)> = Default::default();

@@ -71,22 +71,6 @@ fn assert_value_limit(status: &tonic::Status, max: u64) {
     );
 }
 
-/// Waits until a node other than `old` leads.
-async fn wait_for_new_leader(cluster: &Cluster, old: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        for node in (1..=3).filter(|node| *node != old) {
-            if let Ok(status) = cluster.status(node).await
-                && status.role == "leader"
-            {
-                return node;
-            }
-        }
-        assert!(Instant::now() < deadline, "no new leader after {old}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// On the wire: undecodable bodies and empty keys are INVALID_ARGUMENT with
 /// our reason on every service and path, and nothing of them reaches the
 /// registry; a value above `value_bytes_max` is LIMIT_EXCEEDED at once,
@@ -190,7 +174,7 @@ async fn malformed_input_and_limits_are_final_on_the_wire() {
     .expect("raise value_bytes_max");
     assert_eq!(raised.config.unwrap().value_bytes_max, 2 * VALUE_BYTES_MAX);
     cluster.kill(leader);
-    wait_for_new_leader(&cluster, leader).await;
+    cluster.wait_for_new_leader(leader).await;
     let status = raw.execute(CALL_DEADLINE, &big).await.unwrap_err();
     assert_value_limit(&status, VALUE_BYTES_MAX);
     let again = raw.execute_request(session.client_id, 3, 3, &put("big", too_big()));

@@ -131,13 +131,14 @@ impl Admin {
             .with_context(|| format!("node {node} has no registry config yet"))
     }
 
-    /// Sets the registry config through the leader, starting at `leader`
-    /// and following NOT_LEADER hints, until applied or `timeout` passes.
+    /// Changes the registry config fields `patch` sets, through the leader,
+    /// starting at `leader` and following NOT_LEADER hints, until applied
+    /// or `timeout` passes.
     pub async fn set_config(
         &self,
         leader: u64,
         cluster_id: &[u8],
-        config: proto::RegistryConfig,
+        patch: proto::RegistryConfigPatch,
         timeout: Duration,
     ) -> anyhow::Result<u64> {
         let deadline = Instant::now() + timeout;
@@ -146,9 +147,7 @@ impl Admin {
             let mut client = self.client(target)?;
             let result = within(client.set_config(proto::SetConfigRequest {
                 cluster_id: cluster_id.to_vec(),
-                patch: Some(oncekv::network::convert::config_patch_replacing_with(
-                    &config,
-                )),
+                patch: Some(patch),
             }))
             .await;
             let status = match result {

@@ -539,12 +539,17 @@ async fn inject(
                 .await
                 .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
                 .cluster_id;
-            let short = oncekv::proto::RegistryConfig {
-                session_ttl_ms: SHORT_TTL_MS,
-                ..original
+            let ttl_only = |session_ttl_ms| oncekv::proto::RegistryConfigPatch {
+                session_ttl_ms: Some(session_ttl_ms),
+                ..Default::default()
             };
             admin
-                .set_config(leader, &cluster_id, short, Duration::from_secs(30))
+                .set_config(
+                    leader,
+                    &cluster_id,
+                    ttl_only(SHORT_TTL_MS),
+                    Duration::from_secs(30),
+                )
                 .await?;
             // Announced once in force (the lifecycle client idles out the
             // short TTL only while it is), and its end announced before the
@@ -554,7 +559,12 @@ async fn inject(
             sleep(planned.duration).await;
             ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
             admin
-                .set_config(leader, &cluster_id, original, Duration::from_secs(30))
+                .set_config(
+                    leader,
+                    &cluster_id,
+                    ttl_only(original.session_ttl_ms),
+                    Duration::from_secs(30),
+                )
                 .await?;
         }
     }
@@ -591,7 +601,8 @@ async fn heal_everything(
     }
 }
 
-/// Sets the registry config back to `original` if it differs.
+/// Sets the registry config back to `original` if it differs (every
+/// field: whatever a fault left changed).
 async fn restore_config(
     cluster: &Cluster,
     admin: &Admin,
@@ -606,8 +617,12 @@ async fn restore_config(
         .await
         .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
         .cluster_id;
+    let whole = oncekv::network::convert::registry_config_from_proto(Some(original))?;
+    let patch = oncekv::network::convert::config_patch_to_proto(
+        &oncekv::registry::ConfigPatch::replacing_with(&whole),
+    );
     admin
-        .set_config(leader, &cluster_id, original, Duration::from_secs(30))
+        .set_config(leader, &cluster_id, patch, Duration::from_secs(30))
         .await?;
     Ok(())
 }

@@ -270,20 +270,6 @@ pub fn config_patch_to_proto(patch: &ConfigPatch) -> proto::RegistryConfigPatch 
     }
 }
 
-/// A patch that sets every field to `config`'s (a whole-config write).
-pub fn config_patch_replacing_with(config: &proto::RegistryConfig) -> proto::RegistryConfigPatch {
-    proto::RegistryConfigPatch {
-        session_ttl_ms: Some(config.session_ttl_ms),
-        sessions_max: Some(config.sessions_max),
-        window: Some(config.window),
-        cached_bytes_per_session_max: Some(config.cached_bytes_per_session_max),
-        key_bytes_max: Some(config.key_bytes_max),
-        value_bytes_max: Some(config.value_bytes_max),
-        list_elements_max: Some(config.list_elements_max),
-        keys_max: Some(config.keys_max),
-    }
-}
-
 pub fn request_limits_to_proto(limits: &RequestLimits) -> proto::RequestLimits {
     proto::RequestLimits {
         key_bytes_max: limits.key_bytes_max,
@@ -413,11 +399,6 @@ mod tests {
         assert_eq!(
             config_patch_from_proto(None),
             Err(ConvertError::Missing("patch"))
-        );
-        let whole = registry_config_to_proto(&RegistryConfig::default());
-        assert_eq!(
-            config_patch_from_proto(Some(config_patch_replacing_with(&whole))),
-            Ok(ConfigPatch::replacing_with(&RegistryConfig::default()))
         );
     }
 

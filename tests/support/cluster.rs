@@ -305,6 +305,27 @@ impl Cluster {
         agreed_leader(&statuses).expect("the condition just held")
     }
 
+    /// Waits (up to a minute) until a node other than `old` says it leads;
+    /// returns it.
+    pub async fn wait_for_new_leader(&self, old: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            for &node in self.nodes.keys().filter(|&&node| node != old) {
+                if let Ok(status) = self.status(node).await
+                    && status.role == "leader"
+                {
+                    return node;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{}] no new leader after {old}",
+                self.name
+            );
+            sleep(POLL_INTERVAL).await;
+        }
+    }
+
     /// SIGKILLs `node` and reaps it: a crash, nothing flushed.
     pub fn kill(&self, node: u64) {
         let mut child = self.take_child(node);
