@@ -392,7 +392,7 @@ async fn deposed_leader_serves_no_stale_read() {
 /// from another cluster, and from a peer that names no cluster at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule16_peer_messages_of_another_cluster_are_refused() {
-    let cluster = Cluster::start("peer-identity").await;
+    let mut cluster = Cluster::start("peer-identity").await;
     let raw = raw_client(&cluster).await;
     let mut other = raw.cluster_id.clone();
     other[15] ^= 1;
@@ -417,6 +417,31 @@ async fn rule16_peer_messages_of_another_cluster_are_refused() {
     // The cluster is unharmed.
     let session = raw.register(99).await;
     assert!(session.client_id > 0);
+
+    // A fresh node (no cluster id yet) is not bound to a cluster by bytes
+    // that are not a Raft message: garbage under one id is refused as
+    // invalid, and so is garbage under another id afterwards — had the
+    // first adopted its id, the second would be WRONG_CLUSTER.
+    cluster.add_node(4);
+    cluster.start_new_node(4).await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.peer_addr(4)))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut fresh = proto::raft_client::RaftClient::new(channel);
+    for first_byte in [0x11, 0x22] {
+        let error = fresh
+            .append_entries(proto::RaftMessage {
+                cluster_id: vec![first_byte; 16],
+                from_node_id: 9,
+                payload: vec![0xff; 7],
+            })
+            .await
+            .expect_err("garbage is refused");
+        assert_eq!(reason(&error), Some(Reason::InvalidArgument), "{error}");
+    }
 }
 
 /// Rule 11: a leader's own time counts even while it is idle. After a

@@ -337,7 +337,10 @@ impl PeerService {
             .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
     }
 
-    /// Checks the sender's cluster id and decodes its payload.
+    /// Checks the sender's cluster id and decodes its payload. A node that
+    /// knows no cluster id yet adopts the sender's only from a message that
+    /// decodes: bytes that are not a Raft message never bind a fresh node
+    /// to a cluster.
     fn open<T: DeserializeOwned>(
         &self,
         message: tonic::Request<RaftMessage>,
@@ -359,18 +362,22 @@ impl PeerService {
                 );
                 return Err(reason_status(ErrorReason::WrongCluster(ours)));
             }
-            (None, Some(theirs)) => self.identity.adopt(theirs).map_err(|error| {
+            _ => {}
+        }
+        let decoded =
+            codec::decode_versioned(PEER_FORMAT_VERSION, &message.payload).map_err(|error| {
+                reason_status(ErrorReason::InvalidArgument(format!(
+                    "undecodable peer message: {error}"
+                )))
+            })?;
+        if let (None, Some(theirs)) = (self.identity.get(), theirs) {
+            self.identity.adopt(theirs).map_err(|error| {
                 reason_status(ErrorReason::Unavailable(format!(
                     "cannot record the cluster id: {error}"
                 )))
-            })?,
-            _ => {}
+            })?;
         }
-        codec::decode_versioned(PEER_FORMAT_VERSION, &message.payload).map_err(|error| {
-            reason_status(ErrorReason::InvalidArgument(format!(
-                "undecodable peer message: {error}"
-            )))
-        })
+        Ok(decoded)
     }
 }
 
