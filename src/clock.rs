@@ -204,17 +204,26 @@ impl ClusterClock {
 /// Samples this node's last quorum acknowledgement every
 /// `timing.sample_every` while it leads, until the clock is dropped.
 async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, timing: ClockTiming) {
-    let metrics = raft.metrics();
+    let mut metrics = raft.metrics();
     drop(raft);
     let mut ticks = tokio::time::interval(timing.sample_every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // When the metrics now held were first seen. openraft reports them on
+    // every turn of its core loop (at least every 1.5 heartbeats), with the
+    // age of the last quorum acknowledgement at that moment: the
+    // acknowledgement was that age before the report. A core that stops
+    // reporting (blocked) leaves `seen_at` behind, so its silence grows.
+    let mut seen_at = Instant::now();
     loop {
         ticks.tick().await;
         let Some(counted) = counted.upgrade() else {
             return;
         };
+        if metrics.has_changed().unwrap_or(false) {
+            seen_at = Instant::now();
+        }
         let (leading, term, since_ack) = {
-            let metrics = metrics.borrow();
+            let metrics = metrics.borrow_and_update();
             (
                 metrics.state == openraft::ServerState::Leader,
                 metrics.current_term,
@@ -227,10 +236,9 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
         let (true, Some(since_ack)) = (leading, since_ack) else {
             continue;
         };
-        let now = Instant::now();
-        let acked_at = now
+        let acked_at = seen_at
             .checked_sub(Duration::from_millis(since_ack))
-            .unwrap_or(now);
+            .unwrap_or(seen_at);
         let mut counted = lock(&counted);
         match counted.leadership.as_mut() {
             Some(leadership) if leadership.term == term => {
