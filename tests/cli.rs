@@ -10,11 +10,10 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
-use support::admin::{RUN_TIMEOUT, Run, oncekv};
+use support::admin::{Run, oncekv, run_to_exit};
 use support::cluster::Cluster;
 use tokio::time::Instant;
 
@@ -27,21 +26,8 @@ async fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
         .args(args)
         .env_remove("ONCEKV_PORT_BASE")
         .env_remove("RUST_LOG")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(RUN_TIMEOUT, command.output())
-        .await
-        .unwrap_or_else(|_| panic!("oncekv {args:?} did not exit within {RUN_TIMEOUT:?}"))
-        .unwrap_or_else(|error| panic!("run oncekv {args:?}: {error}"));
-    Run {
-        code: output
-            .status
-            .code()
-            .unwrap_or_else(|| panic!("oncekv {args:?} was killed: {:?}", output.status)),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
+        .envs(env.iter().copied());
+    run_to_exit(command, args).await
 }
 
 /// A loopback address nothing listens on (bound, then closed).

@@ -98,6 +98,20 @@ struct Header {
     keys: u64,
 }
 
+impl Header {
+    fn of(registry: &Registry) -> Header {
+        Header {
+            applied_index: registry.applied_index,
+            cluster_id: registry.cluster_id,
+            config: registry.config,
+            cluster_time_ms: registry.cluster_time_ms,
+            last_client_id: registry.last_client_id,
+            sessions: registry.sessions.len() as u64,
+            keys: registry.kv.len() as u64,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct SessionRecordRef<'a> {
     client_id: ClientId,
@@ -217,15 +231,7 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
     out.write_all(MAGIC)?;
     out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
     let mut buffer = Vec::new();
-    let header = Header {
-        applied_index: registry.applied_index,
-        cluster_id: registry.cluster_id,
-        config: registry.config,
-        cluster_time_ms: registry.cluster_time_ms,
-        last_client_id: registry.last_client_id,
-        sessions: registry.sessions.len() as u64,
-        keys: registry.kv.len() as u64,
-    };
+    let header = Header::of(registry);
     write_record(out, &mut buffer, &header)?;
     for (client_id, session) in &registry.sessions {
         let record = SessionRecordRef {
@@ -424,15 +430,7 @@ mod tests {
         out.write_all(&SNAPSHOT_FORMAT_VERSION_2.to_le_bytes())
             .unwrap();
         let mut buffer = Vec::new();
-        let header = Header {
-            applied_index: registry.applied_index,
-            cluster_id: registry.cluster_id,
-            config: registry.config,
-            cluster_time_ms: registry.cluster_time_ms,
-            last_client_id: registry.last_client_id,
-            sessions: registry.sessions.len() as u64,
-            keys: registry.kv.len() as u64,
-        };
+        let header = Header::of(registry);
         write_record(&mut out, &mut buffer, &header).unwrap();
         for (client_id, session) in &registry.sessions {
             let record = SessionRecordV2 {

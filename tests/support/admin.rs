@@ -76,9 +76,15 @@ pub async fn oncekv(endpoints: &[String], args: &[&str]) -> Run {
     command
         .args(args)
         .arg("--endpoints")
-        .arg(endpoints.join(","))
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+        .arg(endpoints.join(","));
+    run_to_exit(command, args).await
+}
+
+/// Runs `command` (an `oncekv` invocation with `args`, for messages) with
+/// no stdin, waits (up to [`RUN_TIMEOUT`]) for it to exit and collects
+/// its exit code and output.
+pub async fn run_to_exit(mut command: tokio::process::Command, args: &[&str]) -> Run {
+    command.stdin(Stdio::null()).kill_on_drop(true);
     let output = tokio::time::timeout(RUN_TIMEOUT, command.output())
         .await
         .unwrap_or_else(|_| panic!("oncekv {args:?} did not exit within {RUN_TIMEOUT:?}"))
