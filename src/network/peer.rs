@@ -31,7 +31,7 @@ use tonic::transport::{Channel, Endpoint};
 /// Version byte of peer message payloads. 2 since the apply rules of
 /// storage format 3: a node of either side refuses the other's messages, so
 /// replicas of different rules never share a log.
-const PEER_FORMAT_VERSION: u8 = 2;
+pub const PEER_FORMAT_VERSION: u8 = 2;
 
 // Message sizes between peers, and why they fit together:
 //
