@@ -523,12 +523,16 @@ async fn inject(
         admin()?.drop_replies(leader, DROPS_BEFORE_KILL).await?;
         sleep(Duration::from_millis(300)).await;
     }
-    recorder.record(invoke.clone());
+    // The invoke is recorded once the fault is in force: a `docker kill`
+    // or an `iptables` rule takes tens to hundreds of milliseconds to land,
+    // and what the old leader acknowledged meanwhile must not count as
+    // "after the kill".
     match planned.kind {
         FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::KillAll => {
             for node in &nodes {
                 cluster.kill(*node).await?;
             }
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
             for node in &nodes {
                 cluster.restart(*node).await?;
@@ -536,31 +540,37 @@ async fn inject(
         }
         FaultKind::PauseLeader => {
             cluster.pause(leader).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
             cluster.resume(leader).await?;
         }
         FaultKind::IsolateLeader | FaultKind::IsolateFollower => {
             cluster.isolate(nodes[0]).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
             cluster.heal_links().await?;
         }
         FaultKind::Bridge => {
             cluster.cut(leader, follower).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
             cluster.heal_links().await?;
         }
         FaultKind::OneWay => {
             cluster.block(leader, follower).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
             cluster.heal_links().await?;
         }
         FaultKind::DropReply => {
+            recorder.record(invoke.clone());
             admin()?.drop_replies(leader, planned.count).await?;
             // The clients retry at the same leader after their attempt
             // timeout and get the original replies as duplicates.
             sleep(planned.duration).await;
         }
         FaultKind::ShortTtl => {
+            recorder.record(invoke.clone());
             let admin = admin()?;
             let original = admin.get_config(leader).await?;
             let cluster_id = cluster
