@@ -256,12 +256,16 @@ impl Containers {
         Ok(())
     }
 
-    /// SIGKILLs node `node`'s process (`docker kill`).
+    /// SIGKILLs node `node`'s process (`docker kill`) and waits until its
+    /// container has stopped.
     pub async fn kill(&self, node: u64) -> anyhow::Result<()> {
         if !self.is_running(node) {
             bail!("node {node} is not running");
         }
         docker(&["kill", "--signal", "KILL", &self.node(node).name]).await?;
+        // `docker kill` returns once the signal is sent; the container is
+        // down (and can be started again) once `docker wait` returns.
+        docker(&["wait", &self.node(node).name]).await?;
         *self.state(node) = State::default();
         Ok(())
     }
