@@ -430,12 +430,16 @@ impl Containers {
                 .into_iter()
                 .map(|(from, _)| from)
                 .collect();
+        // Every node is tried; the first failure is reported.
+        let mut first_error = None;
         for node in blocked {
-            if self.is_running(node) {
-                self.iptables(node, &["--flush"]).await?;
+            if self.is_running(node)
+                && let Err(error) = self.iptables(node, &["--flush"]).await
+            {
+                first_error.get_or_insert(error.context(format!("heal node {node}'s links")));
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// The directed links now blocked.
