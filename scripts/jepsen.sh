@@ -5,6 +5,9 @@
 #   scripts/jepsen.sh ci-smoke                 the same run on the debug build (what .ci/run runs)
 #   scripts/jepsen.sh long [SEEDS] [DURATION]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
 #   scripts/jepsen.sh broken                   the three deliberately broken servers; each must be found invalid
+#   scripts/jepsen.sh containers [SECONDS]     a run (default 60 s) against three containers with real kills,
+#                                              pauses and partitions, then the same against the image of the
+#                                              server that skips dedup: valid, then INVALID (needs Docker, root)
 #
 # Every run writes history.jsonl, results.json and report.html under
 # target/jepsen/. Exit status: 0 when every run came out as required
@@ -21,6 +24,29 @@ build_server() { # [FEATURES] [TARGET_DIR]
 
 build_harness() {
     cargo build --release -p oncekv-jepsen
+}
+
+# build_image BINARY NAME: packages BINARY as the image NAME:<hash of the
+# binary> (scripts/image.sh) unless it exists; prints the tag.
+build_image() {
+    local binary=$1 name=$2 tag
+    tag=$name:$(sha256sum "$binary" | cut -c1-12)
+    if ! docker image inspect "$tag" >/dev/null 2>&1; then
+        scripts/image.sh --binary "$binary" --tag "$tag" >&2
+    fi
+    echo "$tag"
+}
+
+# The broken servers build in their own target directory, never over
+# target/release; seeded from target/release when there is one, so that
+# only the oncekv crate itself compiles.
+build_broken() { # FEATURE
+    if [ ! -d target/broken/release ] && [ -d target/release ]; then
+        mkdir -p target/broken
+        cp -a target/release target/broken/
+    fi
+    build_server "fault-injection,$1" target/broken
+    cp target/broken/release/oncekv "target/broken/oncekv-$1"
 }
 
 # run NAME EXPECTED_EXIT SERVER_BIN [HARNESS FLAGS...]: one run, its
@@ -42,17 +68,18 @@ run() {
         1) verdict=INVALID ;;
         *) verdict=unknown ;;
     esac
-    local ops reads dups kills
+    local ops reads dups kills faults
     ops=$(grep -m1 '^operations (writes):' "$out.txt" | sed 's/^operations (writes): //' || true)
     reads=$(grep -m1 '^reads:' "$out.txt" | sed 's/^reads: //' || true)
     dups=$(grep -m1 '^leader changes seen:' "$out.txt" | sed 's/^leader changes seen: //' || true)
     kills=$(grep -m1 '^leader kill' "$out.txt" | sed 's/^leader kill -> first acknowledgement: //' || true)
+    faults=$(grep -m1 '^faults:' "$out.txt" || true)
     local status=as-required
     if [ "$code" != "$expected" ]; then
         status=NOT-AS-REQUIRED
         failures=$((failures + 1))
     fi
-    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$kills" "$dups")")
+    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$kills" "$dups" "$faults")")
 }
 
 print_summary() {
@@ -98,16 +125,8 @@ case ${1:-} in
         ;;
     broken)
         build_harness
-        # The broken servers build in their own target directory, never over
-        # target/release; seeded from target/release when there is one, so
-        # that only the oncekv crate itself compiles.
-        if [ ! -d target/broken/release ] && [ -d target/release ]; then
-            mkdir -p target/broken
-            cp -a target/release target/broken/
-        fi
         for feature in broken-skip-dedup broken-snapshot-drops-sessions broken-stale-reads; do
-            build_server "fault-injection,$feature" target/broken
-            cp target/broken/release/oncekv "target/broken/oncekv-$feature"
+            build_broken "$feature"
             run "$feature" 1 "target/broken/oncekv-$feature" --seed 1 --duration 45 --leader-kills 3 --quiet
         done
         # The stale-reads server breaks reads only: its run must be found
@@ -119,8 +138,29 @@ case ${1:-} in
         fi
         print_summary
         ;;
+    containers)
+        # The same harness and checker; the nodes are containers of an image
+        # of the release build (scripts/image.sh, FROM scratch) on a private
+        # network, killed with `docker kill`, paused with `docker pause`,
+        # partitioned by iptables rules in their network namespaces.
+        duration=${2:-60}
+        kills=$((duration / 12 > 0 ? duration / 12 : 1))
+        command -v docker >/dev/null || { echo "jepsen.sh: docker not found" >&2; exit 2; }
+        docker info >/dev/null 2>&1 || { echo "jepsen.sh: no Docker engine answers" >&2; exit 2; }
+        build_server
+        build_harness
+        image=$(build_image target/release/oncekv oncekv-jepsen)
+        run containers 0 target/release/oncekv --containers --image "$image" \
+            --seed 1 --duration "$duration" --leader-kills "$kills" --quiet
+        # The server that skips dedup, as an image with a tag of its own.
+        build_broken broken-skip-dedup
+        broken_image=$(build_image target/broken/oncekv-broken-skip-dedup oncekv-jepsen-broken-skip-dedup)
+        run containers-broken-skip-dedup 1 target/broken/oncekv-broken-skip-dedup --containers \
+            --image "$broken_image" --seed 1 --duration "$duration" --leader-kills "$kills" --quiet
+        print_summary
+        ;;
     *)
-        sed -n '2,12p' "$0"
+        sed -n '2,15p' "$0"
         exit 2
         ;;
 esac

@@ -1,9 +1,12 @@
-//! Process control of a throwaway 3-node cluster of `oncekv node` release
-//! processes for the harness: start, SIGKILL, SIGSTOP / SIGCONT, restart,
-//! statuses. Nodes dial each other through the per-link proxies when the
-//! server supports `--peer-via`. The [`Cluster`] owns its processes:
-//! dropping it SIGKILLs and reaps every one of them, stopped ones included,
-//! on every path out. It decides nothing about faults.
+//! Control of the harness's throwaway 3-node cluster: start, kill,
+//! pause / resume, restart, partitions of the peer links, statuses. One
+//! interface ([`Cluster`]) over two backends: local processes
+//! ([`Processes`]: SIGKILL, SIGSTOP / SIGCONT, partitions through the
+//! per-link TCP proxies when the server supports `--peer-via`) and
+//! containers ([`Containers`]: `docker kill`, `docker pause`, packet filters
+//! in each node's network namespace). The cluster owns its nodes: dropping
+//! it kills and removes every one of them, on every path out. It decides
+//! nothing about faults.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -21,6 +24,7 @@ use oncekv::proto::{StatusReply, StatusRequest};
 use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::containers::{ContainerOptions, Containers};
 use crate::proxy::Proxies;
 pub use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
 
@@ -77,11 +81,36 @@ pub struct ClusterOptions {
     pub proxies: bool,
     /// Extra flags for every node.
     pub extra_args: Vec<String>,
-    pub start_timeout: Duration,
 }
 
-/// A running 3-node cluster; dropping it kills every node.
-pub struct Cluster {
+impl ClusterOptions {
+    /// The `oncekv node` flags of every node beyond its identity and
+    /// addresses: Raft timing, snapshots, session TTL, worker threads, the
+    /// extra flags.
+    pub fn node_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            ("--heartbeat-ms", self.heartbeat_ms),
+            (
+                "--worker-threads",
+                oncekv::local::worker_threads_per_node(3) as u64,
+            ),
+            ("--election-timeout-min-ms", self.election_timeout_min_ms),
+            ("--election-timeout-max-ms", self.election_timeout_max_ms),
+            ("--snapshot-every-entries", self.snapshot_every_entries),
+            ("--logs-kept-after-snapshot", self.logs_kept_after_snapshot),
+            ("--session-ttl-ms", self.session_ttl_ms),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value.to_string()])
+        .collect();
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+}
+
+/// A running 3-node cluster of local processes; dropping it kills every
+/// node.
+pub struct Processes {
     options: ClusterOptions,
     nodes: BTreeMap<u64, Node>,
     proxies: Option<Proxies>,
@@ -93,7 +122,6 @@ struct Node {
     peer_addr: SocketAddr,
     data_dir: PathBuf,
     log_path: PathBuf,
-    status_client: ClientClient<Channel>,
     /// Locked only briefly, never across an await.
     process: Mutex<Process>,
 }
@@ -110,16 +138,13 @@ impl Node {
     }
 }
 
-impl Cluster {
-    /// Starts nodes 1..=3 (node 1 initialises) and waits until all answer,
-    /// agree on a leader and know the cluster id.
-    pub async fn start(options: ClusterOptions) -> anyhow::Result<Cluster> {
+impl Processes {
+    /// Starts nodes 1..=3 (node 1 initialises); [`Cluster::start`] waits
+    /// for them.
+    pub async fn start(options: ClusterOptions) -> anyhow::Result<Processes> {
         let ports = free_ports(2 * NODES.len()).context("free loopback ports")?;
         let mut nodes = BTreeMap::new();
         for (&id, ports) in NODES.iter().zip(ports.chunks(2)) {
-            let endpoint = Endpoint::from_shared(format!("http://{}", ports[0]))?
-                .connect_timeout(STATUS_TIMEOUT)
-                .tcp_nodelay(true);
             nodes.insert(
                 id,
                 Node {
@@ -128,7 +153,6 @@ impl Cluster {
                     peer_addr: ports[1],
                     data_dir: options.dir.join(format!("n{id}")),
                     log_path: options.dir.join(format!("n{id}.log")),
-                    status_client: ClientClient::new(endpoint.connect_lazy()),
                     process: Mutex::default(),
                 },
             );
@@ -139,7 +163,7 @@ impl Cluster {
         } else {
             None
         };
-        let cluster = Cluster {
+        let cluster = Processes {
             options,
             nodes,
             proxies,
@@ -147,24 +171,17 @@ impl Cluster {
         for id in NODES {
             cluster.spawn(id)?;
         }
-        cluster
-            .wait_until(
-                cluster.options.start_timeout,
-                "a leader known by all and a cluster id",
-                |statuses| {
-                    let replies: Vec<&StatusReply> =
-                        statuses.values().filter_map(|s| s.as_ref().ok()).collect();
-                    replies.len() == NODES.len()
-                        && replies.iter().all(|reply| !reply.cluster_id.is_empty())
-                        && agreed_leader(statuses).is_some()
-                },
-            )
-            .await?;
         Ok(cluster)
     }
 
     pub fn proxies(&self) -> Option<&Proxies> {
         self.proxies.as_ref()
+    }
+
+    fn proxies_or_error(&self) -> anyhow::Result<&Proxies> {
+        self.proxies
+            .as_ref()
+            .context("partitions need the per-link proxies (a server with --peer-via)")
     }
 
     pub fn client_addr(&self, node: u64) -> String {
@@ -195,26 +212,6 @@ impl Cluster {
 
     pub fn is_paused(&self, node: u64) -> bool {
         self.node(node).process().paused
-    }
-
-    /// `node`'s `Status` within [`STATUS_TIMEOUT`].
-    pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
-        let mut client = self.node(node).status_client.clone();
-        match tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {})).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
-            Err(_) => Err(format!("no answer within {STATUS_TIMEOUT:?}")),
-        }
-    }
-
-    /// Every running, unpaused node's `Status`, asked concurrently.
-    pub async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
-        let live: Vec<u64> = NODES
-            .into_iter()
-            .filter(|&id| self.is_running(id) && !self.is_paused(id))
-            .collect();
-        let replies = futures::future::join_all(live.iter().map(|&id| self.status(id))).await;
-        live.into_iter().zip(replies).collect()
     }
 
     /// SIGKILLs `node` and reaps it.
@@ -292,39 +289,6 @@ impl Cluster {
             .join("\n")
     }
 
-    /// Polls the live nodes' `Status` until `condition` holds; an error
-    /// with the last statuses when `timeout` passes or a node died.
-    pub async fn wait_until(
-        &self,
-        timeout: Duration,
-        what: &str,
-        condition: impl Fn(&BTreeMap<u64, Result<StatusReply, String>>) -> bool,
-    ) -> anyhow::Result<BTreeMap<u64, Result<StatusReply, String>>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_alive()?;
-            let statuses = self.statuses().await;
-            if condition(&statuses) {
-                return Ok(statuses);
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "no {what} within {timeout:?}; last statuses:\n{}",
-                    describe(&statuses)
-                );
-            }
-            sleep(POLL).await;
-        }
-    }
-
-    /// The leader all live nodes agree on, waiting up to `timeout`.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<u64> {
-        let statuses = self
-            .wait_until(timeout, "agreed leader", |s| agreed_leader(s).is_some())
-            .await?;
-        agreed_leader(&statuses).context("a leader")
-    }
-
     fn node(&self, node: u64) -> &Node {
         self.nodes
             .get(&node)
@@ -353,29 +317,7 @@ impl Cluster {
             .args(["--peer-addr", &node.peer_addr.to_string()])
             .arg("--data-dir")
             .arg(&node.data_dir)
-            .args(["--heartbeat-ms", &options.heartbeat_ms.to_string()])
-            .args([
-                "--worker-threads",
-                &oncekv::local::worker_threads_per_node(3).to_string(),
-            ])
-            .args([
-                "--election-timeout-min-ms",
-                &options.election_timeout_min_ms.to_string(),
-            ])
-            .args([
-                "--election-timeout-max-ms",
-                &options.election_timeout_max_ms.to_string(),
-            ])
-            .args([
-                "--snapshot-every-entries",
-                &options.snapshot_every_entries.to_string(),
-            ])
-            .args([
-                "--logs-kept-after-snapshot",
-                &options.logs_kept_after_snapshot.to_string(),
-            ])
-            .args(["--session-ttl-ms", &options.session_ttl_ms.to_string()])
-            .args(&options.extra_args);
+            .args(options.node_args());
         for other in self.nodes.values() {
             command.arg("--peer").arg(format!(
                 "{}={}/{}",
@@ -409,7 +351,7 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
+impl Drop for Processes {
     fn drop(&mut self) {
         for node in self.nodes.values() {
             let mut process = node.process();
@@ -419,5 +361,282 @@ impl Drop for Cluster {
                 let _ = child.wait();
             }
         }
+    }
+}
+
+/// Which nodes a [`Cluster`] runs.
+pub enum Backend {
+    /// Local processes on 127.0.0.1.
+    Processes(ClusterOptions),
+    /// Containers on a private network of their own.
+    Containers(ContainerOptions),
+}
+
+/// A running 3-node cluster of either backend; dropping it removes every
+/// node.
+pub struct Cluster {
+    nodes: Nodes,
+    status_clients: BTreeMap<u64, ClientClient<Channel>>,
+}
+
+enum Nodes {
+    Processes(Processes),
+    Containers(Containers),
+}
+
+impl Cluster {
+    /// Starts nodes 1..=3 (node 1 initialises) and waits up to
+    /// `start_timeout` until all answer, agree on a leader and know the
+    /// cluster id.
+    pub async fn start(backend: Backend, start_timeout: Duration) -> anyhow::Result<Cluster> {
+        let nodes = match backend {
+            Backend::Processes(options) => Nodes::Processes(Processes::start(options).await?),
+            Backend::Containers(options) => Nodes::Containers(Containers::start(&options).await?),
+        };
+        let mut status_clients = BTreeMap::new();
+        for node in NODES {
+            let addr = match &nodes {
+                Nodes::Processes(processes) => processes.client_addr(node),
+                Nodes::Containers(containers) => containers.client_addr(node),
+            };
+            let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+                .connect_timeout(STATUS_TIMEOUT)
+                .tcp_nodelay(true);
+            status_clients.insert(node, ClientClient::new(endpoint.connect_lazy()));
+        }
+        let cluster = Cluster {
+            nodes,
+            status_clients,
+        };
+        cluster
+            .wait_until(
+                start_timeout,
+                "a leader known by all and a cluster id",
+                |statuses| {
+                    let replies: Vec<&StatusReply> =
+                        statuses.values().filter_map(|s| s.as_ref().ok()).collect();
+                    replies.len() == NODES.len()
+                        && replies.iter().all(|reply| !reply.cluster_id.is_empty())
+                        && agreed_leader(statuses).is_some()
+                },
+            )
+            .await?;
+        Ok(cluster)
+    }
+
+    /// `processes` or `containers`.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.nodes {
+            Nodes::Processes(_) => "processes",
+            Nodes::Containers(_) => "containers",
+        }
+    }
+
+    /// How partitions are made, or `None` if this cluster cannot make them.
+    pub fn partitions(&self) -> Option<&'static str> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes
+                .proxies()
+                .map(|_| "per-link TCP proxies (--peer-via)"),
+            Nodes::Containers(containers) => containers
+                .partitions()
+                .then_some("iptables DROP rules in the nodes' network namespaces"),
+        }
+    }
+
+    pub fn client_addr(&self, node: u64) -> String {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.client_addr(node),
+            Nodes::Containers(containers) => containers.client_addr(node),
+        }
+    }
+
+    /// The client endpoints of all nodes, in node order.
+    pub fn client_addrs(&self) -> Vec<String> {
+        NODES.iter().map(|&id| self.client_addr(id)).collect()
+    }
+
+    /// Started and not killed by us.
+    pub fn is_running(&self, node: u64) -> bool {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.is_running(node),
+            Nodes::Containers(containers) => containers.is_running(node),
+        }
+    }
+
+    pub fn is_paused(&self, node: u64) -> bool {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.is_paused(node),
+            Nodes::Containers(containers) => containers.is_paused(node),
+        }
+    }
+
+    /// Kills `node` (SIGKILL of its process or container).
+    pub async fn kill(&self, node: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.kill(node),
+            Nodes::Containers(containers) => containers.kill(node).await,
+        }
+    }
+
+    /// Starts `node` again with the same flags and data (it must not be
+    /// running).
+    pub async fn restart(&self, node: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.restart(node),
+            Nodes::Containers(containers) => containers.restart(node).await,
+        }
+    }
+
+    /// Freezes `node` (SIGSTOP, or `docker pause`).
+    pub async fn pause(&self, node: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.pause(node),
+            Nodes::Containers(containers) => containers.pause(node).await,
+        }
+    }
+
+    /// Thaws `node` (SIGCONT, or `docker unpause`).
+    pub async fn resume(&self, node: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.resume(node),
+            Nodes::Containers(containers) => containers.resume(node).await,
+        }
+    }
+
+    /// Blocks the directed peer link from → to: `from`'s connections to
+    /// `to` fail, `to`'s connections to `from` pass.
+    pub async fn block(&self, from: u64, to: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => {
+                processes.proxies_or_error()?.block(from, to);
+                Ok(())
+            }
+            Nodes::Containers(containers) => containers.block(from, to).await,
+        }
+    }
+
+    /// Blocks both directions between `a` and `b`.
+    pub async fn cut(&self, a: u64, b: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => {
+                processes.proxies_or_error()?.cut(a, b);
+                Ok(())
+            }
+            Nodes::Containers(containers) => containers.cut(a, b).await,
+        }
+    }
+
+    /// Cuts `node` off from every other node (clients still reach it).
+    pub async fn isolate(&self, node: u64) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => {
+                processes.proxies_or_error()?.isolate(node);
+                Ok(())
+            }
+            Nodes::Containers(containers) => containers.isolate(node).await,
+        }
+    }
+
+    /// Passes traffic on every peer link again (nothing to do without
+    /// partitions).
+    pub async fn heal_links(&self) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => {
+                if let Some(proxies) = processes.proxies() {
+                    proxies.heal();
+                }
+                Ok(())
+            }
+            Nodes::Containers(containers) => containers.heal().await,
+        }
+    }
+
+    /// The directed peer links now blocked.
+    pub fn blocked(&self) -> Vec<(u64, u64)> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes
+                .proxies()
+                .map(Proxies::blocked)
+                .unwrap_or_default(),
+            Nodes::Containers(containers) => containers.blocked(),
+        }
+    }
+
+    /// An error naming a node that stopped without being killed by us.
+    pub async fn check_alive(&self) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => processes.check_alive(),
+            Nodes::Containers(containers) => containers.check_alive().await,
+        }
+    }
+
+    /// Copies `node`'s log to `target`.
+    pub fn save_log(&self, node: u64, target: &Path) -> anyhow::Result<()> {
+        match &self.nodes {
+            Nodes::Processes(processes) => {
+                std::fs::copy(processes.log_path(node), target)
+                    .with_context(|| format!("copy node {node}'s log"))?;
+                Ok(())
+            }
+            Nodes::Containers(containers) => containers.save_log(node, target),
+        }
+    }
+
+    /// `node`'s `Status` within [`STATUS_TIMEOUT`].
+    pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
+        let mut client = self
+            .status_clients
+            .get(&node)
+            .unwrap_or_else(|| panic!("no node {node}; the members are {NODES:?}"))
+            .clone();
+        match tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {})).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+            Err(_) => Err(format!("no answer within {STATUS_TIMEOUT:?}")),
+        }
+    }
+
+    /// Every running, unpaused node's `Status`, asked concurrently.
+    pub async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
+        let live: Vec<u64> = NODES
+            .into_iter()
+            .filter(|&id| self.is_running(id) && !self.is_paused(id))
+            .collect();
+        let replies = futures::future::join_all(live.iter().map(|&id| self.status(id))).await;
+        live.into_iter().zip(replies).collect()
+    }
+
+    /// Polls the live nodes' `Status` until `condition` holds; an error
+    /// with the last statuses when `timeout` passes or a node died.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        condition: impl Fn(&BTreeMap<u64, Result<StatusReply, String>>) -> bool,
+    ) -> anyhow::Result<BTreeMap<u64, Result<StatusReply, String>>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive().await?;
+            let statuses = self.statuses().await;
+            if condition(&statuses) {
+                return Ok(statuses);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "no {what} within {timeout:?}; last statuses:\n{}",
+                    describe(&statuses)
+                );
+            }
+            sleep(POLL).await;
+        }
+    }
+
+    /// The leader all live nodes agree on, waiting up to `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<u64> {
+        let statuses = self
+            .wait_until(timeout, "agreed leader", |s| agreed_leader(s).is_some())
+            .await?;
+        agreed_leader(&statuses).context("a leader")
     }
 }

@@ -67,8 +67,9 @@ impl FaultKind {
         }
     }
 
-    /// Needs per-link proxies (`--peer-via`).
-    pub fn needs_proxies(self) -> bool {
+    /// Needs partitions of the peer links (the per-link proxies of local
+    /// processes, or packet filters in containers).
+    pub fn needs_partitions(self) -> bool {
         matches!(
             self,
             FaultKind::IsolateLeader

@@ -1,5 +1,6 @@
 //! `jepsen-like`: runs one seeded fault-injection run against a fresh
-//! 3-node oncekv cluster and exits 0 (valid), 1 (invalid) or 2 (unknown:
+//! 3-node oncekv cluster (local processes, or containers with
+//! `--containers`) and exits 0 (valid), 1 (invalid) or 2 (unknown:
 //! the run did not exercise enough; also for a run that could not finish).
 
 use std::path::PathBuf;
@@ -60,6 +61,16 @@ struct Args {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
+    /// Run the three nodes as containers of `--image` on a private network
+    /// of their own, with real faults: `docker kill` / `docker start`,
+    /// `docker pause` / `unpause`, and partitions by packet filters in the
+    /// nodes' network namespaces (`nsenter` + `iptables`; needs root).
+    /// `--server-bin` is then unused.
+    #[arg(long)]
+    containers: bool,
+    /// The image of `--containers` (built by `scripts/image.sh`).
+    #[arg(long, default_value = "oncekv:latest", requires = "containers")]
+    image: String,
 }
 
 fn main() {
@@ -85,6 +96,7 @@ fn main() {
         logs_kept_after_snapshot: args.logs_kept_after_snapshot,
         session_ttl_ms: args.session_ttl_ms,
         quiet: args.quiet,
+        container_image: args.containers.then_some(args.image),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

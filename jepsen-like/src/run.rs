@@ -1,4 +1,5 @@
-//! One run of the harness, start to verdict: start a fresh cluster, run
+//! One run of the harness, start to verdict: start a fresh cluster (local
+//! processes, or containers of an image), run
 //! the workloads while the nemesis plays the seeded schedule and the
 //! monitor records leader changes, stop the clients, heal every fault, wait
 //! until the replicas agree on an applied index, read every replica, check,
@@ -19,7 +20,10 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::admin::{Admin, AdminCapabilities};
 use crate::checker::{self, Exercise, FinalValue, Findings, NodeFinal, Verdict};
-use crate::cluster::{Capabilities, Cluster, ClusterOptions, NODES, agreed_leader, describe};
+use crate::cluster::{
+    Backend, Capabilities, Cluster, ClusterOptions, NODES, agreed_leader, describe,
+};
+use crate::containers::{ContainerOptions, Containers};
 use crate::faults::{self, FaultKind, PlannedFault, ScheduleOptions};
 use crate::history::{self, Event, EventType, Op, Process, Recorder};
 use crate::report::{self, Figures};
@@ -44,6 +48,9 @@ pub struct RunOptions {
     pub logs_kept_after_snapshot: u64,
     pub session_ttl_ms: u64,
     pub quiet: bool,
+    /// Run the nodes as containers of this image (real kills, pauses and
+    /// partitions) instead of local processes of `server_bin`.
+    pub container_image: Option<String>,
 }
 
 /// The results file.
@@ -52,6 +59,12 @@ pub struct Results {
     pub verdict: Verdict,
     pub seed: u64,
     pub duration_requested_s: f64,
+    /// `processes` or `containers`.
+    pub backend: String,
+    /// The image the containers ran.
+    pub image: Option<String>,
+    /// How partitions were made (none: partitions left out).
+    pub partitions: Option<String>,
     pub capabilities: Capabilities,
     pub admin: AdminCapabilities,
     /// Fault kinds left out because the server does not support them.
@@ -82,7 +95,10 @@ fn new_leader_floor(options: &RunOptions) -> Duration {
 pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     std::fs::create_dir_all(&options.out_dir)
         .with_context(|| format!("create {}", options.out_dir.display()))?;
-    let capabilities = Capabilities::probe(&options.server_bin)?;
+    let capabilities = match &options.container_image {
+        Some(image) => Containers::probe(image).await?,
+        None => Capabilities::probe(&options.server_bin)?,
+    };
     let dir = tempfile::Builder::new()
         .prefix("oncekv-jepsen-")
         .tempdir()
@@ -97,23 +113,40 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
             "drop-first-execute-reply".to_string(),
         ]);
     }
+    let process_options = ClusterOptions {
+        server_bin: options.server_bin.clone(),
+        dir: dir.path().to_path_buf(),
+        heartbeat_ms: options.heartbeat_ms,
+        election_timeout_min_ms: options.election_timeout_min_ms,
+        election_timeout_max_ms: options.election_timeout_max_ms,
+        snapshot_every_entries: options.snapshot_every_entries,
+        logs_kept_after_snapshot: options.logs_kept_after_snapshot,
+        session_ttl_ms: options.session_ttl_ms,
+        proxies: capabilities.peer_via,
+        extra_args,
+    };
+    let backend = match &options.container_image {
+        Some(image) => Backend::Containers(ContainerOptions {
+            image: image.clone(),
+            node_args: process_options.node_args(),
+        }),
+        None => Backend::Processes(process_options),
+    };
+    // Containers start slower (and the engine may be busy).
     let cluster = Arc::new(
-        Cluster::start(ClusterOptions {
-            server_bin: options.server_bin.clone(),
-            dir: dir.path().to_path_buf(),
-            heartbeat_ms: options.heartbeat_ms,
-            election_timeout_min_ms: options.election_timeout_min_ms,
-            election_timeout_max_ms: options.election_timeout_max_ms,
-            snapshot_every_entries: options.snapshot_every_entries,
-            logs_kept_after_snapshot: options.logs_kept_after_snapshot,
-            session_ttl_ms: options.session_ttl_ms,
-            proxies: capabilities.peer_via,
-            extra_args,
-            start_timeout: Duration::from_secs(60),
-        })
-        .await
-        .context("start the cluster")?,
+        Cluster::start(backend, Duration::from_secs(90))
+            .await
+            .context("start the cluster")?,
     );
+    let partitions = cluster.partitions();
+    if !options.quiet {
+        eprintln!(
+            "{} cluster at {}; partitions: {}",
+            cluster.backend_name(),
+            cluster.client_addrs().join(","),
+            partitions.unwrap_or("none")
+        );
+    }
     let admin = Admin::new(
         NODES
             .iter()
@@ -123,7 +156,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     let admin_capabilities = admin.probe(NODES[0]).await?;
     let kinds: Vec<FaultKind> = FaultKind::ALL
         .into_iter()
-        .filter(|kind| supported(*kind, capabilities, admin_capabilities))
+        .filter(|kind| supported(*kind, partitions.is_some(), admin_capabilities))
         .collect();
     let kinds_unsupported: Vec<String> = FaultKind::ALL
         .into_iter()
@@ -159,6 +192,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         Ok(driven) => {
             let verdict = finish(
                 options,
+                (cluster.backend_name(), partitions),
                 capabilities,
                 admin_capabilities,
                 kinds_unsupported,
@@ -183,7 +217,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     Ok(verdict)
 }
 
-fn supported(kind: FaultKind, capabilities: Capabilities, admin: AdminCapabilities) -> bool {
+fn supported(kind: FaultKind, partitions: bool, admin: AdminCapabilities) -> bool {
     match kind {
         FaultKind::KillLeader
         | FaultKind::KillRandom
@@ -192,7 +226,7 @@ fn supported(kind: FaultKind, capabilities: Capabilities, admin: AdminCapabiliti
         FaultKind::IsolateLeader
         | FaultKind::IsolateFollower
         | FaultKind::Bridge
-        | FaultKind::OneWay => capabilities.peer_via,
+        | FaultKind::OneWay => partitions,
         FaultKind::DropReply => admin.inject_fault,
         FaultKind::ShortTtl => admin.admin,
     }
@@ -217,8 +251,8 @@ const SHORT_TTL_MS: u64 = 1_500;
 fn keep_logs(options: &RunOptions, cluster: &Cluster) {
     for node in NODES {
         let target = options.out_dir.join(format!("node{node}.log"));
-        if let Err(error) = std::fs::copy(cluster.log_path(node), &target) {
-            eprintln!("could not keep node {node}'s log: {error}");
+        if let Err(error) = cluster.save_log(node, &target) {
+            eprintln!("could not keep node {node}'s log: {error:#}");
         }
     }
 }
@@ -387,8 +421,8 @@ async fn drive(
             );
             admin.trigger_snapshot(node).await?;
             recorder.record(invoke.clone());
-            cluster.kill(node)?;
-            cluster.restart(node)?;
+            cluster.kill(node).await?;
+            cluster.restart(node).await?;
             statuses = converge(cluster).await?;
             recorder.record(Event::complete(&invoke, EventType::Info, 0));
         }
@@ -437,7 +471,7 @@ async fn nemesis(
             skipped += 1;
             continue;
         }
-        cluster.check_alive()?;
+        cluster.check_alive().await?;
         inject(cluster, tools, ttl, planned, op_id, recorder)
             .await
             .with_context(|| format!("fault {op_id} ({})", planned.kind.name()))?;
@@ -489,49 +523,54 @@ async fn inject(
         admin()?.drop_replies(leader, DROPS_BEFORE_KILL).await?;
         sleep(Duration::from_millis(300)).await;
     }
-    recorder.record(invoke.clone());
-    let proxies = || {
-        cluster
-            .proxies()
-            .context("partitions need the per-link proxies")
-    };
+    // The invoke is recorded once the fault is in force: a `docker kill`
+    // or an `iptables` rule takes tens to hundreds of milliseconds to land,
+    // and what the old leader acknowledged meanwhile must not count as
+    // "after the kill".
     match planned.kind {
         FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::KillAll => {
             for node in &nodes {
-                cluster.kill(*node)?;
+                cluster.kill(*node).await?;
             }
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
             for node in &nodes {
-                cluster.restart(*node)?;
+                cluster.restart(*node).await?;
             }
         }
         FaultKind::PauseLeader => {
-            cluster.pause(leader)?;
+            cluster.pause(leader).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
-            cluster.resume(leader)?;
+            cluster.resume(leader).await?;
         }
         FaultKind::IsolateLeader | FaultKind::IsolateFollower => {
-            proxies()?.isolate(nodes[0]);
+            cluster.isolate(nodes[0]).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
-            proxies()?.heal();
+            cluster.heal_links().await?;
         }
         FaultKind::Bridge => {
-            proxies()?.cut(leader, follower);
+            cluster.cut(leader, follower).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
-            proxies()?.heal();
+            cluster.heal_links().await?;
         }
         FaultKind::OneWay => {
-            proxies()?.block(leader, follower);
+            cluster.block(leader, follower).await?;
+            recorder.record(invoke.clone());
             sleep(planned.duration).await;
-            proxies()?.heal();
+            cluster.heal_links().await?;
         }
         FaultKind::DropReply => {
+            recorder.record(invoke.clone());
             admin()?.drop_replies(leader, planned.count).await?;
             // The clients retry at the same leader after their attempt
             // timeout and get the original replies as duplicates.
             sleep(planned.duration).await;
         }
         FaultKind::ShortTtl => {
+            recorder.record(invoke.clone());
             let admin = admin()?;
             let original = admin.get_config(leader).await?;
             let cluster_id = cluster
@@ -579,17 +618,17 @@ async fn heal_everything(
     tools: &Tools,
     original_config: Option<oncekv::proto::RegistryConfig>,
 ) {
-    if let Some(proxies) = cluster.proxies() {
-        proxies.heal();
+    if let Err(error) = cluster.heal_links().await {
+        eprintln!("heal: {error:#}");
     }
     for node in NODES {
         if cluster.is_paused(node)
-            && let Err(error) = cluster.resume(node)
+            && let Err(error) = cluster.resume(node).await
         {
             eprintln!("heal: {error:#}");
         }
         if !cluster.is_running(node)
-            && let Err(error) = cluster.restart(node)
+            && let Err(error) = cluster.restart(node).await
         {
             eprintln!("heal: {error:#}");
         }
@@ -837,6 +876,7 @@ fn final_value(value: Option<Value>) -> FinalValue {
 /// Checks, counts, prints and writes the outputs; returns the verdict.
 fn finish(
     options: &RunOptions,
+    (backend, partitions): (&str, Option<&str>),
     capabilities: Capabilities,
     admin: AdminCapabilities,
     kinds_unsupported: Vec<String>,
@@ -867,6 +907,9 @@ fn finish(
         verdict,
         seed: options.seed,
         duration_requested_s: options.duration.as_secs_f64(),
+        backend: backend.to_string(),
+        image: options.container_image.clone(),
+        partitions: partitions.map(str::to_string),
         capabilities,
         admin,
         kinds_unsupported,
