@@ -70,8 +70,21 @@ async fn rule11_whole_cluster_outage_does_not_expire_sessions() {
 /// after, is still live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule11_time_without_a_quorum_does_not_count_in_the_same_term() {
-    const TTL: Duration = Duration::from_millis(1_500);
-    let cluster = Cluster::start_with("quorumless", &["--session-ttl-ms", "1500"]).await;
+    const TTL: Duration = Duration::from_millis(3_000);
+    // An election timeout of 1–1.5 s, so that a loaded machine (the suite
+    // runs many clusters at once) causes no election before the outage,
+    // which would change the term the scenario needs; the leader counts at
+    // most 1 s of the outage, a third of the TTL.
+    let cluster = Cluster::start_timed(
+        "quorumless",
+        &["--session-ttl-ms", "3000"],
+        Timing {
+            heartbeat_ms: 100,
+            election_min_ms: 1_000,
+            election_max_ms: 1_500,
+        },
+    )
+    .await;
     let raw = raw_client(&cluster).await;
     let session = raw.register(111).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
