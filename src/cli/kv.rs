@@ -466,10 +466,14 @@ impl KvCommand {
                 new: parse_scalar(&args.new, args.int, "NEW")?,
             },
         };
+        let credentials = common
+            .credentials()
+            .map_err(|error| Failure::usage(error.to_string()))?;
         let client = Client::with_config(
             endpoints.clone(),
             ClientConfig {
                 call_timeout: common.timeout(),
+                credentials,
                 ..ClientConfig::default()
             },
         );
@@ -975,6 +979,7 @@ mod tests {
             endpoints: vec!["a:1".into(), "b:2".into()],
             json: true,
             timeout_ms: Some(300),
+            ..CommonArgs::default()
         };
         let flags = ["--json", "--endpoints", "a:1,b:2", "--timeout-ms", "300"];
         for command in [

@@ -79,9 +79,45 @@ pub struct CommonArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub timeout_ms: Option<u64>,
+    /// The cluster CA (PEM): talk TLS to the nodes [env: ONCEKV_CA].
+    #[arg(long = "ca", id = "client_ca", global = true, value_name = "FILE")]
+    pub ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mutual TLS [env: ONCEKV_CERT].
+    #[arg(long = "cert", id = "client_cert", global = true, value_name = "FILE")]
+    pub cert: Option<std::path::PathBuf>,
+    /// Key of --cert (PEM) [env: ONCEKV_KEY].
+    #[arg(long = "key", id = "client_key", global = true, value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
+    /// Bearer token from the nodes' token file [env: ONCEKV_TOKEN].
+    #[arg(
+        long = "token",
+        id = "client_token",
+        global = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 }
 
 impl CommonArgs {
+    /// The credentials of `--ca/--cert/--key/--token`, each else its
+    /// `ONCEKV_*` environment variable. (Read here rather than by clap, so
+    /// that `oncekv node`, which refuses client flags, ignores them.)
+    pub fn credentials(
+        &self,
+    ) -> Result<
+        crate::network::credentials::Credentials,
+        crate::network::credentials::CredentialsError,
+    > {
+        use crate::network::credentials::{CredentialPaths, Credentials};
+        let flags = CredentialPaths {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            token: self.token.clone(),
+        };
+        Credentials::load(&flags.or(CredentialPaths::from_env()))
+    }
+
     /// `--timeout-ms`, or `default_ms`.
     pub fn timeout_or(&self, default_ms: u64) -> std::time::Duration {
         std::time::Duration::from_millis(self.timeout_ms.unwrap_or(default_ms))
