@@ -12,6 +12,7 @@ use crate::node::config::NodeOptions;
 
 pub mod admin;
 pub mod bench;
+pub mod certs;
 pub mod failover;
 pub mod health;
 pub mod kv;
@@ -53,6 +54,9 @@ pub enum Command {
     /// Operator commands: membership, sessions, registry config, snapshots,
     /// state hashes, local reads.
     Admin(admin::AdminArgs),
+    /// Make a local CA, node certificates and client identities with
+    /// tokens, for a cluster with TLS and authentication (README "Security").
+    Certs(certs::CertsArgs),
     /// The key-value commands: put, get, del, incr, append, cas, sessions.
     #[command(flatten)]
     Kv(kv::KvCommand),
@@ -192,6 +196,13 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
             }
         },
         Command::Admin(args) => args.run(&common).await,
+        Command::Certs(args) => match args.run() {
+            Ok(()) => kv::EXIT_OK,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                kv::EXIT_FAILED
+            }
+        },
         Command::Kv(command) => command.run(&common).await,
     }
 }
