@@ -55,12 +55,15 @@ pub async fn check(
     service: &str,
     timeout: Duration,
 ) -> anyhow::Result<ServingStatus> {
-    let uri = if endpoint.contains("://") {
-        endpoint.to_owned()
+    // Over TLS when ONCEKV_CA names the cluster CA (health asks for no
+    // identity).
+    let endpoint = if endpoint.contains("://") {
+        Endpoint::from_shared(endpoint.to_owned())?
     } else {
-        format!("http://{endpoint}")
+        use crate::network::credentials::{CredentialPaths, Credentials};
+        Credentials::load(&CredentialPaths::from_env())?.endpoint(endpoint)?
     };
-    let channel = Endpoint::from_shared(uri)?
+    let channel = endpoint
         .connect_timeout(timeout)
         .timeout(timeout)
         .connect()

@@ -512,6 +512,98 @@ mod tests {
         bytes
     }
 
+    /// The snapshot of `registry` in format version 3, as builds before
+    /// version 4 wrote it (no owners, no highest seqs).
+    fn to_bytes_v3(registry: &Registry) -> Vec<u8> {
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        out.write_all(MAGIC).unwrap();
+        out.write_all(&SNAPSHOT_FORMAT_VERSION_3.to_le_bytes())
+            .unwrap();
+        let mut buffer = Vec::new();
+        write_record(&mut out, &mut buffer, &Header::of(registry)).unwrap();
+        for (client_id, session) in &registry.sessions {
+            let record = SessionRecordV3 {
+                client_id: *client_id,
+                nonce: session.nonce,
+                floor: session.floor,
+                last_active_ms: session.last_active_ms,
+                responses: session
+                    .responses
+                    .iter()
+                    .map(|(seq, response)| (*seq, response.clone()))
+                    .collect(),
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        for pair in registry.kv.iter() {
+            write_record(&mut out, &mut buffer, &pair).unwrap();
+        }
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        bytes
+    }
+
+    /// A version 3 snapshot restores with every session owned by the
+    /// anonymous principal (there was no authentication) and its highest
+    /// seq from its cache and floor; it is written back as version 4, and
+    /// the anonymous principal goes on using its sessions.
+    #[test]
+    fn version_3_snapshots_are_read_as_anonymous() {
+        let mut registry = Registry::new();
+        registry.apply(
+            1,
+            &Entry::single(
+                0,
+                Op::Bootstrap {
+                    cluster_id: CLUSTER,
+                    config: RegistryConfig::default(),
+                },
+            ),
+        );
+        registry.apply(
+            2,
+            &Entry::single(
+                10,
+                Op::Register {
+                    cluster_id: Some(CLUSTER),
+                    nonce: Nonce(5),
+                    principal: Principal::anonymous(),
+                },
+            ),
+        );
+        let increment = |seq| {
+            Op::Execute(Execute {
+                cluster_id: CLUSTER,
+                client_id: ClientId(2),
+                seq,
+                first_outstanding_seq: 1,
+                command: Command::Increment {
+                    key: b"n".to_vec(),
+                    delta: 4,
+                },
+                principal: Principal::anonymous(),
+            })
+        };
+        registry.apply(3, &Entry::single(20, increment(3)));
+        let mut restored = from_bytes(&to_bytes_v3(&registry)).expect("version 3 reads");
+        assert_eq!(restored, registry);
+        assert_eq!(to_bytes(&restored), to_bytes(&registry));
+        let session = restored.session(ClientId(2)).unwrap();
+        assert_eq!(session.owner, Principal::anonymous());
+        let outcome = restored.apply(4, &Entry::single(30, increment(4)));
+        assert!(matches!(
+            outcome[..],
+            [crate::registry::Outcome::Executed {
+                duplicate: false,
+                ..
+            }]
+        ));
+    }
+
     /// A snapshot written by the previous format version restores to the
     /// same state, which is written (and hashed) as the current version.
     #[test]
