@@ -377,6 +377,8 @@ impl Failure {
             Error::SeqConflict { .. } => "seq_conflict",
             Error::ResponseDiscarded { .. } => "response_discarded",
             Error::InvalidArgument(_) => "invalid_argument",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::PermissionDenied(_) => "permission_denied",
             Error::ResourceExhausted(_) => "resource_exhausted",
             Error::LimitExceeded { .. } => "limit_exceeded",
         };
@@ -1034,6 +1036,8 @@ mod tests {
             Error::SeqConflict { seq: 1 },
             Error::ResponseDiscarded { seq: 1, floor: 2 },
             Error::InvalidArgument("x".into()),
+            Error::Unauthenticated("x".into()),
+            Error::PermissionDenied("x".into()),
             Error::ResourceExhausted("x".into()),
             Error::LimitExceeded {
                 limit: crate::registry::Limit::ValueBytes,

@@ -70,6 +70,14 @@ pub enum Error {
     ResponseDiscarded { seq: u64, floor: u64 },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The node requires credentials and got none it knows (final: fix
+    /// `ClientConfig::credentials`).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The credentials' principal may not do this: its role lacks the
+    /// service, or the session belongs to another principal (final).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// A replicated limit refused the request until the deadline.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
@@ -278,6 +286,8 @@ fn final_error(status: &tonic::Status, seq: u64) -> Error {
             seq,
             floor: detail.map_or(0, |d| d.floor),
         },
+        Some(Reason::Unauthenticated) => Error::Unauthenticated(status.message().to_string()),
+        Some(Reason::PermissionDenied) => Error::PermissionDenied(status.message().to_string()),
         _ => Error::InvalidArgument(status.message().to_string()),
     }
 }
