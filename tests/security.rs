@@ -363,6 +363,67 @@ async fn a_secure_cluster_keeps_strangers_out() {
         4
     );
 
+    // -- the CLI -------------------------------------------------------------
+    let ca = cluster.pki().join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let token = std::fs::read_to_string(cluster.pki().join("alice.token")).unwrap();
+    let endpoints = cluster.client_addrs().join(",");
+    let cli = |args: Vec<&str>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncekv"));
+        command
+            .args(&args)
+            .env_remove("ONCEKV_CA")
+            .env_remove("ONCEKV_TOKEN")
+            .env_remove("ONCEKV_CERT")
+            .env_remove("ONCEKV_KEY");
+        let owned: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+        async move {
+            let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+            run_to_exit(command, &refs).await
+        }
+    };
+    let run = cli(vec![
+        "incr",
+        "cli",
+        "--endpoints",
+        &endpoints,
+        "--ca",
+        ca,
+        "--token",
+        &token,
+    ])
+    .await;
+    assert_eq!(run.ok(), "1\n");
+    let run = cli(vec![
+        "incr",
+        "cli",
+        "--endpoints",
+        &endpoints,
+        "--ca",
+        ca,
+        "--timeout-ms",
+        "3000",
+        "--json",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stdout.contains("unauthenticated"), "{run:?}");
+    let run = cli(vec![
+        "admin",
+        "sessions",
+        "--endpoints",
+        &endpoints,
+        "--ca",
+        ca,
+        "--token",
+        &token,
+    ])
+    .await;
+    assert_ne!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("role admin"), "{run:?}");
+    let run = cli(vec!["status", "--endpoints", &endpoints, "--ca", ca]).await;
+    assert!(run.ok().contains("leader"), "{run:?}");
+
     // -- the owner survives a leader change --------------------------------
     cluster.kill(leader);
     let new_leader = cluster.wait_for_new_leader(leader).await;

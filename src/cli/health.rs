@@ -55,13 +55,12 @@ pub async fn check(
     service: &str,
     timeout: Duration,
 ) -> anyhow::Result<ServingStatus> {
-    // Over TLS when ONCEKV_CA names the cluster CA (health asks for no
-    // identity).
+    // Over TLS when --ca or ONCEKV_CA names the cluster CA (health asks
+    // for no identity).
     let endpoint = if endpoint.contains("://") {
         Endpoint::from_shared(endpoint.to_owned())?
     } else {
-        use crate::network::credentials::{CredentialPaths, Credentials};
-        Credentials::load(&CredentialPaths::from_env())?.endpoint(endpoint)?
+        crate::network::credentials::Credentials::process_default().endpoint(endpoint)?
     };
     let channel = endpoint
         .connect_timeout(timeout)

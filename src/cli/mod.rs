@@ -174,6 +174,11 @@ impl Cli {
 /// `status`; the key-value and admin commands print their own, see
 /// [`kv`]).
 pub async fn run(command: Command, common: CommonArgs) -> i32 {
+    // What the command line gives is what every helper shows the nodes
+    // (a bad setting is reported by the command that uses it).
+    if let Ok(credentials) = common.credentials() {
+        crate::network::credentials::Credentials::set_process_default(credentials);
+    }
     match command {
         Command::Node(_) => {
             eprintln!("error: `oncekv node` runs in main");

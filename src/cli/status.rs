@@ -84,10 +84,7 @@ pub async fn status_to(
     json: bool,
     timeout: Duration,
 ) -> std::io::Result<Vec<reach::Probe>> {
-    let credentials = crate::network::credentials::Credentials::load(
-        &crate::network::credentials::CredentialPaths::from_env(),
-    )
-    .unwrap_or_default();
+    let credentials = crate::network::credentials::Credentials::process_default();
     status_with(out, endpoints, json, timeout, &credentials).await
 }
 
@@ -118,11 +115,11 @@ pub async fn status_with(
 }
 
 /// One `Status` call to `endpoint` (`host:port`, or a full `http://` URI),
-/// connecting included, within `timeout`; over TLS when the `ONCEKV_CA`
-/// environment variable names the cluster CA (see [`query_with`]).
+/// connecting included, within `timeout`; over TLS when the command line
+/// (`--ca`) or the `ONCEKV_CA` environment variable names the cluster CA
+/// (see [`query_with`], `Credentials::process_default`).
 pub async fn query(endpoint: &str, timeout: Duration) -> Result<StatusReply, QueryError> {
-    use crate::network::credentials::{CredentialPaths, Credentials};
-    let credentials = Credentials::load(&CredentialPaths::from_env()).unwrap_or_default();
+    let credentials = crate::network::credentials::Credentials::process_default();
     query_with(endpoint, timeout, &credentials).await
 }
 

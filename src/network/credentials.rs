@@ -70,6 +70,11 @@ impl CredentialPaths {
     }
 }
 
+/// The credentials of this process's command line, when a program sets
+/// them ([`Credentials::set_process_default`]); helpers that are not handed
+/// credentials (a `Status` probe, say) use them, else the environment.
+static PROCESS_DEFAULT: std::sync::OnceLock<Credentials> = std::sync::OnceLock::new();
+
 /// Loaded credentials; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Credentials {
@@ -121,6 +126,22 @@ impl Credentials {
             Some(token) => BearerToken::new(token)?,
         };
         Ok(Credentials { tls, token })
+    }
+
+    /// Makes `credentials` what [`Credentials::process_default`] returns
+    /// (the first call wins).
+    pub fn set_process_default(credentials: Credentials) {
+        let _ = PROCESS_DEFAULT.set(credentials);
+    }
+
+    /// The credentials set for this process, else those of the `ONCEKV_*`
+    /// environment, else none (unreadable files count as none: the call
+    /// that uses them then fails and says so).
+    pub fn process_default() -> Credentials {
+        match PROCESS_DEFAULT.get() {
+            Some(credentials) => credentials.clone(),
+            None => Credentials::load(&CredentialPaths::from_env()).unwrap_or_default(),
+        }
     }
 
     /// Whether connections use TLS.

@@ -225,3 +225,32 @@ pub fn check_peer_claim<T>(
         )),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names of a certificate are read as issued: the common name and
+    /// every DNS name (IP addresses are not names of a principal or node).
+    #[test]
+    fn names_of_a_certificate() {
+        let mut params = rcgen::CertificateParams::new(vec![
+            "node-3".to_string(),
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+        ])
+        .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "node-3");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let names = cert_names(cert.der()).expect("parses");
+        assert_eq!(names.common_name.as_deref(), Some("node-3"));
+        assert_eq!(names.dns_names, ["node-3", "localhost"]);
+        assert!(names.names(&node_name(3)));
+        assert!(!names.names(&node_name(2)));
+        assert!(!names.names("127.0.0.1"));
+        assert_eq!(cert_names(b"not a certificate"), None);
+    }
+}
