@@ -57,6 +57,37 @@ fn assert_refused<T: std::fmt::Debug>(
     assert_eq!(reason(&status), Some(wire), "{what}: {status:?}");
 }
 
+/// Calls the leader's `Client` service with `credentials`, again on another
+/// node while the answer is NOT_LEADER or UNAVAILABLE (a leader change
+/// under a loaded machine), for up to a minute; returns the first other
+/// answer.
+async fn on_leader<T, F, Fut>(
+    cluster: &Cluster,
+    credentials: &Credentials,
+    call: F,
+) -> Result<tonic::Response<T>, tonic::Status>
+where
+    F: Fn(ClientClient<AuthChannel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        let answer = call(client_of(credentials, &cluster.client_addr(leader))).await;
+        let again = match &answer {
+            Err(status) => matches!(
+                reason(status),
+                Some(Reason::NotLeader | Reason::Unavailable)
+            ),
+            Ok(_) => false,
+        };
+        if !again || tokio::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn register_request(nonce: u128) -> proto::RegisterRequest {
     proto::RegisterRequest {
         cluster_id: Vec::new(),
@@ -226,11 +257,10 @@ async fn a_secure_cluster_keeps_strangers_out() {
     assert_eq!(alice.increment(b"n", 1).await.expect("alice increments"), 1);
     let alice_id = alice.client_id().await.expect("alice's session");
     let bob = cluster.credentials("bob", true);
-    let mut bob_client = client_of(&bob, &addr);
     let denied = |method: &str| format!("bob's {method} on alice's session");
     assert_refused(
-        bob_client
-            .execute(proto::ExecuteRequest {
+        on_leader(&cluster, &bob, |mut client| {
+            let request = proto::ExecuteRequest {
                 cluster_id: cluster_id.clone(),
                 client_id: alice_id,
                 seq: 2,
@@ -241,31 +271,37 @@ async fn a_secure_cluster_keeps_strangers_out() {
                         delta: 100,
                     },
                 )),
-            })
-            .await,
+            };
+            async move { client.execute(request).await }
+        })
+        .await,
         Code::PermissionDenied,
         Reason::PermissionDenied,
         &denied("Execute"),
     );
     assert_refused(
-        bob_client
-            .keep_alive(proto::KeepAliveRequest {
+        on_leader(&cluster, &bob, |mut client| {
+            let request = proto::KeepAliveRequest {
                 cluster_id: cluster_id.clone(),
                 client_id: alice_id,
                 first_outstanding_seq: 500,
-            })
-            .await,
+            };
+            async move { client.keep_alive(request).await }
+        })
+        .await,
         Code::PermissionDenied,
         Reason::PermissionDenied,
         &denied("KeepAlive"),
     );
     assert_refused(
-        bob_client
-            .unregister(proto::UnregisterRequest {
+        on_leader(&cluster, &bob, |mut client| {
+            let request = proto::UnregisterRequest {
                 cluster_id: cluster_id.clone(),
                 client_id: alice_id,
-            })
-            .await,
+            };
+            async move { client.unregister(request).await }
+        })
+        .await,
         Code::PermissionDenied,
         Reason::PermissionDenied,
         &denied("Unregister"),
@@ -285,13 +321,15 @@ async fn a_secure_cluster_keeps_strangers_out() {
     // -- the floor's bound ------------------------------------------------
     let alice_raw = cluster.credentials("alice", false);
     assert_refused(
-        client_of(&alice_raw, &addr)
-            .keep_alive(proto::KeepAliveRequest {
+        on_leader(&cluster, &alice_raw, |mut client| {
+            let request = proto::KeepAliveRequest {
                 cluster_id: cluster_id.clone(),
                 client_id: alice_id,
                 first_outstanding_seq: u64::MAX,
-            })
-            .await,
+            };
+            async move { client.keep_alive(request).await }
+        })
+        .await,
         Code::InvalidArgument,
         Reason::InvalidArgument,
         "KeepAlive(u64::MAX)",
@@ -436,13 +474,15 @@ async fn a_secure_cluster_keeps_strangers_out() {
         5
     );
     assert_refused(
-        client_of(&bob, &new_addr)
-            .keep_alive(proto::KeepAliveRequest {
+        on_leader(&cluster, &bob, |mut client| {
+            let request = proto::KeepAliveRequest {
                 cluster_id: cluster_id.clone(),
                 client_id: alice_id,
                 first_outstanding_seq: 6,
-            })
-            .await,
+            };
+            async move { client.keep_alive(request).await }
+        })
+        .await,
         Code::PermissionDenied,
         Reason::PermissionDenied,
         "bob after the leader change",

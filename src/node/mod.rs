@@ -91,8 +91,9 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
                 bail!(
                     "data directory {} holds storage format {found}, written by an earlier \
                      oncekv whose log entries were decided under other apply rules (format 2: \
-                     request limits, empty keys, config checks; format 3: session ownership \
-                     and the floor's bound); replaying them under this build's rules could \
+                     before final request limits, empty keys and config checks; format 3: \
+                     before session owners and the floor's bound); replaying them under this \
+                     build's rules could \
                      make replicas disagree. This build reads only format {DATA_FORMAT_VERSION}. \
                      Move the directory aside and re-create the cluster on empty directories \
                      (all nodes: builds of different formats do not talk to each other)",
@@ -127,6 +128,9 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
 
 /// Runs a node until `shutdown` completes, then stops it gracefully.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // Certificates and tokens first: a node that cannot use them writes
+    // nothing.
+    let (tls, auth) = security(&config)?;
     claim_data_dir(&config.data_dir, config.id)?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
     let mut log_store =
@@ -160,7 +164,6 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             .context("the applied state names another cluster than the id file")?;
     }
     let state = state_machine.state();
-    let (tls, auth) = security(&config)?;
 
     let raft_config = openraft::Config {
         cluster_name: "oncekv".into(),
