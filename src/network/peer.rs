@@ -32,7 +32,7 @@ use tonic::transport::Channel;
 /// storage format 3, 3 since those of format 4: a node of either side
 /// refuses the other's messages, so replicas of different rules never share
 /// a log.
-const PEER_FORMAT_VERSION: u8 = 3;
+pub const PEER_FORMAT_VERSION: u8 = 3;
 
 // Message sizes between peers, and why they fit together:
 //
