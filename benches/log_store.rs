@@ -56,6 +56,7 @@ fn raft_entry(index: u64) -> RaftEntry {
                     key: format!("key-{index:012}").into_bytes(),
                     value: Value::Bytes(vec![0x5a; 64]),
                 },
+                principal: oncekv::registry::Principal::anonymous(),
             }),
         )),
     }

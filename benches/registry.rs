@@ -68,6 +68,7 @@ fn registry_with_sessions(sessions: u64) -> (Registry, u64) {
                 Op::Register {
                     cluster_id: Some(CLUSTER),
                     nonce: Nonce(u128::from(index) * 0x9e37_79b9_7f4a_7c15),
+                    principal: oncekv::registry::Principal::anonymous(),
                 },
             ),
         );
@@ -91,6 +92,7 @@ fn small_execute(n: u64) -> Entry {
                 key: format!("counter-{client}").into_bytes(),
                 delta: 1,
             },
+            principal: oncekv::registry::Principal::anonymous(),
         }),
     )
 }

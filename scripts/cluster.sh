@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A local 3-node oncekv cluster on 127.0.0.1, for trying things by hand.
 #
-#   scripts/cluster.sh start | stop | status | kill-leader | restart N | join N | remove N
+#   scripts/cluster.sh start [--tls] | stop | status | kill-leader | restart N | join N | remove N
 #
 # Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)), Raft peers
 # on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)) and Prometheus metrics on
@@ -11,6 +11,12 @@
 # same cluster. The cluster's nodes are 1-3 at first; `join` adds one (a new
 # nN directory) and `remove` takes one out (its directory is renamed to
 # removed-nN-<time>, so later starts leave it alone).
+#
+# `start --tls` makes a local CA, node certificates, an `admin` and a
+# `client` identity with tokens under $ONCEKV_DATA/pki (`oncekv certs`, no
+# openssl), and runs the nodes with TLS on both ports and authentication on
+# the client port. Once $ONCEKV_DATA/pki exists every command of this script
+# uses it (remove the directory to go back to plain loopback).
 set -euo pipefail
 
 usage() {
@@ -19,6 +25,8 @@ usage: scripts/cluster.sh COMMAND
 
 commands:
   start        build (release) and start the three nodes, wait for a leader
+  start --tls  the same with TLS and authentication (certificates, tokens
+               under $ONCEKV_DATA/pki); prints the environment for the CLI
   stop         stop every node (SIGTERM, then SIGKILL after a grace period)
   status       show every node's view of the cluster
   kill-leader  SIGKILL the current leader
@@ -79,6 +87,42 @@ worker_threads() {
     echo $((cores / 3 > 0 ? cores / 3 : 1))
 }
 pid_file() { echo "$(node_dir "$1")/pid"; }
+pki_dir() { echo "$DATA/pki"; }
+# Whether the cluster runs with TLS and authentication.
+secure() { [[ -f $(pki_dir)/ca.pem ]]; }
+
+# The certificates of nodes $@ (and, the first time, the CA and the admin and
+# client identities) under pki/.
+make_certs() {
+    local args=() n
+    for n in "$@"; do
+        [[ -f $(pki_dir)/node-$n.pem ]] || args+=(--node "$n")
+    done
+    if [[ ! -f $(pki_dir)/admin.pem ]]; then
+        args+=(--admin admin --client client)
+    fi
+    ((${#args[@]} == 0)) || "$BIN" certs --dir "$(pki_dir)" "${args[@]}" >/dev/null \
+        || die "oncekv certs failed"
+}
+
+# The environment the CLI (and this script) needs: the CA, and the admin's
+# token (this script runs admin commands).
+export_credentials() {
+    if secure; then
+        export ONCEKV_CA ONCEKV_TOKEN
+        ONCEKV_CA=$(pki_dir)/ca.pem
+        ONCEKV_TOKEN=$(<"$(pki_dir)/admin.token")
+    fi
+}
+
+# node N's TLS flags, when secure.
+tls_flags() {
+    local pki
+    pki=$(pki_dir)
+    if secure; then
+        echo "--tls-cert $pki/node-$1.pem --tls-key $pki/node-$1-key.pem --tls-ca $pki/ca.pem --token-file $pki/tokens"
+    fi
+}
 log_file() { echo "$(node_dir "$1")/node.log"; }
 
 # The cluster's node ids, one per line in order: every node with a data
@@ -149,8 +193,12 @@ start_node() {
         # Ignored by the node once its data dir holds Raft state.
         init=(--initialize)
     fi
-    local extra=()
+    local extra=() tls=()
     read -r -a extra <<<"${ONCEKV_NODE_ARGS:-}"
+    if secure; then
+        make_certs "$n"
+        read -r -a tls <<<"$(tls_flags "$n")"
+    fi
     RUST_LOG=${RUST_LOG:-info} setsid "$BIN" node \
         --id "$n" \
         --client-addr "$(client_addr "$n")" \
@@ -158,7 +206,7 @@ start_node() {
         --metrics-addr "$(metrics_addr "$n")" \
         --data-dir "$dir/db" \
         --worker-threads "$(worker_threads)" \
-        "${extra[@]}" \
+        "${extra[@]}" "${tls[@]}" \
         "${peers[@]}" "${init[@]}" \
         </dev/null >>"$(log_file "$n")" 2>&1 &
     echo $! >"$(pid_file "$n")"
@@ -245,8 +293,16 @@ print_log_tails() {
 # ---- commands ------------------------------------------------------------------
 
 cmd_start() {
+    local tls=${1:-}
+    [[ -z $tls || $tls == --tls ]] || { usage >&2; exit 2; }
     (cd "$ROOT" && cargo build --release --quiet) || die "build failed"
     local n pid leader nodes
+    if [[ $tls == --tls ]]; then
+        mkdir -p "$DATA"
+        # shellcheck disable=SC2046 # one id per word
+        make_certs $(members)
+        export_credentials
+    fi
     # Every node's directory first: a node's --peer list is the directories.
     nodes=$(members)
     for n in $nodes; do
@@ -273,6 +329,16 @@ cmd_start() {
     echo "client endpoints: $(endpoints)"
     print_metrics_urls
     echo "leader: node $leader ($(client_addr "$leader"))"
+    if secure; then
+        local pki
+        pki=$(pki_dir)
+        echo "TLS and authentication are on. For the CLI and the client library:"
+        echo "  export ONCEKV_CA=$pki/ca.pem"
+        echo "  export ONCEKV_TOKEN=\$(cat $pki/client.token)   # role client"
+        echo "for operator commands (oncekv admin), the admin identity:"
+        echo "  export ONCEKV_TOKEN=\$(cat $pki/admin.token)    # role admin"
+        echo "  (or ONCEKV_CERT=$pki/admin.pem ONCEKV_KEY=$pki/admin-key.pem)"
+    fi
 }
 
 print_metrics_urls() {
@@ -373,8 +439,9 @@ main() {
     if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 203 > 65535)); then
         die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65332"
     fi
+    export_credentials
     case ${1:-} in
-        start) cmd_start ;;
+        start) shift; cmd_start "$@" ;;
         stop) cmd_stop ;;
         status) cmd_status ;;
         kill-leader) cmd_kill_leader ;;

@@ -143,7 +143,7 @@ impl NodeMetrics {
         let r = &mut registry;
         r.register(
             "registry_outcomes",
-            "Registry entries applied on this replica, by operation (register, execute, execute_plain, keep_alive, unregister, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, limit_exceeded, too_many_outstanding, invalid, not_bootstrapped); the same on every replica at the same applied index",
+            "Registry entries applied on this replica, by operation (register, execute, execute_plain, keep_alive, unregister, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, limit_exceeded, too_many_outstanding, invalid, permission_denied, not_bootstrapped); the same on every replica at the same applied index",
             metrics.registry_outcomes.clone(),
         );
         r.register(
@@ -191,7 +191,7 @@ impl NodeMetrics {
         );
         r.register(
             "client_replies",
-            "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, limit_exceeded, other)",
+            "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, limit_exceeded, permission_denied, unauthenticated, other)",
             metrics.client_replies.clone(),
         );
         r.register(
@@ -479,6 +479,7 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
             Rejection::ResourceExhausted(_) => "rejected_by_limit",
             Rejection::LimitExceeded { .. } => "limit_exceeded",
             Rejection::InvalidArgument(_) => "invalid",
+            Rejection::PermissionDenied => "permission_denied",
             Rejection::NotBootstrapped => "not_bootstrapped",
         },
     }

@@ -103,17 +103,20 @@ fn entry_samples() -> Vec<Vec<u8>> {
         seq: 9,
         first_outstanding_seq: 8,
         command: incr("k", -4),
+        principal: oncekv::registry::Principal("alice".into()),
     });
     let ops = vec![
         Op::Register {
             cluster_id: Some(CLUSTER),
             nonce: Nonce(0xfeed),
+            principal: oncekv::registry::Principal("alice".into()),
         },
         execute.clone(),
         Op::KeepAlive {
             cluster_id: CLUSTER,
             client_id: ClientId(3),
             first_outstanding_seq: 10,
+            principal: oncekv::registry::Principal("alice".into()),
         },
         Op::ExecutePlain {
             cluster_id: CLUSTER,
@@ -122,6 +125,7 @@ fn entry_samples() -> Vec<Vec<u8>> {
         Op::Unregister {
             cluster_id: CLUSTER,
             client_id: ClientId(3),
+            principal: Some(oncekv::registry::Principal("alice".into())),
         },
     ];
     let mut samples: Vec<Vec<u8>> = ops
@@ -354,6 +358,7 @@ fn a_huge_length_prefix_is_refused_without_allocating() {
             command: Command::Delete {
                 key: marker.clone(),
             },
+            principal: oncekv::registry::Principal("alice".into()),
         }),
     ));
     let mut key_field = vec![3u8];

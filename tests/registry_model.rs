@@ -131,6 +131,24 @@ struct ModelSession {
     executed: Vec<(Seq, Command, CommandResult)>,
 }
 
+/// Rule 7's bound: a floor above one past the highest executed seq (or
+/// the floor, if higher) plus the window is refused.
+fn beyond_bound(session: &ModelSession, floor: Seq, window: u64) -> Option<Outcome> {
+    let highest = session
+        .executed
+        .iter()
+        .map(|(seq, ..)| *seq)
+        .max()
+        .unwrap_or(0);
+    let bound_seq = (highest + 1).max(session.floor) + window;
+    (floor > session.floor && floor > bound_seq).then_some(Outcome::Rejected(
+        Rejection::InvalidArgument(InvalidArgument::FloorBeyondBound {
+            first_outstanding_seq: floor,
+            bound_seq,
+        }),
+    ))
+}
+
 impl Model {
     fn advance(&mut self, stamp_ms: u64) {
         self.now_ms = self.now_ms.max(stamp_ms);
@@ -188,6 +206,9 @@ impl Model {
                 first_outstanding_seq: request.sent_floor,
             }));
         }
+        if let Some(refusal) = beyond_bound(session, request.sent_floor, window) {
+            return refusal;
+        }
         session.floor = session.floor.max(request.sent_floor);
         let floor = session.floor;
         if request.seq < floor {
@@ -222,8 +243,12 @@ impl Model {
     }
 
     fn keep_alive(&mut self, client_id: ClientId, floor: Seq) -> Outcome {
+        let window = self.config.window;
         match self.live(client_id) {
             Some(session) => {
+                if let Some(refusal) = beyond_bound(session, floor, window) {
+                    return refusal;
+                }
                 session.floor = session.floor.max(floor);
                 Outcome::KeptAlive {
                     floor: session.floor,
@@ -394,6 +419,7 @@ impl Run {
             seq: request.seq,
             first_outstanding_seq: request.sent_floor,
             command: request.command.clone(),
+            principal: oncekv::registry::Principal::anonymous(),
         }));
         let expected = self.model.execute(client_id, &request);
         assert_eq!(outcome, expected, "execute {request:?}");
@@ -423,6 +449,7 @@ impl Run {
                 let outcome = self.apply(Op::Register {
                     cluster_id: Some(CLUSTER),
                     nonce: Nonce(nonce),
+                    principal: oncekv::registry::Principal::anonymous(),
                 });
                 assert_eq!(outcome, self.model.register(self.index, nonce));
                 let Outcome::Registered(registration) = outcome else {
@@ -529,6 +556,7 @@ impl Run {
                     cluster_id: CLUSTER,
                     client_id,
                     first_outstanding_seq: floor,
+                    principal: oncekv::registry::Principal::anonymous(),
                 });
                 assert_eq!(outcome, self.model.keep_alive(client_id, floor));
             }

@@ -56,6 +56,7 @@ fn rule02_register_is_idempotent_by_nonce() {
     let register = Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(77),
+        principal: oncekv::registry::Principal::anonymous(),
     };
     let Outcome::Registered(first) = driver.apply(register.clone()) else {
         panic!("register failed")
@@ -123,6 +124,7 @@ fn rule04_applied_index_never_moves_backwards() {
             seq: 1,
             first_outstanding_seq: 1,
             command: incr("n", 1),
+            principal: oncekv::registry::Principal::anonymous(),
         }),
     );
     let index = driver.index;
@@ -478,7 +480,8 @@ fn rule12_session_limit_rejects_without_evicting() {
     assert_eq!(
         driver.apply(Op::Register {
             cluster_id: Some(CLUSTER),
-            nonce: Nonce(3)
+            nonce: Nonce(3),
+            principal: oncekv::registry::Principal::anonymous(),
         }),
         rejected(Rejection::ResourceExhausted(Limit::Sessions))
     );
@@ -1133,6 +1136,7 @@ fn rule16_wrong_cluster_is_rejected() {
         Op::Register {
             cluster_id: Some(other),
             nonce: Nonce(2),
+            principal: oncekv::registry::Principal::anonymous(),
         },
         Op::Execute(oncekv::registry::Execute {
             cluster_id: other,
@@ -1140,15 +1144,18 @@ fn rule16_wrong_cluster_is_rejected() {
             seq: 1,
             first_outstanding_seq: 1,
             command: incr("n", 1),
+            principal: oncekv::registry::Principal::anonymous(),
         }),
         Op::KeepAlive {
             cluster_id: other,
             client_id: client,
             first_outstanding_seq: 5,
+            principal: oncekv::registry::Principal::anonymous(),
         },
         Op::Unregister {
             cluster_id: other,
             client_id: client,
+            principal: Some(oncekv::registry::Principal::anonymous()),
         },
         Op::SetConfig {
             cluster_id: other,
@@ -1180,6 +1187,7 @@ fn entries_before_bootstrap_are_refused() {
             Op::Register {
                 cluster_id: None,
                 nonce: Nonce(1),
+                principal: oncekv::registry::Principal::anonymous(),
             },
         ),
     );
@@ -1295,6 +1303,7 @@ fn unregister_ends_the_session() {
     let unregister = Op::Unregister {
         cluster_id: CLUSTER,
         client_id: client,
+        principal: Some(oncekv::registry::Principal::anonymous()),
     };
     assert_eq!(driver.apply(unregister.clone()), Outcome::Unregistered);
     assert_eq!(
@@ -1328,6 +1337,7 @@ fn execute_op(client_id: ClientId, seq: u64, command: Command) -> Op {
         seq,
         first_outstanding_seq: seq,
         command,
+        principal: oncekv::registry::Principal::anonymous(),
     })
 }
 
@@ -1443,6 +1453,7 @@ fn rule01_batched_registrations_get_unique_ids_never_reused() {
     let register = |nonce| Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(nonce),
+        principal: oncekv::registry::Principal::anonymous(),
     };
     let outcomes = driver.apply_batch(vec![register(1), register(2), register(1), register(3)]);
     let ids: Vec<(u64, bool)> = outcomes
@@ -1466,6 +1477,7 @@ fn rule01_batched_registrations_get_unique_ids_never_reused() {
     let unregister = Op::Unregister {
         cluster_id: CLUSTER,
         client_id: ClientId(index + 2),
+        principal: Some(oncekv::registry::Principal::anonymous()),
     };
     assert_eq!(driver.apply(unregister), Outcome::Unregistered);
     assert_eq!(driver.index, index + 1);

@@ -26,6 +26,7 @@ fn log() -> Vec<Entry> {
     let register = |nonce| Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(nonce),
+        principal: oncekv::registry::Principal::anonymous(),
     };
     for nonce in 1..=4u128 {
         entries.push(Entry::single(10, register(nonce)));
@@ -51,6 +52,7 @@ fn log() -> Vec<Entry> {
                     seq,
                     first_outstanding_seq: floor,
                     command,
+                    principal: oncekv::registry::Principal::anonymous(),
                 })
             };
             entries.push(Entry::single(
@@ -82,6 +84,7 @@ fn log() -> Vec<Entry> {
                         seq: 500,
                         first_outstanding_seq: 1,
                         command: incr("batched", 1),
+                        principal: oncekv::registry::Principal::anonymous(),
                     }),
                     Op::Execute(Execute {
                         cluster_id: CLUSTER,
@@ -89,6 +92,7 @@ fn log() -> Vec<Entry> {
                         seq: 1,
                         first_outstanding_seq: 1,
                         command: incr("batched", 1),
+                        principal: oncekv::registry::Principal::anonymous(),
                     }),
                 ]),
             });

@@ -136,6 +136,7 @@ where
     let register = registry_entry(Op::Register {
         cluster_id: None,
         nonce: Nonce(9),
+        principal: oncekv::registry::Principal::anonymous(),
     });
     store
         .blocking_append([
@@ -186,6 +187,7 @@ async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> 
                 payload: registry_entry(Op::Register {
                     cluster_id: Some(cluster_id),
                     nonce: Nonce(3),
+                    principal: oncekv::registry::Principal::anonymous(),
                 }),
             },
         ];

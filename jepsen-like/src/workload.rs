@@ -309,6 +309,8 @@ pub fn completion(
                 | Error::SeqConflict { .. }
                 | Error::ResponseDiscarded { .. }
                 | Error::InvalidArgument(_)
+                | Error::Unauthenticated(_)
+                | Error::PermissionDenied(_)
                 | Error::LimitExceeded { .. } => EventType::Fail,
             };
             (kind, None, Some(error.to_string()))

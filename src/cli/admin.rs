@@ -33,13 +33,13 @@ use std::time::Duration;
 
 use serde_json::{Value as Json, json};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
 use super::CommonArgs;
 use super::kv::{Failure, Success, print_report, success, value_json, value_lines};
 use super::reach::{self, cause_of};
 use super::status::query;
 use crate::network::convert;
+use crate::network::credentials::{AuthChannel, Credentials};
 use crate::network::status::error_detail;
 use crate::proto::admin_client::AdminClient;
 use crate::proto::{self, Member, Reason, StatusReply};
@@ -188,10 +188,13 @@ impl AdminArgs {
     /// returns the process exit code.
     pub async fn run(&self, common: &CommonArgs) -> i32 {
         let report = match common.endpoints() {
-            Ok(endpoints) => {
-                let admin = Admin::new(endpoints, common.timeout());
-                self.command.execute(admin).await
-            }
+            Ok(endpoints) => match common.credentials() {
+                Ok(credentials) => {
+                    let admin = Admin::new(endpoints, common.timeout(), credentials);
+                    self.command.execute(admin).await
+                }
+                Err(error) => Err(Failure::usage(error.to_string())),
+            },
             Err(failure) => Err(failure),
         };
         let stdout = std::io::stdout();
@@ -263,6 +266,7 @@ struct Admin {
     /// The command's `--timeout-ms` (bounds the probes that explain a
     /// failure).
     timeout: Duration,
+    credentials: Credentials,
 }
 
 /// How one failed attempt is handled.
@@ -274,11 +278,12 @@ enum Retry {
 }
 
 impl Admin {
-    fn new(endpoints: Vec<String>, timeout: Duration) -> Admin {
+    fn new(endpoints: Vec<String>, timeout: Duration, credentials: Credentials) -> Admin {
         Admin {
             endpoints,
             deadline: Instant::now() + timeout,
             timeout,
+            credentials,
         }
     }
 
@@ -301,19 +306,21 @@ impl Admin {
             .max(Duration::from_millis(1))
     }
 
-    fn client(&self, endpoint: &str) -> Result<AdminClient<Channel>, Failure> {
+    fn client(&self, endpoint: &str) -> Result<AdminClient<AuthChannel>, Failure> {
         let endpoint = endpoint.strip_prefix("http://").unwrap_or(endpoint);
-        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+        let channel = self
+            .credentials
+            .endpoint(endpoint)
             .map_err(|error| Failure::usage(format!("endpoint {endpoint:?}: {error}")))?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy();
-        Ok(AdminClient::new(channel))
+        Ok(AdminClient::new(self.credentials.wrap(channel)))
     }
 
     /// One call to one node, within the deadline, no retries.
     async fn at<T, F, Fut>(&self, endpoint: &str, call: F) -> Result<T, Failure>
     where
-        F: FnOnce(AdminClient<Channel>) -> Fut,
+        F: FnOnce(AdminClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let client = self.client(endpoint)?;
@@ -335,7 +342,7 @@ impl Admin {
     /// deadline after some attempt reached a node reports an unknown outcome.
     async fn on_leader<T, F, Fut>(&self, mutation: bool, call: F) -> Result<T, Failure>
     where
-        F: Fn(AdminClient<Channel>) -> Fut,
+        F: Fn(AdminClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut endpoints = self.endpoints.clone();
@@ -1133,6 +1140,7 @@ mod tests {
             endpoints: vec!["a:1".into()],
             json: true,
             timeout_ms: Some(700),
+            ..CommonArgs::default()
         };
         let flags = ["--json", "--endpoints", "a:1", "--timeout-ms", "700"];
         for command in [

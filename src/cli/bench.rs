@@ -138,9 +138,11 @@ pub async fn run_once(
     endpoints: &[String],
     plain: bool,
     timeout: Duration,
+    credentials: &crate::network::credentials::Credentials,
 ) -> anyhow::Result<Report> {
     let config = ClientConfig {
         call_timeout: timeout,
+        credentials: credentials.clone(),
         ..ClientConfig::default()
     };
     let mut clients = Vec::new();
@@ -267,6 +269,7 @@ impl BenchArgs {
             .endpoints()
             .map_err(|failure| anyhow::anyhow!("{}", failure.message()))?;
         let timeout = common.timeout_or(TIMEOUT_MS_DEFAULT);
+        let credentials = common.credentials()?;
         let modes: &[bool] = if self.compare {
             &[false, true]
         } else {
@@ -274,7 +277,7 @@ impl BenchArgs {
         };
         let mut reports = Vec::new();
         for &plain in modes {
-            let report = run_once(self, &endpoints, plain, timeout).await?;
+            let report = run_once(self, &endpoints, plain, timeout, &credentials).await?;
             print(&report, common.json)?;
             reports.push(report);
         }

@@ -55,12 +55,14 @@ pub async fn check(
     service: &str,
     timeout: Duration,
 ) -> anyhow::Result<ServingStatus> {
-    let uri = if endpoint.contains("://") {
-        endpoint.to_owned()
+    // Over TLS when --ca or ONCEKV_CA names the cluster CA (health asks
+    // for no identity).
+    let endpoint = if endpoint.contains("://") {
+        Endpoint::from_shared(endpoint.to_owned())?
     } else {
-        format!("http://{endpoint}")
+        crate::network::credentials::Credentials::process_default().endpoint(endpoint)?
     };
-    let channel = Endpoint::from_shared(uri)?
+    let channel = endpoint
         .connect_timeout(timeout)
         .timeout(timeout)
         .connect()

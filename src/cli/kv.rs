@@ -377,6 +377,8 @@ impl Failure {
             Error::SeqConflict { .. } => "seq_conflict",
             Error::ResponseDiscarded { .. } => "response_discarded",
             Error::InvalidArgument(_) => "invalid_argument",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::PermissionDenied(_) => "permission_denied",
             Error::ResourceExhausted(_) => "resource_exhausted",
             Error::LimitExceeded { .. } => "limit_exceeded",
         };
@@ -466,10 +468,14 @@ impl KvCommand {
                 new: parse_scalar(&args.new, args.int, "NEW")?,
             },
         };
+        let credentials = common
+            .credentials()
+            .map_err(|error| Failure::usage(error.to_string()))?;
         let client = Client::with_config(
             endpoints.clone(),
             ClientConfig {
                 call_timeout: common.timeout(),
+                credentials,
                 ..ClientConfig::default()
             },
         );
@@ -975,6 +981,7 @@ mod tests {
             endpoints: vec!["a:1".into(), "b:2".into()],
             json: true,
             timeout_ms: Some(300),
+            ..CommonArgs::default()
         };
         let flags = ["--json", "--endpoints", "a:1,b:2", "--timeout-ms", "300"];
         for command in [
@@ -1029,6 +1036,8 @@ mod tests {
             Error::SeqConflict { seq: 1 },
             Error::ResponseDiscarded { seq: 1, floor: 2 },
             Error::InvalidArgument("x".into()),
+            Error::Unauthenticated("x".into()),
+            Error::PermissionDenied("x".into()),
             Error::ResourceExhausted("x".into()),
             Error::LimitExceeded {
                 limit: crate::registry::Limit::ValueBytes,

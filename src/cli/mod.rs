@@ -12,6 +12,7 @@ use crate::node::config::NodeOptions;
 
 pub mod admin;
 pub mod bench;
+pub mod certs;
 pub mod failover;
 pub mod health;
 pub mod kv;
@@ -53,6 +54,9 @@ pub enum Command {
     /// Operator commands: membership, sessions, registry config, snapshots,
     /// state hashes, local reads.
     Admin(admin::AdminArgs),
+    /// Make a local CA, node certificates and client identities with
+    /// tokens, for a cluster with TLS and authentication (README "Security").
+    Certs(certs::CertsArgs),
     /// The key-value commands: put, get, del, incr, append, cas, sessions.
     #[command(flatten)]
     Kv(kv::KvCommand),
@@ -79,9 +83,45 @@ pub struct CommonArgs {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub timeout_ms: Option<u64>,
+    /// The cluster CA (PEM): talk TLS to the nodes [env: ONCEKV_CA].
+    #[arg(long = "ca", id = "client_ca", global = true, value_name = "FILE")]
+    pub ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mutual TLS [env: ONCEKV_CERT].
+    #[arg(long = "cert", id = "client_cert", global = true, value_name = "FILE")]
+    pub cert: Option<std::path::PathBuf>,
+    /// Key of --cert (PEM) [env: ONCEKV_KEY].
+    #[arg(long = "key", id = "client_key", global = true, value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
+    /// Bearer token from the nodes' token file [env: ONCEKV_TOKEN].
+    #[arg(
+        long = "token",
+        id = "client_token",
+        global = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 }
 
 impl CommonArgs {
+    /// The credentials of `--ca/--cert/--key/--token`, each else its
+    /// `ONCEKV_*` environment variable. (Read here rather than by clap, so
+    /// that `oncekv node`, which refuses client flags, ignores them.)
+    pub fn credentials(
+        &self,
+    ) -> Result<
+        crate::network::credentials::Credentials,
+        crate::network::credentials::CredentialsError,
+    > {
+        use crate::network::credentials::{CredentialPaths, Credentials};
+        let flags = CredentialPaths {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            token: self.token.clone(),
+        };
+        Credentials::load(&flags.or(CredentialPaths::from_env()))
+    }
+
     /// `--timeout-ms`, or `default_ms`.
     pub fn timeout_or(&self, default_ms: u64) -> std::time::Duration {
         std::time::Duration::from_millis(self.timeout_ms.unwrap_or(default_ms))
@@ -134,6 +174,11 @@ impl Cli {
 /// `status`; the key-value and admin commands print their own, see
 /// [`kv`]).
 pub async fn run(command: Command, common: CommonArgs) -> i32 {
+    // What the command line gives is what every helper shows the nodes
+    // (a bad setting is reported by the command that uses it).
+    if let Ok(credentials) = common.credentials() {
+        crate::network::credentials::Credentials::set_process_default(credentials);
+    }
     match command {
         Command::Node(_) => {
             eprintln!("error: `oncekv node` runs in main");
@@ -156,6 +201,13 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
             }
         },
         Command::Admin(args) => args.run(&common).await,
+        Command::Certs(args) => match args.run() {
+            Ok(()) => kv::EXIT_OK,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                kv::EXIT_FAILED
+            }
+        },
         Command::Kv(command) => command.run(&common).await,
     }
 }

@@ -28,7 +28,8 @@ pub fn probe_timeout(timeout: Duration) -> Duration {
 
 /// What to do when nothing can be reached.
 const START_HINT: &str = "is the cluster running? Start the local one with \
-`scripts/cluster.sh start`, or point --endpoints at its nodes (HOST:PORT,...)";
+`scripts/cluster.sh start`, or point --endpoints at its nodes (HOST:PORT,...); a \
+cluster with TLS needs its CA (--ca or ONCEKV_CA)";
 
 /// Why one endpoint could not be talked to, below our service.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,8 +29,23 @@ pub async fn run(common: &CommonArgs) -> i32 {
         Err(failure) => return failure.print_to_stderr(),
     };
     let timeout = common.timeout_or(STATUS_TIMEOUT.as_millis() as u64);
+    let credentials = match common.credentials() {
+        Ok(credentials) => credentials,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return super::kv::EXIT_USAGE;
+        }
+    };
     let stdout = std::io::stdout();
-    let answers = match status_to(&mut stdout.lock(), &endpoints, common.json, timeout).await {
+    let answers = match status_with(
+        &mut stdout.lock(),
+        &endpoints,
+        common.json,
+        timeout,
+        &credentials,
+    )
+    .await
+    {
         Ok(answers) => answers,
         Err(error) => {
             eprintln!("error: cannot write the status: {error}");
@@ -69,8 +84,24 @@ pub async fn status_to(
     json: bool,
     timeout: Duration,
 ) -> std::io::Result<Vec<reach::Probe>> {
-    let answers =
-        futures::future::join_all(endpoints.iter().map(|endpoint| query(endpoint, timeout))).await;
+    let credentials = crate::network::credentials::Credentials::process_default();
+    status_with(out, endpoints, json, timeout, &credentials).await
+}
+
+/// [`status_to`] with `credentials`.
+pub async fn status_with(
+    out: &mut impl Write,
+    endpoints: &[String],
+    json: bool,
+    timeout: Duration,
+    credentials: &crate::network::credentials::Credentials,
+) -> std::io::Result<Vec<reach::Probe>> {
+    let answers = futures::future::join_all(
+        endpoints
+            .iter()
+            .map(|endpoint| query_with(endpoint, timeout, credentials)),
+    )
+    .await;
     for (endpoint, answer) in endpoints.iter().zip(&answers) {
         let line = if json {
             json_line(endpoint, answer)?
@@ -84,17 +115,29 @@ pub async fn status_to(
 }
 
 /// One `Status` call to `endpoint` (`host:port`, or a full `http://` URI),
-/// connecting included, within `timeout`.
+/// connecting included, within `timeout`; over TLS when the command line
+/// (`--ca`) or the `ONCEKV_CA` environment variable names the cluster CA
+/// (see [`query_with`], `Credentials::process_default`).
 pub async fn query(endpoint: &str, timeout: Duration) -> Result<StatusReply, QueryError> {
-    let uri = if endpoint.contains("://") {
-        endpoint.to_owned()
-    } else {
-        format!("http://{endpoint}")
-    };
+    let credentials = crate::network::credentials::Credentials::process_default();
+    query_with(endpoint, timeout, &credentials).await
+}
+
+/// [`query`] with `credentials` (`Status` needs no identity, only the CA
+/// of a node with TLS).
+pub async fn query_with(
+    endpoint: &str,
+    timeout: Duration,
+    credentials: &crate::network::credentials::Credentials,
+) -> Result<StatusReply, QueryError> {
     // The one deadline is the timeout around the whole call: tonic's own
     // timeouts, racing it, would report the same silence as other errors.
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|error| QueryError::InvalidEndpoint(error_chain(&error)))?;
+    let endpoint = match endpoint.strip_prefix("http://") {
+        Some(plain) => Endpoint::from_shared(format!("http://{plain}")),
+        None if endpoint.contains("://") => Endpoint::from_shared(endpoint.to_owned()),
+        None => credentials.endpoint(endpoint),
+    }
+    .map_err(|error| QueryError::InvalidEndpoint(error_chain(&error)))?;
     let call = async {
         let channel = endpoint
             .connect()

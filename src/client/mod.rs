@@ -26,6 +26,7 @@ pub mod retry;
 pub mod seqs;
 
 use crate::network::convert;
+use crate::network::credentials::{AuthChannel, Credentials};
 use crate::network::status::error_detail;
 use crate::proto::{self, Reason, client_client::ClientClient};
 use crate::registry::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
@@ -38,7 +39,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 use tracing::Instrument;
 
 /// Why a call failed. `OutcomeUnknown` is the only one after which the
@@ -70,6 +70,14 @@ pub enum Error {
     ResponseDiscarded { seq: u64, floor: u64 },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The node requires credentials and got none it knows (final: fix
+    /// `ClientConfig::credentials`).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The credentials' principal may not do this: its role lacks the
+    /// service, or the session belongs to another principal (final).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// A replicated limit refused the request until the deadline.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
@@ -110,6 +118,10 @@ pub struct ClientConfig {
     pub keep_alive_fraction: f64,
     /// Told about every attempt of every `execute` (none by default).
     pub observer: Option<AttemptObserver>,
+    /// TLS and token to show the nodes (none by default: plain
+    /// connections to a node without authentication). The session belongs
+    /// to the principal these credentials name (rule 19).
+    pub credentials: Credentials,
 }
 
 /// One step of one attempt of an `execute` call, as an [`AttemptObserver`]
@@ -168,6 +180,7 @@ impl Default for ClientConfig {
             backoff: Backoff::default(),
             keep_alive_fraction: 1.0 / 3.0,
             observer: None,
+            credentials: Credentials::none(),
         }
     }
 }
@@ -181,7 +194,7 @@ pub struct Client {
 struct Inner {
     config: ClientConfig,
     endpoints: Mutex<Vec<String>>,
-    channels: Mutex<BTreeMap<String, ClientClient<Channel>>>,
+    channels: Mutex<BTreeMap<String, ClientClient<AuthChannel>>>,
     /// Index into `endpoints` of the node believed to lead.
     leader: Mutex<usize>,
     /// Where the next try goes when no leader is known: it moves through
@@ -273,6 +286,8 @@ fn final_error(status: &tonic::Status, seq: u64) -> Error {
             seq,
             floor: detail.map_or(0, |d| d.floor),
         },
+        Some(Reason::Unauthenticated) => Error::Unauthenticated(status.message().to_string()),
+        Some(Reason::PermissionDenied) => Error::PermissionDenied(status.message().to_string()),
         _ => Error::InvalidArgument(status.message().to_string()),
     }
 }
@@ -708,7 +723,7 @@ impl Client {
         Ok(endpoints[leader % endpoints.len()].clone())
     }
 
-    fn channel(&self, endpoint: &str) -> Result<ClientClient<Channel>, Error> {
+    fn channel(&self, endpoint: &str) -> Result<ClientClient<AuthChannel>, Error> {
         let mut channels = self
             .inner
             .channels
@@ -717,12 +732,14 @@ impl Client {
         if let Some(client) = channels.get(endpoint) {
             return Ok(client.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
+        let credentials = &self.inner.config.credentials;
+        let channel = credentials
+            .endpoint(endpoint)
             .map_err(|error| Error::InvalidArgument(format!("endpoint {endpoint}: {error}")))?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .connect_lazy();
-        let client = ClientClient::new(channel)
+        let client = ClientClient::new(credentials.wrap(channel))
             .max_decoding_message_size(crate::network::CLIENT_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(crate::network::CLIENT_MESSAGE_BYTES_MAX);
         channels.insert(endpoint.to_string(), client.clone());
@@ -785,7 +802,7 @@ impl Client {
         call: F,
     ) -> Result<T, (tonic::Status, u32)>
     where
-        F: Fn(ClientClient<Channel>) -> Fut,
+        F: Fn(ClientClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let mut attempt = 0;

@@ -404,9 +404,11 @@ impl admin_server::Admin for AdminApi {
     ) -> Result<Response<proto::ExpireSessionReply>, Status> {
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
+        // The operator's override of ownership (rule 19): no principal.
         let op = Op::Unregister {
             cluster_id,
             client_id: ClientId(request.client_id),
+            principal: None,
         };
         match self.propose(op).await? {
             (Outcome::Unregistered, log_index) => {

@@ -9,6 +9,7 @@
 //! flight a request is refused at once with `UNAVAILABLE` ("overloaded",
 //! this attempt only), so overload never builds an unbounded queue.
 
+use super::auth::principal_of;
 use super::convert::{self, ConvertError};
 use super::faults::FaultControl;
 use super::peer::{cluster_id_bytes, parse_cluster_id};
@@ -154,10 +155,16 @@ impl client_server::Client for ClientApi {
         &self,
         request: Request<proto::RegisterRequest>,
     ) -> Result<Response<proto::RegisterReply>, Status> {
+        let principal = principal_of(&request);
         let request = request.into_inner();
         let cluster_id = self.check_cluster(&request.cluster_id, false)?;
         let nonce = parse_nonce(&request.nonce)?;
-        match self.propose(Op::Register { cluster_id, nonce }).await? {
+        let op = Op::Register {
+            cluster_id,
+            nonce,
+            principal,
+        };
+        match self.propose(op).await? {
             (Outcome::Registered(registration), log_index) => {
                 tracing::info!(
                     client_id = registration.client_id.0,
@@ -175,6 +182,7 @@ impl client_server::Client for ClientApi {
         &self,
         request: Request<proto::ExecuteRequest>,
     ) -> Result<Response<proto::ExecuteReply>, Status> {
+        let principal = principal_of(&request);
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
@@ -184,6 +192,7 @@ impl client_server::Client for ClientApi {
             seq: request.seq,
             first_outstanding_seq: request.first_outstanding_seq,
             command,
+            principal,
         };
         let (outcome, log_index) = self.propose(Op::Execute(execute)).await?;
         tracing::debug!(
@@ -242,12 +251,14 @@ impl client_server::Client for ClientApi {
         &self,
         request: Request<proto::KeepAliveRequest>,
     ) -> Result<Response<proto::KeepAliveReply>, Status> {
+        let principal = principal_of(&request);
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
         let op = Op::KeepAlive {
             cluster_id,
             client_id: ClientId(request.client_id),
             first_outstanding_seq: request.first_outstanding_seq,
+            principal,
         };
         match self.propose(op).await? {
             (
@@ -270,11 +281,13 @@ impl client_server::Client for ClientApi {
         &self,
         request: Request<proto::UnregisterRequest>,
     ) -> Result<Response<proto::UnregisterReply>, Status> {
+        let principal = principal_of(&request);
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
         let op = Op::Unregister {
             cluster_id,
             client_id: ClientId(request.client_id),
+            principal: Some(principal),
         };
         match self.propose(op).await? {
             (Outcome::Unregistered, _) => Ok(Response::new(proto::UnregisterReply {})),

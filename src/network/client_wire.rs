@@ -145,6 +145,8 @@ fn reason_label(reason: Reason) -> &'static str {
         Reason::ResponseDiscarded => "response_discarded",
         Reason::InvalidArgument => "invalid_argument",
         Reason::LimitExceeded => "limit_exceeded",
+        Reason::PermissionDenied => "permission_denied",
+        Reason::Unauthenticated => "unauthenticated",
     }
 }
 

@@ -294,6 +294,7 @@ pub fn session_to_proto(session: &SessionView) -> proto::SessionInfo {
         cached_bytes: session.cached_bytes,
         last_activity_ms: session.last_active_ms,
         idle_ms: session.idle_ms,
+        owner: session.owner.0.clone(),
     }
 }
 

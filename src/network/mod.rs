@@ -5,10 +5,13 @@
 #[cfg(feature = "server")]
 pub mod admin_api;
 #[cfg(feature = "server")]
+pub mod auth;
+#[cfg(feature = "server")]
 pub mod client_api;
 #[cfg(feature = "server")]
 pub mod client_wire;
 pub mod convert;
+pub mod credentials;
 #[cfg(feature = "server")]
 pub mod faults;
 #[cfg(feature = "server")]
@@ -16,6 +19,8 @@ pub mod peer;
 #[cfg(feature = "server")]
 pub mod proposer;
 pub mod status;
+#[cfg(feature = "server")]
+pub mod tls;
 pub mod wire_codec;
 
 /// Largest client message either side accepts: a value at the hard bound

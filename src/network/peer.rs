@@ -26,12 +26,13 @@ use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Version byte of peer message payloads. 2 since the apply rules of
-/// storage format 3: a node of either side refuses the other's messages, so
-/// replicas of different rules never share a log.
-pub const PEER_FORMAT_VERSION: u8 = 2;
+/// storage format 3, 3 since those of format 4: a node of either side
+/// refuses the other's messages, so replicas of different rules never share
+/// a log.
+pub const PEER_FORMAT_VERSION: u8 = 3;
 
 // Message sizes between peers, and why they fit together:
 //
@@ -96,6 +97,8 @@ pub struct PeerNetwork {
     /// connects to instead of the node's announced peer address. Never
     /// replicated: the membership keeps the announced address.
     via: Arc<BTreeMap<NodeId, String>>,
+    /// Mutual TLS to the peers (`network::tls`); `None`: plain.
+    tls: Option<super::tls::NodeTls>,
 }
 
 impl PeerNetwork {
@@ -104,7 +107,14 @@ impl PeerNetwork {
             node_id,
             identity,
             via: Arc::default(),
+            tls: None,
         }
+    }
+
+    /// Dials peers over mutual TLS when `tls` is given.
+    pub fn with_tls(mut self, tls: Option<super::tls::NodeTls>) -> PeerNetwork {
+        self.tls = tls;
+        self
     }
 
     /// Dials each node of `via` through the given address instead of its
@@ -128,7 +138,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         if dial != node.peer_addr {
             tracing::info!(node_id = target, announced = %node.peer_addr, via = %dial, "dialling a peer through its override");
         }
-        let channel = Endpoint::from_shared(format!("http://{dial}"))
+        let channel = super::tls::peer_endpoint(self.tls.as_ref(), &dial, target)
             .map(|endpoint| endpoint.tcp_nodelay(true).connect_lazy());
         PeerClient {
             from: self.node_id,
@@ -345,6 +355,7 @@ impl PeerService {
         &self,
         message: tonic::Request<RaftMessage>,
     ) -> Result<T, tonic::Status> {
+        super::tls::check_peer_claim(&message, message.get_ref().from_node_id)?;
         let message = message.into_inner();
         let theirs = parse_cluster_id(&message.cluster_id)
             .map_err(|error| reason_status(ErrorReason::InvalidArgument(error.to_string())))?;

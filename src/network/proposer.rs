@@ -182,7 +182,7 @@ fn op_size_bytes(op: &Op) -> usize {
             }
     };
     FRAMING_BYTES.saturating_add(match op {
-        Op::Execute(execute) => command_bytes(&execute.command),
+        Op::Execute(execute) => command_bytes(&execute.command) + execute.principal.0.len(),
         Op::ExecutePlain { command, .. } => command_bytes(command),
         _ => 0,
     })
@@ -381,6 +381,7 @@ mod tests {
                     key: b"key".to_vec(),
                     value: Value::Bytes(value),
                 },
+                principal: crate::registry::Principal::anonymous(),
             })
         };
         assert_eq!(op_size_bytes(&execute(Vec::new())), 64 + 3);

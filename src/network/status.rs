@@ -34,6 +34,10 @@ pub enum ErrorReason {
     InvalidArgument(String),
     /// The request itself breaks a replicated limit: final.
     LimitExceeded(LimitExceeded),
+    /// No credentials, or unknown ones: final.
+    Unauthenticated(String),
+    /// A known principal not allowed this (role, or another's session): final.
+    PermissionDenied(String),
 }
 
 impl From<Rejection> for ErrorReason {
@@ -51,6 +55,9 @@ impl From<Rejection> for ErrorReason {
             Rejection::InvalidArgument(invalid) => {
                 ErrorReason::InvalidArgument(invalid.to_string())
             }
+            Rejection::PermissionDenied => ErrorReason::PermissionDenied(
+                "the session belongs to another principal; it is untouched".into(),
+            ),
             Rejection::NotBootstrapped => {
                 ErrorReason::Unavailable("the cluster is not initialised yet".into())
             }
@@ -134,6 +141,10 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
                 format!("{exceeded}; final: nothing was executed, fix the request"),
             )
         }
+        ErrorReason::Unauthenticated(why) => (Code::Unauthenticated, Reason::Unauthenticated, why),
+        ErrorReason::PermissionDenied(why) => {
+            (Code::PermissionDenied, Reason::PermissionDenied, why)
+        }
     };
     detail.reason = wire_reason as i32;
     let mut status = tonic::Status::with_details(code, message, detail.encode_to_vec().into());
@@ -195,6 +206,16 @@ mod tests {
                 }),
                 Code::InvalidArgument,
                 Reason::LimitExceeded,
+            ),
+            (
+                ErrorReason::Unauthenticated("no credentials".into()),
+                Code::Unauthenticated,
+                Reason::Unauthenticated,
+            ),
+            (
+                ErrorReason::PermissionDenied("role client".into()),
+                Code::PermissionDenied,
+                Reason::PermissionDenied,
             ),
         ];
         for (reason, code, wire) in cases {

@@ -99,6 +99,25 @@ pub struct NodeOptions {
     /// only on a private network you trust.
     #[arg(long)]
     pub insecure: bool,
+    /// This node's certificate (PEM) for the client and peer ports. With
+    /// --tls-key and --tls-ca it turns TLS on for both ports (mutual TLS
+    /// between peers), and authentication on the client port; a node with
+    /// TLS may bind to any address. See README "Security".
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM): peers and client certificates must be signed
+    /// by it.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Bearer tokens and roles of the client port, one grant a line:
+    /// `TOKEN PRINCIPAL ROLE` (role client or admin; TOKEN `-` grants the
+    /// role to a client certificate named PRINCIPAL). Turns authentication
+    /// on.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Raft heartbeat interval [default: 30].
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -171,6 +190,17 @@ pub struct NodeConfig {
     pub logs_kept_after_snapshot: u64,
     pub initial_registry: RegistryConfig,
     pub faults: crate::network::faults::FaultControl,
+    /// TLS of both ports; `None`: plain (loopback only, or --insecure).
+    pub tls: Option<crate::network::tls::TlsPaths>,
+    /// Bearer tokens and roles of the client port (`network::auth`).
+    pub token_file: Option<PathBuf>,
+}
+
+impl NodeConfig {
+    /// Whether the client port authenticates its callers.
+    pub fn authenticates(&self) -> bool {
+        self.tls.is_some() || self.token_file.is_some()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -291,14 +321,34 @@ impl NodeOptions {
         if id == 0 {
             return Err(ConfigError::Invalid("node id 0 is reserved".into()));
         }
-        if !(self.insecure || file.insecure) {
+        let tls = match (
+            self.tls_cert.clone().or(file.tls_cert.clone()),
+            self.tls_key.clone().or(file.tls_key.clone()),
+            self.tls_ca.clone().or(file.tls_ca.clone()),
+        ) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(crate::network::tls::TlsPaths { cert, key, ca })
+            }
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "TLS needs all of --tls-cert, --tls-key and --tls-ca".into(),
+                ));
+            }
+        };
+        let token_file = self.token_file.clone().or(file.token_file.clone());
+        // TLS on both ports brings authentication on the client port (client
+        // certificates of the cluster CA, tokens if a file is given) and
+        // mutual TLS between peers: safe to expose.
+        if tls.is_none() && !(self.insecure || file.insecure) {
             for (flag, addr) in [("client-addr", client_addr), ("peer-addr", peer_addr)] {
                 if !addr.ip().is_loopback() {
                     return Err(ConfigError::Invalid(format!(
                         "--{flag} {addr} is not a loopback address, and this node has no TLS \
                          and no authentication: anyone who can reach it could read and \
                          change every key and session, or join and take over the cluster. \
-                         Bind to 127.0.0.1, or pass --insecure (insecure = true in the \
+                         Configure TLS (--tls-cert, --tls-key, --tls-ca; authentication comes \
+                         with it), bind to 127.0.0.1, or pass --insecure (insecure = true in the \
                          config file) to accept that on a private network you trust"
                     )));
                 }
@@ -447,6 +497,8 @@ impl NodeOptions {
                 .unwrap_or(1_000),
             initial_registry,
             faults: self.faults()?,
+            tls,
+            token_file,
         })
     }
 

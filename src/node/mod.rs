@@ -8,6 +8,7 @@ pub mod observability;
 use crate::clock::{ClockTiming, ClusterClock};
 use crate::metrics::NodeMetrics;
 use crate::network::admin_api::AdminApi;
+use crate::network::auth::{AuthLayer, AuthPolicy};
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
@@ -43,8 +44,10 @@ fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpI
 
 /// The storage format this build reads and writes. Format 2: log entries
 /// carry batches of requests (rule 17) and snapshots the last client id.
-/// Format 1 (one request per entry, no `format` file) is refused.
-const DATA_FORMAT_VERSION: u32 = 3;
+/// Format 3: final request limits. Format 4: session requests carry their
+/// principal, sessions their owner (rule 19) and the floor its bound
+/// (rule 7). Format 1 (one request per entry, no `format` file) is refused.
+const DATA_FORMAT_VERSION: u32 = 4;
 
 /// Refuses a data directory written by another node id; records ours in a
 /// fresh one.
@@ -84,14 +87,16 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
                 .trim()
                 .parse()
                 .with_context(|| format!("{} is not a format number", path.display()))?;
-            if found == 2 {
+            if found == 2 || found == 3 {
                 bail!(
-                    "data directory {} holds storage format 2, written by an earlier oncekv \
-                     whose log entries were decided under other apply rules (request limits, \
-                     empty keys, config checks); replaying them under this build's rules could \
+                    "data directory {} holds storage format {found}, written by an earlier \
+                     oncekv whose log entries were decided under other apply rules (format 2: \
+                     before final request limits, empty keys and config checks; format 3: \
+                     before session owners and the floor's bound); replaying them under this \
+                     build's rules could \
                      make replicas disagree. This build reads only format {DATA_FORMAT_VERSION}. \
                      Move the directory aside and re-create the cluster on empty directories \
-                     (all nodes: builds of format 2 and 3 do not talk to each other)",
+                     (all nodes: builds of different formats do not talk to each other)",
                     dir.display()
                 );
             }
@@ -123,6 +128,9 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
 
 /// Runs a node until `shutdown` completes, then stops it gracefully.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // Certificates and tokens first: a node that cannot use them writes
+    // nothing.
+    let (tls, auth) = security(&config)?;
     claim_data_dir(&config.data_dir, config.id)?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
     let mut log_store =
@@ -173,6 +181,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     .context("Raft configuration")?;
     let network =
         PeerNetwork::new(config.id, identity.clone()).with_dial_overrides(config.peer_via.clone());
+    let network = network.with_tls(tls.clone());
     let restored = read_index::restored_from(config.id, &mut log_store)
         .await
         .context("reading the Raft log state")?;
@@ -230,7 +239,8 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         let _ = receiver.wait_for(|stop| *stop).await;
     };
     let peer_server = tokio::spawn(
-        tonic::transport::Server::builder()
+        crate::network::tls::server(tls.as_ref().map(|tls| tls.peer_port()))
+            .context("peer port TLS")?
             .tcp_nodelay(true)
             .add_service(PeerService::new(raft.clone(), identity.clone()).into_server())
             .serve_with_incoming_shutdown(
@@ -250,9 +260,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         .build_v1alpha()
         .context("building the reflection service")?;
     let client_server = tokio::spawn(
-        tonic::transport::Server::builder()
+        crate::network::tls::server(tls.as_ref().map(|tls| tls.client_port()))
+            .context("client port TLS")?
             .tcp_nodelay(true)
             .layer(ClientWireLayer::new(metrics.clone()))
+            .layer(AuthLayer::new(auth))
             .add_service(client_api.into_server())
             .add_service(health_service)
             .add_service(reflection_v1)
@@ -327,6 +339,25 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     raft.shutdown().await.ok();
     tracing::info!(node_id = config.id, "stopped");
     Ok(())
+}
+
+/// The node's TLS material and the client port's authentication policy,
+/// loaded and checked before anything binds.
+fn security(
+    config: &NodeConfig,
+) -> anyhow::Result<(Option<crate::network::tls::NodeTls>, AuthPolicy)> {
+    let tls = config
+        .tls
+        .as_ref()
+        .map(crate::network::tls::NodeTls::load)
+        .transpose()
+        .context("loading the TLS certificate, key and CA")?;
+    let auth = match &config.token_file {
+        Some(path) => AuthPolicy::load(path, tls.is_some()).context("reading the token file")?,
+        None if tls.is_some() => AuthPolicy::certificates_only(),
+        None => AuthPolicy::off(),
+    };
+    Ok((tls, auth))
 }
 
 /// Initialises Raft membership with the configured members, once: a node

@@ -12,8 +12,12 @@ use serde::{Serialize, de::DeserializeOwned};
 pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 
 /// Version byte of log entries written by this build. Version 2 entries carry
-/// a batch of requests (version 1 carried one); version 1 is refused.
-pub const ENTRY_FORMAT_VERSION: u8 = 3;
+/// a batch of requests (version 1 carried one); version 3 changed the apply
+/// rules (final request limits); version 4 carries the requesting principal
+/// in every session request and applies ownership (rule 19) and the floor's
+/// bound (rule 7). Older versions are refused: they were decided under
+/// other rules (storage format 4 refuses their data directories).
+pub const ENTRY_FORMAT_VERSION: u8 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -102,6 +106,7 @@ mod tests {
                     key: b"k".to_vec(),
                     value: Value::List(vec![b"a".to_vec()]),
                 },
+                principal: crate::registry::Principal::anonymous(),
             })]),
         };
         let bytes = encode_entry(&entry);

@@ -11,10 +11,14 @@
 //! Order of checks for a client request, identical on every replica:
 //! 1. advance cluster time to the entry's stamp (never backwards) and expire
 //!    idle sessions; the cluster id must match (`WRONG_CLUSTER`);
-//! 2. unknown session → `SESSION_EXPIRED`; a live session's activity is
-//!    refreshed by any request;
-//! 3. first outstanding seq > seq → `INVALID_ARGUMENT`; else raise the floor
-//!    and trim the cached responses below it;
+//! 2. unknown session → `SESSION_EXPIRED`; a session of another principal →
+//!    `PERMISSION_DENIED` (rule 19; final, the session untouched); a live
+//!    session's activity is refreshed by any request of its owner;
+//! 3. first outstanding seq > seq, or beyond one past the highest seq the
+//!    session has had applied (or its floor, if higher) plus the window
+//!    (rule 7: no input may brick a session) → `INVALID_ARGUMENT`, the
+//!    floor and cache unchanged; else raise the floor and trim the
+//!    cached responses below it;
 //! 4. seq below the floor → `RESPONSE_DISCARDED`;
 //! 5. seq cached → same fingerprint: the cached result, marked duplicate;
 //!    other fingerprint: `SEQ_CONFLICT`;
@@ -68,9 +72,11 @@ pub struct Registry {
 }
 
 /// A read-only view of one session, for operators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionView {
     pub client_id: ClientId,
+    /// The principal that registered the session.
+    pub owner: Principal,
     pub floor: Seq,
     pub last_active_ms: u64,
     /// Cluster time minus `last_active_ms`: how long it has been idle.
@@ -184,17 +190,23 @@ impl Registry {
     fn apply_op(&mut self, log_index: u64, op: &Op) -> Outcome {
         let result = match op {
             Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
-            Op::Register { cluster_id, nonce } => self.register(log_index, *cluster_id, *nonce),
+            Op::Register {
+                cluster_id,
+                nonce,
+                principal,
+            } => self.register(log_index, *cluster_id, *nonce, principal),
             Op::Execute(execute) => self.execute(execute),
             Op::KeepAlive {
                 cluster_id,
                 client_id,
                 first_outstanding_seq,
-            } => self.keep_alive(*cluster_id, *client_id, *first_outstanding_seq),
+                principal,
+            } => self.keep_alive(*cluster_id, *client_id, *first_outstanding_seq, principal),
             Op::Unregister {
                 cluster_id,
                 client_id,
-            } => self.unregister(*cluster_id, *client_id),
+                principal,
+            } => self.unregister(*cluster_id, *client_id, principal.as_ref()),
             Op::SetConfig { cluster_id, config } => {
                 self.set_config(*cluster_id, &ConfigPatch::replacing_with(config))
             }
@@ -248,13 +260,23 @@ impl Registry {
         }
     }
 
-    /// Refreshes the activity of a live session; `SESSION_EXPIRED` if none.
-    fn touch(&mut self, client_id: ClientId) -> Result<&mut Session, Rejection> {
+    /// Step 2: the live session of `client_id` if `principal` owns it
+    /// (`SESSION_EXPIRED` if none, `PERMISSION_DENIED` if another principal
+    /// owns it: nothing about the session changes then), with its activity
+    /// refreshed.
+    fn touch(
+        &mut self,
+        client_id: ClientId,
+        principal: &Principal,
+    ) -> Result<&mut Session, Rejection> {
         let now_ms = self.cluster_time_ms;
         let session = self
             .sessions
             .get_mut(&client_id)
             .ok_or(Rejection::SessionExpired)?;
+        if session.owner != *principal {
+            return Err(Rejection::PermissionDenied);
+        }
         if session.last_active_ms != now_ms {
             self.idle.remove(&(session.last_active_ms, client_id));
             self.idle.insert((now_ms, client_id));
@@ -291,6 +313,7 @@ impl Registry {
         log_index: u64,
         cluster_id: Option<ClusterId>,
         nonce: Nonce,
+        principal: &Principal,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(cluster_id)?;
         let registration = |client_id, duplicate| Registration {
@@ -303,7 +326,9 @@ impl Registry {
         };
         if let Some(&client_id) = self.nonces.get(&nonce) {
             let reply = registration(client_id, true);
-            self.touch(client_id)?;
+            // A nonce is secret to its client; another principal naming it
+            // learns nothing and changes nothing.
+            self.touch(client_id, principal)?;
             return Ok(Outcome::Registered(reply));
         }
         if self.sessions.len() as u64 >= self.config.sessions_max {
@@ -315,8 +340,10 @@ impl Registry {
         let client_id = ClientId(self.last_client_id.saturating_add(1).max(log_index));
         let reply = registration(client_id, false);
         self.last_client_id = client_id.0;
-        self.sessions
-            .insert(client_id, Session::new(nonce, self.cluster_time_ms));
+        self.sessions.insert(
+            client_id,
+            Session::new(nonce, principal.clone(), self.cluster_time_ms),
+        );
         self.nonces.insert(nonce, client_id);
         self.idle.insert((self.cluster_time_ms, client_id));
         Ok(Outcome::Registered(reply))
@@ -325,13 +352,14 @@ impl Registry {
     fn execute(&mut self, request: &Execute) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(request.cluster_id))?;
         let config = self.config;
-        let session = self.touch(request.client_id)?;
+        let session = self.touch(request.client_id, &request.principal)?;
         if request.first_outstanding_seq > request.seq {
             return Err(Rejection::InvalidArgument(InvalidArgument::FloorAboveSeq {
                 seq: request.seq,
                 first_outstanding_seq: request.first_outstanding_seq,
             }));
         }
+        check_floor_bound(session, request.first_outstanding_seq, config.window)?;
         session.raise_floor(request.first_outstanding_seq);
         if request.seq < session.floor {
             return Err(Rejection::ResponseDiscarded {
@@ -428,9 +456,12 @@ impl Registry {
         cluster_id: ClusterId,
         client_id: ClientId,
         first_outstanding_seq: Seq,
+        principal: &Principal,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        let session = self.touch(client_id)?;
+        let window = self.config.window;
+        let session = self.touch(client_id, principal)?;
+        check_floor_bound(session, first_outstanding_seq, window)?;
         session.raise_floor(first_outstanding_seq);
         let floor = session.floor;
         Ok(Outcome::KeptAlive {
@@ -444,8 +475,14 @@ impl Registry {
         &mut self,
         cluster_id: ClusterId,
         client_id: ClientId,
+        principal: Option<&Principal>,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
+        if let (Some(session), Some(principal)) = (self.sessions.get(&client_id), principal)
+            && session.owner != *principal
+        {
+            return Err(Rejection::PermissionDenied);
+        }
         if self.remove_session(client_id) {
             Ok(Outcome::Unregistered)
         } else {
@@ -484,6 +521,36 @@ fn answer(response: Result<CommandResult, LimitExceeded>, duplicate: bool) -> Ou
     }
 }
 
+/// Step 3: the floor may be raised at most to one past the highest seq
+/// the session has had applied (or to its floor, if higher), plus the
+/// window (rule 7), so that no single request — a keep-alive with
+/// `u64::MAX`, say — can put every later seq of the session below its
+/// floor. The "one past" and the floor are what a correct client can reach
+/// by fencing a whole window of requests that were never applied: it sent
+/// them below its own floor plus the window, and its floor is at most one
+/// past what it saw answered or had fenced before. A floor that does not
+/// rise is always accepted.
+fn check_floor_bound(
+    session: &Session,
+    first_outstanding_seq: Seq,
+    window: u64,
+) -> Result<(), Rejection> {
+    let bound_seq = session
+        .highest_seq
+        .saturating_add(1)
+        .max(session.floor)
+        .saturating_add(window);
+    if first_outstanding_seq > session.floor && first_outstanding_seq > bound_seq {
+        return Err(Rejection::InvalidArgument(
+            InvalidArgument::FloorBeyondBound {
+                first_outstanding_seq,
+                bound_seq,
+            },
+        ));
+    }
+    Ok(())
+}
+
 /// Step 7a: an empty key is malformed (as etcd has it).
 fn check_key(command: &Command) -> Result<(), Rejection> {
     if command.key().is_empty() {
@@ -495,6 +562,7 @@ fn check_key(command: &Command) -> Result<(), Rejection> {
 fn view(client_id: ClientId, session: &Session, cluster_time_ms: u64) -> SessionView {
     SessionView {
         client_id,
+        owner: session.owner.clone(),
         floor: session.floor,
         last_active_ms: session.last_active_ms,
         idle_ms: cluster_time_ms.saturating_sub(session.last_active_ms),
@@ -525,6 +593,7 @@ mod tests {
             let register = Op::Register {
                 cluster_id: Some(CLUSTER),
                 nonce: Nonce(u128::from(index)),
+                principal: crate::registry::Principal::anonymous(),
             };
             registry.apply(index, &entry(index * 10, register));
         }
@@ -564,6 +633,7 @@ mod tests {
                 key: b"k".to_vec(),
                 delta: 1,
             },
+            principal: crate::registry::Principal::anonymous(),
         };
         registry.apply(7, &entry(100, Op::Execute(execute)));
         registry.apply(
@@ -574,6 +644,7 @@ mod tests {
                     cluster_id: CLUSTER,
                     client_id: ClientId(2),
                     first_outstanding_seq: 0,
+                    principal: crate::registry::Principal::anonymous(),
                 },
             ),
         );

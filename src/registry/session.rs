@@ -3,7 +3,7 @@
 //! invariant (never moves backwards, nothing cached below it) and nothing
 //! else: the order of checks lives in the registry.
 
-use super::types::{CommandResult, Fingerprint, LimitExceeded, Nonce, Seq};
+use super::types::{CommandResult, Fingerprint, LimitExceeded, Nonce, Principal, Seq};
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +34,12 @@ pub(crate) fn response_size_bytes(response: &Result<CommandResult, LimitExceeded
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Session {
     pub nonce: Nonce,
+    /// The principal that registered the session: the only one whose
+    /// requests it serves (rule 19).
+    pub owner: Principal,
+    /// The highest seq that has had a response cached (0: none yet). The
+    /// floor may be raised at most to this plus the window (rule 7).
+    pub highest_seq: Seq,
     /// The first outstanding seq: everything below is acknowledged.
     pub floor: Seq,
     /// Cluster time of the last request, in milliseconds.
@@ -44,9 +50,11 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    pub fn new(nonce: Nonce, now_ms: u64) -> Session {
+    pub fn new(nonce: Nonce, owner: Principal, now_ms: u64) -> Session {
         Session {
             nonce,
+            owner,
+            highest_seq: 0,
             floor: 0,
             last_active_ms: now_ms,
             responses: OrdMap::new(),
@@ -80,6 +88,7 @@ impl Session {
         result: Result<CommandResult, LimitExceeded>,
     ) {
         debug_assert!(seq >= self.floor, "caching below the floor");
+        self.highest_seq = self.highest_seq.max(seq);
         self.cached_bytes += response_size_bytes(&result);
         let previous = self.responses.insert(
             seq,
@@ -94,6 +103,8 @@ impl Session {
     /// Rebuilds a session from snapshot parts, checking its invariants.
     pub fn restore(
         nonce: Nonce,
+        owner: Principal,
+        highest_seq: Seq,
         floor: Seq,
         last_active_ms: u64,
         responses: Vec<(Seq, CachedResponse)>,
@@ -104,12 +115,17 @@ impl Session {
         if responses.first().is_some_and(|(seq, _)| *seq < floor) {
             return Err("cached response below the floor");
         }
+        if responses.last().is_some_and(|(seq, _)| *seq > highest_seq) {
+            return Err("cached response above the highest seq");
+        }
         let cached_bytes = responses
             .iter()
             .map(|(_, response)| response.cached_size_bytes())
             .sum();
         Ok(Session {
             nonce,
+            owner,
+            highest_seq,
             floor,
             last_active_ms,
             responses: responses.into_iter().collect(),

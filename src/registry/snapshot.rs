@@ -2,7 +2,7 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 3 (all integers inside records use the codec module's
+//! Format version 4 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
@@ -24,17 +24,23 @@
 //! buffer grows, buffers grow only with bytes actually read, decoding is
 //! limited, and every invariant the registry relies on is verified.
 //!
-//! Version 3 caches a response as a result *or* the refusal of a request
-//! that broke a limit by itself (`Result<CommandResult, LimitExceeded>`);
-//! version 2 cached results only, and is still read (each response becomes
-//! `Ok`), so a node keeps its snapshots across the upgrade; it is written
-//! as version 3 from then on. Version 1 (before batched entries) had no
-//! last client id; it is refused, like any other unknown version.
+//! Version 4 records each session's owner (the principal that registered
+//! it, rule 19) and the highest seq it has had applied (the bound of its
+//! floor, rule 7). Version 3 had neither and is still read: its sessions
+//! belong to the anonymous principal (there was no authentication), and
+//! their highest seq is taken as the larger of the last cached seq and the
+//! floor minus one (the most that can be known of it). Version 3 caches a
+//! response as a result *or* the refusal of a request that broke a limit
+//! by itself (`Result<CommandResult, LimitExceeded>`); version 2 cached
+//! results only, and is still read (each response becomes `Ok`, the owner
+//! anonymous). Both are written as version 4 from then on. Version 1
+//! (before batched entries) had no last client id; it is refused, like any
+//! other unknown version.
 
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::session::{CachedResponse, Session};
 use super::types::{
-    ClientId, ClusterId, CommandResult, Fingerprint, Nonce, RegistryConfig, Seq, Value,
+    ClientId, ClusterId, CommandResult, Fingerprint, Nonce, Principal, RegistryConfig, Seq, Value,
 };
 use super::{KvStore, Registry};
 use imbl::OrdMap;
@@ -43,8 +49,9 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
-/// The previous version, still read (see the module doc).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+/// Previous versions, still read (see the module doc).
+const SNAPSHOT_FORMAT_VERSION_3: u32 = 3;
 const SNAPSHOT_FORMAT_VERSION_2: u32 = 2;
 const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
 const STATE_HASH_CONTEXT: &str = "oncekv 2026-11 state hash v1";
@@ -72,7 +79,7 @@ pub enum SnapshotError {
     #[error("not an oncekv snapshot")]
     BadMagic,
     #[error(
-        "unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION_2} and {SNAPSHOT_FORMAT_VERSION})"
+        "unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION_2} to {SNAPSHOT_FORMAT_VERSION})"
     )]
     UnsupportedVersion(u32),
     #[error("snapshot truncated")]
@@ -116,6 +123,8 @@ impl Header {
 struct SessionRecordRef<'a> {
     client_id: ClientId,
     nonce: Nonce,
+    owner: &'a Principal,
+    highest_seq: Seq,
     floor: Seq,
     last_active_ms: u64,
     #[serde(serialize_with = "ordered_pairs")]
@@ -127,9 +136,36 @@ struct SessionRecordRef<'a> {
 struct SessionRecord {
     client_id: ClientId,
     nonce: Nonce,
+    owner: Principal,
+    highest_seq: Seq,
     floor: Seq,
     last_active_ms: u64,
     responses: Vec<(Seq, CachedResponse)>,
+}
+
+/// A session record of format version 3: no owner, no highest seq.
+#[derive(Serialize, Deserialize)]
+struct SessionRecordV3 {
+    client_id: ClientId,
+    nonce: Nonce,
+    floor: Seq,
+    last_active_ms: u64,
+    responses: Vec<(Seq, CachedResponse)>,
+}
+
+impl From<SessionRecordV3> for SessionRecord {
+    fn from(record: SessionRecordV3) -> SessionRecord {
+        let last_cached = record.responses.last().map_or(0, |(seq, _)| *seq);
+        SessionRecord {
+            client_id: record.client_id,
+            nonce: record.nonce,
+            owner: Principal::anonymous(),
+            highest_seq: last_cached.max(record.floor.saturating_sub(1)),
+            floor: record.floor,
+            last_active_ms: record.last_active_ms,
+            responses: record.responses,
+        }
+    }
 }
 
 /// A session record of format version 2: responses were results only.
@@ -150,7 +186,7 @@ struct CachedResponseV2 {
 
 impl From<SessionRecordV2> for SessionRecord {
     fn from(record: SessionRecordV2) -> SessionRecord {
-        SessionRecord {
+        SessionRecordV3 {
             client_id: record.client_id,
             nonce: record.nonce,
             floor: record.floor,
@@ -169,6 +205,7 @@ impl From<SessionRecordV2> for SessionRecord {
                 })
                 .collect(),
         }
+        .into()
     }
 }
 
@@ -237,6 +274,8 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
         let record = SessionRecordRef {
             client_id: *client_id,
             nonce: session.nonce,
+            owner: &session.owner,
+            highest_seq: session.highest_seq,
             floor: session.floor,
             last_active_ms: session.last_active_ms,
             responses: &session.responses,
@@ -278,7 +317,7 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     let mut version = [0u8; 4];
     read_exact(&mut input, &mut version)?;
     let version = u32::from_le_bytes(version);
-    if version != SNAPSHOT_FORMAT_VERSION && version != SNAPSHOT_FORMAT_VERSION_2 {
+    if !(SNAPSHOT_FORMAT_VERSION_2..=SNAPSHOT_FORMAT_VERSION).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
@@ -298,10 +337,14 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         ..Registry::default()
     };
     for _ in 0..header.sessions {
-        let record: SessionRecord = if version == SNAPSHOT_FORMAT_VERSION_2 {
-            read_record::<_, SessionRecordV2>(&mut input, &mut buffer)?.into()
-        } else {
-            read_record(&mut input, &mut buffer)?
+        let record: SessionRecord = match version {
+            SNAPSHOT_FORMAT_VERSION_2 => {
+                read_record::<_, SessionRecordV2>(&mut input, &mut buffer)?.into()
+            }
+            SNAPSHOT_FORMAT_VERSION_3 => {
+                read_record::<_, SessionRecordV3>(&mut input, &mut buffer)?.into()
+            }
+            _ => read_record(&mut input, &mut buffer)?,
         };
         restore_session(&mut registry, record)?;
     }
@@ -341,8 +384,13 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     if client_id.0 > registry.last_client_id || record.last_active_ms > registry.cluster_time_ms {
         return Err(SnapshotError::Inconsistent("session from the future"));
     }
+    if record.owner.0.len() > Principal::BYTES_MAX {
+        return Err(SnapshotError::Inconsistent("session owner name too long"));
+    }
     let session = Session::restore(
         record.nonce,
+        record.owner,
+        record.highest_seq,
         record.floor,
         record.last_active_ms,
         record.responses,
@@ -464,6 +512,98 @@ mod tests {
         bytes
     }
 
+    /// The snapshot of `registry` in format version 3, as builds before
+    /// version 4 wrote it (no owners, no highest seqs).
+    fn to_bytes_v3(registry: &Registry) -> Vec<u8> {
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        out.write_all(MAGIC).unwrap();
+        out.write_all(&SNAPSHOT_FORMAT_VERSION_3.to_le_bytes())
+            .unwrap();
+        let mut buffer = Vec::new();
+        write_record(&mut out, &mut buffer, &Header::of(registry)).unwrap();
+        for (client_id, session) in &registry.sessions {
+            let record = SessionRecordV3 {
+                client_id: *client_id,
+                nonce: session.nonce,
+                floor: session.floor,
+                last_active_ms: session.last_active_ms,
+                responses: session
+                    .responses
+                    .iter()
+                    .map(|(seq, response)| (*seq, response.clone()))
+                    .collect(),
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        for pair in registry.kv.iter() {
+            write_record(&mut out, &mut buffer, &pair).unwrap();
+        }
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        bytes
+    }
+
+    /// A version 3 snapshot restores with every session owned by the
+    /// anonymous principal (there was no authentication) and its highest
+    /// seq from its cache and floor; it is written back as version 4, and
+    /// the anonymous principal goes on using its sessions.
+    #[test]
+    fn version_3_snapshots_are_read_as_anonymous() {
+        let mut registry = Registry::new();
+        registry.apply(
+            1,
+            &Entry::single(
+                0,
+                Op::Bootstrap {
+                    cluster_id: CLUSTER,
+                    config: RegistryConfig::default(),
+                },
+            ),
+        );
+        registry.apply(
+            2,
+            &Entry::single(
+                10,
+                Op::Register {
+                    cluster_id: Some(CLUSTER),
+                    nonce: Nonce(5),
+                    principal: Principal::anonymous(),
+                },
+            ),
+        );
+        let increment = |seq| {
+            Op::Execute(Execute {
+                cluster_id: CLUSTER,
+                client_id: ClientId(2),
+                seq,
+                first_outstanding_seq: 1,
+                command: Command::Increment {
+                    key: b"n".to_vec(),
+                    delta: 4,
+                },
+                principal: Principal::anonymous(),
+            })
+        };
+        registry.apply(3, &Entry::single(20, increment(3)));
+        let mut restored = from_bytes(&to_bytes_v3(&registry)).expect("version 3 reads");
+        assert_eq!(restored, registry);
+        assert_eq!(to_bytes(&restored), to_bytes(&registry));
+        let session = restored.session(ClientId(2)).unwrap();
+        assert_eq!(session.owner, Principal::anonymous());
+        let outcome = restored.apply(4, &Entry::single(30, increment(4)));
+        assert!(matches!(
+            outcome[..],
+            [crate::registry::Outcome::Executed {
+                duplicate: false,
+                ..
+            }]
+        ));
+    }
+
     /// A snapshot written by the previous format version restores to the
     /// same state, which is written (and hashed) as the current version.
     #[test]
@@ -486,6 +626,7 @@ mod tests {
                 Op::Register {
                     cluster_id: Some(CLUSTER),
                     nonce: Nonce(5),
+                    principal: crate::registry::Principal::anonymous(),
                 },
             ),
         );
@@ -502,6 +643,7 @@ mod tests {
                         key: b"n".to_vec(),
                         delta: 4,
                     },
+                    principal: crate::registry::Principal::anonymous(),
                 }),
             ),
         );
@@ -510,10 +652,10 @@ mod tests {
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
         assert_eq!(state_hash(&restored), state_hash(&registry));
         let mut other = to_bytes_v2(&registry);
-        other[8] = 4;
+        other[8] = 5;
         assert!(matches!(
             from_bytes(&other),
-            Err(SnapshotError::UnsupportedVersion(4))
+            Err(SnapshotError::UnsupportedVersion(5))
         ));
     }
 }

@@ -23,6 +23,39 @@ pub struct Nonce(pub u128);
 /// A per-client request number, chosen by the client and reused on every retry.
 pub type Seq = u64;
 
+/// Who made a request: the authenticated identity the client port saw (a
+/// certificate name or a token's principal), or [`Principal::anonymous`]
+/// when authentication is off. The registry records the principal that
+/// registered a session and refuses requests of any other on it (rule 19);
+/// it never interprets the name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Principal(pub String);
+
+impl Principal {
+    /// Most bytes in a principal's name (the client port refuses longer
+    /// ones before anything is proposed).
+    pub const BYTES_MAX: usize = 256;
+
+    /// The one principal of a node without authentication (the empty name).
+    pub fn anonymous() -> Principal {
+        Principal(String::new())
+    }
+
+    pub fn is_anonymous(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_anonymous() {
+            f.write_str("(anonymous)")
+        } else {
+            f.write_str(&self.0)
+        }
+    }
+}
+
 /// The 128-bit fingerprint of a command (see [`crate::registry::fingerprint`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Fingerprint(pub u128);
@@ -80,6 +113,8 @@ pub enum Op {
     Register {
         cluster_id: Option<ClusterId>,
         nonce: Nonce,
+        /// Who registers: the session's owner from now on (rule 19).
+        principal: Principal,
     },
     /// A request of a registered client against the key-value store.
     Execute(Execute),
@@ -88,11 +123,16 @@ pub enum Op {
         cluster_id: ClusterId,
         client_id: ClientId,
         first_outstanding_seq: Seq,
+        /// Who asks; must be the session's owner.
+        principal: Principal,
     },
     /// Ends a session (a client's graceful close, or an operator's expiry).
     Unregister {
         cluster_id: ClusterId,
         client_id: ClientId,
+        /// Who asks; must be the session's owner. `None`: an operator's
+        /// expiry (`Admin.ExpireSession`), the one override of ownership.
+        principal: Option<Principal>,
     },
     /// Replaces the whole TTL and limits (rule 12). Builds before
     /// `PatchConfig` proposed this; it stays so that every later request
@@ -129,6 +169,8 @@ pub struct Execute {
     /// The lowest seq whose response the client has not received yet.
     pub first_outstanding_seq: Seq,
     pub command: Command,
+    /// Who asks; must be the session's owner (rule 19).
+    pub principal: Principal,
 }
 
 /// A typed value of the key-value store.
@@ -592,6 +634,9 @@ pub enum Rejection {
         /// Answered from the cache: a retry of a request already refused.
         duplicate: bool,
     },
+    /// The session belongs to another principal (rule 19). Final; the
+    /// session is untouched.
+    PermissionDenied,
     /// Malformed input. Final.
     InvalidArgument(InvalidArgument),
     /// The cluster has no id and config yet. This attempt only.
@@ -616,6 +661,14 @@ pub enum InvalidArgument {
     FloorAboveSeq {
         seq: Seq,
         first_outstanding_seq: Seq,
+    },
+    #[error(
+        "first outstanding seq {first_outstanding_seq} is beyond what this session may fence \
+         ({bound_seq}: one past its highest applied seq, or its floor, plus the window)"
+    )]
+    FloorBeyondBound {
+        first_outstanding_seq: Seq,
+        bound_seq: Seq,
     },
     #[error("invalid registry config: {0}")]
     Config(String),

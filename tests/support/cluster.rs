@@ -15,14 +15,31 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use oncekv::cli::status::query;
+use oncekv::cli::status::query_with;
 use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
+use oncekv::network::credentials::{CredentialPaths, Credentials};
 use oncekv::proto::StatusReply;
 use oncekv::proto::admin_client::AdminClient;
 use oncekv::proto::client_client::ClientClient;
 use tempfile::TempDir;
 use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
+
+/// Runs `oncekv certs --dir DIR ARGS...`; panics on failure.
+pub fn make_certs(dir: &Path, args: &[&str]) {
+    let output = Command::new(env!("CARGO_BIN_EXE_oncekv"))
+        .arg("certs")
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run oncekv certs");
+    assert!(
+        output.status.success(),
+        "oncekv certs failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
 
 /// The members, in order.
 pub const NODES: [u64; 3] = [1, 2, 3];
@@ -74,6 +91,10 @@ pub struct Cluster {
     nodes: BTreeMap<u64, Node>,
     /// Extra `oncekv node` flags given to every node.
     extra_args: Vec<String>,
+    /// With TLS and authentication: the directory `oncekv certs` filled
+    /// (node certificates, identities `alice`, `bob` (role client) and
+    /// `root` (admin), their tokens and the token file).
+    pki: Option<PathBuf>,
     // Declared last: dropped after the nodes are gone.
     dir: TempDir,
 }
@@ -115,10 +136,76 @@ impl Cluster {
 
     /// Like [`Cluster::start_with`], every node with the Raft `timing`.
     pub async fn start_timed(name: &str, extra_args: &[&str], timing: Timing) -> Cluster {
+        Cluster::start_full(name, extra_args, timing, false).await
+    }
+
+    /// Like [`Cluster::start_with`], with TLS on both ports and
+    /// authentication on the client port (see [`Cluster::pki`]).
+    pub async fn start_secure(name: &str, extra_args: &[&str]) -> Cluster {
+        Cluster::start_full(name, extra_args, Timing::TESTS, true).await
+    }
+
+    /// The directory of the secure cluster's CA, certificates and tokens:
+    /// `ca.pem`, `node-<id>.pem`, `<name>.pem`, `<name>-key.pem`,
+    /// `<name>.token` for `alice`, `bob` and `root`.
+    pub fn pki(&self) -> &Path {
+        self.pki
+            .as_deref()
+            .expect("a cluster started with start_secure")
+    }
+
+    /// Credentials of identity `name` of the secure cluster: the CA, and
+    /// its certificate (`cert`) or its token (else).
+    pub fn credentials(&self, name: &str, cert: bool) -> Credentials {
+        let pki = self.pki();
+        let paths = if cert {
+            CredentialPaths {
+                ca: Some(pki.join("ca.pem")),
+                cert: Some(pki.join(format!("{name}.pem"))),
+                key: Some(pki.join(format!("{name}-key.pem"))),
+                token: None,
+            }
+        } else {
+            CredentialPaths {
+                ca: Some(pki.join("ca.pem")),
+                token: Some(
+                    std::fs::read_to_string(pki.join(format!("{name}.token")))
+                        .expect("read a token"),
+                ),
+                ..CredentialPaths::default()
+            }
+        };
+        Credentials::load(&paths).expect("load credentials")
+    }
+
+    /// What the harness shows a node: the CA only (enough for `Status`).
+    fn harness_credentials(&self) -> Credentials {
+        match &self.pki {
+            None => Credentials::none(),
+            Some(pki) => Credentials::load(&CredentialPaths {
+                ca: Some(pki.join("ca.pem")),
+                ..CredentialPaths::default()
+            })
+            .expect("load the CA"),
+        }
+    }
+
+    async fn start_full(name: &str, extra_args: &[&str], timing: Timing, secure: bool) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix(&format!("oncekv-{name}-"))
             .tempdir()
             .expect("create the cluster's temporary directory");
+        let pki = secure.then(|| {
+            let pki = dir.path().join("pki");
+            make_certs(
+                &pki,
+                &[
+                    "--node", "1", "--node", "2", "--node", "3", "--node", "4", "--client",
+                    "alice", "--client", "bob", "--admin", "root",
+                ],
+            );
+            pki
+        });
         let ports = free_ports(3 * NODES.len()).expect("free loopback ports");
         let nodes = NODES
             .iter()
@@ -141,6 +228,7 @@ impl Cluster {
             name: name.to_owned(),
             nodes,
             extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
+            pki,
             dir,
         };
         for id in NODES {
@@ -282,9 +370,13 @@ impl Cluster {
     /// `node`'s answer to `Status` (within [`STATUS_TIMEOUT`]), or why none
     /// came.
     pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
-        query(&self.client_addr(node), STATUS_TIMEOUT)
-            .await
-            .map_err(|error| error.to_string())
+        query_with(
+            &self.client_addr(node),
+            STATUS_TIMEOUT,
+            &self.harness_credentials(),
+        )
+        .await
+        .map_err(|error| error.to_string())
     }
 
     /// The leader as the running nodes see it now: a node that says it is
@@ -435,6 +527,17 @@ impl Cluster {
                     .flags(),
             )
             .args(&self.extra_args);
+        if let Some(pki) = &self.pki {
+            command
+                .arg("--tls-cert")
+                .arg(pki.join(format!("node-{}.pem", node.id)))
+                .arg("--tls-key")
+                .arg(pki.join(format!("node-{}-key.pem", node.id)))
+                .arg("--tls-ca")
+                .arg(pki.join("ca.pem"))
+                .arg("--token-file")
+                .arg(pki.join("tokens"));
+        }
         for peer in &peers {
             command.arg("--peer").arg(peer);
         }

@@ -69,6 +69,7 @@ impl Driver {
         match self.apply(Op::Register {
             cluster_id: Some(CLUSTER),
             nonce: Nonce(nonce),
+            principal: oncekv::registry::Principal::anonymous(),
         }) {
             Outcome::Registered(registration) => registration.client_id,
             other => panic!("register failed: {other:?}"),
@@ -88,6 +89,7 @@ impl Driver {
             seq,
             first_outstanding_seq,
             command,
+            principal: oncekv::registry::Principal::anonymous(),
         }))
     }
 
@@ -96,6 +98,7 @@ impl Driver {
             cluster_id: CLUSTER,
             client_id,
             first_outstanding_seq,
+            principal: oncekv::registry::Principal::anonymous(),
         })
     }
 
