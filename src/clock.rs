@@ -11,7 +11,7 @@
 //! Time without a leader therefore never counts against clients, and a
 //! leader whose wall clock is off by hours changes nothing.
 //!
-//! Led time is time with a quorum. openraft 0.9 keeps a leader that has lost
+//! Led time is time with a quorum. openraft keeps a leader that has lost
 //! its quorum leading for as long as no higher term reaches it, and its
 //! followers may come back to the same term (restarted before their election
 //! timeout, they take its heartbeats). So the clock samples the leader's
@@ -25,7 +25,8 @@
 use crate::raft_types::{NodeId, NodeInfo, Raft};
 use crate::read_index::ReadIndex;
 use crate::storage::SharedState;
-use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{LinearizableReadError, RaftError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -163,7 +164,7 @@ impl ClusterClock {
 
     /// The stamp for an entry proposed now by this node as leader.
     pub async fn stamp(&self) -> Result<u64, ClockError> {
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         if let Some(stamp) = self.current_for(term) {
             return Ok(stamp);
         }
@@ -175,7 +176,7 @@ impl ClusterClock {
             .confirm()
             .await
             .map_err(|error| match error {
-                RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+                RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
                     ClockError::NotLeader {
                         leader_id: forward.leader_id,
                         leader: forward.leader_node,
@@ -185,7 +186,7 @@ impl ClusterClock {
             })?;
         // Everything before this term is applied now: the applied cluster
         // time is the largest stamp in the log.
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         let base_ms = self.state.read().registry.cluster_time_ms();
         {
             let mut counted = lock(&self.counted);
@@ -208,26 +209,24 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
     drop(raft);
     let mut ticks = tokio::time::interval(timing.sample_every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // When the metrics now held were first seen. openraft reports them on
-    // every turn of its core loop (at least every 1.5 heartbeats), with the
-    // age of the last quorum acknowledgement at that moment: the
-    // acknowledgement was that age before the report. A core that stops
-    // reporting (blocked) leaves `seen_at` behind, so its silence grows.
-    let mut seen_at = Instant::now();
+    // openraft 0.10 reports the instant of the last quorum acknowledgement
+    // itself (`last_quorum_acked`), on its own monotonic clock: its age now
+    // is how long ago it was. A core that stops reporting (blocked) leaves
+    // that instant behind, so its silence grows.
     loop {
         ticks.tick().await;
         let Some(counted) = counted.upgrade() else {
             return;
         };
-        if metrics.has_changed().unwrap_or(false) {
-            seen_at = Instant::now();
-        }
         let (leading, term, since_ack) = {
             let metrics = metrics.borrow_and_update();
             (
                 metrics.state == openraft::ServerState::Leader,
                 metrics.current_term,
-                metrics.millis_since_quorum_ack,
+                metrics
+                    .last_quorum_acked
+                    .as_ref()
+                    .map(|acked| openraft::Instant::elapsed(&**acked)),
             )
         };
         // Leading counts from the first quorum acknowledgement, not from the
@@ -236,9 +235,8 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
         let (true, Some(since_ack)) = (leading, since_ack) else {
             continue;
         };
-        let acked_at = seen_at
-            .checked_sub(Duration::from_millis(since_ack))
-            .unwrap_or(seen_at);
+        let now = Instant::now();
+        let acked_at = now.checked_sub(since_ack).unwrap_or(now);
         let mut counted = lock(&counted);
         match counted.leadership.as_mut() {
             Some(leadership) if leadership.term == term => {
