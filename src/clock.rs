@@ -25,6 +25,7 @@
 use crate::raft_types::{NodeId, NodeInfo, Raft};
 use crate::read_index::ReadIndex;
 use crate::storage::SharedState;
+use futures::FutureExt;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{LinearizableReadError, RaftError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -209,24 +210,34 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
     drop(raft);
     let mut ticks = tokio::time::interval(timing.sample_every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // openraft 0.10 reports the instant of the last quorum acknowledgement
-    // itself (`last_quorum_acked`), on its own monotonic clock: its age now
-    // is how long ago it was. A core that stops reporting (blocked) leaves
-    // that instant behind, so its silence grows.
+    // When the metrics now held were first seen. openraft reports them on
+    // every turn of its core loop (at least every 1.5 heartbeats), with the
+    // age of the last quorum acknowledgement at that moment: the
+    // acknowledgement was that age before the report. A core that stops
+    // reporting (blocked) leaves `seen_at` behind, so its silence grows.
+    let mut seen_at = Instant::now();
     loop {
         ticks.tick().await;
         let Some(counted) = counted.upgrade() else {
             return;
         };
+        // A change already sent completes at once; none pending, not at all.
+        if let Some(changed) = metrics.changed().now_or_never() {
+            if changed.is_err() {
+                return;
+            }
+            seen_at = Instant::now();
+        }
+        #[allow(
+            deprecated,
+            reason = "the age at report time is what `seen_at` pairs with"
+        )]
         let (leading, term, since_ack) = {
             let metrics = metrics.borrow_and_update();
             (
                 metrics.state == openraft::ServerState::Leader,
                 metrics.current_term,
-                metrics
-                    .last_quorum_acked
-                    .as_ref()
-                    .map(|acked| openraft::Instant::elapsed(&**acked)),
+                metrics.millis_since_quorum_ack.map(Duration::from_millis),
             )
         };
         // Leading counts from the first quorum acknowledgement, not from the
@@ -235,8 +246,7 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
         let (true, Some(since_ack)) = (leading, since_ack) else {
             continue;
         };
-        let now = Instant::now();
-        let acked_at = now.checked_sub(since_ack).unwrap_or(now);
+        let acked_at = seen_at.checked_sub(since_ack).unwrap_or(seen_at);
         let mut counted = lock(&counted);
         match counted.leadership.as_mut() {
             Some(leadership) if leadership.term == term => {

@@ -233,8 +233,12 @@ enum SnapshotPart {
 /// part continues where the previous one ends. A single entry that does not
 /// fit stays as it is (and fails to send, loudly).
 fn encode_append(request: AppendEntriesRequest<TypeConfig>) -> Vec<Vec<u8>> {
+    encode_append_within(request, PEER_PAYLOAD_BYTES_MAX)
+}
+
+fn encode_append_within(request: AppendEntriesRequest<TypeConfig>, limit: usize) -> Vec<Vec<u8>> {
     let payload = codec::encode_versioned(PEER_FORMAT_VERSION, &request);
-    if payload.len() <= PEER_PAYLOAD_BYTES_MAX {
+    if payload.len() <= limit {
         return vec![payload];
     }
     if request.entries.len() <= 1 {
@@ -259,18 +263,24 @@ fn encode_append(request: AppendEntriesRequest<TypeConfig>) -> Vec<Vec<u8>> {
         entries = entries.len() + second.len(),
         "append too large for one message; split in two"
     );
-    let mut parts = encode_append(AppendEntriesRequest {
-        vote,
-        prev_log_id,
-        entries,
-        leader_commit,
-    });
-    parts.extend(encode_append(AppendEntriesRequest {
-        vote,
-        prev_log_id: middle,
-        entries: second,
-        leader_commit,
-    }));
+    let mut parts = encode_append_within(
+        AppendEntriesRequest {
+            vote,
+            prev_log_id,
+            entries,
+            leader_commit,
+        },
+        limit,
+    );
+    parts.extend(encode_append_within(
+        AppendEntriesRequest {
+            vote,
+            prev_log_id: middle,
+            entries: second,
+            leader_commit,
+        },
+        limit,
+    ));
     parts
 }
 
@@ -692,5 +702,65 @@ impl raft_server::Raft for PeerService {
         Ok(tonic::Response::new(seal(
             &self.raft.install_full_snapshot(vote, snapshot).await,
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft_types::Entry;
+    use crate::registry::{Nonce, Op};
+
+    fn append(indexes: std::ops::RangeInclusive<u64>) -> AppendEntriesRequest<TypeConfig> {
+        let log_id = |index| openraft::testing::log_id::<TypeConfig>(2, 1, index);
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(log_id(indexes.start() - 1)),
+            entries: indexes
+                .map(|index| Entry {
+                    log_id: log_id(index),
+                    payload: openraft::EntryPayload::Normal(crate::registry::Entry::single(
+                        index,
+                        Op::Register {
+                            cluster_id: None,
+                            nonce: Nonce(u128::from(index)),
+                        },
+                    )),
+                })
+                .collect(),
+            leader_commit: Some(log_id(3)),
+        }
+    }
+
+    /// An append over the limit goes as several that each fit (but for a
+    /// single entry), that keep every entry in order, and whose
+    /// `prev_log_id` is the last entry of the part before.
+    #[test]
+    fn an_oversized_append_is_split_into_consecutive_parts() {
+        let whole = append(5..=14);
+        let one_entry = codec::encode_versioned(PEER_FORMAT_VERSION, &append(5..=5)).len();
+        let limit = one_entry * 3;
+        let parts: Vec<AppendEntriesRequest<TypeConfig>> =
+            encode_append_within(whole.clone(), limit)
+                .iter()
+                .map(|payload| codec::decode_versioned(PEER_FORMAT_VERSION, payload).unwrap())
+                .collect();
+        assert!(parts.len() > 1);
+        let mut prev = whole.prev_log_id;
+        let mut entries = Vec::new();
+        for (part, payload) in parts.iter().zip(encode_append_within(whole.clone(), limit)) {
+            assert!(payload.len() <= limit || part.entries.len() == 1);
+            assert_eq!(part.prev_log_id, prev, "each part continues the one before");
+            assert_eq!(
+                (part.vote, part.leader_commit),
+                (whole.vote, whole.leader_commit)
+            );
+            prev = part.entries.last().map(|entry| entry.log_id);
+            entries.extend(part.entries.iter().map(|entry| entry.log_id));
+        }
+        let expected: Vec<_> = whole.entries.iter().map(|entry| entry.log_id).collect();
+        assert_eq!(entries, expected);
+        // Within the limit: one message, unchanged.
+        assert_eq!(encode_append_within(whole, usize::MAX).len(), 1);
     }
 }

@@ -164,10 +164,12 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
         install_snapshot_timeout: 5_000,
         max_payload_entries: MAX_PAYLOAD_ENTRIES,
-        // A follower asks whether it could win before it raises its term: a
-        // candidate with a shorter log no longer forces everyone into a
-        // second round (the failover tail of openraft 0.9).
-        enable_pre_vote: Some(true),
+        // Off: with pre-vote a follower cut off from the rest never raises
+        // its term and keeps naming its dead leader (in `Status` and in
+        // `NOT_LEADER` hints) instead of "no leader". Failover measured the
+        // same with and without it (README, "Raft timing"); the peer
+        // service answers pre-votes either way.
+        enable_pre_vote: Some(false),
         // Entries go to the followers as soon as the append is queued, not
         // after the leader's own fdatasync; commit still waits for a quorum
         // of durable copies, the leader's own counted only after its flush.
