@@ -2,7 +2,7 @@
 //! flusher thread calling sled's flush) and the segment log
 //! (`SegmentLogStore`, one writer thread, one pwrite + fdatasync per group):
 //! appends of 1, 16 and 64 entries of about 100 bytes, each awaited until
-//! its callback reports it durable, one at a time as openraft 0.9 does; and
+//! its callback reports it durable, one at a time; and
 //! 8 appenders at once (group commit). Throughput is in entries (elements);
 //! an append is one iteration.
 //!
@@ -27,15 +27,17 @@ use std::time::Duration;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use oncekv::raft_types::{StorageError, TypeConfig};
+use oncekv::raft_types::{LogId, TypeConfig, Vote};
 use oncekv::registry::{ClientId, ClusterId, Command, Entry, Execute, Op, Value};
 use oncekv::storage::{SegmentLogStore, SledLogStore};
-use openraft::storage::{LogFlushed, RaftLogStorage, RaftLogStorageExt};
-use openraft::{LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, Vote};
+use openraft::entry::RaftEntry as _;
+use openraft::storage::{IOFlushed, RaftLogStorage, RaftLogStorageExt};
+use openraft::{LogState, OptionalSend, RaftLogReader};
+use std::io;
 use tokio::runtime::Runtime;
 use tokio::sync::Mutex;
 
-type RaftEntry = openraft::Entry<TypeConfig>;
+type RaftEntry = oncekv::raft_types::Entry;
 
 /// Appenders in the concurrent case.
 const APPENDERS: u64 = 8;
@@ -44,7 +46,7 @@ const APPENDERS: u64 = 8;
 /// encoded, like a small `Execute`.
 fn raft_entry(index: u64) -> RaftEntry {
     openraft::Entry {
-        log_id: openraft::testing::log_id(1, 1, index),
+        log_id: openraft::testing::log_id::<TypeConfig>(1, 1, index),
         payload: openraft::EntryPayload::Normal(Entry::single(
             index,
             Op::Execute(Execute {
@@ -110,19 +112,27 @@ impl<S> Clone for Shared<S> {
     }
 }
 
-impl<S: RaftLogStorage<TypeConfig>> RaftLogReader<TypeConfig> for Shared<S> {
+impl<S: RaftLogStorage<TypeConfig> + RaftLogReader<TypeConfig>> RaftLogReader<TypeConfig>
+    for Shared<S>
+{
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<RaftEntry>, StorageError> {
+    ) -> Result<Vec<RaftEntry>, io::Error> {
         self.inner.lock().await.0.try_get_log_entries(range).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.inner.lock().await.0.read_vote().await
     }
 }
 
-impl<S: RaftLogStorage<TypeConfig>> RaftLogStorage<TypeConfig> for Shared<S> {
+impl<S: RaftLogStorage<TypeConfig> + RaftLogReader<TypeConfig>> RaftLogStorage<TypeConfig>
+    for Shared<S>
+{
     type LogReader = S::LogReader;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         self.inner.lock().await.0.get_log_state().await
     }
 
@@ -130,27 +140,23 @@ impl<S: RaftLogStorage<TypeConfig>> RaftLogStorage<TypeConfig> for Shared<S> {
         self.inner.lock().await.0.get_log_reader().await
     }
 
-    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError> {
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         self.inner.lock().await.0.save_vote(vote).await
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError> {
-        self.inner.lock().await.0.read_vote().await
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         self.inner.lock().await.0.save_committed(committed).await
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError> {
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
         self.inner.lock().await.0.read_committed().await
     }
 
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = RaftEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -160,7 +166,7 @@ impl<S: RaftLogStorage<TypeConfig>> RaftLogStorage<TypeConfig> for Shared<S> {
         let entries: Vec<RaftEntry> = entries
             .into_iter()
             .map(|mut entry| {
-                entry.set_log_id(&openraft::testing::log_id(1, 1, *next_index));
+                entry.set_log_id(openraft::testing::log_id::<TypeConfig>(1, 1, *next_index));
                 *next_index += 1;
                 entry
             })
@@ -168,11 +174,11 @@ impl<S: RaftLogStorage<TypeConfig>> RaftLogStorage<TypeConfig> for Shared<S> {
         store.append(entries, callback).await
     }
 
-    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
-        self.inner.lock().await.0.truncate(log_id).await
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        self.inner.lock().await.0.truncate_after(last_log_id).await
     }
 
-    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         self.inner.lock().await.0.purge(log_id).await
     }
 }
@@ -203,7 +209,7 @@ async fn append_batches<S: RaftLogStorage<TypeConfig>>(
 /// `iters` single-entry appends spread over [`APPENDERS`] concurrent appenders.
 async fn append_concurrently<S>(store: &Shared<S>, iters: u64) -> Duration
 where
-    S: RaftLogStorage<TypeConfig> + Send + 'static,
+    S: RaftLogStorage<TypeConfig> + RaftLogReader<TypeConfig> + Send + 'static,
 {
     #[allow(clippy::disallowed_methods)] // a benchmark measures wall time
     let start = Instant::now();
@@ -231,7 +237,7 @@ where
 
 fn bench_store<S, F>(c: &mut Criterion, runtime: &Runtime, name: &str, open: F)
 where
-    S: RaftLogStorage<TypeConfig> + Send + 'static,
+    S: RaftLogStorage<TypeConfig> + RaftLogReader<TypeConfig> + Send + 'static,
     F: Fn(&Path) -> S,
 {
     let mut group = c.benchmark_group(format!("log_store/{name}"));

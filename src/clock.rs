@@ -11,7 +11,7 @@
 //! Time without a leader therefore never counts against clients, and a
 //! leader whose wall clock is off by hours changes nothing.
 //!
-//! Led time is time with a quorum. openraft 0.9 keeps a leader that has lost
+//! Led time is time with a quorum. openraft keeps a leader that has lost
 //! its quorum leading for as long as no higher term reaches it, and its
 //! followers may come back to the same term (restarted before their election
 //! timeout, they take its heartbeats). So the clock samples the leader's
@@ -25,7 +25,9 @@
 use crate::raft_types::{NodeId, NodeInfo, Raft};
 use crate::read_index::ReadIndex;
 use crate::storage::SharedState;
-use openraft::error::{CheckIsLeaderError, RaftError};
+use futures::FutureExt;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{LinearizableReadError, RaftError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -163,7 +165,7 @@ impl ClusterClock {
 
     /// The stamp for an entry proposed now by this node as leader.
     pub async fn stamp(&self) -> Result<u64, ClockError> {
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         if let Some(stamp) = self.current_for(term) {
             return Ok(stamp);
         }
@@ -175,7 +177,7 @@ impl ClusterClock {
             .confirm()
             .await
             .map_err(|error| match error {
-                RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+                RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
                     ClockError::NotLeader {
                         leader_id: forward.leader_id,
                         leader: forward.leader_node,
@@ -185,7 +187,7 @@ impl ClusterClock {
             })?;
         // Everything before this term is applied now: the applied cluster
         // time is the largest stamp in the log.
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         let base_ms = self.state.read().registry.cluster_time_ms();
         {
             let mut counted = lock(&self.counted);
@@ -219,15 +221,23 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
         let Some(counted) = counted.upgrade() else {
             return;
         };
-        if metrics.has_changed().unwrap_or(false) {
+        // A change already sent completes at once; none pending, not at all.
+        if let Some(changed) = metrics.changed().now_or_never() {
+            if changed.is_err() {
+                return;
+            }
             seen_at = Instant::now();
         }
+        #[allow(
+            deprecated,
+            reason = "the age at report time is what `seen_at` pairs with"
+        )]
         let (leading, term, since_ack) = {
             let metrics = metrics.borrow_and_update();
             (
                 metrics.state == openraft::ServerState::Leader,
                 metrics.current_term,
-                metrics.millis_since_quorum_ack,
+                metrics.millis_since_quorum_ack.map(Duration::from_millis),
             )
         };
         // Leading counts from the first quorum acknowledgement, not from the
@@ -236,9 +246,7 @@ async fn sample_quorum(raft: Raft, counted: std::sync::Weak<Mutex<Counted>>, tim
         let (true, Some(since_ack)) = (leading, since_ack) else {
             continue;
         };
-        let acked_at = seen_at
-            .checked_sub(Duration::from_millis(since_ack))
-            .unwrap_or(seen_at);
+        let acked_at = seen_at.checked_sub(since_ack).unwrap_or(seen_at);
         let mut counted = lock(&counted);
         match counted.leadership.as_mut() {
             Some(leadership) if leadership.term == term => {

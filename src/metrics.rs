@@ -7,7 +7,7 @@
 //!
 //! Every metric is documented in README.md ("Metrics and dashboard").
 
-use crate::raft_types::{NodeId, NodeInfo};
+use crate::raft_types::{NodeId, TypeConfig};
 use crate::registry::{Entry, Op, Outcome, Registry, Rejection};
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -356,7 +356,7 @@ impl NodeMetrics {
     /// Sets every scrape-time gauge from Raft's metrics and the applied
     /// state. Takes the state's read lock for one pass over the sessions
     /// (and, once per applied index, the state hash).
-    pub fn refresh(&self, raft: &RaftMetrics<NodeId, NodeInfo>, registry: &Registry, hash: String) {
+    pub fn refresh(&self, raft: &RaftMetrics<TypeConfig>, registry: &Registry, hash: String) {
         self.term.set(saturating_i64(raft.current_term));
         self.leader_id
             .set(saturating_i64(raft.current_leader.unwrap_or(0)));

@@ -60,13 +60,19 @@ openraft::declare_raft_types!(
         R = Applied,
         NodeId = u64,
         Node = NodeInfo,
-        SnapshotData = Cursor<Vec<u8>>,
 );
 
 pub type NodeId = u64;
-pub type Raft = openraft::Raft<TypeConfig>;
-pub type LogId = openraft::LogId<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, NodeInfo>;
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, NodeInfo>;
-pub type Snapshot = openraft::Snapshot<TypeConfig>;
-pub type StorageError = openraft::StorageError<NodeId>;
+/// The bytes of a snapshot as they travel and are installed.
+pub type SnapshotData = Cursor<Vec<u8>>;
+pub type Raft = openraft::Raft<TypeConfig, crate::storage::StateMachineStore>;
+pub type CommittedLeaderId = openraft::type_config::alias::CommittedLeaderIdOf<TypeConfig>;
+pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
+pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
+pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
+pub type Membership = openraft::Membership<NodeId, NodeInfo>;
+pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
+pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
+pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
+pub type StorageError = openraft::StorageError<TypeConfig>;
+pub type RaftMetrics = openraft::RaftMetrics<TypeConfig>;

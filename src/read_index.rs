@@ -6,8 +6,9 @@
 //!
 //! Why the raise. A leader restarted within its own term (a crash, then back
 //! before its followers' election timeout) is restored as leader by openraft
-//! 0.9, whose read index is the larger of its committed index and the first
-//! entry of its term. The committed index it restarts with is only what was
+//! (0.9, and 0.10 with `enable_leader_restore`, its default), whose read
+//! index is the larger of its committed index and the first entry of its
+//! term. The committed index it restarts with is only what was
 //! last recorded: a crash can lose the latest record (it is not fsynced on
 //! its own), so the read index can fall below writes this leader already
 //! acknowledged. Every entry of a restored term was proposed by this leader
@@ -15,12 +16,13 @@
 //! until all of them are applied. A new term needs nothing more: its first
 //! entry follows everything any earlier leader acknowledged.
 
-use crate::raft_types::{LogId, NodeId, Raft};
-use openraft::Vote;
-use openraft::error::{CheckIsLeaderError, Fatal, RaftError};
+use crate::raft_types::{LogId, NodeId, Raft, TypeConfig, Vote};
+use openraft::RaftLogReader;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{Fatal, LinearizableReadError, RaftError};
 use openraft::storage::RaftLogStorage;
 
-type ReadError = RaftError<NodeId, CheckIsLeaderError<NodeId, crate::raft_types::NodeInfo>>;
+type ReadError = RaftError<TypeConfig, LinearizableReadError<TypeConfig>>;
 
 /// The read barrier of one node.
 #[derive(Clone)]
@@ -36,11 +38,11 @@ pub struct ReadIndex {
 /// not appended anything in its term).
 pub fn restored_leader_last_log(
     node: NodeId,
-    vote: Option<&Vote<NodeId>>,
+    vote: Option<&Vote>,
     last_log_id: Option<LogId>,
 ) -> Option<LogId> {
     let vote = vote?;
-    if !vote.is_committed() || vote.leader_id().voted_for() != Some(node) {
+    if !vote.is_committed() || vote.leader_id().node_id != node {
         return None;
     }
     let last = last_log_id?;
@@ -51,7 +53,7 @@ pub fn restored_leader_last_log(
 /// to openraft.
 pub async fn restored_from<S>(node: NodeId, store: &mut S) -> Result<Option<LogId>, anyhow::Error>
 where
-    S: RaftLogStorage<crate::raft_types::TypeConfig>,
+    S: RaftLogStorage<TypeConfig> + RaftLogReader<TypeConfig>,
 {
     let vote = store.read_vote().await?;
     let last = store.get_log_state().await?.last_log_id;
@@ -72,12 +74,15 @@ impl ReadIndex {
     /// everything a read must see is applied. Returns the index read at.
     /// The caller bounds it with its deadline.
     pub async fn confirm(&self) -> Result<u64, ReadError> {
-        let (read_log_id, applied) = self.raft.get_read_log_id().await?;
-        let vote = self.raft.metrics().borrow().vote;
+        let (read_log_id, applied) = self
+            .raft
+            .get_read_log_id(openraft::ReadPolicy::ReadIndex)
+            .await?;
+        let vote = self.raft.metrics().borrow_watched().vote;
         let floor = self
             .restored
             .filter(|restored| vote.is_committed() && restored.leader_id == *vote.leader_id());
-        let read_at = read_log_id.max(floor).map_or(0, |id| id.index);
+        let read_at = read_log_id.index().max(floor.map_or(0, |id| id.index));
         if applied.map_or(0, |id| id.index) < read_at {
             self.raft
                 .wait(None)
@@ -92,16 +97,13 @@ impl ReadIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::CommittedLeaderId;
 
     fn log_id(term: u64, leader: NodeId, index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(term, leader), index)
+        openraft::testing::log_id::<TypeConfig>(term, leader, index)
     }
 
-    fn leading(term: u64, node: NodeId) -> Vote<NodeId> {
-        let mut vote = Vote::new(term, node);
-        vote.commit();
-        vote
+    fn leading(term: u64, node: NodeId) -> Vote {
+        Vote::new_committed(term, node)
     }
 
     #[test]

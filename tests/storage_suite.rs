@@ -11,22 +11,27 @@
 //! `acknowledged_writes_survive_a_power_loss`).
 #![allow(
     clippy::result_large_err,
-    reason = "openraft's StorageError (224 bytes) is fixed by its traits"
+    reason = "openraft's StorageError is fixed by its traits"
 )]
 
-use oncekv::raft_types::{StorageError, TypeConfig};
+use oncekv::raft_types::{StorageError, TypeConfig, Vote};
 use oncekv::registry::{ClusterId, Entry, Nonce, Op, RegistryConfig, snapshot};
 use oncekv::storage::{SegmentLogStore, SledLogStore, StateMachineStore};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::testing::{StoreBuilder, Suite};
-use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder, StorageIOError, Vote};
+use openraft::testing::log::{StoreBuilder, Suite};
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder};
 use std::time::Duration;
 use tempfile::TempDir;
 
 type LogStore = SledLogStore<TypeConfig>;
+type Payload = openraft::type_config::alias::PayloadOf<TypeConfig>;
 
-fn io_error(e: impl std::error::Error + 'static) -> StorageError {
-    StorageIOError::write(openraft::AnyError::new(&e)).into()
+fn io_error(e: impl std::error::Error) -> StorageError {
+    StorageError::from_io_error(
+        ErrorSubject::Store,
+        ErrorVerb::Write,
+        std::io::Error::other(e.to_string()),
+    )
 }
 
 fn open_store(dir: &TempDir) -> Result<LogStore, StorageError> {
@@ -63,9 +68,9 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
 }
 
 /// openraft's conformance suite for log store and state machine.
-#[test]
-fn openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(Builder)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(Builder).await
 }
 
 type SegmentStore = SegmentLogStore<TypeConfig>;
@@ -88,12 +93,12 @@ impl StoreBuilder<TypeConfig, SegmentStore, StateMachineStore, TempDir> for Segm
 
 /// openraft's conformance suite for the segment log store (and the state
 /// machine beside it).
-#[test]
-fn openraft_storage_suite_segment_log() -> Result<(), StorageError> {
-    Suite::test_all(SegmentBuilder)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite_segment_log() -> Result<(), StorageError> {
+    Suite::test_all(SegmentBuilder).await
 }
 
-fn registry_entry(op: Op) -> EntryPayload<TypeConfig> {
+fn registry_entry(op: Op) -> Payload {
     EntryPayload::Normal(Entry::single(5, op))
 }
 
@@ -123,11 +128,11 @@ async fn write_then_check_after_reopen<S, F>(
     reopen: impl FnOnce() -> F,
 ) -> Result<(), StorageError>
 where
-    S: RaftLogStorage<TypeConfig>,
+    S: RaftLogStorage<TypeConfig> + RaftLogReader<TypeConfig>,
     F: Future<Output = Result<S, StorageError>>,
 {
-    let log_id = |term, index| openraft::testing::log_id(term, 1, index);
-    let entry = |term, index, payload| openraft::Entry::<TypeConfig> {
+    let log_id = |term, index| openraft::testing::log_id::<TypeConfig>(term, 1, index);
+    let entry = |term, index, payload| oncekv::raft_types::Entry {
         log_id: log_id(term, index),
         payload,
     };
@@ -145,17 +150,22 @@ where
             entry(2, 3, EntryPayload::Blank),
         ])
         .await?;
-    store.save_vote(&vote).await?;
-    store.save_committed(committed).await?;
-    store.purge(log_id(1, 1)).await?;
+    store.save_vote(&vote).await.map_err(io_error)?;
+    store.save_committed(committed).await.map_err(io_error)?;
+    store.purge(log_id(1, 1)).await.map_err(io_error)?;
     drop(store);
     let mut store = reopen().await?;
-    let state = store.get_log_state().await?;
+    let state = store.get_log_state().await.map_err(io_error)?;
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 1)));
     assert_eq!(state.last_log_id, Some(log_id(2, 3)));
-    assert_eq!(store.read_vote().await?, Some(vote));
-    assert_eq!(store.read_committed().await?, committed);
-    let entries = store.get_log_reader().await.try_get_log_entries(..).await?;
+    assert_eq!(store.read_vote().await.map_err(io_error)?, Some(vote));
+    assert_eq!(store.read_committed().await.map_err(io_error)?, committed);
+    let entries = store
+        .get_log_reader()
+        .await
+        .try_get_log_entries(..)
+        .await
+        .map_err(io_error)?;
     let ids: Vec<_> = entries.iter().map(|e| e.log_id).collect();
     assert_eq!(ids, vec![log_id(1, 2), log_id(2, 3)]);
     assert_eq!(entries[0].payload, register);
@@ -169,20 +179,20 @@ where
 async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> {
     let dir = tempfile::tempdir().map_err(io_error)?;
     let snapshots = dir.path().join("snapshots");
-    let log_id = |index| openraft::testing::log_id(1, 1, index);
+    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
     let cluster_id = ClusterId(77);
     let hash_before;
     {
         let mut state_machine = StateMachineStore::open(&snapshots).map_err(io_error)?;
         let entries = vec![
-            openraft::Entry::<TypeConfig> {
+            oncekv::raft_types::Entry {
                 log_id: log_id(1),
                 payload: registry_entry(Op::Bootstrap {
                     cluster_id,
                     config: RegistryConfig::default(),
                 }),
             },
-            openraft::Entry::<TypeConfig> {
+            oncekv::raft_types::Entry {
                 log_id: log_id(2),
                 payload: registry_entry(Op::Register {
                     cluster_id: Some(cluster_id),
@@ -191,18 +201,24 @@ async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> 
                 }),
             },
         ];
-        let replies = state_machine.apply(entries).await?;
-        assert_eq!(replies.len(), 2);
+        state_machine
+            .apply(futures::stream::iter(
+                entries.into_iter().map(|entry| Ok((entry, None))),
+            ))
+            .await
+            .map_err(io_error)?;
+        assert_eq!(state_machine.state().read().registry.applied_index(), 2);
         let built = state_machine
             .get_snapshot_builder()
             .await
             .build_snapshot()
-            .await?;
+            .await
+            .map_err(io_error)?;
         assert_eq!(built.meta.last_log_id, Some(log_id(2)));
         hash_before = snapshot::state_hash(&state_machine.state().read().registry);
     }
     let mut reopened = StateMachineStore::open(&snapshots).map_err(io_error)?;
-    let (applied, _) = reopened.applied_state().await?;
+    let (applied, _) = reopened.applied_state().await.map_err(io_error)?;
     assert_eq!(applied, Some(log_id(2)));
     {
         let state = reopened.state();
@@ -213,7 +229,8 @@ async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> 
     }
     let current = reopened
         .get_current_snapshot()
-        .await?
+        .await
+        .map_err(io_error)?
         .expect("current snapshot");
     assert_eq!(current.meta.last_log_id, Some(log_id(2)));
     Ok(())

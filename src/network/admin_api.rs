@@ -18,9 +18,10 @@ use super::peer::parse_cluster_id;
 use super::proposer::Proposer;
 use super::status::{ErrorReason, reason_status};
 use crate::proto::{self, admin_server};
-use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
+use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig, is_host_port, same_addr};
 use crate::registry::{ClientId, ClusterId, Op, Outcome};
 use crate::storage::SharedState;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership, RaftMetrics, ServerState};
 use std::collections::BTreeSet;
@@ -95,7 +96,7 @@ impl AdminApi {
     /// The membership as this node leads it (its latest, possibly not yet
     /// committed); `NOT_LEADER` with the leader's hint on any other node.
     fn leader_membership(&self) -> Result<Membership<NodeId, NodeInfo>, Status> {
-        let metrics = self.raft.metrics().borrow().clone();
+        let metrics = self.raft.metrics().borrow_watched().clone();
         if metrics.state != ServerState::Leader {
             return Err(not_leader(&metrics));
         }
@@ -182,7 +183,7 @@ impl AdminApi {
 }
 
 /// `NOT_LEADER` with the leader's id and client address, when known.
-fn not_leader(metrics: &RaftMetrics<NodeId, NodeInfo>) -> Status {
+fn not_leader(metrics: &RaftMetrics<TypeConfig>) -> Status {
     let leader_client_addr = metrics
         .current_leader
         .and_then(|leader| metrics.membership_config.membership().get_node(&leader))
@@ -195,7 +196,7 @@ fn not_leader(metrics: &RaftMetrics<NodeId, NodeInfo>) -> Status {
 
 /// Membership errors: a change ruled out by the membership is the caller's
 /// to fix; one already in progress is for this attempt only.
-fn membership_status(error: RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>) -> Status {
+fn membership_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
     match error {
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => match change {
             ChangeMembershipError::InProgress(progress) => reason_status(ErrorReason::Unavailable(
@@ -274,7 +275,7 @@ impl admin_server::Admin for AdminApi {
         let members = self
             .raft
             .metrics()
-            .borrow()
+            .borrow_watched()
             .membership_config
             .membership()
             .clone();
@@ -305,7 +306,12 @@ impl admin_server::Admin for AdminApi {
         // majority: commits stop until it is undone. Promote only learners
         // that have caught up with this leader's log now.
         let current_voters = voter_ids(&membership);
-        let last_log_index = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+        let last_log_index = self
+            .raft
+            .metrics()
+            .borrow_watched()
+            .last_log_index
+            .unwrap_or(0);
         for &id in voters.difference(&current_voters) {
             self.wait_caught_up(id, last_log_index, PROMOTE_CATCH_UP_TIMEOUT)
                 .await
@@ -321,7 +327,7 @@ impl admin_server::Admin for AdminApi {
             let index = self
                 .raft
                 .metrics()
-                .borrow()
+                .borrow_watched()
                 .membership_config
                 .log_id()
                 .map_or(0, |id| id.index);

@@ -17,12 +17,13 @@ use super::proposer::Proposer;
 use super::status::{ErrorReason, reason_status};
 use crate::clock::ClockError;
 use crate::proto::{self, client_server};
-use crate::raft_types::{NodeId, Raft};
+use crate::raft_types::{NodeId, Raft, TypeConfig};
 use crate::read_index::ReadIndex;
 use crate::registry::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
 use crate::storage::SharedState;
 use openraft::ServerState;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
@@ -110,16 +111,18 @@ pub(super) fn clock_status(error: ClockError) -> Status {
     }
 }
 
-pub(super) fn write_status(
-    error: RaftError<NodeId, ClientWriteError<NodeId, crate::raft_types::NodeInfo>>,
-) -> Status {
+pub(super) fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
     match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-            reason_status(ErrorReason::NotLeader {
-                leader_id: forward.leader_id,
-                leader_client_addr: forward.leader_node.map(|node| node.client_addr),
-            })
-        }
+        // openraft 0.10 says `LogEntryDiscarded` when a leader change drops
+        // an entry it had appended: its outcome is unknown, which a retry of
+        // the same request resolves (this attempt only, as `NOT_LEADER`).
+        RaftError::APIError(
+            ClientWriteError::ForwardToLeader(forward)
+            | ClientWriteError::LogEntryDiscarded(forward),
+        ) => reason_status(ErrorReason::NotLeader {
+            leader_id: forward.leader_id,
+            leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+        }),
         other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
 }
@@ -319,7 +322,7 @@ impl client_server::Client for ClientApi {
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;
         confirmed.map_err(|error| match error {
-            RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward)) => {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
                 reason_status(ErrorReason::NotLeader {
                     leader_id: forward.leader_id,
                     leader_client_addr: forward.leader_node.map(|node| node.client_addr),
@@ -341,7 +344,7 @@ impl client_server::Client for ClientApi {
         &self,
         _request: Request<proto::StatusRequest>,
     ) -> Result<Response<proto::StatusReply>, Status> {
-        let metrics = self.raft.metrics().borrow().clone();
+        let metrics = self.raft.metrics().borrow_watched().clone();
         let role = match metrics.state {
             ServerState::Leader => "leader",
             ServerState::Follower => "follower",

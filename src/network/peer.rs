@@ -1,38 +1,54 @@
 //! Raft traffic between nodes over tonic: the client side openraft calls
-//! (`RaftNetworkFactory` / `RaftNetwork`) and the `Raft` gRPC service that
+//! (`RaftNetworkFactory` / `RaftNetworkV2`) and the `Raft` gRPC service that
 //! hands incoming messages to openraft. Messages travel as codec-encoded
 //! bytes with the sender's cluster id (rule 16): a node that knows another
-//! cluster id refuses them.
+//! cluster id refuses them, and a node that knows none adopts the sender's
+//! only from a message that decodes.
+//!
+//! Replication is pipelined (openraft 0.10's `stream_append`): one gRPC
+//! stream per leader-follower session carries appends back to back, and the
+//! follower answers each in order. Snapshots travel as one client stream.
 
 use super::status::{ErrorReason, reason_status};
+use super::tls::PeerClaim;
 use crate::proto::RaftMessage;
 use crate::proto::raft_client::RaftClient;
 use crate::proto::raft_server;
-use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig};
+use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::registry::{ClusterId, codec};
 use crate::storage::ClusterIdentity;
-use openraft::error::Timeout;
+use futures::{Stream, StreamExt};
+use openraft::OptionalSend;
+use openraft::RaftNetworkFactory;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
-    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Timeout,
     Unreachable,
 };
-use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
 
 /// Version byte of peer message payloads. 2 since the apply rules of
-/// storage format 3, 3 since those of format 4: a node of either side
-/// refuses the other's messages, so replicas of different rules never share
-/// a log.
-pub const PEER_FORMAT_VERSION: u8 = 3;
+/// storage format 3: a node of either side refuses the other's messages, so
+/// replicas of different rules never share a log. 3 since openraft 0.10,
+/// whose messages are shaped differently (nodes of 0.9 and 0.10 must not
+/// mix); 4 since the apply rules of storage format 4 (sessions owned by
+/// principals).
+pub const PEER_FORMAT_VERSION: u8 = 4;
+
+/// Bytes of snapshot data per message of a snapshot stream.
+const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
 
 // Message sizes between peers, and why they fit together:
 //
@@ -43,16 +59,18 @@ pub const PEER_FORMAT_VERSION: u8 = 3;
 //   `BATCH_REQUESTS_MAX` = 1,024 requests (`network::proposer`); each request
 //   adds its ids, command tags and bincode varints beyond its payload: under
 //   1 KiB. So one entry < 8 MiB + 1 MiB.
-// - openraft sends at most `MAX_PAYLOAD_ENTRIES` = 64 entries per append
-//   (`node::MAX_PAYLOAD_ENTRIES`): 64 × 8 MiB = 512 MiB in the worst case,
-//   far above any sane message. So the batch is checked here, not assumed:
-//   an encoded append above `PEER_PAYLOAD_BYTES_MAX` = 32 MiB is refused
-//   locally as `PayloadTooLarge` with half the entries as the hint, and
-//   openraft resends fewer (64 → 32 → … → 1). Four worst-case entries
-//   (≈ 36 MiB) may not fit, three (≈ 27 MiB) do; a batch of one
-//   (< 9 MiB) always fits, so the shrinking ends.
-// - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (node; 4 MiB) plus
-//   the snapshot meta (the membership: well under 1 MiB).
+// - openraft sends at most `MAX_PAYLOAD_ENTRIES` entries per append
+//   (`node::MAX_PAYLOAD_ENTRIES`): with 8 MiB entries far above any sane
+//   message. So the batch is checked here, not assumed: an encoded append
+//   above `PEER_PAYLOAD_BYTES_MAX` = 32 MiB is split here into appends of
+//   consecutive halves (each with the previous one's last log id as its
+//   `prev_log_id`), sent in order (openraft 0.10 has no "payload too
+//   large" answer). Four worst-case entries (≈ 36 MiB) may not fit, three
+//   (≈ 27 MiB) do; an append of one entry (< 9 MiB) always fits, so the
+//   splitting ends.
+// - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (4 MiB) after a
+//   first message with the vote and the snapshot meta (the membership:
+//   well under 1 MiB).
 // - The gRPC message wraps the payload with the cluster id (16 bytes), the
 //   sender id (≤ 10 bytes) and field tags: `PEER_MESSAGE_BYTES_MAX` leaves
 //   1 MiB for that, and both the peer server and the peer clients set it as
@@ -62,8 +80,7 @@ pub const PEER_FORMAT_VERSION: u8 = 3;
 //   (`registry::codec`), above 33 MiB: every accepted message decodes.
 
 /// Largest encoded Raft payload a node sends (see the arithmetic above): an
-/// append batch above it is refused locally as "payload too large", and
-/// openraft retries with fewer entries.
+/// append above it is split into smaller appends before it is sent.
 pub const PEER_PAYLOAD_BYTES_MAX: usize = 32 << 20;
 
 /// Largest gRPC message between peers, both directions: the payload bound
@@ -138,8 +155,17 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         if dial != node.peer_addr {
             tracing::info!(node_id = target, announced = %node.peer_addr, via = %dial, "dialling a peer through its override");
         }
-        let channel = super::tls::peer_endpoint(self.tls.as_ref(), &dial, target)
-            .map(|endpoint| endpoint.tcp_nodelay(true).connect_lazy());
+        // HTTP/2 keepalives end a replication stream whose peer went silent
+        // (a stream has no per-message deadline); openraft then opens a new
+        // one.
+        let channel = super::tls::peer_endpoint(self.tls.as_ref(), &dial, target).map(|endpoint| {
+            endpoint
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_millis(500))
+                .keep_alive_timeout(Duration::from_millis(1_000))
+                .keep_alive_while_idle(true)
+                .connect_lazy()
+        });
         PeerClient {
             from: self.node_id,
             target,
@@ -168,7 +194,7 @@ pub struct PeerClient {
 enum Rpc {
     AppendEntries,
     Vote,
-    InstallSnapshot,
+    PreVote,
 }
 
 /// Why a peer call failed below Raft.
@@ -186,147 +212,330 @@ enum PeerCallError {
     Decode(codec::CodecError),
     #[error("message of {0} bytes exceeds the peer payload limit")]
     TooLarge(usize),
+    #[error("snapshot stream closed: {0}")]
+    Closed(String),
 }
 
-impl PeerClient {
-    async fn call<Req: Serialize, Resp: DeserializeOwned>(
-        &mut self,
-        rpc: Rpc,
-        request: &Req,
-        option: &RPCOption,
-    ) -> Result<Resp, PeerCallError> {
-        let client = self
-            .client
-            .as_mut()
-            .ok_or_else(|| PeerCallError::BadAddress(self.peer_addr.clone()))?;
-        let payload = codec::encode_versioned(PEER_FORMAT_VERSION, request);
-        if payload.len() > PEER_PAYLOAD_BYTES_MAX {
-            return Err(PeerCallError::TooLarge(payload.len()));
-        }
-        let cluster_id = self.identity.get();
-        let mut message = tonic::Request::new(RaftMessage {
-            cluster_id: cluster_id_bytes(cluster_id),
-            from_node_id: self.from,
-            payload,
-        });
-        message.set_timeout(option.hard_ttl());
-        let reply = match rpc {
-            Rpc::AppendEntries => client.append_entries(message).await,
-            Rpc::Vote => client.vote(message).await,
-            Rpc::InstallSnapshot => client.install_snapshot(message).await,
-        };
-        let reply = reply.map_err(|status| match status.code() {
-            // A slow peer is not an unreachable one: openraft backs off for
-            // half a second after `Unreachable`, which would starve the
-            // followers of heartbeats and cause elections.
+impl From<tonic::Status> for PeerCallError {
+    fn from(status: tonic::Status) -> Self {
+        match status.code() {
+            // A slow peer is not an unreachable one: openraft backs off
+            // longer after `Unreachable`, which would starve the followers
+            // of heartbeats and cause elections.
             tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
                 PeerCallError::Timeout(status)
             }
             tonic::Code::Unavailable => PeerCallError::Unreachable(status),
             _ => PeerCallError::Refused(status),
-        })?;
-        codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
-            .map_err(PeerCallError::Decode)
-    }
-
-    /// Sends `request` and unwraps the remote `Result` openraft returned.
-    async fn raft_call<Req, Resp, E>(
-        &mut self,
-        rpc: Rpc,
-        request: &Req,
-        entries_hint: u64,
-        option: RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, NodeInfo, E>>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let target = self.target;
-        match self
-            .call::<Req, Result<Resp, E>>(rpc, request, &option)
-            .await
-        {
-            Err(PeerCallError::TooLarge(bytes)) if entries_hint > 1 => {
-                tracing::debug!(
-                    bytes,
-                    entries = entries_hint,
-                    "append batch too large; openraft will shrink it"
-                );
-                Err(RPCError::PayloadTooLarge(
-                    PayloadTooLarge::new_entries_hint((entries_hint / 2).max(1)),
-                ))
-            }
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(target, remote))),
-            Err(PeerCallError::Timeout(_)) => Err(RPCError::Timeout(Timeout {
-                action: match rpc {
-                    Rpc::AppendEntries => RPCTypes::AppendEntries,
-                    Rpc::Vote => RPCTypes::Vote,
-                    Rpc::InstallSnapshot => RPCTypes::InstallSnapshot,
-                },
-                id: self.from,
-                target,
-                timeout: option.hard_ttl(),
-            })),
-            Err(error @ (PeerCallError::Unreachable(_) | PeerCallError::BadAddress(_))) => {
-                Err(RPCError::Unreachable(Unreachable::new(&error)))
-            }
-            Err(error) => {
-                if let PeerCallError::TooLarge(bytes) = &error {
-                    // The size arithmetic above says one entry always fits:
-                    // if this shows, it is wrong and this link is stuck.
-                    tracing::error!(
-                        target_node = target,
-                        bytes,
-                        "a single Raft message exceeds the peer message limit"
-                    );
-                }
-                Err(RPCError::Network(NetworkError::new(&error)))
-            }
         }
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+/// One message of a snapshot stream.
+#[derive(Serialize, Deserialize)]
+enum SnapshotPart {
+    /// First: the leader's vote and the snapshot's meta.
+    Head { vote: Vote, meta: SnapshotMeta },
+    /// Then the snapshot's bytes, in order.
+    Data(Vec<u8>),
+}
+
+/// An append split until each part encodes within the payload limit; each
+/// part continues where the previous one ends. A single entry that does not
+/// fit stays as it is (and fails to send, loudly).
+fn encode_append(request: AppendEntriesRequest<TypeConfig>) -> Vec<Vec<u8>> {
+    encode_append_within(request, PEER_PAYLOAD_BYTES_MAX)
+}
+
+fn encode_append_within(request: AppendEntriesRequest<TypeConfig>, limit: usize) -> Vec<Vec<u8>> {
+    let payload = codec::encode_versioned(PEER_FORMAT_VERSION, &request);
+    if payload.len() <= limit {
+        return vec![payload];
+    }
+    if request.entries.len() <= 1 {
+        // The size arithmetic above says one entry always fits: if this
+        // shows, it is wrong and this link is stuck.
+        tracing::error!(
+            bytes = payload.len(),
+            "a single Raft entry exceeds the peer message limit"
+        );
+        return vec![payload];
+    }
+    let AppendEntriesRequest {
+        vote,
+        prev_log_id,
+        mut entries,
+        leader_commit,
+    } = request;
+    let second = entries.split_off(entries.len() / 2);
+    let middle = entries.last().map(|entry| entry.log_id);
+    tracing::debug!(
+        bytes = payload.len(),
+        entries = entries.len() + second.len(),
+        "append too large for one message; split in two"
+    );
+    let mut parts = encode_append_within(
+        AppendEntriesRequest {
+            vote,
+            prev_log_id,
+            entries,
+            leader_commit,
+        },
+        limit,
+    );
+    parts.extend(encode_append_within(
+        AppendEntriesRequest {
+            vote,
+            prev_log_id: middle,
+            entries: second,
+            leader_commit,
+        },
+        limit,
+    ));
+    parts
+}
+
+impl PeerClient {
+    fn client(&self) -> Result<RaftClient<Channel>, PeerCallError> {
+        self.client
+            .clone()
+            .ok_or_else(|| PeerCallError::BadAddress(self.peer_addr.clone()))
+    }
+
+    fn message(&self, payload: Vec<u8>) -> RaftMessage {
+        RaftMessage {
+            cluster_id: cluster_id_bytes(self.identity.get()),
+            from_node_id: self.from,
+            payload,
+        }
+    }
+
+    /// One unary call with an encoded payload.
+    async fn call<Resp: DeserializeOwned>(
+        &self,
+        rpc: Rpc,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Resp, PeerCallError> {
+        let mut client = self.client()?;
+        if payload.len() > PEER_PAYLOAD_BYTES_MAX {
+            return Err(PeerCallError::TooLarge(payload.len()));
+        }
+        let mut message = tonic::Request::new(self.message(payload));
+        message.set_timeout(option.hard_ttl());
+        let reply = match rpc {
+            Rpc::AppendEntries => client.append_entries(message).await,
+            Rpc::Vote => client.vote(message).await,
+            Rpc::PreVote => client.pre_vote(message).await,
+        }?;
+        codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
+            .map_err(PeerCallError::Decode)
+    }
+
+    fn rpc_error<E: std::error::Error>(
+        &self,
+        rpc: RPCTypes,
+        option: &RPCOption,
+        error: PeerCallError,
+    ) -> RPCError<TypeConfig, E> {
+        match error {
+            PeerCallError::Timeout(_) => RPCError::Timeout(Timeout {
+                action: rpc,
+                id: self.from,
+                target: self.target,
+                timeout: option.hard_ttl(),
+            }),
+            error @ (PeerCallError::Unreachable(_) | PeerCallError::BadAddress(_)) => {
+                RPCError::Unreachable(Unreachable::new(&error))
+            }
+            error => RPCError::Network(NetworkError::new(&error)),
+        }
+    }
+
+    /// Sends an encoded request and unwraps the remote `Result` openraft
+    /// returned.
+    async fn raft_call<Resp: DeserializeOwned>(
+        &self,
+        rpc: Rpc,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
+        let kind = match rpc {
+            Rpc::AppendEntries => RPCTypes::AppendEntries,
+            Rpc::Vote | Rpc::PreVote => RPCTypes::Vote,
+        };
+        match self
+            .call::<Result<Resp, RaftError<TypeConfig>>>(rpc, payload, option)
+            .await
+        {
+            Ok(Ok(response)) => Ok(response),
+            // `RaftError<C>` carries only `Fatal`: the peer's Raft stopped.
+            Ok(Err(remote)) => Err(RPCError::Unreachable(Unreachable::new(&remote))),
+            Err(error) => Err(self.rpc_error(kind, option, error)),
+        }
+    }
+
+    async fn send_snapshot(
+        &self,
+        vote: Vote,
+        snapshot: Snapshot,
+    ) -> Result<SnapshotResponse<TypeConfig>, PeerCallError> {
+        let mut client = self.client()?;
+        let Snapshot { meta, snapshot } = snapshot;
+        let data = snapshot.into_inner();
+        let mut parts = vec![self.message(codec::encode_versioned(
+            PEER_FORMAT_VERSION,
+            &SnapshotPart::Head { vote, meta },
+        ))];
+        for chunk in data.chunks(SNAPSHOT_CHUNK_BYTES) {
+            parts.push(self.message(codec::encode_versioned(
+                PEER_FORMAT_VERSION,
+                &SnapshotPart::Data(chunk.to_vec()),
+            )));
+        }
+        let reply = client
+            .install_snapshot(futures::stream::iter(parts))
+            .await?;
+        let result: Result<SnapshotResponse<TypeConfig>, Fatal<TypeConfig>> =
+            codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
+                .map_err(PeerCallError::Decode)?;
+        result.map_err(|fatal| PeerCallError::Closed(fatal.to_string()))
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = crate::raft_types::SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        let entries = rpc.entries.len() as u64;
-        self.raft_call(Rpc::AppendEntries, &rpc, entries, option)
-            .await
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        // A split append is sent part by part; the first that is not a
+        // plain success answers for the whole.
+        let mut last = None;
+        for payload in encode_append(rpc) {
+            let response: AppendEntriesResponse<TypeConfig> =
+                self.raft_call(Rpc::AppendEntries, payload, &option).await?;
+            if !response.is_success() {
+                return Ok(response);
+            }
+            last = Some(response);
+        }
+        last.ok_or_else(|| {
+            RPCError::Network(NetworkError::new(&PeerCallError::Closed(
+                "empty append".into(),
+            )))
+        })
     }
 
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
         option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        self.raft_call(Rpc::InstallSnapshot, &rpc, 0, option).await
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            // openraft's replication waits out its backoff inside the
+            // request stream: connect only once the first append is there,
+            // or a peer that refuses connections is redialled in a tight
+            // loop.
+            let mut input = input.peekable();
+            if Pin::new(&mut input).peek().await.is_none() {
+                return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, _>);
+            }
+            let mut client = self
+                .client()
+                .map_err(|error| self.rpc_error(RPCTypes::AppendEntries, &option, error))?;
+            let cluster_id = cluster_id_bytes(self.identity.get());
+            let from = self.from;
+            let requests = input.flat_map(move |request| {
+                let cluster_id = cluster_id.clone();
+                futures::stream::iter(encode_append(request).into_iter().map(move |payload| {
+                    RaftMessage {
+                        cluster_id: cluster_id.clone(),
+                        from_node_id: from,
+                        payload,
+                    }
+                }))
+            });
+            let replies = client
+                .stream_append(requests)
+                .await
+                .map_err(|status| self.rpc_error(RPCTypes::AppendEntries, &option, status.into()))?
+                .into_inner();
+            let target = self.target;
+            let replies = replies.map(move |reply| {
+                let reply = reply.map_err(|status| {
+                    RPCError::Network(NetworkError::new(&PeerCallError::from(status)))
+                })?;
+                let decoded: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
+                    codec::decode_versioned(PEER_FORMAT_VERSION, &reply.payload).map_err(
+                        |error| RPCError::Network(NetworkError::new(&PeerCallError::Decode(error))),
+                    )?;
+                decoded.map_err(|fatal| {
+                    tracing::warn!(target_node = target, %fatal, "peer's Raft stopped");
+                    RPCError::Unreachable(Unreachable::new(&fatal))
+                })
+            });
+            Ok(Box::pin(replies) as BoxStream<'s, _>)
+        })
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        self.raft_call(Rpc::Vote, &rpc, 0, option).await
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let payload = codec::encode_versioned(PEER_FORMAT_VERSION, &rpc);
+        self.raft_call(Rpc::Vote, payload, &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let payload = codec::encode_versioned(PEER_FORMAT_VERSION, &rpc);
+        self.raft_call(Rpc::PreVote, payload, &option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let send = self.send_snapshot(vote, snapshot);
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            sent = send => sent.map_err(|error| match self.rpc_error::<std::convert::Infallible>(RPCTypes::InstallSnapshot, &option, error) {
+                RPCError::Timeout(timeout) => StreamingError::Timeout(timeout),
+                RPCError::Unreachable(unreachable) => StreamingError::Unreachable(unreachable),
+                RPCError::Network(network) => StreamingError::Network(network),
+                RPCError::RemoteError(remote) => StreamingError::Network(NetworkError::new(&remote)),
+            }),
+        }
     }
 
     /// After `Unreachable` (connection refused: the peer is down), retry
     /// soon — a restarted node should rejoin within a heartbeat or two.
-    fn backoff(&self) -> Backoff {
-        Backoff::new(
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new(
             [50u64, 100, 200]
                 .into_iter()
                 .chain(std::iter::repeat(250))
                 .map(Duration::from_millis),
-        )
+        ))
     }
 }
 
@@ -353,52 +562,62 @@ impl PeerService {
     /// to a cluster.
     fn open<T: DeserializeOwned>(
         &self,
-        message: tonic::Request<RaftMessage>,
+        claim: &PeerClaim,
+        message: RaftMessage,
     ) -> Result<T, tonic::Status> {
-        super::tls::check_peer_claim(&message, message.get_ref().from_node_id)?;
-        let message = message.into_inner();
-        let theirs = parse_cluster_id(&message.cluster_id)
-            .map_err(|error| reason_status(ErrorReason::InvalidArgument(error.to_string())))?;
-        match (self.identity.get(), theirs) {
-            (Some(ours), Some(theirs)) if ours != theirs => {
-                tracing::warn!(from_node_id = message.from_node_id, %theirs, %ours, "peer of another cluster");
-                return Err(reason_status(ErrorReason::WrongCluster(ours)));
-            }
-            // Once this node knows its cluster, unidentified peers are
-            // strangers (a node of a wiped cluster, say).
-            (Some(ours), None) => {
-                tracing::warn!(
-                    from_node_id = message.from_node_id,
-                    "peer without a cluster id"
-                );
-                return Err(reason_status(ErrorReason::WrongCluster(ours)));
-            }
-            _ => {}
-        }
-        let decoded =
-            codec::decode_versioned(PEER_FORMAT_VERSION, &message.payload).map_err(|error| {
-                reason_status(ErrorReason::InvalidArgument(format!(
-                    "undecodable peer message: {error}"
-                )))
-            })?;
-        if let (None, Some(theirs)) = (self.identity.get(), theirs) {
-            self.identity.adopt(theirs).map_err(|error| {
-                reason_status(ErrorReason::Unavailable(format!(
-                    "cannot record the cluster id: {error}"
-                )))
-            })?;
-        }
-        Ok(decoded)
+        open_message(&self.identity, claim, message)
     }
 }
 
-fn seal<T: Serialize>(value: &T) -> tonic::Response<RaftMessage> {
-    tonic::Response::new(RaftMessage {
+fn open_message<T: DeserializeOwned>(
+    identity: &ClusterIdentity,
+    claim: &PeerClaim,
+    message: RaftMessage,
+) -> Result<T, tonic::Status> {
+    claim.check(message.from_node_id)?;
+    let theirs = parse_cluster_id(&message.cluster_id)
+        .map_err(|error| reason_status(ErrorReason::InvalidArgument(error.to_string())))?;
+    match (identity.get(), theirs) {
+        (Some(ours), Some(theirs)) if ours != theirs => {
+            tracing::warn!(from_node_id = message.from_node_id, %theirs, %ours, "peer of another cluster");
+            return Err(reason_status(ErrorReason::WrongCluster(ours)));
+        }
+        // Once this node knows its cluster, unidentified peers are
+        // strangers (a node of a wiped cluster, say).
+        (Some(ours), None) => {
+            tracing::warn!(
+                from_node_id = message.from_node_id,
+                "peer without a cluster id"
+            );
+            return Err(reason_status(ErrorReason::WrongCluster(ours)));
+        }
+        _ => {}
+    }
+    let decoded =
+        codec::decode_versioned(PEER_FORMAT_VERSION, &message.payload).map_err(|error| {
+            reason_status(ErrorReason::InvalidArgument(format!(
+                "undecodable peer message: {error}"
+            )))
+        })?;
+    if let (None, Some(theirs)) = (identity.get(), theirs) {
+        identity.adopt(theirs).map_err(|error| {
+            reason_status(ErrorReason::Unavailable(format!(
+                "cannot record the cluster id: {error}"
+            )))
+        })?;
+    }
+    Ok(decoded)
+}
+
+fn seal<T: Serialize>(value: &T) -> RaftMessage {
+    RaftMessage {
         cluster_id: Vec::new(),
         from_node_id: 0,
         payload: codec::encode_versioned(PEER_FORMAT_VERSION, value),
-    })
+    }
 }
+
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<RaftMessage, tonic::Status>> + Send>>;
 
 #[tonic::async_trait]
 impl raft_server::Raft for PeerService {
@@ -406,23 +625,165 @@ impl raft_server::Raft for PeerService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = self.open(request)?;
-        Ok(seal(&self.raft.append_entries(rpc).await))
+        let claim = PeerClaim::of(&request);
+        let rpc: AppendEntriesRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        Ok(tonic::Response::new(seal(
+            &self.raft.append_entries(rpc).await,
+        )))
+    }
+
+    type StreamAppendStream = ReplyStream;
+
+    /// Appends are decoded (and their sender checked) one by one as they
+    /// arrive; the first that is refused ends the stream with its status,
+    /// after the replies to the appends before it.
+    async fn stream_append(
+        &self,
+        request: tonic::Request<tonic::Streaming<RaftMessage>>,
+    ) -> Result<tonic::Response<ReplyStream>, tonic::Status> {
+        let identity = self.identity.clone();
+        let claim = PeerClaim::of(&request);
+        let refused: Arc<Mutex<Option<tonic::Status>>> = Arc::default();
+        let refusal = refused.clone();
+        let appends = request
+            .into_inner()
+            .map(move |message| {
+                message.and_then(|message| {
+                    open_message::<AppendEntriesRequest<TypeConfig>>(&identity, &claim, message)
+                })
+            })
+            .take_while(move |opened| {
+                let go_on = match opened {
+                    Ok(_) => true,
+                    Err(status) => {
+                        *refusal.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.clone());
+                        false
+                    }
+                };
+                std::future::ready(go_on)
+            })
+            .filter_map(|opened| std::future::ready(opened.ok()));
+        let replies = self
+            .raft
+            .stream_append(appends)
+            .map(|result| Ok(seal(&result)))
+            .chain(
+                futures::stream::once(async move {
+                    refused.lock().unwrap_or_else(|p| p.into_inner()).take()
+                })
+                .filter_map(|refused| std::future::ready(refused.map(Err))),
+            );
+        Ok(tonic::Response::new(Box::pin(replies)))
     }
 
     async fn vote(
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: VoteRequest<NodeId> = self.open(request)?;
-        Ok(seal(&self.raft.vote(rpc).await))
+        let claim = PeerClaim::of(&request);
+        let rpc: VoteRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        Ok(tonic::Response::new(seal(&self.raft.vote(rpc).await)))
+    }
+
+    async fn pre_vote(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let claim = PeerClaim::of(&request);
+        let rpc: VoteRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        Ok(tonic::Response::new(seal(&self.raft.pre_vote(rpc).await)))
     }
 
     async fn install_snapshot(
         &self,
-        request: tonic::Request<RaftMessage>,
+        request: tonic::Request<tonic::Streaming<RaftMessage>>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = self.open(request)?;
-        Ok(seal(&self.raft.install_snapshot(rpc).await))
+        let claim = PeerClaim::of(&request);
+        let mut parts = request.into_inner();
+        let invalid = |what: &str| reason_status(ErrorReason::InvalidArgument(what.to_string()));
+        let first = parts
+            .next()
+            .await
+            .ok_or_else(|| invalid("empty snapshot stream"))??;
+        let SnapshotPart::Head { vote, meta } = self.open(&claim, first)? else {
+            return Err(invalid("a snapshot stream must start with its meta"));
+        };
+        let mut data = Vec::new();
+        while let Some(part) = parts.next().await {
+            match self.open(&claim, part?)? {
+                SnapshotPart::Data(chunk) => data.extend_from_slice(&chunk),
+                SnapshotPart::Head { .. } => {
+                    return Err(invalid("a snapshot stream has one meta"));
+                }
+            }
+        }
+        let snapshot = Snapshot {
+            meta,
+            snapshot: std::io::Cursor::new(data),
+        };
+        Ok(tonic::Response::new(seal(
+            &self.raft.install_full_snapshot(vote, snapshot).await,
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft_types::Entry;
+    use crate::registry::{Nonce, Op};
+
+    fn append(indexes: std::ops::RangeInclusive<u64>) -> AppendEntriesRequest<TypeConfig> {
+        let log_id = |index| openraft::testing::log_id::<TypeConfig>(2, 1, index);
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(log_id(indexes.start() - 1)),
+            entries: indexes
+                .map(|index| Entry {
+                    log_id: log_id(index),
+                    payload: openraft::EntryPayload::Normal(crate::registry::Entry::single(
+                        index,
+                        Op::Register {
+                            cluster_id: None,
+                            nonce: Nonce(u128::from(index)),
+                            principal: crate::registry::Principal::anonymous(),
+                        },
+                    )),
+                })
+                .collect(),
+            leader_commit: Some(log_id(3)),
+        }
+    }
+
+    /// An append over the limit goes as several that each fit (but for a
+    /// single entry), that keep every entry in order, and whose
+    /// `prev_log_id` is the last entry of the part before.
+    #[test]
+    fn an_oversized_append_is_split_into_consecutive_parts() {
+        let whole = append(5..=14);
+        let one_entry = codec::encode_versioned(PEER_FORMAT_VERSION, &append(5..=5)).len();
+        let limit = one_entry * 3;
+        let parts: Vec<AppendEntriesRequest<TypeConfig>> =
+            encode_append_within(whole.clone(), limit)
+                .iter()
+                .map(|payload| codec::decode_versioned(PEER_FORMAT_VERSION, payload).unwrap())
+                .collect();
+        assert!(parts.len() > 1);
+        let mut prev = whole.prev_log_id;
+        let mut entries = Vec::new();
+        for (part, payload) in parts.iter().zip(encode_append_within(whole.clone(), limit)) {
+            assert!(payload.len() <= limit || part.entries.len() == 1);
+            assert_eq!(part.prev_log_id, prev, "each part continues the one before");
+            assert_eq!(
+                (part.vote, part.leader_commit),
+                (whole.vote, whole.leader_commit)
+            );
+            prev = part.entries.last().map(|entry| entry.log_id);
+            entries.extend(part.entries.iter().map(|entry| entry.log_id));
+        }
+        let expected: Vec<_> = whole.entries.iter().map(|entry| entry.log_id).collect();
+        assert_eq!(entries, expected);
+        // Within the limit: one message, unchanged.
+        assert_eq!(encode_append_within(whole, usize::MAX).len(), 1);
     }
 }

@@ -197,33 +197,50 @@ pub fn cert_names(der: &[u8]) -> Option<CertNames> {
     })
 }
 
-/// On the peer port: a message claiming to come from `from_node_id` must
-/// come over a connection whose certificate names `node-<from_node_id>`.
+/// What a peer connection's certificate lets its messages claim. On the
+/// peer port a message claiming to come from node N must come over a
+/// connection whose certificate names `node-N`; a stream's messages are
+/// each checked against the certificate of the one connection they share.
 /// Without TLS on the peer port (a loopback-only node) there is no
 /// certificate and nothing to check.
-#[allow(clippy::result_large_err)] // tonic::Status is what the handlers return
-pub fn check_peer_claim<T>(
-    request: &tonic::Request<T>,
-    from_node_id: NodeId,
-) -> Result<(), tonic::Status> {
-    let Some(certs) = request.peer_certs() else {
-        return Ok(());
-    };
-    let claimed = node_name(from_node_id);
-    let names = certs.first().and_then(|cert| cert_names(cert.as_ref()));
-    if names.as_ref().is_some_and(|names| names.names(&claimed)) {
-        return Ok(());
+#[derive(Clone, Debug)]
+pub struct PeerClaim {
+    /// `None`: no TLS, every claim passes. `Some(None)`: a certificate
+    /// whose names could not be read, no claim passes.
+    names: Option<Option<CertNames>>,
+}
+
+impl PeerClaim {
+    /// The certificate of the connection `request` came over.
+    pub fn of<T>(request: &tonic::Request<T>) -> PeerClaim {
+        PeerClaim {
+            names: request
+                .peer_certs()
+                .map(|certs| certs.first().and_then(|cert| cert_names(cert.as_ref()))),
+        }
     }
-    tracing::warn!(
-        from_node_id,
-        certificate = ?names,
-        "peer message whose certificate does not name the node it claims to be"
-    );
-    Err(super::status::reason_status(
-        super::status::ErrorReason::PermissionDenied(format!(
-            "the peer certificate does not name {claimed}"
-        )),
-    ))
+
+    /// Whether a message may claim to come from `from_node_id`.
+    #[allow(clippy::result_large_err)] // tonic::Status is what the handlers return
+    pub fn check(&self, from_node_id: NodeId) -> Result<(), tonic::Status> {
+        let Some(names) = &self.names else {
+            return Ok(());
+        };
+        let claimed = node_name(from_node_id);
+        if names.as_ref().is_some_and(|names| names.names(&claimed)) {
+            return Ok(());
+        }
+        tracing::warn!(
+            from_node_id,
+            certificate = ?names,
+            "peer message whose certificate does not name the node it claims to be"
+        );
+        Err(super::status::reason_status(
+            super::status::ErrorReason::PermissionDenied(format!(
+                "the peer certificate does not name {claimed}"
+            )),
+        ))
+    }
 }
 
 #[cfg(test)]

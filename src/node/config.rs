@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 // Raft timing defaults, measured on a 2-core machine with three nodes (see
-// the README's "Raft timing"). openraft 0.9 makes a follower wait its leader
+// the README's "Raft timing"). openraft (0.9 and 0.10) makes a follower wait its leader
 // lease (the maximum election timeout) plus its own election timeout (drawn
 // once in [min, max)) after the last message of the leader before it stands,
 // so a crashed leader is replaced after about max + min..max, plus a tick of

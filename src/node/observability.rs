@@ -17,6 +17,7 @@ use crate::storage::SharedState;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
+use openraft::async_runtime::WatchReceiver;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,7 +36,7 @@ struct Scrape {
 }
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
-    let raft_metrics = scrape.raft.metrics().borrow().clone();
+    let raft_metrics = scrape.raft.metrics().borrow_watched().clone();
     let (registry, hash) = scrape.state.hashed().await;
     scrape.metrics.refresh(&raft_metrics, &registry, hash);
     (
@@ -71,7 +72,7 @@ pub async fn metrics_server(
 /// Whether the node can serve clients: it has the cluster id and knows a
 /// leader.
 fn serving(raft: &Raft, state: &SharedState) -> bool {
-    let has_leader = raft.metrics().borrow().current_leader.is_some();
+    let has_leader = raft.metrics().borrow_watched().current_leader.is_some();
     has_leader && state.read().registry.cluster_id().is_some()
 }
 
@@ -89,7 +90,7 @@ pub async fn watch(
     // nearly every step of its core, and this needs none of those.
     let mut changes = raft.server_metrics();
     let (mut term, mut leading) = {
-        let now = changes.borrow();
+        let now = changes.borrow_watched();
         (
             now.vote.leader_id().term,
             now.state == openraft::ServerState::Leader,

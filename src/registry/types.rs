@@ -89,6 +89,19 @@ pub struct Entry {
     pub ops: Arc<[Op]>,
 }
 
+/// A short summary (Raft logs entries by their `Display`): the stamp and
+/// how many requests the batch carries, never the payloads.
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "entry(stamp_ms={}, requests={})",
+            self.stamp_ms,
+            self.ops.len()
+        )
+    }
+}
+
 impl Entry {
     /// An entry carrying one request.
     pub fn single(stamp_ms: u64, op: Op) -> Entry {

@@ -1,4 +1,4 @@
-//! Sled-backed Raft log storage (openraft 0.9 storage-v2) — the node's log store before the
+//! Sled-backed Raft log storage (openraft 0.10 `RaftLogStorage`) — the node's log store before the
 //! segment log, kept as the baseline of `benches/log_store.rs` (see `storage`'s doc; note that
 //! sled 0.34's flush is `sync_file_range` on Linux, not a full fsync). Owns the log entries, the vote, the
 //! committed log id and the last purged log id. It only translates openraft's log calls into
@@ -10,20 +10,15 @@ use std::marker::PhantomData;
 use std::ops::Bound;
 use std::ops::RangeBounds;
 
-use openraft::AnyError;
-use openraft::ErrorSubject;
-use openraft::ErrorVerb;
-use openraft::LogId;
 use openraft::LogState;
 use openraft::OptionalSend;
-use openraft::RaftLogId;
 use openraft::RaftLogReader;
 use openraft::RaftTypeConfig;
-use openraft::StorageError;
-use openraft::StorageIOError;
-use openraft::Vote;
-use openraft::storage::LogFlushed;
+use openraft::entry::RaftEntry;
+use openraft::storage::IOFlushed;
 use openraft::storage::RaftLogStorage;
+use openraft::type_config::alias::LogIdOf;
+use openraft::type_config::alias::VoteOf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sled::Transactional;
@@ -73,17 +68,15 @@ impl From<TransactionError<std::convert::Infallible>> for LogStoreError {
     }
 }
 
-fn storage_error<NID: openraft::NodeId>(
-    subject: ErrorSubject<NID>,
-    verb: ErrorVerb,
-    error: impl Into<LogStoreError>,
-) -> StorageError<NID> {
-    StorageIOError::new(subject, verb, AnyError::new(&error.into())).into()
+/// openraft 0.10's storage calls fail with `io::Error`.
+fn storage_error(error: impl Into<LogStoreError>) -> std::io::Error {
+    std::io::Error::other(error.into())
 }
 
 /// Reads log entries; cheap to clone and safe to use concurrently with the store.
 pub struct SledLogReader<C> {
     log: sled::Tree,
+    meta: sled::Tree,
     _config: PhantomData<C>,
 }
 
@@ -91,6 +84,7 @@ impl<C> Clone for SledLogReader<C> {
     fn clone(&self) -> Self {
         Self {
             log: self.log.clone(),
+            meta: self.meta.clone(),
             _config: PhantomData,
         }
     }
@@ -99,7 +93,6 @@ impl<C> Clone for SledLogReader<C> {
 /// The Raft log store. All writes go through `&mut self`, so they are applied in call order.
 pub struct SledLogStore<C> {
     reader: SledLogReader<C>,
-    meta: sled::Tree,
     flusher: Flusher,
     /// Index covered by the newest durable snapshot, when attached: a purge
     /// waits until the snapshot behind it is on disk (openraft may purge
@@ -124,9 +117,9 @@ where
             commit_index: None,
             reader: SledLogReader {
                 log,
+                meta,
                 _config: PhantomData,
             },
-            meta,
             flusher,
         })
     }
@@ -142,15 +135,12 @@ where
     }
 
     fn read_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, LogStoreError> {
-        self.meta
-            .get(key)?
-            .map(|bytes| codec::decode_versioned(FORMAT_VERSION, &bytes))
-            .transpose()
-            .map_err(LogStoreError::from)
+        read_meta(&self.reader.meta, key)
     }
 
     fn write_meta<T: Serialize>(&self, key: &[u8], value: &T) -> Result<(), LogStoreError> {
-        self.meta
+        self.reader
+            .meta
             .insert(key, codec::encode_versioned(FORMAT_VERSION, value))?;
         Ok(())
     }
@@ -164,7 +154,7 @@ where
         Ok(batch)
     }
 
-    async fn persist_vote(&self, vote: &Vote<C::NodeId>) -> Result<(), LogStoreError> {
+    async fn persist_vote(&self, vote: &VoteOf<C>) -> Result<(), LogStoreError> {
         self.write_meta(VOTE_KEY, vote)?;
         self.flusher.flush().await?;
         Ok(())
@@ -194,11 +184,11 @@ where
     /// The last purged log index, as stored.
     pub fn last_purged_index(&self) -> Result<Option<u64>, LogStoreError> {
         Ok(self
-            .read_meta::<LogId<C::NodeId>>(LAST_PURGED_KEY)?
+            .read_meta::<LogIdOf<C>>(LAST_PURGED_KEY)?
             .map(|log_id| log_id.index))
     }
 
-    async fn purge_upto(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogStoreError> {
+    async fn purge_upto(&self, log_id: &LogIdOf<C>) -> Result<(), LogStoreError> {
         if let Some(durable) = &self.durable_snapshot {
             let mut durable = durable.clone();
             // An error means the state machine is gone: nothing to wait for.
@@ -206,7 +196,7 @@ where
         }
         let removals = self.removals_in(..=log_id.index.to_be_bytes())?;
         let purged = codec::encode_versioned(FORMAT_VERSION, log_id);
-        (self.log(), &self.meta).transaction(|(log, meta)| {
+        (self.log(), &self.reader.meta).transaction(|(log, meta)| {
             log.apply_batch(&removals)?;
             meta.insert(LAST_PURGED_KEY, purged.as_slice())?;
             Ok::<_, ConflictableTransactionError<std::convert::Infallible>>(())
@@ -214,6 +204,16 @@ where
         self.flusher.flush().await?;
         Ok(())
     }
+}
+
+fn read_meta<T: DeserializeOwned>(
+    meta: &sled::Tree,
+    key: &[u8],
+) -> Result<Option<T>, LogStoreError> {
+    meta.get(key)?
+        .map(|bytes| codec::decode_versioned(FORMAT_VERSION, &bytes))
+        .transpose()
+        .map_err(LogStoreError::from)
 }
 
 fn decode_index(key: &[u8]) -> Result<u64, LogStoreError> {
@@ -230,7 +230,7 @@ where
 {
     let key = decode_index(key)?;
     let entry: C::Entry = codec::decode_versioned(FORMAT_VERSION, value)?;
-    let index = entry.get_log_id().index;
+    let index = entry.index();
     if index != key {
         return Err(LogStoreError::IndexMismatch { key, index });
     }
@@ -273,9 +273,12 @@ where
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
-        self.entries(&range)
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Read, e))
+    ) -> Result<Vec<C::Entry>, std::io::Error> {
+        self.entries(&range).map_err(storage_error)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<C>>, std::io::Error> {
+        read_meta(&self.meta, VOTE_KEY).map_err(storage_error)
     }
 }
 
@@ -287,8 +290,12 @@ where
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+    ) -> Result<Vec<C::Entry>, std::io::Error> {
         self.reader.try_get_log_entries(range).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<C>>, std::io::Error> {
+        self.reader.read_vote().await
     }
 }
 
@@ -299,13 +306,12 @@ where
 {
     type LogReader = SledLogReader<C>;
 
-    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
-        let read = |e| storage_error(ErrorSubject::Store, ErrorVerb::Read, e);
-        let last_purged_log_id: Option<LogId<C::NodeId>> =
-            self.read_meta(LAST_PURGED_KEY).map_err(read)?;
-        let last_entry = self.reader.last_entry().map_err(read)?;
+    async fn get_log_state(&mut self) -> Result<LogState<C>, std::io::Error> {
+        let last_purged_log_id: Option<LogIdOf<C>> =
+            self.read_meta(LAST_PURGED_KEY).map_err(storage_error)?;
+        let last_entry = self.reader.last_entry().map_err(storage_error)?;
         let last_log_id = last_entry
-            .map(|entry| entry.get_log_id().clone())
+            .map(|entry| entry.log_id())
             .or_else(|| last_purged_log_id.clone());
         Ok(LogState {
             last_purged_log_id,
@@ -317,46 +323,32 @@ where
         self.reader.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.persist_vote(vote)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))?;
+    async fn save_vote(&mut self, vote: &VoteOf<C>) -> Result<(), std::io::Error> {
+        self.persist_vote(vote).await.map_err(storage_error)?;
         tracing::debug!(%vote, "vote persisted");
         Ok(())
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
-        self.read_meta(VOTE_KEY)
-            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Read, e))
     }
 
     /// Not fsynced on its own: a committed id that reverts after a crash is safe, and the next
     /// flush (sled flushes are ordered) persists it.
     async fn save_committed(
         &mut self,
-        committed: Option<LogId<C::NodeId>>,
-    ) -> Result<(), StorageError<C::NodeId>> {
+        committed: Option<LogIdOf<C>>,
+    ) -> Result<(), std::io::Error> {
         if let (Some(gauge), Some(committed)) = (&self.commit_index, &committed) {
             gauge.set(i64::try_from(committed.index).unwrap_or(i64::MAX));
         }
         self.write_meta(COMMITTED_KEY, &committed)
-            .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))
+            .map_err(storage_error)
     }
 
-    async fn read_committed(
-        &mut self,
-    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
-        let committed: Option<Option<LogId<C::NodeId>>> = self
-            .read_meta(COMMITTED_KEY)
-            .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+    async fn read_committed(&mut self) -> Result<Option<LogIdOf<C>>, std::io::Error> {
+        let committed: Option<Option<LogIdOf<C>>> =
+            self.read_meta(COMMITTED_KEY).map_err(storage_error)?;
         Ok(committed.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<C>,
-    ) -> Result<(), StorageError<C::NodeId>>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), std::io::Error>
     where
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -365,34 +357,34 @@ where
         let mut count = 0usize;
         let mut last = None;
         for entry in entries {
-            let log_id = entry.get_log_id();
+            let index = entry.index();
             let value = codec::encode_versioned(FORMAT_VERSION, &entry);
-            batch.insert(&log_id.index.to_be_bytes(), value);
+            batch.insert(&index.to_be_bytes(), value);
             count += 1;
-            last = Some(log_id.index);
+            last = Some(index);
         }
-        self.log()
-            .apply_batch(batch)
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        self.log().apply_batch(batch).map_err(storage_error)?;
         tracing::trace!(count, last_index = ?last, "log entries appended; awaiting flush");
         self.flusher.flush_then(move |res| {
-            callback.log_io_completed(res.map_err(std::io::Error::other));
+            callback.io_completed(res.map_err(std::io::Error::other));
         });
         Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.truncate_from(log_id.index)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-        tracing::debug!(%log_id, "log truncated from");
+    async fn truncate_after(
+        &mut self,
+        last_log_id: Option<LogIdOf<C>>,
+    ) -> Result<(), std::io::Error> {
+        let from = last_log_id
+            .as_ref()
+            .map_or(0, |last| last.index.saturating_add(1));
+        self.truncate_from(from).await.map_err(storage_error)?;
+        tracing::debug!(?last_log_id, "log truncated after");
         Ok(())
     }
 
-    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.purge_upto(&log_id)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+    async fn purge(&mut self, log_id: LogIdOf<C>) -> Result<(), std::io::Error> {
+        self.purge_upto(&log_id).await.map_err(storage_error)?;
         tracing::debug!(%log_id, "log purged up to");
         Ok(())
     }
@@ -400,8 +392,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::io::Cursor;
-
     use super::*;
 
     openraft::declare_raft_types!(TestConfig: D = u64, R = ());
@@ -434,7 +424,7 @@ mod tests {
         let mut store = SledLogStore::<TestConfig>::open(db)?;
         let (durable, watch) = tokio::sync::watch::channel(0u64);
         store.purge_after_durable_snapshots(watch);
-        let log_id = openraft::testing::log_id(1, 1, 5);
+        let log_id = openraft::testing::log_id::<TestConfig>(1, 1, 5);
         let purge = store.purge_upto(&log_id);
         tokio::pin!(purge);
         assert!(

@@ -1,4 +1,4 @@
-//! Append-only, group-committing Raft log storage (openraft 0.9 storage-v2)
+//! Append-only, group-committing Raft log storage (openraft 0.10 `RaftLogStorage`)
 //! in a directory of preallocated segment files, the way etcd's WAL and
 //! TiKV's raft-engine keep theirs: owns the log entries, the vote, the
 //! committed log id and the last purged log id.
@@ -37,20 +37,15 @@ use std::sync::RwLock;
 use std::sync::RwLockReadGuard;
 use std::sync::RwLockWriteGuard;
 
-use openraft::AnyError;
-use openraft::ErrorSubject;
-use openraft::ErrorVerb;
-use openraft::LogId;
 use openraft::LogState;
 use openraft::OptionalSend;
-use openraft::RaftLogId;
 use openraft::RaftLogReader;
 use openraft::RaftTypeConfig;
-use openraft::StorageError;
-use openraft::StorageIOError;
-use openraft::Vote;
-use openraft::storage::LogFlushed;
+use openraft::entry::RaftEntry;
+use openraft::storage::IOFlushed;
 use openraft::storage::RaftLogStorage;
+use openraft::type_config::alias::LogIdOf;
+use openraft::type_config::alias::VoteOf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -142,12 +137,16 @@ impl From<memory::OutOfOrder> for SegmentLogError {
     }
 }
 
-fn storage_error<NID: openraft::NodeId>(
-    subject: ErrorSubject<NID>,
-    verb: ErrorVerb,
-    error: impl Into<SegmentLogError>,
-) -> StorageError<NID> {
-    StorageIOError::new(subject, verb, AnyError::new(&error.into())).into()
+/// openraft 0.10's storage calls fail with `io::Error`: a segment log
+/// error keeps its kind (IO errors) and its message.
+fn storage_error(error: impl Into<SegmentLogError>) -> io::Error {
+    match error.into() {
+        SegmentLogError::Write(source) => source,
+        SegmentLogError::Io { path, source } => {
+            io::Error::new(source.kind(), format!("{}: {source}", path.display()))
+        }
+        other => io::Error::other(other),
+    }
 }
 
 /// Tuning of a [`SegmentLogStore`].
@@ -192,12 +191,15 @@ impl<C: RaftTypeConfig> Shared<C> {
 /// concurrently with the store. The lock is held only to clone entries out.
 pub struct SegmentLogReader<C: RaftTypeConfig> {
     log: Shared<C>,
+    /// The durable vote (openraft 0.10 reads it through the reader too).
+    vote: Arc<RwLock<Option<VoteOf<C>>>>,
 }
 
 impl<C: RaftTypeConfig> Clone for SegmentLogReader<C> {
     fn clone(&self) -> Self {
         Self {
             log: self.log.clone(),
+            vote: self.vote.clone(),
         }
     }
 }
@@ -206,8 +208,7 @@ impl<C: RaftTypeConfig> Clone for SegmentLogReader<C> {
 /// writer thread in call order.
 pub struct SegmentLogStore<C: RaftTypeConfig> {
     reader: SegmentLogReader<C>,
-    vote: Option<Vote<C::NodeId>>,
-    committed: Option<LogId<C::NodeId>>,
+    committed: Option<LogIdOf<C>>,
     // Field order matters: the writer (joined on drop) goes before the lock.
     writer: Writer,
     _lock: File,
@@ -273,8 +274,8 @@ where
         Ok(Self {
             reader: SegmentLogReader {
                 log: Shared(Arc::new(RwLock::new(recovered.memory))),
+                vote: Arc::new(RwLock::new(recovered.vote)),
             },
-            vote: recovered.vote,
             committed: recovered.committed,
             writer,
             _lock: lock,
@@ -318,13 +319,13 @@ where
     /// term in the log, as a power loss can (the record is not fsynced on
     /// its own). Returns the committed id now in force.
     #[cfg(feature = "fault-injection")]
-    pub fn rewind_committed_to_term_start(&mut self) -> Option<LogId<C::NodeId>> {
+    pub fn rewind_committed_to_term_start(&mut self) -> Option<LogIdOf<C>> {
         let log = self.log().read();
         let last = log.last_log_id();
         let first_of_term = log
             .range(0, None)
             .iter()
-            .map(|entry| entry.get_log_id().clone())
+            .map(|entry| entry.log_id())
             .find(|log_id| Some(&log_id.leader_id) == last.as_ref().map(|last| &last.leader_id));
         drop(log);
         if let Some(first_of_term) = first_of_term {
@@ -343,7 +344,7 @@ where
         Ok(frames)
     }
 
-    async fn persist_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), SegmentLogError> {
+    async fn persist_vote(&mut self, vote: &VoteOf<C>) -> Result<(), SegmentLogError> {
         // Through the writer thread like everything else: one file, one
         // fsync path, ordered with the entries, and it shares the fdatasync
         // of a concurrent group. A vote is rare; its latency is one group.
@@ -355,7 +356,11 @@ where
             .write_durably(job)
             .await
             .map_err(SegmentLogError::Write)?;
-        self.vote = Some(vote.clone());
+        *self
+            .reader
+            .vote
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(vote.clone());
         Ok(())
     }
 
@@ -371,7 +376,7 @@ where
             .map_err(SegmentLogError::Write)
     }
 
-    async fn purge_upto(&mut self, log_id: &LogId<C::NodeId>) -> Result<(), SegmentLogError> {
+    async fn purge_upto(&mut self, log_id: &LogIdOf<C>) -> Result<(), SegmentLogError> {
         if let Some(durable) = &self.durable_snapshot {
             let mut durable = durable.clone();
             // An error means the state machine is gone: nothing to wait for.
@@ -414,7 +419,7 @@ where
         if skip > 0 {
             tracing::warn!(
                 skipped_entries = skip,
-                first_log_index = entries[0].get_log_id().index,
+                first_log_index = entries[0].index(),
                 "appended entries at or below the last purged index are skipped"
             );
             entries.drain(..skip);
@@ -428,7 +433,7 @@ where
             });
             return Ok(());
         };
-        let last_index = last.get_log_id().index;
+        let last_index = last.index();
         let count = entries.len();
         // Encoded once, outside the lock.
         let frames = Self::record(RecordType::Entries, &entries)?;
@@ -451,11 +456,19 @@ where
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+    ) -> Result<Vec<C::Entry>, io::Error> {
         Ok(match half_open(&range) {
             Some((start, end)) => self.log.read().range(start, end),
             None => Vec::new(),
         })
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<C>>, io::Error> {
+        Ok(self
+            .vote
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone())
     }
 }
 
@@ -467,8 +480,12 @@ where
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+    ) -> Result<Vec<C::Entry>, io::Error> {
         self.reader.try_get_log_entries(range).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<C>>, io::Error> {
+        self.reader.read_vote().await
     }
 }
 
@@ -479,7 +496,7 @@ where
 {
     type LogReader = SegmentLogReader<C>;
 
-    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+    async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
         let log = self.log().read();
         Ok(LogState {
             last_purged_log_id: log.last_purged(),
@@ -491,29 +508,19 @@ where
         self.reader.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.persist_vote(vote)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))?;
+    async fn save_vote(&mut self, vote: &VoteOf<C>) -> Result<(), io::Error> {
+        self.persist_vote(vote).await.map_err(storage_error)?;
         tracing::debug!(%vote, "vote persisted");
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
-        Ok(self.vote.clone())
-    }
-
     /// Not fsynced on its own: a committed id that reverts after a crash is
     /// safe, and the record becomes durable with the next group that is.
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<C::NodeId>>,
-    ) -> Result<(), StorageError<C::NodeId>> {
+    async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
         if let (Some(gauge), Some(committed)) = (&self.commit_index, &committed) {
             gauge.set(i64::try_from(committed.index).unwrap_or(i64::MAX));
         }
-        let frames = Self::record(RecordType::Committed, &committed)
-            .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        let frames = Self::record(RecordType::Committed, &committed).map_err(storage_error)?;
         self.writer.submit(Job {
             meta: Some(MetaKind::Committed),
             ..Job::new(frames)
@@ -522,38 +529,34 @@ where
         Ok(())
     }
 
-    async fn read_committed(
-        &mut self,
-    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+    async fn read_committed(&mut self) -> Result<Option<LogIdOf<C>>, io::Error> {
         Ok(self.committed.clone())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<C>,
-    ) -> Result<(), StorageError<C::NodeId>>
+    /// Returns once the entries are in memory and queued; `callback` runs
+    /// from the writer thread once the `fdatasync` covering them returned
+    /// (rule 14). openraft 0.10 may replicate them meanwhile.
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let done: writer::Done = Box::new(move |result| callback.log_io_completed(result));
+        let done: writer::Done = Box::new(move |result| callback.io_completed(result));
         self.append_entries(entries.into_iter().collect(), done)
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Write, e))
+            .map_err(storage_error)
     }
 
-    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.truncate_from(log_id.index)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
-        tracing::debug!(%log_id, "log truncated from");
+    async fn truncate_after(&mut self, last_log_id: Option<LogIdOf<C>>) -> Result<(), io::Error> {
+        let from = last_log_id
+            .as_ref()
+            .map_or(0, |last| last.index.saturating_add(1));
+        self.truncate_from(from).await.map_err(storage_error)?;
+        tracing::debug!(?last_log_id, "log truncated after");
         Ok(())
     }
 
-    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.purge_upto(&log_id)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e))?;
+    async fn purge(&mut self, log_id: LogIdOf<C>) -> Result<(), io::Error> {
+        self.purge_upto(&log_id).await.map_err(storage_error)?;
         tracing::debug!(%log_id, "log purged up to");
         Ok(())
     }

@@ -16,14 +16,12 @@
 
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
-    Applied, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+    Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::registry::{ClusterId, Registry, codec, snapshot};
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder,
-    StorageIOError,
-};
+use futures::{FutureExt, Stream, StreamExt};
+use openraft::storage::{ApplyResponder, EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use std::fs;
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
@@ -188,7 +186,7 @@ struct CurrentSnapshot {
 }
 
 fn snapshot_index(meta: &SnapshotMeta) -> u64 {
-    meta.last_log_id.map_or(0, |id| id.index)
+    meta.last_log_id.as_ref().map_or(0, |id| id.index)
 }
 
 impl StateMachineStore {
@@ -237,7 +235,7 @@ impl StateMachineStore {
             applied.membership = meta.last_membership.clone();
             state.publish_cluster_id(&applied);
             drop(applied);
-            tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), path = %path.display(), "restored snapshot");
+            tracing::info!(log_index = ?meta.last_log_id.as_ref().map(|id| id.index), path = %path.display(), "restored snapshot");
             current = Some(CurrentSnapshot {
                 meta,
                 path,
@@ -301,7 +299,7 @@ fn decode_file(bytes: &[u8]) -> Result<(SnapshotMeta, Registry), String> {
 }
 
 fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
-    let index = meta.last_log_id.map_or(0, |id| id.index);
+    let index = snapshot_index(meta);
     if index != registry.applied_index() {
         return Err(format!(
             "meta says index {index}, registry says {}",
@@ -361,16 +359,15 @@ impl SnapshotFiles {
     }
 }
 
+/// A snapshot failure as openraft 0.10 takes it: an `io::Error` naming the
+/// snapshot.
 fn snapshot_error(
     meta: Option<&SnapshotMeta>,
-    verb: ErrorVerb,
-    error: impl std::error::Error + 'static,
-) -> StorageError {
-    let subject = match meta {
-        Some(meta) => ErrorSubject::Snapshot(Some(meta.signature())),
-        None => ErrorSubject::Snapshot(None),
-    };
-    StorageIOError::new(subject, verb, AnyError::new(&error)).into()
+    action: &str,
+    error: impl std::fmt::Display,
+) -> std::io::Error {
+    let index = meta.map(snapshot_index);
+    std::io::Error::other(format!("snapshot {action} (log index {index:?}): {error}"))
 }
 
 /// Builds snapshots from the shared state while apply goes on.
@@ -381,7 +378,9 @@ pub struct SnapshotBuilder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
         // One point in time: the meta and an O(1) copy of the registry are
         // taken under the read lock, which apply waits for only that long;
         // the copy is encoded after the lock is released, on a blocking
@@ -389,57 +388,52 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // RPCs scheduled on it) waits for the encoding.
         let (meta, registry) = {
             let applied = self.state.read();
-            let last = applied.last_applied;
             let meta = SnapshotMeta {
-                last_log_id: last,
+                last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
-                snapshot_id: format!(
-                    "{}-{}",
-                    last.map_or(0, |id| id.leader_id.term),
-                    last.map_or(0, |id| id.index)
-                ),
             };
             (meta, applied.registry.clone())
         };
         let bytes = tokio::task::spawn_blocking(move || snapshot::to_bytes(&registry))
             .await
-            .map_err(|e| snapshot_error(None, ErrorVerb::Write, e))?;
+            .map_err(|e| snapshot_error(None, "encoding", e))?;
         let bytes = Arc::new(bytes);
         let files = self.files.clone();
         let persisted_meta = meta.clone();
         let persisted = bytes.clone();
         tokio::task::spawn_blocking(move || files.persist(&persisted_meta, persisted))
             .await
-            .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?
-            .map_err(|e| snapshot_error(Some(&meta), ErrorVerb::Write, e))?;
+            .map_err(|e| snapshot_error(Some(&meta), "writing", e))?
+            .map_err(|e| snapshot_error(Some(&meta), "writing", e))?;
         self.metrics.snapshots_built.inc();
-        tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), bytes = bytes.len(), "built snapshot");
+        tracing::info!(
+            log_index = snapshot_index(&meta),
+            bytes = bytes.len(),
+            "built snapshot"
+        );
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes.as_ref().clone())),
+            snapshot: Cursor::new(bytes.as_ref().clone()),
         })
     }
 }
 
-impl RaftStateMachine<TypeConfig> for StateMachineStore {
-    type SnapshotBuilder = SnapshotBuilder;
-
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let applied = self.state.read();
-        Ok((applied.last_applied, applied.membership.clone()))
-    }
-
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
-    where
-        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let started = metrics::now();
+impl StateMachineStore {
+    /// Applies `batch` under one write lock and returns each entry's reply
+    /// with its responder; the replies are sent after the lock is released.
+    fn apply_batch(
+        &self,
+        batch: Vec<EntryResponder<TypeConfig>>,
+    ) -> Vec<(
+        Vec<crate::registry::Outcome>,
+        Option<ApplyResponder<TypeConfig>>,
+    )> {
         let mut applied = self.state.write();
-        let mut replies = Vec::new();
-        for entry in entries {
-            let index = entry.log_id.index;
-            let reply = match entry.payload {
+        let mut replies = Vec::with_capacity(batch.len());
+        for (entry, responder) in batch {
+            let Entry { log_id, payload } = entry;
+            let index = log_id.index;
+            let reply = match payload {
                 EntryPayload::Blank => {
                     applied.registry.apply_other(index);
                     Vec::new()
@@ -456,21 +450,54 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     tracing::debug!(log_index = index, requests = outcomes.len(), "applied");
                     outcomes
                 }
-                EntryPayload::Membership(ref membership) => {
+                EntryPayload::Membership(membership) => {
                     applied.registry.apply_other(index);
-                    applied.membership =
-                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    applied.membership = StoredMembership::new(Some(log_id), membership);
                     Vec::new()
                 }
             };
-            applied.last_applied = Some(entry.log_id);
-            replies.push(reply);
+            applied.last_applied = Some(log_id);
+            replies.push((reply, responder));
         }
         self.state.publish_cluster_id(&applied);
-        drop(applied);
-        self.metrics.entries_applied.inc_by(replies.len() as u64);
-        metrics::observe_since(&self.metrics.apply_batch_duration, started);
-        Ok(replies)
+        replies
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), std::io::Error> {
+        let applied = self.state.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    /// Applies the entries as they come, in batches of those already
+    /// available: one write lock per batch, the responders answered after
+    /// it is released.
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), std::io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, std::io::Error>>
+            + Unpin
+            + OptionalSend,
+    {
+        while let Some(first) = entries.next().await {
+            let started = metrics::now();
+            let mut batch = vec![first?];
+            while let Some(Some(next)) = entries.next().now_or_never() {
+                batch.push(next?);
+            }
+            let replies = self.apply_batch(batch);
+            self.metrics.entries_applied.inc_by(replies.len() as u64);
+            metrics::observe_since(&self.metrics.apply_batch_duration, started);
+            for (reply, responder) in replies {
+                if let Some(responder) = responder {
+                    responder.send(reply);
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
@@ -481,29 +508,24 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
+        snapshot: SnapshotData,
+    ) -> Result<(), std::io::Error> {
         let bytes = snapshot.into_inner();
-        let registry = snapshot::from_bytes(&bytes)
-            .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Read, e))?;
-        check_meta(meta, &registry).map_err(|reason| {
-            snapshot_error(Some(meta), ErrorVerb::Read, std::io::Error::other(reason))
-        })?;
+        let registry =
+            snapshot::from_bytes(&bytes).map_err(|e| snapshot_error(Some(meta), "decoding", e))?;
+        check_meta(meta, &registry)
+            .map_err(|reason| snapshot_error(Some(meta), "checking", reason))?;
         // Durable before the state changes and before openraft purges.
         let files = self.files.clone();
         let persisted_meta = meta.clone();
         let bytes = Arc::new(bytes);
         tokio::task::spawn_blocking(move || files.persist(&persisted_meta, bytes))
             .await
-            .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Write, e))?
-            .map_err(|e| snapshot_error(Some(meta), ErrorVerb::Write, e))?;
+            .map_err(|e| snapshot_error(Some(meta), "writing", e))?
+            .map_err(|e| snapshot_error(Some(meta), "writing", e))?;
         let mut applied = self.state.write();
         applied.registry = registry;
         applied.last_applied = meta.last_log_id;
@@ -511,14 +533,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.state.publish_cluster_id(&applied);
         drop(applied);
         self.metrics.snapshots_installed.inc();
-        tracing::info!(log_index = ?meta.last_log_id.map(|id| id.index), "installed snapshot");
+        tracing::info!(log_index = snapshot_index(meta), "installed snapshot");
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, std::io::Error> {
         Ok(self.files.current().map(|current| Snapshot {
             meta: current.meta,
-            snapshot: Box::new(Cursor::new(current.registry_bytes.as_ref().clone())),
+            snapshot: Cursor::new(current.registry_bytes.as_ref().clone()),
         }))
     }
 }
@@ -539,9 +561,8 @@ mod tests {
 
     fn meta(index: u64) -> SnapshotMeta {
         SnapshotMeta {
-            last_log_id: Some(openraft::testing::log_id(1, 1, index)),
+            last_log_id: Some(openraft::testing::log_id::<TypeConfig>(1, 1, index)),
             last_membership: StoredMembership::default(),
-            snapshot_id: format!("1-{index}"),
         }
     }
 

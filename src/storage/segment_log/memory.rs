@@ -5,9 +5,9 @@
 
 use std::collections::VecDeque;
 
-use openraft::LogId;
-use openraft::RaftLogId;
 use openraft::RaftTypeConfig;
+use openraft::entry::RaftEntry;
+use openraft::type_config::alias::LogIdOf;
 
 /// An append that would not continue the log where it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub(super) struct OutOfOrder {
 pub(super) struct MemoryLog<C: RaftTypeConfig> {
     /// Consecutive entries; the front one's index is the first in the log.
     entries: VecDeque<C::Entry>,
-    purged: Option<LogId<C::NodeId>>,
+    purged: Option<LogIdOf<C>>,
 }
 
 impl<C: RaftTypeConfig> Default for MemoryLog<C> {
@@ -37,20 +37,20 @@ where
     C: RaftTypeConfig,
     C::Entry: Clone,
 {
-    pub(super) fn last_purged(&self) -> Option<LogId<C::NodeId>> {
+    pub(super) fn last_purged(&self) -> Option<LogIdOf<C>> {
         self.purged.clone()
     }
 
     /// The last entry's id, or the last purged id when no entry is left.
-    pub(super) fn last_log_id(&self) -> Option<LogId<C::NodeId>> {
+    pub(super) fn last_log_id(&self) -> Option<LogIdOf<C>> {
         self.entries
             .back()
-            .map(|entry| entry.get_log_id().clone())
+            .map(|entry| entry.log_id())
             .or_else(|| self.purged.clone())
     }
 
     fn first_index(&self) -> Option<u64> {
-        self.entries.front().map(|entry| entry.get_log_id().index)
+        self.entries.front().map(|entry| entry.index())
     }
 
     /// Checks that `entries` continue the log and returns how many leading
@@ -64,14 +64,14 @@ where
         let floor = self.purged.as_ref().map(|purged| purged.index);
         let skip = entries
             .iter()
-            .take_while(|entry| floor.is_some_and(|floor| entry.get_log_id().index <= floor))
+            .take_while(|entry| floor.is_some_and(|floor| entry.index() <= floor))
             .count();
         let mut next = self
             .entries
             .back()
-            .map(|last| last.get_log_id().index.saturating_add(1));
+            .map(|last| last.index().saturating_add(1));
         for entry in &entries[skip..] {
-            let found_index = entry.get_log_id().index;
+            let found_index = entry.index();
             if let Some(expected_index) = next
                 && found_index != expected_index
             {
@@ -103,7 +103,7 @@ where
 
     /// Drops entries up to `log_id` and remembers it as last purged.
     /// Purges never go backwards.
-    pub(super) fn purge(&mut self, log_id: LogId<C::NodeId>) {
+    pub(super) fn purge(&mut self, log_id: LogIdOf<C>) {
         if self
             .purged
             .as_ref()
@@ -141,18 +141,15 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::io::Cursor;
-
     use super::*;
 
     openraft::declare_raft_types!(TestConfig: D = u64, R = ());
 
-    fn entries(indexes: std::ops::RangeInclusive<u64>) -> Vec<openraft::Entry<TestConfig>> {
+    fn entries(
+        indexes: std::ops::RangeInclusive<u64>,
+    ) -> Vec<openraft::type_config::alias::EntryOf<TestConfig>> {
         indexes
-            .map(|index| openraft::Entry {
-                log_id: openraft::testing::log_id(1, 1, index),
-                payload: openraft::EntryPayload::Blank,
-            })
+            .map(|index| openraft::testing::blank_ent::<TestConfig>(1, 1, index))
             .collect()
     }
 
@@ -166,13 +163,13 @@ mod tests {
     fn purge_drops_exactly_up_to_the_index() {
         let mut log = MemoryLog::<TestConfig>::default();
         log.append(entries(5..=9));
-        log.purge(openraft::testing::log_id(1, 1, 3));
+        log.purge(openraft::testing::log_id::<TestConfig>(1, 1, 3));
         assert_eq!(indexes(&log), vec![5, 6, 7, 8, 9]);
-        log.purge(openraft::testing::log_id(1, 1, 6));
+        log.purge(openraft::testing::log_id::<TestConfig>(1, 1, 6));
         assert_eq!(indexes(&log), vec![7, 8, 9]);
-        log.purge(openraft::testing::log_id(1, 1, 4));
+        log.purge(openraft::testing::log_id::<TestConfig>(1, 1, 4));
         assert_eq!(log.last_purged().map(|id| id.index), Some(6));
-        log.purge(openraft::testing::log_id(1, 1, 20));
+        log.purge(openraft::testing::log_id::<TestConfig>(1, 1, 20));
         assert_eq!(indexes(&log), Vec::<u64>::new());
         assert_eq!(log.last_log_id().map(|id| id.index), Some(20));
     }
@@ -203,7 +200,7 @@ mod tests {
         );
         log.truncate(5);
         assert_eq!(indexes(&log), vec![4]);
-        log.purge(openraft::testing::log_id(1, 1, 10));
+        log.purge(openraft::testing::log_id::<TestConfig>(1, 1, 10));
         assert_eq!(log.accept(&entries(9..=12)), Ok(2));
         assert_eq!(log.accept(&entries(11..=12)), Ok(0));
         let mut skipped_then_gap = entries(9..=10);

@@ -11,10 +11,10 @@ use std::io;
 use std::path::Path;
 use std::path::PathBuf;
 
-use openraft::LogId;
-use openraft::RaftLogId;
 use openraft::RaftTypeConfig;
-use openraft::Vote;
+use openraft::entry::RaftEntry;
+use openraft::type_config::alias::LogIdOf;
+use openraft::type_config::alias::VoteOf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -34,8 +34,8 @@ use crate::registry::codec;
 /// What the directory held.
 pub(super) struct Recovered<C: RaftTypeConfig> {
     pub(super) memory: MemoryLog<C>,
-    pub(super) vote: Option<Vote<C::NodeId>>,
-    pub(super) committed: Option<LogId<C::NodeId>>,
+    pub(super) vote: Option<VoteOf<C>>,
+    pub(super) committed: Option<LogIdOf<C>>,
     pub(super) writer: WriterState,
 }
 
@@ -90,8 +90,8 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SegmentLogError> {
 /// Replays one record.
 struct Replay<C: RaftTypeConfig> {
     memory: MemoryLog<C>,
-    vote: Option<Vote<C::NodeId>>,
-    committed: Option<LogId<C::NodeId>>,
+    vote: Option<VoteOf<C>>,
+    committed: Option<LogIdOf<C>>,
 }
 
 impl<C> Replay<C>
@@ -132,7 +132,7 @@ where
                         found_index: gap.found_index,
                     }
                 })?;
-                let last_index = entries.last().map(|entry| entry.get_log_id().index);
+                let last_index = entries.last().map(|entry| entry.index());
                 entries.drain(..skip);
                 self.memory.append(entries);
                 return Ok(last_index);
@@ -143,7 +143,7 @@ where
                 self.memory.truncate(index);
             }
             RecordType::Purge => {
-                let log_id: LogId<C::NodeId> =
+                let log_id: LogIdOf<C> =
                     codec::decode_versioned(FORMAT_VERSION, frame.payload).map_err(decode_error)?;
                 self.memory.purge(log_id);
             }

@@ -6,7 +6,6 @@
 //! not. Tests of durability therefore reopen after [`power_loss`], which
 //! drops every byte no `fdatasync` covered.
 
-use std::io::Cursor;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -19,14 +18,15 @@ use super::*;
 openraft::declare_raft_types!(TestConfig: D = u64, R = ());
 
 type Store = SegmentLogStore<TestConfig>;
-type Entry = openraft::Entry<TestConfig>;
+type Entry = openraft::type_config::alias::EntryOf<TestConfig>;
+type Vote = VoteOf<TestConfig>;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Small segments, so that a few entries fill several.
 const SMALL_SEGMENT_BYTES: u64 = 256;
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    openraft::testing::log_id(term, 1, index)
+fn log_id(term: u64, index: u64) -> LogIdOf<TestConfig> {
+    openraft::testing::log_id::<TestConfig>(term, 1, index)
 }
 
 fn entry(term: u64, index: u64) -> Entry {
@@ -49,7 +49,7 @@ fn open_small(dir: &tempfile::TempDir) -> Result<Store, SegmentLogError> {
     )
 }
 
-async fn indexes(store: &mut Store) -> Result<Vec<u64>, StorageError<u64>> {
+async fn indexes(store: &mut Store) -> Result<Vec<u64>, io::Error> {
     let entries = store.get_log_reader().await.try_get_log_entries(..).await?;
     Ok(entries.iter().map(|entry| entry.log_id.index).collect())
 }
@@ -313,7 +313,7 @@ async fn truncate_survives_a_power_loss() -> TestResult {
         store
             .blocking_append((1..=5).map(|index| entry(1, index)))
             .await?;
-        store.truncate(log_id(1, 3)).await?;
+        store.truncate_after(Some(log_id(1, 2))).await?;
         assert_eq!(indexes(&mut store).await?, vec![1, 2]);
         power_loss(store)?;
     }
@@ -514,7 +514,7 @@ async fn acknowledged_writes_survive_a_power_loss() -> TestResult {
             wait.await??;
         }
         store.save_committed(Some(log_id(1, 20))).await?;
-        store.truncate(log_id(1, 26)).await?;
+        store.truncate_after(Some(log_id(1, 25))).await?;
         store.save_vote(&vote).await?;
         store
             .blocking_append((26..=28).map(|index| entry(2, index)))
@@ -656,6 +656,6 @@ async fn a_failed_fdatasync_fails_the_append_and_every_later_write() -> TestResu
         .store(false, std::sync::atomic::Ordering::SeqCst);
     assert!(store.blocking_append([entry(1, 3)]).await.is_err());
     assert!(store.save_vote(&Vote::new(2, 1)).await.is_err());
-    assert!(store.truncate(log_id(1, 2)).await.is_err());
+    assert!(store.truncate_after(Some(log_id(1, 1))).await.is_err());
     Ok(())
 }
