@@ -50,6 +50,11 @@ pub const PEER_FORMAT_VERSION: u8 = 4;
 /// Bytes of snapshot data per message of a snapshot stream.
 const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
 
+/// Most bytes a received snapshot may hold in all: the stream is refused
+/// beyond it instead of growing a buffer for whatever a peer sends. Far
+/// above any state the registry's limits allow on a machine of this class.
+const SNAPSHOT_BYTES_MAX: usize = 16 << 30;
+
 // Message sizes between peers, and why they fit together:
 //
 // - A log entry carries a batch of client requests, and a client message is
@@ -70,7 +75,8 @@ const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
 //   splitting ends.
 // - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (4 MiB) after a
 //   first message with the vote and the snapshot meta (the membership:
-//   well under 1 MiB).
+//   well under 1 MiB); a receiver gathers at most `SNAPSHOT_BYTES_MAX`
+//   (16 GiB) of them.
 // - The gRPC message wraps the payload with the cluster id (16 bytes), the
 //   sender id (≤ 10 bytes) and field tags: `PEER_MESSAGE_BYTES_MAX` leaves
 //   1 MiB for that, and both the peer server and the peer clients set it as
@@ -711,7 +717,12 @@ impl raft_server::Raft for PeerService {
         let mut data = Vec::new();
         while let Some(part) = parts.next().await {
             match self.open(&claim, part?)? {
-                SnapshotPart::Data(chunk) => data.extend_from_slice(&chunk),
+                SnapshotPart::Data(chunk) => {
+                    if data.len().saturating_add(chunk.len()) > SNAPSHOT_BYTES_MAX {
+                        return Err(invalid("a snapshot larger than SNAPSHOT_BYTES_MAX"));
+                    }
+                    data.extend_from_slice(&chunk)
+                }
                 SnapshotPart::Head { .. } => {
                     return Err(invalid("a snapshot stream has one meta"));
                 }
