@@ -547,12 +547,9 @@ mod tests {
         bytes
     }
 
-    /// A version 3 snapshot restores with every session owned by the
-    /// anonymous principal (there was no authentication) and its highest
-    /// seq from its cache and floor; it is written back as version 4, and
-    /// the anonymous principal goes on using its sessions.
-    #[test]
-    fn version_3_snapshots_are_read_as_anonymous() {
+    /// A registry bootstrapped at index 1 with one session (client id 2)
+    /// of the anonymous principal registered at index 2.
+    fn one_anonymous_session() -> Registry {
         let mut registry = Registry::new();
         registry.apply(
             1,
@@ -575,6 +572,16 @@ mod tests {
                 },
             ),
         );
+        registry
+    }
+
+    /// A version 3 snapshot restores with every session owned by the
+    /// anonymous principal (there was no authentication) and its highest
+    /// seq from its cache and floor; it is written back as version 4, and
+    /// the anonymous principal goes on using its sessions.
+    #[test]
+    fn version_3_snapshots_are_read_as_anonymous() {
+        let mut registry = one_anonymous_session();
         let increment = |seq| {
             Op::Execute(Execute {
                 cluster_id: CLUSTER,
@@ -608,28 +615,7 @@ mod tests {
     /// same state, which is written (and hashed) as the current version.
     #[test]
     fn version_2_snapshots_are_read() {
-        let mut registry = Registry::new();
-        registry.apply(
-            1,
-            &Entry::single(
-                0,
-                Op::Bootstrap {
-                    cluster_id: CLUSTER,
-                    config: RegistryConfig::default(),
-                },
-            ),
-        );
-        registry.apply(
-            2,
-            &Entry::single(
-                10,
-                Op::Register {
-                    cluster_id: Some(CLUSTER),
-                    nonce: Nonce(5),
-                    principal: crate::registry::Principal::anonymous(),
-                },
-            ),
-        );
+        let mut registry = one_anonymous_session();
         registry.apply(
             3,
             &Entry::single(
