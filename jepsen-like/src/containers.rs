@@ -314,13 +314,9 @@ impl Containers {
             if !self.is_running(node) {
                 continue;
             }
-            let state = docker(&[
-                "inspect",
-                "--format",
-                "{{.State.Running}} {{.State.ExitCode}}",
-                &self.node(node).name,
-            ])
-            .await?;
+            let state = self
+                .inspect(node, "{{.State.Running}} {{.State.ExitCode}}")
+                .await?;
             // A kill by us may have happened while the engine answered.
             if state.trim().starts_with("false") && self.is_running(node) {
                 *self.state(node) = State::default();
@@ -331,6 +327,11 @@ impl Containers {
             }
         }
         Ok(())
+    }
+
+    /// `docker inspect --format FORMAT` of node `node`'s container.
+    async fn inspect(&self, node: u64, format: &str) -> anyhow::Result<String> {
+        docker(&["inspect", "--format", format, &self.node(node).name]).await
     }
 
     /// Writes node `node`'s container log (`docker logs`) to `target`.
@@ -350,13 +351,7 @@ impl Containers {
     /// The pid of node `node`'s process, whose network namespace is the
     /// container's.
     async fn pid(&self, node: u64) -> anyhow::Result<String> {
-        let pid = docker(&[
-            "inspect",
-            "--format",
-            "{{.State.Pid}}",
-            &self.node(node).name,
-        ])
-        .await?;
+        let pid = self.inspect(node, "{{.State.Pid}}").await?;
         let pid = pid.trim().to_owned();
         if pid.is_empty() || pid == "0" {
             bail!("node {node}'s container runs no process");
