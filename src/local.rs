@@ -51,13 +51,56 @@ pub fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String
         .join("\n")
 }
 
-/// `count` distinct free loopback ports: all bound at once so none repeats,
-/// then released for the nodes to bind.
+/// The ports [`free_ports`] hands out: below Linux's default ephemeral range
+/// (32768–60999), so no outgoing connection of this or another process (a
+/// client, a peer, a load generator) can take a port between the moment it
+/// is handed out and the moment a node binds it, or while a killed node is
+/// down before its restart on the same port. Port 0 would pick from the
+/// ephemeral range, and did collide under a full test suite.
+const PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// Every port this process has handed out: never handed out twice, so two
+/// clusters of one test binary never share a port even after one of them
+/// released it (a node being restarted keeps its ports).
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// `count` distinct free loopback ports from [`PORTS`], never one this
+/// process handed out before: each checked by binding it, all bound at once,
+/// then released for the nodes to bind. The search starts at a random port so
+/// that concurrent processes (a harness beside a test suite) rarely meet.
 pub fn free_ports(count: usize) -> std::io::Result<Vec<SocketAddr>> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()?;
-    listeners.iter().map(TcpListener::local_addr).collect()
+    use rand::Rng;
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let span = PORTS.end - PORTS.start;
+    let first = rand::thread_rng().gen_range(0..span);
+    let mut listeners = Vec::with_capacity(count);
+    for step in 0..span {
+        if listeners.len() == count {
+            break;
+        }
+        let port = PORTS.start + (first + step) % span;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(listener);
+        }
+    }
+    if listeners.len() < count {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("fewer than {count} free loopback ports in {PORTS:?}"),
+        ));
+    }
+    let addrs = listeners
+        .iter()
+        .map(TcpListener::local_addr)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    handed_out.extend(addrs.iter().map(SocketAddr::port));
+    Ok(addrs)
 }
 
 /// The last `lines` lines of the log file at `path`, or why there are none.
@@ -89,6 +132,21 @@ pub fn percentile(sorted_micros: &[u32], fraction: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ports are distinct, outside the ephemeral range, bindable when handed
+    /// out, and never handed out twice by one process.
+    #[test]
+    fn free_ports_are_fresh_and_below_the_ephemeral_range() {
+        let first = free_ports(9).unwrap();
+        let second = free_ports(9).unwrap();
+        let all: std::collections::BTreeSet<u16> =
+            first.iter().chain(&second).map(SocketAddr::port).collect();
+        assert_eq!(all.len(), 18, "a port was handed out twice: {all:?}");
+        assert!(all.iter().all(|port| PORTS.contains(port)), "{all:?}");
+        for addr in &first {
+            TcpListener::bind(addr).expect("a handed-out port is free");
+        }
+    }
 
     /// Percentiles pick the ceiling rank of sorted samples.
     #[test]
