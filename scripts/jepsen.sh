@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The jepsen-like harness (jepsen-like/, README "jepsen-like"):
+# The jepsen-like harness (jepsen-like/, docs/testing.md, "jepsen-like"):
 #
 #   scripts/jepsen.sh smoke                    one 45 s run, seed 1, 3 leader kills, release build
 #   scripts/jepsen.sh ci-smoke                 the same run on the debug build (what .ci/run runs)

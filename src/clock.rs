@@ -1,4 +1,4 @@
-//! The leader's cluster clock (DESIGN.md rule 11, after LogCabin): the
+//! The leader's cluster clock (docs/rules.md, rule 11, after LogCabin): the
 //! millisecond stamp a leader puts on every registry entry it proposes. It
 //! owns the leader's count of led time and nothing else: it never writes to
 //! the log or the state, and never reads the wall clock.

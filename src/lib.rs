@@ -1,5 +1,5 @@
 //! oncekv: an exactly-once key-value service — a replicated client-session
-//! registry on Raft (the Idempotent Receiver). See README.md and DESIGN rules.
+//! registry on Raft (the Idempotent Receiver). See README.md and docs/rules.md.
 
 #[cfg(feature = "server")]
 pub mod cli;

@@ -5,7 +5,7 @@
 //! registry core never sees it: outcomes are counted by the storage adapter
 //! where entries are applied, wire-level refusals by the network adapter.
 //!
-//! Every metric is documented in README.md ("Metrics and dashboard").
+//! Every metric is documented in docs/operating.md ("Metrics and dashboard").
 
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::registry::{Entry, Op, Outcome, Registry, Rejection};

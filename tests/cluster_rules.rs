@@ -1,4 +1,4 @@
-//! DESIGN.md rules that only a running cluster can break: the cluster clock
+//! Rules (docs/rules.md) that only a running cluster can break: the cluster clock
 //! (rule 11) across a whole-cluster outage and across a leader's loss of its
 //! quorum, cluster and node identity (rule 16), linearizable reads on a
 //! deposed leader and on a leader restarted within its term, and graceful

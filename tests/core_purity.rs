@@ -1,4 +1,4 @@
-//! The registry core stays pure (DESIGN.md rules 10 and layer 1): no code
+//! The registry core stays pure (docs/rules.md, rule 10; layer 1 of docs/architecture.md): no code
 //! line under `src/registry/` may name an async runtime, storage, network,
 //! clock, randomness, environment or randomly seeded hasher. Clippy's
 //! `disallowed-methods` (clippy.toml) backs this up across the crate.

@@ -6,7 +6,7 @@
 //! buffer is sized).
 //!
 //! CI runs a short pass (proptest's 256 cases per property). The long run
-//! (documented in the README, "Decoders under attack"):
+//! (documented in docs/testing.md, "Tests"):
 //!
 //! ```sh
 //! PROPTEST_CASES=1000000 cargo test --release --test decoders

@@ -146,7 +146,7 @@ async fn replace_a_dead_node_with_a_fresh_one() {
         "node 4 caught up by installing a snapshot: {status:?}"
     );
 
-    // Promote 4 and remove 3 with the CLI, as the README describes.
+    // Promote 4 and remove 3 with the CLI, as docs/operating.md ("Membership") describes.
     let endpoints = cluster.client_addrs();
     let timeout = ["--timeout-ms", "60000"];
     oncekv(

@@ -112,7 +112,7 @@ impl Client {
     }
 }
 
-/// The reference model: a literal reading of DESIGN.md with plain vectors
+/// The reference model: a literal reading of docs/rules.md with plain vectors
 /// and linear scans, sharing no code with the registry.
 #[derive(Clone, Debug)]
 struct Model {

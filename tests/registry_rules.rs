@@ -1,4 +1,4 @@
-//! One or more tests per DESIGN.md rule that the registry core owns, each
+//! One or more tests per rule (docs/rules.md) that the registry core owns, each
 //! named after its rule and written so that breaking the rule fails it.
 
 mod support;

@@ -1,7 +1,7 @@
 //! `oncekv bench`: closed-loop load against a running cluster through the
 //! client library. Each bench client is one `Client` (one session) with
 //! `--pipeline` requests in flight (1 = one request at a time, as the peer
-//! figures in DESIGN.md were measured). Prints throughput and latency
+//! etcd comparison of docs/benchmarks.md is measured). Prints throughput and latency
 //! percentiles; `--compare` runs the same load through the plain
 //! (at-least-once, sessionless) path too and prints the registry's cost.
 //! `--failover` runs the failover benchmark of `super::failover` instead, on

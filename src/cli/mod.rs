@@ -55,7 +55,7 @@ pub enum Command {
     /// state hashes, local reads.
     Admin(admin::AdminArgs),
     /// Make a local CA, node certificates and client identities with
-    /// tokens, for a cluster with TLS and authentication (README "Security").
+    /// tokens, for a cluster with TLS and authentication (docs/security.md).
     Certs(certs::CertsArgs),
     /// The key-value commands: put, get, del, incr, append, cas, sessions.
     #[command(flatten)]

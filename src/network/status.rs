@@ -1,5 +1,5 @@
 //! The one place where failures become gRPC statuses: each reason of
-//! DESIGN.md's error table maps to a status code, an `ErrorDetail` in the
+//! the error table of docs/rules.md maps to a status code, an `ErrorDetail` in the
 //! status details and the `oncekv-reason` metadata entry (see the table at
 //! the top of `proto/oncekv.proto`).
 

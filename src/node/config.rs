@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 // Raft timing defaults, measured on a 2-core machine with three nodes (see
-// the README's "Raft timing"). openraft (0.9 and 0.10) makes a follower wait its leader
+// docs/benchmarks.md, "Raft timing"). openraft (0.9 and 0.10) makes a follower wait its leader
 // lease (the maximum election timeout) plus its own election timeout (drawn
 // once in [min, max)) after the last message of the leader before it stands,
 // so a crashed leader is replaced after about max + min..max, plus a tick of
@@ -102,7 +102,7 @@ pub struct NodeOptions {
     /// This node's certificate (PEM) for the client and peer ports. With
     /// --tls-key and --tls-ca it turns TLS on for both ports (mutual TLS
     /// between peers), and authentication on the client port; a node with
-    /// TLS may bind to any address. See README "Security".
+    /// TLS may bind to any address. See docs/security.md.
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).

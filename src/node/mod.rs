@@ -175,7 +175,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         // Off: with pre-vote a follower cut off from the rest never raises
         // its term and keeps naming its dead leader (in `Status` and in
         // `NOT_LEADER` hints) instead of "no leader". Failover measured the
-        // same with and without it (README, "Raft timing"); the peer
+        // same with and without it (docs/benchmarks.md, "Raft timing"); the peer
         // service answers pre-votes either way.
         enable_pre_vote: Some(false),
         // Entries go to the followers as soon as the append is queued, not

@@ -2,7 +2,7 @@
 //! key-value data) and returns its outcome. Pure, deterministic and
 //! synchronous — it must never read a clock, a random source or the
 //! environment, touch IO, or iterate anything in an unspecified order
-//! (DESIGN.md rule 10). Every rule of exactly-once execution lives here.
+//! (docs/rules.md, rule 10). Every rule of exactly-once execution lives here.
 //!
 //! An entry carries a batch of requests (rule 17): the index and the cluster
 //! time advance once for the entry, then each request goes through the

@@ -323,8 +323,8 @@ impl CommandResult {
 }
 
 /// A replicated limit the request breaks by itself, given the data it
-/// applies to: it can never succeed as sent (DESIGN.md's "limit broken by
-/// the request itself"). Final for its seq: the refusal is cached like a
+/// applies to: it can never succeed as sent (docs/rules.md, rule 12: a
+/// limit the request itself breaks). Final for its seq: the refusal is cached like a
 /// result, so a retry gets it again, under any leader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitExceeded {
@@ -624,7 +624,7 @@ pub struct Registration {
 /// Why a registry entry took no effect. Only `LimitExceeded` is cached (as
 /// the seq's response); every other one is either final by construction
 /// (the state that caused it never reverts, or it is a fact of the request
-/// alone) or valid for this attempt only (see DESIGN.md's error table).
+/// alone) or valid for this attempt only (see the error table of docs/rules.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Rejection {
     /// Unknown or expired client id. Final.

@@ -66,7 +66,7 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// Raft timing for a loaded 2-core machine (see README, "Raft timing").
+    /// Raft timing for a loaded 2-core machine (see docs/benchmarks.md, "Raft timing").
     pub const TESTS: Timing = Timing {
         heartbeat_ms: 100,
         election_min_ms: 400,
