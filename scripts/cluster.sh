@@ -4,8 +4,10 @@
 #   scripts/cluster.sh start [--tls] | stop | status | kill-leader | restart N | join N | remove N
 #
 # Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)), Raft peers
-# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)) and Prometheus metrics on
-# http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + N))/metrics. Everything a node owns lives in
+# on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)), Prometheus metrics on
+# http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + N))/metrics and the HTTP/JSON API
+# (docs/http.md) on http://127.0.0.1:$((ONCEKV_PORT_BASE + 300 + N))/v1/kv/ (https with
+# --tls). Everything a node owns lives in
 # $ONCEKV_DATA/nN: its Raft data dir (db/), its log (node.log) and, while it
 # runs, its pid file (pid). Stopping keeps the data: a later start resumes the
 # same cluster. The cluster's nodes are 1-3 at first; `join` adds one (a new
@@ -39,8 +41,9 @@ commands:
 environment:
   ONCEKV_DATA        where the nodes keep their data and logs
                      (default ./data, relative to the current directory)
-  ONCEKV_PORT_BASE   node N listens on base+N (clients), base+100+N (peers)
-                     and base+200+N (metrics) (default 7100)
+  ONCEKV_PORT_BASE   node N listens on base+N (clients), base+100+N (peers),
+                     base+200+N (metrics) and base+300+N (HTTP API)
+                     (default 7100)
   RUST_LOG           node log filter (default info)
   ONCEKV_WORKER_THREADS  async runtime threads per node (default: cores / 3, at least 1)
   ONCEKV_NODE_ARGS   more `oncekv node` flags for every node, space-separated
@@ -74,6 +77,13 @@ client_addr() { echo "127.0.0.1:$((BASE + $1))"; }
 peer_addr() { echo "127.0.0.1:$((BASE + 100 + $1))"; }
 metrics_addr() { echo "127.0.0.1:$((BASE + 200 + $1))"; }
 metrics_url() { echo "http://$(metrics_addr "$1")/metrics"; }
+http_addr() { echo "127.0.0.1:$((BASE + 300 + $1))"; }
+# The HTTP API's base URL: HTTPS with the node's certificate when secure.
+http_url() {
+    local scheme=http
+    secure && scheme=https
+    echo "$scheme://$(http_addr "$1")/v1/kv/"
+}
 node_dir() { echo "$DATA/n$1"; }
 # Each of the three nodes on this machine gets its share of the cores as
 # async runtime threads (at least one), not one thread per core each.
@@ -141,7 +151,7 @@ members() {
 # Fails unless $1 is a node id whose ports fit under the port base.
 check_id() {
     [[ ${1:-} =~ ^[1-9][0-9]?$ ]] || { usage >&2; exit 2; }
-    ((BASE + 200 + $1 <= 65535)) || die "node $1's metrics port would exceed 65535"
+    ((BASE + 300 + $1 <= 65535)) || die "node $1's HTTP port would exceed 65535"
 }
 
 # Fails unless node $1 is one of the cluster's nodes.
@@ -204,6 +214,7 @@ start_node() {
         --client-addr "$(client_addr "$n")" \
         --peer-addr "$(peer_addr "$n")" \
         --metrics-addr "$(metrics_addr "$n")" \
+        --http-addr "$(http_addr "$n")" \
         --data-dir "$dir/db" \
         --worker-threads "$(worker_threads)" \
         "${extra[@]}" "${tls[@]}" \
@@ -328,6 +339,7 @@ cmd_start() {
     check_all_running
     echo "client endpoints: $(endpoints)"
     print_metrics_urls
+    print_http_urls
     echo "leader: node $leader ($(client_addr "$leader"))"
     if secure; then
         local pki
@@ -338,6 +350,8 @@ cmd_start() {
         echo "for operator commands (oncekv admin), the admin identity:"
         echo "  export ONCEKV_TOKEN=\$(cat $pki/admin.token)    # role admin"
         echo "  (or ONCEKV_CERT=$pki/admin.pem ONCEKV_KEY=$pki/admin-key.pem)"
+        echo "for the HTTP API (docs/http.md), a bearer token and the CA:"
+        echo "  curl --cacert $pki/ca.pem -H \"Authorization: Bearer \$(cat $pki/client.token)\" $(http_url 1)KEY"
     fi
 }
 
@@ -345,6 +359,13 @@ print_metrics_urls() {
     local n
     for n in $(members); do
         echo "node $n metrics: $(metrics_url "$n")"
+    done
+}
+
+print_http_urls() {
+    local n
+    for n in $(members); do
+        echo "node $n HTTP API: $(http_url "$n")"
     done
 }
 
@@ -376,6 +397,7 @@ cmd_status() {
     local rc=0
     run_status || rc=$?
     print_metrics_urls
+    print_http_urls
     return "$rc"
 }
 
@@ -436,8 +458,8 @@ cmd_remove() {
 }
 
 main() {
-    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 203 > 65535)); then
-        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65332"
+    if ! [[ $BASE =~ ^[1-9][0-9]*$ ]] || ((BASE + 303 > 65535)); then
+        die "ONCEKV_PORT_BASE=$BASE: want a number without leading zeros, at most 65232"
     fi
     export_credentials
     case ${1:-} in

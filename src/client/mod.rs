@@ -296,6 +296,14 @@ fn final_error(status: &tonic::Status, seq: u64) -> Error {
 fn give_up((status, _attempts): (tonic::Status, u32)) -> Error {
     match classify::<()>(Err(status)) {
         Attempt::Final(status) => final_error(&status, 0),
+        // A capacity limit that stayed reached until the deadline is said
+        // so (the caller backs off), not hidden behind "unavailable".
+        Attempt::Retry { status, .. }
+            if error_detail(&status)
+                .is_some_and(|detail| detail.reason() == Reason::ResourceExhausted) =>
+        {
+            Error::ResourceExhausted(status.message().to_string())
+        }
         Attempt::Retry { status, .. } => Error::Unavailable(status.to_string()),
         Attempt::Done(()) => Error::Unavailable("no reply".into()),
     }

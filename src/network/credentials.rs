@@ -160,6 +160,15 @@ impl Credentials {
         }
     }
 
+    /// These credentials showing `token` instead of their own token (the
+    /// HTTP API passes each caller's token through this way).
+    pub fn with_token(&self, token: BearerToken) -> Credentials {
+        Credentials {
+            tls: self.tls.clone(),
+            token,
+        }
+    }
+
     /// What adds the token to each call.
     pub fn bearer(&self) -> BearerToken {
         self.token.clone()

@@ -15,6 +15,8 @@ pub mod credentials;
 #[cfg(feature = "server")]
 pub mod faults;
 #[cfg(feature = "server")]
+pub mod http_api;
+#[cfg(feature = "server")]
 pub mod peer;
 #[cfg(feature = "server")]
 pub mod proposer;

@@ -70,6 +70,11 @@ pub struct NodeOptions {
     /// Serve Prometheus metrics over HTTP here (`GET /metrics`) [default: off].
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve the HTTP/JSON API here (`/v1/kv/...`, docs/http.md): HTTPS with
+    /// the node's certificate when the node has TLS, plain HTTP otherwise
+    /// (then loopback only, unless --insecure) [default: off].
+    #[arg(long)]
+    pub http_addr: Option<SocketAddr>,
     /// Most client proposals this node has in flight at once; beyond it a
     /// request is refused at once with UNAVAILABLE ("overloaded") [default: 1024].
     #[arg(long)]
@@ -175,6 +180,8 @@ pub struct NodeConfig {
     pub peer_via: BTreeMap<NodeId, String>,
     /// Where `GET /metrics` is served; `None`: no metrics server.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the HTTP/JSON API is served; `None`: no HTTP API.
+    pub http_addr: Option<SocketAddr>,
     /// Admission control of the client API (see `network::client_api`).
     pub max_pending_proposals: usize,
     /// Threads of the async runtime; `None`: one per core.
@@ -340,8 +347,13 @@ impl NodeOptions {
         // TLS on both ports brings authentication on the client port (client
         // certificates of the cluster CA, tokens if a file is given) and
         // mutual TLS between peers: safe to expose.
+        let http_addr = self.http_addr.or(file.http_addr);
         if tls.is_none() && !(self.insecure || file.insecure) {
-            for (flag, addr) in [("client-addr", client_addr), ("peer-addr", peer_addr)] {
+            let http = http_addr.map(|addr| ("http-addr", addr));
+            for (flag, addr) in [("client-addr", client_addr), ("peer-addr", peer_addr)]
+                .into_iter()
+                .chain(http)
+            {
                 if !addr.ip().is_loopback() {
                     return Err(ConfigError::Invalid(format!(
                         "--{flag} {addr} is not a loopback address, and this node has no TLS \
@@ -481,6 +493,7 @@ impl NodeOptions {
             advertise_peer_addr,
             peer_via,
             metrics_addr,
+            http_addr,
             max_pending_proposals,
             worker_threads,
             data_dir,
@@ -686,6 +699,23 @@ mod tests {
             exposed.insecure = true;
             assert!(exposed.resolve().is_ok(), "{client} {peer} with --insecure");
         }
+        // The HTTP port follows the same rule.
+        let mut http = options();
+        http.http_addr = Some("0.0.0.0:7301".parse().unwrap());
+        match http.clone().resolve() {
+            Err(ConfigError::Invalid(message)) => {
+                assert!(message.contains("--http-addr"), "{message}")
+            }
+            other => panic!("http 0.0.0.0: {other:?}"),
+        }
+        http.insecure = true;
+        assert!(http.resolve().is_ok());
+        let mut http_loopback = options();
+        http_loopback.http_addr = Some("127.0.0.1:7301".parse().unwrap());
+        assert_eq!(
+            http_loopback.resolve().unwrap().http_addr,
+            Some("127.0.0.1:7301".parse().unwrap())
+        );
         let mut loopback = options();
         loopback.client_addr = Some("127.0.0.2:7101".parse().unwrap());
         loopback.advertise_client_addr = Some("127.0.0.1:7101".into());
@@ -707,6 +737,7 @@ mod tests {
              data_dir = \"d\"\nadvertise_client_addr = \"n2.local:7102\"\n\
              advertise_peer_addr = \"n2.local:7202\"\npeer_via = [\"1=127.0.0.1:9021\"]\n\
              metrics_addr = \"127.0.0.1:7302\"\nmax_pending_proposals = 16\n\
+             http_addr = \"127.0.0.1:7402\"\n\
              insecure = true\n",
         )
         .unwrap();
@@ -724,5 +755,6 @@ mod tests {
         );
         assert_eq!(config.metrics_addr, Some("127.0.0.1:7302".parse().unwrap()));
         assert_eq!(config.max_pending_proposals, 32);
+        assert_eq!(config.http_addr, Some("127.0.0.1:7402".parse().unwrap()));
     }
 }

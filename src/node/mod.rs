@@ -307,6 +307,33 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         }
         None => None,
     };
+    let http_server = match config.http_addr {
+        Some(addr) => {
+            // HTTPS with the node's certificate when it has TLS. Requests go
+            // through this node's own client port (authentication, leader
+            // forwarding): the advertised address, which the certificate
+            // names.
+            let tls = config
+                .tls
+                .as_ref()
+                .map(|tls| crate::network::http_api::tls_config(&tls.cert, &tls.key))
+                .transpose()?;
+            let api = crate::network::http_api::HttpApi::new(
+                config.advertise_client_addr.clone(),
+                config.tls.as_ref().map(|tls| tls.ca.as_path()),
+            )?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the HTTP address {addr}"))?;
+            Some(tokio::spawn(crate::network::http_api::serve(
+                listener,
+                tls,
+                api.router(),
+                stopped(servers_stopped.clone()),
+            )))
+        }
+        None => None,
+    };
     tracing::info!(
         node_id = config.id,
         client_addr = %config.client_addr,
@@ -314,6 +341,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         advertise_client_addr = %config.advertise_client_addr,
         advertise_peer_addr = %config.advertise_peer_addr,
         metrics_addr = ?config.metrics_addr,
+        http_addr = ?config.http_addr,
         max_pending_proposals = config.max_pending_proposals,
         "node started"
     );
@@ -342,6 +370,9 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         let _ = peer_server.await;
         let _ = client_server.await;
         if let Some(server) = metrics_server {
+            let _ = server.await;
+        }
+        if let Some(server) = http_server {
             let _ = server.await;
         }
     })

@@ -105,6 +105,8 @@ struct Node {
     peer_addr: SocketAddr,
     /// Where the node serves `GET /metrics`.
     metrics_addr: SocketAddr,
+    /// Where the node serves its HTTP/JSON API (`--http-addr`).
+    http_addr: SocketAddr,
     data_dir: PathBuf,
     log_path: PathBuf,
     /// The Raft timing of its next start.
@@ -206,16 +208,17 @@ impl Cluster {
             );
             pki
         });
-        let ports = free_ports(3 * NODES.len()).expect("free loopback ports");
+        let ports = free_ports(4 * NODES.len()).expect("free loopback ports");
         let nodes = NODES
             .iter()
-            .zip(ports.chunks(3))
+            .zip(ports.chunks(4))
             .map(|(&id, ports)| {
                 let node = Node {
                     id,
                     client_addr: ports[0],
                     peer_addr: ports[1],
                     metrics_addr: ports[2],
+                    http_addr: ports[3],
                     data_dir: dir.path().join(format!("n{id}")),
                     log_path: dir.path().join(format!("n{id}.log")),
                     timing: Mutex::new(timing),
@@ -284,6 +287,11 @@ impl Cluster {
         self.node(node).metrics_addr.to_string()
     }
 
+    /// `127.0.0.1:port` of `node`'s HTTP/JSON API.
+    pub fn http_addr(&self, node: u64) -> String {
+        self.node(node).http_addr.to_string()
+    }
+
     /// `node`'s Prometheus exposition, scraped once (within
     /// [`STATUS_TIMEOUT`]), or why it could not be.
     pub async fn scrape(&self, node: u64) -> Result<String, String> {
@@ -307,12 +315,13 @@ impl Cluster {
     /// peer, which only matters with `--initialize`.
     pub fn add_node(&mut self, id: u64) {
         assert!(!self.nodes.contains_key(&id), "node {id} exists already");
-        let ports = free_ports(3).expect("free loopback ports");
+        let ports = free_ports(4).expect("free loopback ports");
         let node = Node {
             id,
             client_addr: ports[0],
             peer_addr: ports[1],
             metrics_addr: ports[2],
+            http_addr: ports[3],
             data_dir: self.dir.path().join(format!("n{id}")),
             log_path: self.dir.path().join(format!("n{id}.log")),
             timing: Mutex::new(Timing::TESTS),
@@ -518,6 +527,8 @@ impl Cluster {
             .arg(node.peer_addr.to_string())
             .arg("--metrics-addr")
             .arg(node.metrics_addr.to_string())
+            .arg("--http-addr")
+            .arg(node.http_addr.to_string())
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args(

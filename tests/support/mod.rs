@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod cluster;
+pub mod http;
 pub mod metrics;
 pub mod raw;
 pub mod registry;

@@ -1,0 +1,403 @@
+//! The HTTP/JSON API (docs/http.md) against real 3-node clusters: every
+//! operation through a follower (which forwards to the leader), keys as
+//! raw percent-decoded bytes, JSON errors with the gRPC reason names for
+//! bad input, a request through a follower while the leader is killed,
+//! and HTTPS with bearer tokens passed through on a secure cluster.
+
+mod support;
+
+use oncekv::registry::Value;
+use serde_json::json;
+use std::time::Duration;
+use support::cluster::{Cluster, NODES};
+use support::http::{Http, Response};
+use tokio::time::Instant;
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A node that is not `leader`.
+fn follower_of(leader: u64) -> u64 {
+    *NODES
+        .iter()
+        .find(|&&node| node != leader)
+        .expect("three nodes")
+}
+
+fn ok(response: Result<Response, String>) -> Response {
+    let response = response.unwrap_or_else(|error| panic!("no response: {error}"));
+    assert_eq!(
+        response.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&response.body)
+    );
+    response
+}
+
+/// An error response: the status, the JSON shape `{"reason", "message",
+/// ...}` with a non-empty message, and a JSON content type.
+fn error(response: Result<Response, String>, status: u16, reason: &str) -> serde_json::Value {
+    let response = response.unwrap_or_else(|error| panic!("no response: {error}"));
+    let body = response.json();
+    assert_eq!(response.status, status, "{body}");
+    assert_eq!(body["reason"], reason, "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    body
+}
+
+/// Every operation through a follower: results mirror the command results,
+/// reads see the writes on every node, keys are raw bytes (the library
+/// reads what HTTP wrote under a non-UTF-8 key with a '/').
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_through_a_follower() {
+    let cluster = Cluster::start("http-ops").await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = follower_of(leader);
+    let http = Http::plain(&cluster.http_addr(follower));
+
+    let put = ok(http
+        .json(
+            "PUT",
+            "/v1/kv/greeting",
+            &[],
+            json!({"value": {"bytes": "hello"}}),
+        )
+        .await);
+    assert_eq!(put.json(), json!({"result": "stored"}));
+    for node in NODES {
+        let read = ok(Http::plain(&cluster.http_addr(node))
+            .request("GET", "/v1/kv/greeting", &[], b"")
+            .await);
+        assert_eq!(
+            read.json(),
+            json!({"value": {"bytes": "hello"}}),
+            "node {node}"
+        );
+    }
+
+    // A key with '/' and a non-UTF-8 byte, a binary value.
+    ok(http
+        .json(
+            "PUT",
+            "/v1/kv/a%2F%FF",
+            &[],
+            json!({"value": {"bytes_base64": "AP8="}}),
+        )
+        .await);
+    let library = oncekv::client::Client::connect(cluster.client_addrs());
+    assert_eq!(
+        library.get(b"a/\xff").await.expect("library read"),
+        Some(Value::Bytes(vec![0, 0xff]))
+    );
+    let read = ok(http.request("GET", "/v1/kv/a%2f%ff", &[], b"").await);
+    assert_eq!(read.json(), json!({"value": {"bytes_base64": "AP8="}}));
+
+    let incr = |delta: i64| http.json("POST", "/v1/kv/n/incr", &[], json!({"delta": delta}));
+    assert_eq!(
+        ok(incr(5).await).json(),
+        json!({"result": "incremented", "value": 5})
+    );
+    assert_eq!(
+        ok(incr(-7).await).json(),
+        json!({"result": "incremented", "value": -2})
+    );
+    assert_eq!(
+        ok(http
+            .json("POST", "/v1/kv/n/incr", &[], json!({"delta": i64::MIN}))
+            .await)
+        .json(),
+        json!({"result": "overflow", "current": -2})
+    );
+
+    for (element, length) in [("x", 1), ("y", 2)] {
+        let appended = ok(http
+            .json("POST", "/v1/kv/l/append", &[], json!({"element": element}))
+            .await);
+        assert_eq!(
+            appended.json(),
+            json!({"result": "appended", "length": length})
+        );
+    }
+    let list = ok(http.request("GET", "/v1/kv/l", &[], b"").await);
+    assert_eq!(list.json(), json!({"value": {"list": ["x", "y"]}}));
+    assert_eq!(
+        ok(incr(1).await).json()["result"],
+        "incremented",
+        "n is still an int"
+    );
+    let wrong = ok(http
+        .json("POST", "/v1/kv/l/incr", &[], json!({"delta": 1}))
+        .await);
+    assert_eq!(
+        wrong.json(),
+        json!({"result": "wrong_type", "actual": "list"})
+    );
+
+    let cas = |expected: serde_json::Value, new: serde_json::Value| {
+        http.json(
+            "POST",
+            "/v1/kv/c/cas",
+            &[],
+            json!({"expected": expected, "new": new}),
+        )
+    };
+    assert_eq!(
+        ok(cas(json!(null), json!({"int": 1})).await).json(),
+        json!({"result": "compare_and_swap", "swapped": true, "current": {"int": 1}})
+    );
+    assert_eq!(
+        ok(cas(json!(null), json!({"int": 2})).await).json(),
+        json!({"result": "compare_and_swap", "swapped": false, "current": {"int": 1}})
+    );
+    assert_eq!(
+        ok(cas(json!({"int": 1}), json!({"bytes": "two"})).await).json(),
+        json!({"result": "compare_and_swap", "swapped": true, "current": {"bytes": "two"}})
+    );
+
+    let deleted = ok(http.request("DELETE", "/v1/kv/c", &[], b"").await);
+    assert_eq!(
+        deleted.json(),
+        json!({"result": "deleted", "existed": true})
+    );
+    let gone = http
+        .request("GET", "/v1/kv/c", &[], b"")
+        .await
+        .expect("a response");
+    assert_eq!((gone.status, gone.json()), (404, json!({"value": null})));
+    let again = ok(http.request("DELETE", "/v1/kv/c", &[], b"").await);
+    assert_eq!(again.json(), json!({"result": "deleted", "existed": false}));
+    library.close().await;
+}
+
+/// Bad requests get 4xx JSON errors with the gRPC reason names, and none of
+/// them executes anything: malformed keys and bodies, an oversized body, a
+/// value over the replicated limit, a wrong method, an unknown path, a
+/// malformed Idempotency-Key and (for now) a well-formed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_json_errors() {
+    let cluster = Cluster::start("http-errors").await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let http = Http::plain(&cluster.http_addr(follower_of(leader)));
+    let put = |path: &'static str, body: &'static [u8]| http.request("PUT", path, &[], body);
+
+    error(
+        put("/v1/kv/", br#"{"value":{"int":1}}"#).await,
+        400,
+        "INVALID_ARGUMENT",
+    );
+    error(
+        put("/v1/kv/a%zz", br#"{"value":{"int":1}}"#).await,
+        400,
+        "INVALID_ARGUMENT",
+    );
+    let body = error(put("/v1/kv/k", b"{not json").await, 400, "INVALID_ARGUMENT");
+    assert!(
+        body["message"].as_str().unwrap().contains("request body"),
+        "{body}"
+    );
+    error(
+        put("/v1/kv/k", br#"{"value":"untyped"}"#).await,
+        400,
+        "INVALID_ARGUMENT",
+    );
+    error(
+        put("/v1/kv/k", br#"{"value":{"int":1},"extra":true}"#).await,
+        400,
+        "INVALID_ARGUMENT",
+    );
+    error(
+        http.request("POST", "/v1/kv/k/cas", &[], br#"{"new":{"int":1}}"#)
+            .await,
+        400,
+        "INVALID_ARGUMENT",
+    );
+
+    // Oversized: refused on its Content-Length, before the body is read.
+    let oversized = oncekv::network::http_api::BODY_BYTES_MAX + 1;
+    let head = format!(
+        "PUT /v1/kv/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {oversized}\r\n\r\n{{\"value\":"
+    );
+    let body = error(http.raw(head.as_bytes()).await, 413, "INVALID_ARGUMENT");
+    assert_eq!(
+        body["body_bytes_max"],
+        oncekv::network::http_api::BODY_BYTES_MAX
+    );
+
+    // Over the replicated value limit (64 KiB by default): the cluster's
+    // final refusal, with the limit's name and numbers.
+    let big = "v".repeat(100_000);
+    let body = error(
+        http.json("PUT", "/v1/kv/k", &[], json!({"value": {"bytes": big}}))
+            .await,
+        400,
+        "LIMIT_EXCEEDED",
+    );
+    assert_eq!(body["limit"], "value_bytes_max", "{body}");
+    assert_eq!(body["limit_max"], 65536, "{body}");
+    assert!(
+        body["limit_requested"].as_u64().unwrap() >= 100_000,
+        "{body}"
+    );
+
+    let response = http.request("POST", "/v1/kv/k", &[], b"").await;
+    assert_eq!(
+        response.as_ref().ok().and_then(|r| r.header("allow")),
+        Some("GET, PUT, DELETE")
+    );
+    error(response, 405, "INVALID_ARGUMENT");
+    error(
+        http.request("GET", "/v2/nothing", &[], b"").await,
+        404,
+        "INVALID_ARGUMENT",
+    );
+    error(
+        http.request("POST", "/v1/kv/k/frobnicate", &[], b"").await,
+        404,
+        "INVALID_ARGUMENT",
+    );
+    let response = http
+        .request("GET", "/v1/kv/k", &[("Authorization", "Basic dTpw")], b"")
+        .await;
+    assert_eq!(
+        response
+            .as_ref()
+            .ok()
+            .and_then(|r| r.header("www-authenticate")),
+        Some("Bearer")
+    );
+    error(response, 401, "UNAUTHENTICATED");
+
+    let http_ref = &http;
+    let incr = |key: &'static str| async move {
+        http_ref
+            .request(
+                "POST",
+                "/v1/kv/counted/incr",
+                &[("Idempotency-Key", key)],
+                br#"{"delta":1}"#,
+            )
+            .await
+    };
+    error(incr("\"unterminated").await, 400, "INVALID_ARGUMENT");
+    error(incr("two words").await, 400, "INVALID_ARGUMENT");
+    error(incr("\"order-17\"").await, 501, "UNIMPLEMENTED");
+
+    // None of the above executed anything.
+    for key in ["k", "counted"] {
+        let read = http
+            .request("GET", &format!("/v1/kv/{key}"), &[], b"")
+            .await
+            .expect("a response");
+        assert_eq!(
+            (read.status, read.json()),
+            (404, json!({"value": null})),
+            "{key}"
+        );
+    }
+}
+
+/// A write through a follower while the leader is killed: the node retries
+/// on the new leader within its deadline, so the request eventually
+/// succeeds (bounded wait), and it is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_across_a_leader_kill() {
+    let cluster = Cluster::start("http-failover").await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = follower_of(leader);
+    let http = Http::plain(&cluster.http_addr(follower));
+    let incr = || http.json("POST", "/v1/kv/n/incr", &[], json!({"delta": 1}));
+    assert_eq!(ok(incr().await).json()["value"], 1);
+
+    cluster.kill(leader);
+    // Sent at once, during the election.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut attempts = 0;
+    let value = loop {
+        attempts += 1;
+        match incr().await {
+            Ok(response) if response.status == 200 => break response.json()["value"].clone(),
+            Ok(response) => {
+                // Only "try again" answers are acceptable meanwhile.
+                assert_eq!(response.status, 503, "{:?}", response.json());
+                assert_eq!(response.json()["reason"], "UNAVAILABLE");
+            }
+            Err(error) => panic!("no response from the follower: {error}"),
+        }
+        assert!(
+            Instant::now() < deadline && attempts < 10,
+            "no success through node {follower} after {attempts} attempts"
+        );
+    };
+    // At-least-once: a retry inside the node may apply it twice.
+    assert!(value == 2 || value == 3, "{value}");
+    let new_leader = cluster.wait_for_new_leader(leader).await;
+    assert_ne!(new_leader, leader);
+    let read = ok(http.request("GET", "/v1/kv/n", &[], b"").await);
+    assert_eq!(read.json(), json!({"value": {"int": value}}));
+}
+
+/// On a node with TLS the HTTP port is HTTPS with the node's certificate;
+/// the caller's bearer token is what the node authenticates (never the
+/// node's own identity): no token or an unknown one is 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_passes_the_callers_token_through() {
+    let cluster = Cluster::start_secure("http-secure", &[]).await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = follower_of(leader);
+    let https = Http::tls(&cluster.http_addr(follower), &cluster.pki().join("ca.pem"));
+    let token = |name: &str| {
+        std::fs::read_to_string(cluster.pki().join(format!("{name}.token")))
+            .expect("read a token")
+            .trim()
+            .to_string()
+    };
+    let alice = format!("Bearer {}", token("alice"));
+    let bob = format!("Bearer {}", token("bob"));
+
+    let put = https
+        .json(
+            "PUT",
+            "/v1/kv/secret",
+            &[("Authorization", &alice)],
+            json!({"value": {"bytes": "s"}}),
+        )
+        .await;
+    assert_eq!(ok(put).json(), json!({"result": "stored"}));
+    let read = ok(https
+        .request("GET", "/v1/kv/secret", &[("Authorization", &bob)], b"")
+        .await);
+    assert_eq!(read.json(), json!({"value": {"bytes": "s"}}));
+
+    error(
+        https.request("GET", "/v1/kv/secret", &[], b"").await,
+        401,
+        "UNAUTHENTICATED",
+    );
+    error(
+        https
+            .json(
+                "PUT",
+                "/v1/kv/secret",
+                &[("Authorization", "Bearer not-a-token-of-this-cluster")],
+                json!({"value": {"bytes": "x"}}),
+            )
+            .await,
+        401,
+        "UNAUTHENTICATED",
+    );
+    // Plain HTTP on the HTTPS port gets no answer.
+    assert!(
+        Http::plain(&cluster.http_addr(follower))
+            .request("GET", "/v1/kv/secret", &[], b"")
+            .await
+            .is_err()
+    );
+    let read = ok(https
+        .request("GET", "/v1/kv/secret", &[("Authorization", &alice)], b"")
+        .await);
+    assert_eq!(read.json(), json!({"value": {"bytes": "s"}}), "unchanged");
+}
