@@ -450,6 +450,9 @@ pub fn op_label(op: &Op) -> &'static str {
         Op::Unregister { .. } => "unregister",
         Op::SetConfig { .. } | Op::PatchConfig { .. } => "set_config",
         Op::ExecutePlain { .. } => "execute_plain",
+        Op::ExecuteKeyed { .. } => "execute_keyed",
+        Op::ForgetKey { .. } => "forget_key",
+        Op::PatchConfigs { .. } => "set_config",
     }
 }
 
@@ -469,11 +472,13 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
         | Outcome::Executed { .. }
         | Outcome::KeptAlive { .. }
         | Outcome::Unregistered
-        | Outcome::ConfigSet(_) => "applied",
+        | Outcome::ConfigSet(_)
+        | Outcome::ConfigsSet { .. }
+        | Outcome::KeyForgotten { .. } => "applied",
         Outcome::Rejected(rejection) => match rejection {
             Rejection::SessionExpired => "expired",
             Rejection::WrongCluster { .. } => "wrong_cluster",
-            Rejection::SeqConflict => "conflict",
+            Rejection::SeqConflict | Rejection::KeyConflict => "conflict",
             Rejection::ResponseDiscarded { .. } => "discarded",
             Rejection::TooManyOutstanding { .. } => "too_many_outstanding",
             Rejection::ResourceExhausted(_) => "rejected_by_limit",

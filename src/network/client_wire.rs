@@ -147,6 +147,7 @@ fn reason_label(reason: Reason) -> &'static str {
         Reason::LimitExceeded => "limit_exceeded",
         Reason::PermissionDenied => "permission_denied",
         Reason::Unauthenticated => "unauthenticated",
+        Reason::KeyConflict => "key_conflict",
     }
 }
 
