@@ -78,6 +78,7 @@ fn method_label(path: &str) -> Option<&'static str> {
         "Client/Register" => "Register",
         "Client/Execute" => "Execute",
         "Client/ExecutePlain" => "ExecutePlain",
+        "Client/ExecuteKeyed" => "ExecuteKeyed",
         "Client/KeepAlive" => "KeepAlive",
         "Client/Unregister" => "Unregister",
         "Client/Read" => "Read",
