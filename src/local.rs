@@ -75,6 +75,7 @@ pub fn free_ports(count: usize) -> std::io::Result<Vec<SocketAddr>> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let span = PORTS.end - PORTS.start;
+    #[allow(clippy::disallowed_methods)] // a tool's port search, not the registry
     let first = rand::thread_rng().gen_range(0..span);
     let mut listeners = Vec::with_capacity(count);
     for step in 0..span {
