@@ -8,7 +8,7 @@
 //! Every metric is documented in docs/operating.md ("Metrics and dashboard").
 
 use crate::raft_types::{NodeId, TypeConfig};
-use crate::registry::{Entry, Op, Outcome, Registry, Rejection};
+use crate::registry::{Entry, Limit, Op, Outcome, Registry, Rejection};
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -55,6 +55,7 @@ pub struct NodeMetrics {
     // Counted where entries are applied (the same on every replica).
     pub registry_outcomes: Family<OutcomeLabels, Counter>,
     pub sessions_expired: Counter,
+    pub idempotency_keys_expired: Counter,
     pub apply_batch_duration: Histogram,
     pub entries_applied: Counter,
     pub snapshots_built: Counter,
@@ -72,6 +73,8 @@ pub struct NodeMetrics {
     pub commit_index: Gauge,
     // Refreshed at scrape time.
     sessions_live: Gauge,
+    idempotency_keys_live: Gauge,
+    idempotency_keys_cached_bytes: Gauge,
     cached_responses: Gauge,
     cached_bytes: Gauge,
     term: Gauge,
@@ -110,6 +113,7 @@ impl NodeMetrics {
             registry: Default::default(),
             registry_outcomes: Family::default(),
             sessions_expired: Counter::default(),
+            idempotency_keys_expired: Counter::default(),
             apply_batch_duration: latency_histogram(),
             entries_applied: Counter::default(),
             snapshots_built: Counter::default(),
@@ -123,6 +127,8 @@ impl NodeMetrics {
             became_leader: Counter::default(),
             commit_index: Gauge::default(),
             sessions_live: Gauge::default(),
+            idempotency_keys_live: Gauge::default(),
+            idempotency_keys_cached_bytes: Gauge::default(),
             cached_responses: Gauge::default(),
             cached_bytes: Gauge::default(),
             term: Gauge::default(),
@@ -143,13 +149,29 @@ impl NodeMetrics {
         let r = &mut registry;
         r.register(
             "registry_outcomes",
-            "Registry entries applied on this replica, by operation (register, execute, execute_plain, keep_alive, unregister, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, limit_exceeded, too_many_outstanding, invalid, permission_denied, not_bootstrapped); the same on every replica at the same applied index",
+            "Registry entries applied on this replica, by operation (register, execute, execute_plain, execute_keyed, keep_alive, unregister, forget_key, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, limit_exceeded, too_many_outstanding, invalid, permission_denied, not_bootstrapped); the same on every replica at the same applied index. For execute_keyed: applied (executed), duplicate (answered from the key's record), conflict (KEY_CONFLICT), rejected_by_limit (a capacity limit), limit_exceeded (a limit the request breaks)",
             metrics.registry_outcomes.clone(),
         );
         r.register(
             "sessions_expired",
             "Sessions removed for idleness (TTL in cluster time) on this replica",
             metrics.sessions_expired.clone(),
+        );
+        r.register(
+            "idempotency_keys_expired",
+            "Idempotency keys removed because their TTL passed (cluster time) on this replica",
+            metrics.idempotency_keys_expired.clone(),
+        );
+        r.register(
+            "idempotency_keys_live",
+            "Live idempotency keys in the applied state, all principals",
+            metrics.idempotency_keys_live.clone(),
+        );
+        r.register_with_unit(
+            "idempotency_keys_cached",
+            "Size of the idempotency key records as idempotency_cached_bytes_max counts it",
+            Unit::Bytes,
+            metrics.idempotency_keys_cached_bytes.clone(),
         );
         r.register(
             "sessions_live",
@@ -323,14 +345,29 @@ impl NodeMetrics {
     }
 
     /// Counts the outcome of one registry entry applied at this replica, and
-    /// the sessions it expired (`sessions_before` → `sessions_after`).
+    /// the sessions and idempotency keys it expired (`before` → `after`:
+    /// (sessions, keys) counts around the entry).
     pub fn count_applied(
         &self,
         entry: &Entry,
         outcomes: &[Outcome],
-        sessions_before: usize,
-        sessions_after: usize,
+        before: (usize, usize),
+        after: (usize, usize),
     ) {
+        let (sessions_before, keys_before) = before;
+        let (sessions_after, keys_after) = after;
+        let (mut keys_made, mut keys_forgotten) = (0usize, 0usize);
+        for (op, outcome) in entry.ops.iter().zip(outcomes) {
+            match (op, outcome) {
+                (Op::ExecuteKeyed { .. }, outcome) if makes_key_record(outcome) => keys_made += 1,
+                (_, Outcome::KeyForgotten { existed: true }) => keys_forgotten += 1,
+                _ => {}
+            }
+        }
+        let keys_expired = (keys_before + keys_made).saturating_sub(keys_forgotten + keys_after);
+        if keys_expired > 0 {
+            self.idempotency_keys_expired.inc_by(keys_expired as u64);
+        }
         let (mut registered, mut unregistered) = (0usize, 0usize);
         for (op, outcome) in entry.ops.iter().zip(outcomes) {
             self.registry_outcomes
@@ -377,6 +414,10 @@ impl NodeMetrics {
             bytes += session.cached_bytes;
         }
         self.sessions_live.set(saturating_i64(sessions));
+        self.idempotency_keys_live
+            .set(saturating_i64(registry.key_count() as u64));
+        self.idempotency_keys_cached_bytes
+            .set(saturating_i64(registry.keyed_cached_bytes()));
         self.cached_responses.set(saturating_i64(responses));
         self.cached_bytes.set(saturating_i64(bytes));
         self.state_hash_info.clear();
@@ -440,6 +481,20 @@ pub fn hash_prefix(hex: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// Whether a keyed request's outcome made a record of its key: a first
+/// execution, or a refusal of a limit the command broke (cached as the
+/// key's answer) — not a key too long, which is refused without a record.
+fn makes_key_record(outcome: &Outcome) -> bool {
+    match outcome {
+        Outcome::Executed { duplicate, .. } => !duplicate,
+        Outcome::Rejected(Rejection::LimitExceeded {
+            exceeded,
+            duplicate,
+        }) => !duplicate && exceeded.limit != Limit::IdempotencyKeyBytes,
+        _ => false,
+    }
+}
+
 /// The `op` label of a registry entry.
 pub fn op_label(op: &Op) -> &'static str {
     match op {
@@ -450,6 +505,9 @@ pub fn op_label(op: &Op) -> &'static str {
         Op::Unregister { .. } => "unregister",
         Op::SetConfig { .. } | Op::PatchConfig { .. } => "set_config",
         Op::ExecutePlain { .. } => "execute_plain",
+        Op::ExecuteKeyed { .. } => "execute_keyed",
+        Op::ForgetKey { .. } => "forget_key",
+        Op::PatchConfigs { .. } => "set_config",
     }
 }
 
@@ -469,11 +527,13 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
         | Outcome::Executed { .. }
         | Outcome::KeptAlive { .. }
         | Outcome::Unregistered
-        | Outcome::ConfigSet(_) => "applied",
+        | Outcome::ConfigSet(_)
+        | Outcome::ConfigsSet { .. }
+        | Outcome::KeyForgotten { .. } => "applied",
         Outcome::Rejected(rejection) => match rejection {
             Rejection::SessionExpired => "expired",
             Rejection::WrongCluster { .. } => "wrong_cluster",
-            Rejection::SeqConflict => "conflict",
+            Rejection::SeqConflict | Rejection::KeyConflict => "conflict",
             Rejection::ResponseDiscarded { .. } => "discarded",
             Rejection::TooManyOutstanding { .. } => "too_many_outstanding",
             Rejection::ResourceExhausted(_) => "rejected_by_limit",
@@ -552,6 +612,85 @@ mod tests {
                 "{name} has no help"
             );
         }
+    }
+
+    /// Keyed outcomes are counted by op and outcome, and keys that left
+    /// by their TTL (not by an operator's forget, nor keys never recorded)
+    /// as expired.
+    #[test]
+    fn keyed_outcomes_and_expiries_are_counted() {
+        use crate::registry::{
+            ClusterId, Command, ConfigPatch, IdempotencyKey, KeyedConfigPatch, Principal,
+            RegistryConfig,
+        };
+        let cluster_id = ClusterId(7);
+        let metrics = NodeMetrics::new(1);
+        let mut registry = Registry::new();
+        let mut index = 0;
+        let mut apply = |stamp_ms, op| {
+            index += 1;
+            let entry = Entry::single(stamp_ms, op);
+            let counts = |registry: &Registry| (registry.session_count(), registry.key_count());
+            let before = counts(&registry);
+            let outcomes = registry.apply(index, &entry);
+            metrics.count_applied(&entry, &outcomes, before, counts(&registry));
+        };
+        let keyed = |key: &str, delta| Op::ExecuteKeyed {
+            cluster_id,
+            key: IdempotencyKey(key.as_bytes().to_vec()),
+            command: Command::Increment {
+                key: b"n".to_vec(),
+                delta,
+            },
+            principal: Principal::anonymous(),
+        };
+        apply(
+            0,
+            Op::Bootstrap {
+                cluster_id,
+                config: RegistryConfig::default(),
+            },
+        );
+        apply(
+            0,
+            Op::PatchConfigs {
+                cluster_id,
+                patch: ConfigPatch::default(),
+                keyed: KeyedConfigPatch {
+                    idempotency_key_ttl_ms: Some(1_000),
+                    ..KeyedConfigPatch::default()
+                },
+            },
+        );
+        apply(10, keyed("a", 1));
+        apply(10, keyed("a", 1));
+        apply(10, keyed("a", 2));
+        apply(10, keyed(&"x".repeat(300), 1));
+        apply(10, keyed("b", 1));
+        apply(10, keyed("c", 1));
+        apply(
+            10,
+            Op::ForgetKey {
+                cluster_id,
+                principal: Principal::anonymous(),
+                key: IdempotencyKey(b"c".to_vec()),
+            },
+        );
+        apply(5_000, keyed("d", 1));
+        let count = |outcome| {
+            metrics
+                .registry_outcomes
+                .get_or_create(&OutcomeLabels {
+                    op: "execute_keyed",
+                    outcome,
+                })
+                .get()
+        };
+        assert_eq!(count("applied"), 4);
+        assert_eq!(count("duplicate"), 1);
+        assert_eq!(count("conflict"), 1);
+        assert_eq!(count("limit_exceeded"), 1);
+        assert_eq!(metrics.idempotency_keys_expired.get(), 2, "a and b");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use oncekv::proto;
 use oncekv::raft_types::TypeConfig;
 use oncekv::registry::codec;
 use oncekv::registry::snapshot;
-use oncekv::registry::{ClientId, Command, Entry, Execute, Nonce, Op, Value};
+use oncekv::registry::{ClientId, Command, Entry, Execute, IdempotencyKey, Nonce, Op, Value};
 use proptest::prelude::*;
 use prost::Message;
 use support::registry::{CLUSTER, Driver, append, incr};
@@ -92,6 +92,26 @@ fn snapshot_sample() -> Vec<u8> {
     );
     driver.advance(10);
     driver.keep_alive(a, 2);
+    for (principal, key, command) in [
+        ("", "k1", incr("n", 1)),
+        ("alice", "k1", append("l", "y")),
+        (
+            "alice",
+            "k2",
+            Command::Put {
+                key: b"big".to_vec(),
+                value: Value::Bytes(vec![0; 65 << 10]),
+            },
+        ),
+    ] {
+        driver.apply(Op::ExecuteKeyed {
+            cluster_id: CLUSTER,
+            key: IdempotencyKey(key.as_bytes().to_vec()),
+            command,
+            principal: oncekv::registry::Principal(principal.into()),
+        });
+    }
+    assert_eq!(driver.registry.key_count(), 3);
     snapshot::to_bytes(&driver.registry)
 }
 
@@ -127,6 +147,28 @@ fn entry_samples() -> Vec<Vec<u8>> {
             client_id: ClientId(3),
             principal: Some(oncekv::registry::Principal("alice".into())),
         },
+        Op::ExecuteKeyed {
+            cluster_id: CLUSTER,
+            key: IdempotencyKey(b"msg-42".to_vec()),
+            command: incr("k", 2),
+            principal: oncekv::registry::Principal("alice".into()),
+        },
+        Op::ForgetKey {
+            cluster_id: CLUSTER,
+            principal: oncekv::registry::Principal("alice".into()),
+            key: IdempotencyKey(b"msg-42".to_vec()),
+        },
+        Op::PatchConfigs {
+            cluster_id: CLUSTER,
+            patch: oncekv::registry::ConfigPatch {
+                window: Some(4),
+                ..Default::default()
+            },
+            keyed: oncekv::registry::KeyedConfigPatch {
+                idempotency_key_ttl_ms: Some(1_000),
+                ..Default::default()
+            },
+        },
     ];
     let mut samples: Vec<Vec<u8>> = ops
         .iter()
@@ -154,7 +196,7 @@ fn command_samples() -> Vec<Vec<u8>> {
             new: Value::Bytes(b"v".to_vec()),
         },
     ];
-    commands
+    let mut samples: Vec<Vec<u8>> = commands
         .iter()
         .map(|command| {
             proto::ExecuteRequest {
@@ -166,12 +208,49 @@ fn command_samples() -> Vec<Vec<u8>> {
             }
             .encode_to_vec()
         })
-        .collect()
+        .collect();
+    samples.extend(commands.iter().map(|command| {
+        proto::ExecuteKeyedRequest {
+            cluster_id: vec![1; 16],
+            idempotency_key: b"msg-42".to_vec(),
+            command: Some(convert::command_to_proto(command)),
+        }
+        .encode_to_vec()
+    }));
+    samples.push(
+        proto::ForgetKeyRequest {
+            cluster_id: vec![1; 16],
+            principal: "alice".into(),
+            idempotency_key: b"msg-42".to_vec(),
+        }
+        .encode_to_vec(),
+    );
+    samples
 }
 
 /// Checks what a decoded request may hold: the conversion enforces the
 /// wire's key bound, so anything it returns is within it.
 fn convert_request(bytes: &[u8]) {
+    if let Ok(request) = proto::ExecuteKeyedRequest::decode(bytes)
+        && let Ok(key) = convert::idempotency_key_from_proto(request.idempotency_key)
+    {
+        assert!(
+            !key.0.is_empty()
+                && key.0.len() as u64 <= oncekv::registry::bounds::IDEMPOTENCY_KEY_BYTES_MAX,
+            "a converted idempotency key the wire refuses"
+        );
+        let _ = convert::command_from_proto(request.command);
+    }
+    for request in [
+        proto::ForgetKeyRequest::decode(bytes).map(|r| (r.principal, r.idempotency_key)),
+        proto::GetKeyRequest::decode(bytes).map(|r| (r.principal, r.idempotency_key)),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let _ = convert::principal_from_proto(request.0);
+        let _ = convert::idempotency_key_from_proto(request.1);
+    }
     let Ok(request) = proto::ExecuteRequest::decode(bytes) else {
         return;
     };
@@ -196,10 +275,15 @@ fn convert_reply(bytes: &[u8]) {
         let _ = convert::result_from_proto(Some(reply));
     }
     if let Ok(config) = proto::RegistryConfig::decode(bytes) {
+        let _ = convert::keyed_config_from_proto(&config);
         let _ = convert::registry_config_from_proto(Some(config));
     }
     if let Ok(patch) = proto::RegistryConfigPatch::decode(bytes) {
+        let _ = convert::keyed_config_patch_from_proto(&patch);
         let _ = convert::config_patch_from_proto(Some(patch));
+    }
+    if let Ok(info) = proto::KeyInfo::decode(bytes) {
+        let _ = convert::key_from_proto(info);
     }
 }
 
@@ -218,7 +302,34 @@ fn result_samples() -> Vec<Vec<u8>> {
     ]
     .iter()
     .map(|result| convert::result_to_proto(result).encode_to_vec())
+    .chain(key_samples())
     .collect()
+}
+
+/// Key records as `ListKeys` and `GetKey` replies carry them.
+fn key_samples() -> Vec<Vec<u8>> {
+    let mut registry = support::registry::Driver::new();
+    registry.apply(Op::ExecuteKeyed {
+        cluster_id: CLUSTER,
+        key: IdempotencyKey(b"k".to_vec()),
+        command: incr("n", 1),
+        principal: oncekv::registry::Principal("alice".into()),
+    });
+    registry.apply(Op::ExecuteKeyed {
+        cluster_id: CLUSTER,
+        key: IdempotencyKey(b"big".to_vec()),
+        command: append("n", "x"),
+        principal: oncekv::registry::Principal::anonymous(),
+    });
+    let (keys, _) = registry.registry.keys_after(
+        &oncekv::registry::Principal::anonymous(),
+        &IdempotencyKey(Vec::new()),
+        10,
+    );
+    assert_eq!(keys.len(), 2);
+    keys.iter()
+        .map(|view| convert::key_to_proto(view).encode_to_vec())
+        .collect()
 }
 
 /// A peer's AppendEntries payload as the peer service decodes it.
@@ -400,8 +511,17 @@ fn the_samples_are_valid() {
     for sample in entry_samples() {
         assert!(codec::decode_entry(&sample).is_ok());
     }
-    for sample in command_samples() {
+    for sample in command_samples().iter().take(5) {
         let request = proto::ExecuteRequest::decode(sample.as_slice()).expect("valid request");
         assert!(convert::command_from_proto(request.command).is_ok());
+    }
+    for sample in command_samples().iter().skip(5).take(5) {
+        let request = proto::ExecuteKeyedRequest::decode(sample.as_slice()).expect("valid");
+        assert!(convert::idempotency_key_from_proto(request.idempotency_key).is_ok());
+        assert!(convert::command_from_proto(request.command).is_ok());
+    }
+    for sample in key_samples() {
+        let info = proto::KeyInfo::decode(sample.as_slice()).expect("valid key record");
+        assert!(convert::key_from_proto(info).is_ok());
     }
 }

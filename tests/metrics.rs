@@ -353,6 +353,9 @@ fn dashboard_queries_name_exported_metrics() {
         "oncekv_snapshots_built_total",
         "oncekv_pending_proposals",
         "oncekv_state_hash_prefix",
+        "oncekv_idempotency_keys_live",
+        "oncekv_idempotency_keys_cached_bytes",
+        "oncekv_idempotency_keys_expired_total",
     ] {
         assert!(groups.contains(wanted), "no panel queries {wanted}");
     }

@@ -97,6 +97,49 @@ fn log() -> Vec<Entry> {
                 ]),
             });
         }
+        // Idempotency keys of two principals: first executions, repeats,
+        // a conflict, a shorter TTL (which expires keys at its entry and
+        // later ones as time goes on) and an operator's forget.
+        let keyed = |principal: &str, key: String, command: Command| Op::ExecuteKeyed {
+            cluster_id: CLUSTER,
+            key: oncekv::registry::IdempotencyKey(key.into_bytes()),
+            command,
+            principal: oncekv::registry::Principal(principal.into()),
+        };
+        let principal = ["", "alice"][round as usize % 2];
+        entries.push(Entry::single(
+            stamp,
+            keyed(principal, format!("key{}", round % 7), incr("keyed", 1)),
+        ));
+        if round % 6 == 3 {
+            entries.push(Entry::single(
+                stamp,
+                keyed(principal, format!("key{}", round % 7), incr("keyed", 2)),
+            ));
+        }
+        if round == 25 {
+            entries.push(Entry::single(
+                stamp,
+                Op::PatchConfigs {
+                    cluster_id: CLUSTER,
+                    patch: oncekv::registry::ConfigPatch::default(),
+                    keyed: oncekv::registry::KeyedConfigPatch {
+                        idempotency_key_ttl_ms: Some(1_500),
+                        ..Default::default()
+                    },
+                },
+            ));
+        }
+        if round == 30 {
+            entries.push(Entry::single(
+                stamp,
+                Op::ForgetKey {
+                    cluster_id: CLUSTER,
+                    principal: oncekv::registry::Principal::anonymous(),
+                    key: oncekv::registry::IdempotencyKey(b"key2".to_vec()),
+                },
+            ));
+        }
         if round == 20 {
             entries.push(Entry::single(
                 stamp,
@@ -145,6 +188,11 @@ fn restored_midway_equals_full_replay() {
         );
         assert_eq!(restored, replayed);
         assert!(replayed.session_count() < 4, "a session expired");
+        assert!(
+            (1..14).contains(&replayed.key_count()),
+            "keys live, some expired: {}",
+            replayed.key_count()
+        );
         assert!(replayed.get(b"counter").is_some());
     }
 }

@@ -301,7 +301,9 @@ pub fn completion(
         Err(error) => {
             let kind = match &error {
                 // Sent, and not answered in time: it may have been applied.
-                Error::OutcomeUnknown { .. } | Error::ResourceExhausted(_) => EventType::Info,
+                Error::OutcomeUnknown { .. }
+                | Error::KeyOutcomeUnknown { .. }
+                | Error::ResourceExhausted(_) => EventType::Info,
                 // Nothing was executed.
                 Error::Unavailable(_)
                 | Error::SessionExpired
@@ -311,7 +313,8 @@ pub fn completion(
                 | Error::InvalidArgument(_)
                 | Error::Unauthenticated(_)
                 | Error::PermissionDenied(_)
-                | Error::LimitExceeded { .. } => EventType::Fail,
+                | Error::LimitExceeded { .. }
+                | Error::KeyConflict { .. } => EventType::Fail,
             };
             (kind, None, Some(error.to_string()))
         }

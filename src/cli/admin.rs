@@ -886,6 +886,7 @@ async fn set_config(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, Failu
         value_bytes_max: set.value_bytes_max,
         list_elements_max: set.list_elements_max,
         keys_max: set.keys_max,
+        ..proto::RegistryConfigPatch::default()
     };
     let request = proto::SetConfigRequest {
         cluster_id,

@@ -381,6 +381,8 @@ impl Failure {
             Error::PermissionDenied(_) => "permission_denied",
             Error::ResourceExhausted(_) => "resource_exhausted",
             Error::LimitExceeded { .. } => "limit_exceeded",
+            Error::KeyConflict { .. } => "key_conflict",
+            Error::KeyOutcomeUnknown { .. } => "outcome_unknown",
         };
         let failure = Failure::new(kind, plain_reason(&error.to_string())).with("key", json!(key));
         match error {
@@ -421,6 +423,12 @@ impl Failure {
             }
             Error::SessionExpired => failure
                 .hint("nothing was executed; run the command again (it registers a new session)"),
+            Error::KeyOutcomeUnknown { .. } => Failure {
+                exit: EXIT_UNKNOWN,
+                outcome: Outcome::Unknown,
+                ..failure
+            }
+            .hint("run the same command with the same idempotency key again to learn its outcome"),
             _ => failure,
         }
     }

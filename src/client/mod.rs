@@ -14,6 +14,13 @@
 //! definite, typed error; the cluster refuses it the same way, finally, if
 //! it is sent anyway.
 //!
+//! Producers without a session — a consumer deduplicating by message id, a
+//! webhook handler — call [`Client::execute_with_key`] instead: exactly once
+//! per idempotency key (rule 18), no session, no register, the same key
+//! retried across leader changes until the call's deadline. Keys belong to
+//! the principal of the client's credentials; without authentication every
+//! caller shares the anonymous principal's keys, so namespace your keys.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), oncekv::client::Error> {
 //! let client = oncekv::client::Client::connect(["127.0.0.1:7101", "127.0.0.1:7102"]);
@@ -94,6 +101,24 @@ pub enum Error {
         max: u64,
         requested: u64,
     },
+    /// `execute_with_key`: the idempotency key was used before (by this
+    /// principal, within its TTL) with another command. Nothing executed;
+    /// the key keeps answering its first command. Final: a caller bug, or
+    /// a key reused for new work.
+    #[error("idempotency key {key:?} was already used with another command; nothing was executed")]
+    KeyConflict {
+        /// The key, lossily as text (for messages).
+        key: String,
+    },
+    /// `execute_with_key`: the deadline passed while the keyed request's
+    /// fate was open; it may or may not have executed. Unlike a session's
+    /// unknown outcome, it can be learnt: call again with the same key and
+    /// the same command while the key lives (its TTL, 24 h by default) —
+    /// a duplicate answer is the original result.
+    #[error(
+        "outcome unknown for idempotency key {key:?}: {reason}; retry with the same key and command to learn it"
+    )]
+    KeyOutcomeUnknown { key: String, reason: String },
 }
 
 impl From<LimitExceeded> for Error {
@@ -104,6 +129,19 @@ impl From<LimitExceeded> for Error {
             requested: exceeded.requested,
         }
     }
+}
+
+/// What [`Client::execute_with_key`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedReply {
+    /// The command's result: this call's, or the original one.
+    pub result: CommandResult,
+    /// Answered from the key's record: a request with this key had already
+    /// executed (an earlier attempt of this call, or an earlier call), and
+    /// nothing executed now.
+    pub duplicate: bool,
+    /// Log index of the entry that carried the answered attempt.
+    pub log_index: u64,
 }
 
 /// Tuning of a [`Client`].
@@ -681,6 +719,104 @@ impl Client {
             .map_err(|error| Error::InvalidArgument(error.to_string()))
     }
 
+    /// Executes `command` exactly once per idempotency `key` (rule 18),
+    /// with no session: the first request with the key that reaches the
+    /// log executes; a repeat of the same command with the key — a retry of
+    /// this call, or a later call — gets the original result with
+    /// `duplicate` set. Every "this attempt" failure (NOT_LEADER,
+    /// UNAVAILABLE, RESOURCE_EXHAUSTED, a deadline or lost connection) is
+    /// retried with the same key and command, following leader hints with
+    /// backoff, until the call's deadline; then the outcome is unknown
+    /// ([`Error::KeyOutcomeUnknown`]) — and calling again with the same key
+    /// and command learns it while the key lives.
+    ///
+    /// Errors: [`Error::KeyConflict`] when the key was used with another
+    /// command (final); [`Error::LimitExceeded`] for a key longer than
+    /// `idempotency_key_bytes_max` or a command that breaks a request limit
+    /// (final); [`Error::InvalidArgument`] for an empty key or data key.
+    pub async fn execute_with_key(
+        &self,
+        key: &[u8],
+        command: Command,
+    ) -> Result<KeyedReply, Error> {
+        let key_text = String::from_utf8_lossy(key).into_owned();
+        convert::idempotency_key_from_proto(key.to_vec())
+            .map_err(|error| Error::InvalidArgument(error.to_string()))?;
+        check_key(command.key())?;
+        let deadline = self.deadline();
+        let request = proto::ExecuteKeyedRequest {
+            cluster_id: self.cluster_id(deadline).await?,
+            idempotency_key: key.to_vec(),
+            command: Some(convert::command_to_proto(&command)),
+        };
+        let span = tracing::debug_span!("execute_with_key", key = %key_text);
+        self.execute_keyed_attempts(request, &key_text, deadline)
+            .instrument(span)
+            .await
+    }
+
+    async fn execute_keyed_attempts(
+        &self,
+        request: proto::ExecuteKeyedRequest,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<KeyedReply, Error> {
+        let unknown = |reason: String| Error::KeyOutcomeUnknown {
+            key: key.to_string(),
+            reason,
+        };
+        let mut attempt: u32 = 0;
+        let mut failures = Failures::default();
+        loop {
+            let target = self.leader_endpoint()?;
+            let mut client = self.channel(&target)?;
+            let timeout = self.attempt_timeout(deadline);
+            let mut call = tonic::Request::new(request.clone());
+            call.set_timeout(timeout);
+            tracing::trace!(attempt, endpoint = %target, "keyed attempt");
+            let result = tokio::time::timeout(timeout, client.execute_keyed(call))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
+            match classify(result) {
+                Attempt::Done(reply) => {
+                    let reply = reply.into_inner();
+                    let result = convert::result_from_proto(reply.result)
+                        .map_err(|error| unknown(format!("undecodable reply: {error}")))?;
+                    return Ok(KeyedReply {
+                        result,
+                        duplicate: reply.duplicate,
+                        log_index: reply.log_index,
+                    });
+                }
+                Attempt::Final(status) => {
+                    let Some(detail) = error_detail(&status) else {
+                        // Refused below the registry: this attempt may have
+                        // reached the log.
+                        return Err(unknown(format!(
+                            "{:?}: {}",
+                            status.code(),
+                            status.message()
+                        )));
+                    };
+                    return Err(match detail.reason() {
+                        Reason::KeyConflict => Error::KeyConflict {
+                            key: key.to_string(),
+                        },
+                        _ => final_error(&status, 0),
+                    });
+                }
+                Attempt::Retry { status, hint } => {
+                    failures.note(&status);
+                    if Instant::now() >= deadline {
+                        return Err(unknown(failures.reason()));
+                    }
+                    self.follow(hint.as_deref(), attempt, deadline).await;
+                }
+            }
+            attempt += 1;
+        }
+    }
+
     /// Ends the session; true when the cluster confirmed it (or there was
     /// none). Best effort: an unconfirmed session simply expires later.
     pub async fn close(&self) -> bool {
@@ -1098,6 +1234,38 @@ mod tests {
                 limit: Limit::KeyBytes,
                 max: 4,
                 requested: 5
+            }
+        );
+    }
+
+    /// KEY_CONFLICT is final (never retried); a capacity refusal of a keyed
+    /// request is retried like any "this attempt" failure.
+    #[test]
+    fn key_conflict_is_final_and_capacity_is_retried() {
+        let conflict = reason_status(ErrorReason::KeyConflict);
+        let Attempt::Final(status) = classify::<()>(Err(conflict)) else {
+            panic!("not final");
+        };
+        assert_eq!(
+            error_detail(&status).map(|detail| detail.reason()),
+            Some(Reason::KeyConflict)
+        );
+        let full = reason_status(ErrorReason::ResourceExhausted(Limit::IdempotencyKeys));
+        assert!(matches!(classify::<()>(Err(full)), Attempt::Retry { .. }));
+        let long = reason_status(ErrorReason::LimitExceeded(LimitExceeded {
+            limit: Limit::IdempotencyKeyBytes,
+            max: 256,
+            requested: 300,
+        }));
+        let Attempt::Final(status) = classify::<()>(Err(long)) else {
+            panic!("not final");
+        };
+        assert_eq!(
+            final_error(&status, 0),
+            Error::LimitExceeded {
+                limit: Limit::IdempotencyKeyBytes,
+                max: 256,
+                requested: 300
             }
         );
     }

@@ -4,7 +4,8 @@
 //! hashes and local reads for replica checks, and test-only faults.
 //!
 //! It decides nothing the registry decides: an expiry is an `Unregister` log
-//! entry and a config change a `SetConfig` entry, stamped by the cluster
+//! entry, forgetting an idempotency key a `ForgetKey` entry and a config
+//! change a `PatchConfigs` entry, stamped by the cluster
 //! clock and applied on every replica at the same index (rules 11 and 12).
 //! Reads answer from this node's applied state without a read index. The
 //! only early refusals are facts that cannot change: malformed input, a
@@ -41,6 +42,9 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// `ListSessions` page size: default and largest.
 const SESSIONS_PAGE_DEFAULT: usize = 100;
 const SESSIONS_PAGE_MAX: usize = 1_000;
+/// `ListKeys` page size: default and largest.
+const KEYS_PAGE_DEFAULT: usize = 100;
+const KEYS_PAGE_MAX: usize = 1_000;
 
 pub struct AdminApi {
     node_id: NodeId,
@@ -438,7 +442,7 @@ impl admin_server::Admin for AdminApi {
         Ok(Response::new(proto::GetConfigReply {
             config: registry
                 .cluster_id()
-                .map(|_| convert::registry_config_to_proto(registry.config())),
+                .map(|_| convert::configs_to_proto(registry.config(), registry.keyed_config())),
             applied_index: registry.applied_index(),
         }))
     }
@@ -449,25 +453,108 @@ impl admin_server::Admin for AdminApi {
     ) -> Result<Response<proto::SetConfigReply>, Status> {
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let keyed = request
+            .patch
+            .as_ref()
+            .map(convert::keyed_config_patch_from_proto)
+            .unwrap_or_default();
         let patch = convert::config_patch_from_proto(request.patch).map_err(convert_status)?;
-        // A fact of the request alone. Whether the patched config is valid
-        // depends on the config in force when the entry applies: the core
-        // decides that, in log order, on every replica alike.
-        if patch.is_empty() {
+        // A fact of the request alone. Whether the patched configs are
+        // valid depends on the configs in force when the entry applies: the
+        // core decides that, in log order, on every replica alike.
+        if patch.is_empty() && keyed.is_empty() {
             return Err(invalid("the config patch sets no field"));
         }
-        match self.propose(Op::PatchConfig { cluster_id, patch }).await? {
-            (Outcome::ConfigSet(config), log_index) => {
+        let op = Op::PatchConfigs {
+            cluster_id,
+            patch,
+            keyed,
+        };
+        match self.propose(op).await? {
+            (Outcome::ConfigsSet { config, keyed }, log_index) => {
                 tracing::info!(
                     log_index,
                     session_ttl_ms = config.session_ttl_ms,
                     window = config.window,
+                    idempotency_key_ttl_ms = keyed.idempotency_key_ttl_ms,
                     "registry config set"
                 );
                 Ok(Response::new(proto::SetConfigReply {
                     log_index,
-                    config: Some(convert::registry_config_to_proto(&config)),
+                    config: Some(convert::configs_to_proto(&config, &keyed)),
                 }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn list_keys(
+        &self,
+        request: Request<proto::ListKeysRequest>,
+    ) -> Result<Response<proto::ListKeysReply>, Status> {
+        let request = request.into_inner();
+        let limit = match request.limit as usize {
+            0 => KEYS_PAGE_DEFAULT,
+            limit => limit.min(KEYS_PAGE_MAX),
+        };
+        let principal =
+            convert::principal_from_proto(request.after_principal).map_err(convert_status)?;
+        if request.after_key.len() as u64 > crate::registry::bounds::IDEMPOTENCY_KEY_BYTES_MAX {
+            return Err(invalid("after_key is longer than any idempotency key"));
+        }
+        let after_key = crate::registry::IdempotencyKey(request.after_key);
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        let (keys, more) = registry.keys_after(&principal, &after_key, limit);
+        Ok(Response::new(proto::ListKeysReply {
+            keys: keys.iter().map(convert::key_to_proto).collect(),
+            applied_index: registry.applied_index(),
+            more,
+            cluster_time_ms: registry.cluster_time_ms(),
+        }))
+    }
+
+    async fn get_key(
+        &self,
+        request: Request<proto::GetKeyRequest>,
+    ) -> Result<Response<proto::GetKeyReply>, Status> {
+        let request = request.into_inner();
+        let principal = convert::principal_from_proto(request.principal).map_err(convert_status)?;
+        let key =
+            convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        Ok(Response::new(proto::GetKeyReply {
+            key: registry
+                .key(&principal, &key)
+                .map(|view| convert::key_to_proto(&view)),
+            applied_index: registry.applied_index(),
+            cluster_time_ms: registry.cluster_time_ms(),
+        }))
+    }
+
+    async fn forget_key(
+        &self,
+        request: Request<proto::ForgetKeyRequest>,
+    ) -> Result<Response<proto::ForgetKeyReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let principal = convert::principal_from_proto(request.principal).map_err(convert_status)?;
+        let key =
+            convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
+        let op = Op::ForgetKey {
+            cluster_id,
+            principal,
+            key,
+        };
+        match self.propose(op).await? {
+            (Outcome::KeyForgotten { existed }, log_index) => {
+                tracing::info!(
+                    log_index,
+                    existed,
+                    "idempotency key forgotten by an operator"
+                );
+                Ok(Response::new(proto::ForgetKeyReply { log_index, existed }))
             }
             (other, _) => Err(rejected(other)),
         }

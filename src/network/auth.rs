@@ -382,6 +382,22 @@ mod tests {
         .unwrap();
         assert_eq!(alice.principal, Principal("alice".into()));
         assert_eq!(alice.role, Role::Client);
+        // Keyed execution is a client's call; the keys' admin RPCs are not.
+        let keyed = admit(
+            &policy,
+            &request(
+                "/oncekv.v1.Client/ExecuteKeyed",
+                Some("0123456789abcdef-alice"),
+            ),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(keyed.principal, Principal("alice".into()));
+        for path in ["/oncekv.v1.Admin/ForgetKey", "/oncekv.v1.Admin/ListKeys"] {
+            let denied =
+                admit(&policy, &request(path, Some("0123456789abcdef-alice"))).unwrap_err();
+            assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{path}");
+        }
         let denied = admit(
             &policy,
             &request(

@@ -250,6 +250,40 @@ impl client_server::Client for ClientApi {
         }
     }
 
+    async fn execute_keyed(
+        &self,
+        request: Request<proto::ExecuteKeyedRequest>,
+    ) -> Result<Response<proto::ExecuteReply>, Status> {
+        // The key's namespace: whoever the auth layer says is calling.
+        let principal = principal_of(&request);
+        let request = request.into_inner();
+        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let key =
+            convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
+        let command = convert::command_from_proto(request.command).map_err(convert_status)?;
+        let op = Op::ExecuteKeyed {
+            cluster_id,
+            key,
+            command,
+            principal,
+        };
+        let (outcome, log_index) = self.propose(op).await?;
+        tracing::debug!(log_index, ?outcome, "executed keyed");
+        let reply = match outcome {
+            Outcome::Executed { result, duplicate } => proto::ExecuteReply {
+                result: Some(convert::result_to_proto(&result)),
+                duplicate,
+                log_index,
+            },
+            other => return Err(rejected(other)),
+        };
+        if !reply.duplicate && self.faults.take_execute_reply_drop() {
+            tracing::warn!(log_index, "fault injection: dropping the keyed reply");
+            std::future::pending::<()>().await;
+        }
+        Ok(Response::new(reply))
+    }
+
     async fn keep_alive(
         &self,
         request: Request<proto::KeepAliveRequest>,
@@ -383,6 +417,7 @@ impl client_server::Client for ClientApi {
             state_hash,
             cluster_time_ms: registry.cluster_time_ms(),
             sessions: registry.session_count() as u64,
+            idempotency_keys: registry.key_count() as u64,
         }))
     }
 }

@@ -78,6 +78,7 @@ fn method_label(path: &str) -> Option<&'static str> {
         "Client/Register" => "Register",
         "Client/Execute" => "Execute",
         "Client/ExecutePlain" => "ExecutePlain",
+        "Client/ExecuteKeyed" => "ExecuteKeyed",
         "Client/KeepAlive" => "KeepAlive",
         "Client/Unregister" => "Unregister",
         "Client/Read" => "Read",
@@ -147,6 +148,7 @@ fn reason_label(reason: Reason) -> &'static str {
         Reason::LimitExceeded => "limit_exceeded",
         Reason::PermissionDenied => "permission_denied",
         Reason::Unauthenticated => "unauthenticated",
+        Reason::KeyConflict => "key_conflict",
     }
 }
 

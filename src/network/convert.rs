@@ -5,8 +5,9 @@
 
 use crate::proto;
 use crate::registry::{
-    Command, CommandResult, ConfigPatch, RegistryConfig, RequestLimits, SessionView, Value,
-    ValueKind, bounds,
+    Command, CommandResult, ConfigPatch, Fingerprint, IdempotencyKey, KeyView, KeyedConfig,
+    KeyedConfigPatch, Limit, LimitExceeded, Principal, RegistryConfig, RequestLimits, SessionView,
+    Value, ValueKind, bounds,
 };
 
 /// Why a wire message could not become a core value.
@@ -20,6 +21,10 @@ pub enum ConvertError {
     UnknownKind(i32),
     #[error("empty key: a key is at least one byte long")]
     EmptyKey,
+    #[error("empty idempotency key: a key is at least one byte long")]
+    EmptyIdempotencyKey,
+    #[error("unknown limit name {0:?}")]
+    UnknownLimit(String),
 }
 
 fn bounded(what: &'static str, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>, ConvertError> {
@@ -207,6 +212,129 @@ pub fn result_from_proto(
     })
 }
 
+/// An idempotency key from the wire: non-empty and within its hard bound
+/// (the replicated `idempotency_key_bytes_max` is the core's to check).
+pub fn idempotency_key_from_proto(bytes: Vec<u8>) -> Result<IdempotencyKey, ConvertError> {
+    if bytes.is_empty() {
+        return Err(ConvertError::EmptyIdempotencyKey);
+    }
+    Ok(IdempotencyKey(bounded(
+        "idempotency key",
+        bytes,
+        bounds::IDEMPOTENCY_KEY_BYTES_MAX,
+    )?))
+}
+
+/// A principal an operator names (`GetKey`, `ForgetKey`): any name of at
+/// most [`Principal::BYTES_MAX`] bytes, the empty one being anonymous.
+pub fn principal_from_proto(name: String) -> Result<Principal, ConvertError> {
+    if name.len() > Principal::BYTES_MAX {
+        return Err(ConvertError::TooLarge(
+            "principal",
+            name.len(),
+            Principal::BYTES_MAX as u64,
+        ));
+    }
+    Ok(Principal(name))
+}
+
+pub fn key_to_proto(view: &KeyView) -> proto::KeyInfo {
+    let response = match &view.response {
+        Ok(result) => proto::key_info::Response::Result(result_to_proto(result)),
+        Err(exceeded) => proto::key_info::Response::Refusal(proto::LimitRefusal {
+            limit: exceeded.limit.to_string(),
+            limit_max: exceeded.max,
+            limit_requested: exceeded.requested,
+        }),
+    };
+    proto::KeyInfo {
+        principal: view.principal.0.clone(),
+        idempotency_key: view.key.0.clone(),
+        created_ms: view.created_ms,
+        age_ms: view.age_ms,
+        expires_after_ms: view.expires_after_ms,
+        fingerprint: view.fingerprint.0.to_be_bytes().to_vec(),
+        response: Some(response),
+        size_bytes: view.size_bytes,
+    }
+}
+
+/// A key's record as a reply carries it (for clients of `Admin`): the
+/// fingerprint and the cached answer decoded; the rest as sent.
+pub fn key_from_proto(info: proto::KeyInfo) -> Result<KeyView, ConvertError> {
+    let fingerprint: [u8; 16] = info
+        .fingerprint
+        .as_slice()
+        .try_into()
+        .map_err(|_| ConvertError::Missing("fingerprint (16 bytes)"))?;
+    let response = match info.response.ok_or(ConvertError::Missing("response"))? {
+        proto::key_info::Response::Result(result) => Ok(result_from_proto(Some(result))?),
+        proto::key_info::Response::Refusal(refusal) => Err(LimitExceeded {
+            limit: Limit::from_name(&refusal.limit)
+                .ok_or(ConvertError::UnknownLimit(refusal.limit))?,
+            max: refusal.limit_max,
+            requested: refusal.limit_requested,
+        }),
+    };
+    Ok(KeyView {
+        principal: Principal(info.principal),
+        key: IdempotencyKey(info.idempotency_key),
+        created_ms: info.created_ms,
+        age_ms: info.age_ms,
+        expires_after_ms: info.expires_after_ms,
+        fingerprint: Fingerprint(u128::from_be_bytes(fingerprint)),
+        response,
+        size_bytes: info.size_bytes,
+    })
+}
+
+/// Both replicated configs as one wire message.
+pub fn configs_to_proto(config: &RegistryConfig, keyed: &KeyedConfig) -> proto::RegistryConfig {
+    proto::RegistryConfig {
+        idempotency_key_ttl_ms: keyed.idempotency_key_ttl_ms,
+        idempotency_keys_max: keyed.idempotency_keys_max,
+        idempotency_key_bytes_max: keyed.idempotency_key_bytes_max,
+        idempotency_cached_bytes_max: keyed.idempotency_cached_bytes_max,
+        ..registry_config_to_proto(config)
+    }
+}
+
+/// The idempotency-key part of a whole config as a reply carries it.
+pub fn keyed_config_from_proto(config: &proto::RegistryConfig) -> KeyedConfig {
+    KeyedConfig {
+        idempotency_key_ttl_ms: config.idempotency_key_ttl_ms,
+        idempotency_keys_max: config.idempotency_keys_max,
+        idempotency_key_bytes_max: config.idempotency_key_bytes_max,
+        idempotency_cached_bytes_max: config.idempotency_cached_bytes_max,
+    }
+}
+
+/// The idempotency-key fields a wire patch sets.
+pub fn keyed_config_patch_from_proto(patch: &proto::RegistryConfigPatch) -> KeyedConfigPatch {
+    KeyedConfigPatch {
+        idempotency_key_ttl_ms: patch.idempotency_key_ttl_ms,
+        idempotency_keys_max: patch.idempotency_keys_max,
+        idempotency_key_bytes_max: patch.idempotency_key_bytes_max,
+        idempotency_cached_bytes_max: patch.idempotency_cached_bytes_max,
+    }
+}
+
+/// Both patches as one wire message.
+pub fn configs_patch_to_proto(
+    patch: &ConfigPatch,
+    keyed: &KeyedConfigPatch,
+) -> proto::RegistryConfigPatch {
+    proto::RegistryConfigPatch {
+        idempotency_key_ttl_ms: keyed.idempotency_key_ttl_ms,
+        idempotency_keys_max: keyed.idempotency_keys_max,
+        idempotency_key_bytes_max: keyed.idempotency_key_bytes_max,
+        idempotency_cached_bytes_max: keyed.idempotency_cached_bytes_max,
+        ..config_patch_to_proto(patch)
+    }
+}
+
+/// The registry config alone as a wire message (its idempotency-key fields
+/// zero: use [`configs_to_proto`] for a reply).
 pub fn registry_config_to_proto(config: &RegistryConfig) -> proto::RegistryConfig {
     proto::RegistryConfig {
         session_ttl_ms: config.session_ttl_ms,
@@ -217,6 +345,7 @@ pub fn registry_config_to_proto(config: &RegistryConfig) -> proto::RegistryConfi
         value_bytes_max: config.value_bytes_max,
         list_elements_max: config.list_elements_max,
         keys_max: config.keys_max,
+        ..proto::RegistryConfig::default()
     }
 }
 
@@ -267,6 +396,7 @@ pub fn config_patch_to_proto(patch: &ConfigPatch) -> proto::RegistryConfigPatch 
         value_bytes_max: patch.value_bytes_max,
         list_elements_max: patch.list_elements_max,
         keys_max: patch.keys_max,
+        ..proto::RegistryConfigPatch::default()
     }
 }
 
@@ -400,6 +530,71 @@ mod tests {
         assert_eq!(
             config_patch_from_proto(None),
             Err(ConvertError::Missing("patch"))
+        );
+    }
+
+    /// Both configs and both patches survive the round trip through one
+    /// wire message each.
+    #[test]
+    fn keyed_config_round_trips() {
+        let keyed = KeyedConfig {
+            idempotency_key_ttl_ms: 1_000,
+            idempotency_keys_max: 7,
+            ..KeyedConfig::default()
+        };
+        let config = RegistryConfig::default();
+        let wire = configs_to_proto(&config, &keyed);
+        assert_eq!(keyed_config_from_proto(&wire), keyed);
+        assert_eq!(registry_config_from_proto(Some(wire)), Ok(config));
+        let patch = ConfigPatch {
+            window: Some(8),
+            ..ConfigPatch::default()
+        };
+        let keyed_patch = KeyedConfigPatch {
+            idempotency_key_bytes_max: Some(9),
+            ..KeyedConfigPatch::default()
+        };
+        let wire = configs_patch_to_proto(&patch, &keyed_patch);
+        assert_eq!(keyed_config_patch_from_proto(&wire), keyed_patch);
+        assert_eq!(config_patch_from_proto(Some(wire)), Ok(patch));
+    }
+
+    /// A key's record survives the round trip, a cached refusal included;
+    /// bad keys and principals are refused at the edge.
+    #[test]
+    fn keys_round_trip_and_bad_keys_are_refused() {
+        for response in [
+            Ok(CommandResult::Incremented { value: 3 }),
+            Err(LimitExceeded {
+                limit: Limit::ValueBytes,
+                max: 8,
+                requested: 9,
+            }),
+        ] {
+            let view = KeyView {
+                principal: Principal("alice".into()),
+                key: IdempotencyKey(b"k".to_vec()),
+                created_ms: 1,
+                age_ms: 2,
+                expires_after_ms: 3,
+                fingerprint: Fingerprint(u128::MAX - 5),
+                response,
+                size_bytes: 99,
+            };
+            assert_eq!(key_from_proto(key_to_proto(&view)), Ok(view));
+        }
+        assert_eq!(
+            idempotency_key_from_proto(Vec::new()),
+            Err(ConvertError::EmptyIdempotencyKey)
+        );
+        assert!(matches!(
+            idempotency_key_from_proto(vec![1; bounds::IDEMPOTENCY_KEY_BYTES_MAX as usize + 1]),
+            Err(ConvertError::TooLarge("idempotency key", ..))
+        ));
+        assert!(principal_from_proto("p".repeat(Principal::BYTES_MAX + 1)).is_err());
+        assert_eq!(
+            principal_from_proto(String::new()),
+            Ok(Principal::anonymous())
         );
     }
 

@@ -44,8 +44,9 @@ use tonic::transport::Channel;
 /// replicas of different rules never share a log. 3 since openraft 0.10,
 /// whose messages are shaped differently (nodes of 0.9 and 0.10 must not
 /// mix); 4 since the apply rules of storage format 4 (sessions owned by
-/// principals).
-pub const PEER_FORMAT_VERSION: u8 = 4;
+/// principals); 5 since storage format 5 (idempotency keys: entries and
+/// snapshots a node of version 4 could not read).
+pub const PEER_FORMAT_VERSION: u8 = 5;
 
 /// Bytes of snapshot data per message of a snapshot stream.
 const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;

@@ -184,6 +184,13 @@ fn op_size_bytes(op: &Op) -> usize {
     FRAMING_BYTES.saturating_add(match op {
         Op::Execute(execute) => command_bytes(&execute.command) + execute.principal.0.len(),
         Op::ExecutePlain { command, .. } => command_bytes(command),
+        Op::ExecuteKeyed {
+            key,
+            command,
+            principal,
+            ..
+        } => command_bytes(command) + key.0.len() + principal.0.len(),
+        Op::ForgetKey { key, principal, .. } => key.0.len() + principal.0.len(),
         _ => 0,
     })
 }

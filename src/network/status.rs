@@ -28,6 +28,8 @@ pub enum ErrorReason {
     SessionExpired,
     WrongCluster(ClusterId),
     SeqConflict,
+    /// An idempotency key reused with another command: final.
+    KeyConflict,
     ResponseDiscarded {
         floor: Seq,
     },
@@ -61,6 +63,7 @@ impl From<Rejection> for ErrorReason {
             Rejection::NotBootstrapped => {
                 ErrorReason::Unavailable("the cluster is not initialised yet".into())
             }
+            Rejection::KeyConflict => ErrorReason::KeyConflict,
         }
     }
 }
@@ -121,6 +124,11 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             Code::AlreadyExists,
             Reason::SeqConflict,
             "seq already used with another command".into(),
+        ),
+        ErrorReason::KeyConflict => (
+            Code::AlreadyExists,
+            Reason::KeyConflict,
+            "idempotency key already used with another command; its record is untouched".into(),
         ),
         ErrorReason::ResponseDiscarded { floor } => {
             detail.floor = floor;
@@ -187,6 +195,11 @@ mod tests {
                 ErrorReason::SeqConflict,
                 Code::AlreadyExists,
                 Reason::SeqConflict,
+            ),
+            (
+                ErrorReason::KeyConflict,
+                Code::AlreadyExists,
+                Reason::KeyConflict,
             ),
             (
                 ErrorReason::ResponseDiscarded { floor: 4 },

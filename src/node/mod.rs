@@ -44,8 +44,15 @@ fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpI
 /// carry batches of requests (rule 17) and snapshots the last client id.
 /// Format 3: final request limits. Format 4: session requests carry their
 /// principal, sessions their owner (rule 19) and the floor its bound
-/// (rule 7). Format 1 (one request per entry, no `format` file) is refused.
-const DATA_FORMAT_VERSION: u32 = 4;
+/// (rule 7). Format 5: idempotency keys (rule 18) — new requests after
+/// every earlier one, snapshot format 5. A format 4 directory is read (its
+/// entries decode and apply unchanged, its snapshots restore with no keys)
+/// and marked format 5 before anything is written to it, since an earlier
+/// build could not read what this one writes. Format 1 (one request per
+/// entry, no `format` file) is refused.
+const DATA_FORMAT_VERSION: u32 = 5;
+/// The previous storage format, upgraded in place (see above).
+const DATA_FORMAT_VERSION_4: u32 = 4;
 
 /// Refuses a data directory written by another node id; records ours in a
 /// fresh one.
@@ -92,16 +99,26 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
                      before final request limits, empty keys and config checks; format 3: \
                      before session owners and the floor's bound); replaying them under this \
                      build's rules could \
-                     make replicas disagree. This build reads only format {DATA_FORMAT_VERSION}. \
+                     make replicas disagree. This build reads formats {DATA_FORMAT_VERSION_4} and \
+                     {DATA_FORMAT_VERSION}. \
                      Move the directory aside and re-create the cluster on empty directories \
                      (all nodes: builds of different formats do not talk to each other)",
                     dir.display()
                 );
             }
+            if found == DATA_FORMAT_VERSION_4 {
+                tracing::info!(
+                    dir = %dir.display(),
+                    "storage format 4 upgraded to {DATA_FORMAT_VERSION} (idempotency keys); \
+                     earlier builds will refuse this directory from now on"
+                );
+                replace_file_durably(&path, format!("{DATA_FORMAT_VERSION}\n").as_bytes())?;
+                return Ok(());
+            }
             if found != DATA_FORMAT_VERSION {
                 bail!(
-                    "data directory {} holds storage format {found}; this build reads only \
-                     format {DATA_FORMAT_VERSION}",
+                    "data directory {} holds storage format {found}; this build reads \
+                     formats {DATA_FORMAT_VERSION_4} and {DATA_FORMAT_VERSION}",
                     dir.display()
                 );
             }
@@ -487,5 +504,27 @@ async fn ensure_bootstrapped(
             continue;
         }
         let _ = tokio::time::timeout(Duration::from_millis(200), metrics.changed()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A data directory of storage format 4 (before idempotency keys) is
+    /// accepted and marked format 5, so an earlier build refuses it from
+    /// then on; formats 2 and 3 and unknown ones are still refused.
+    #[test]
+    fn storage_format_4_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let format = dir.path().join("format");
+        std::fs::write(&format, "4\n").unwrap();
+        check_data_format(dir.path()).expect("format 4 is read");
+        assert_eq!(std::fs::read_to_string(&format).unwrap(), "5\n");
+        check_data_format(dir.path()).expect("format 5 is read");
+        for refused in ["2", "3", "6"] {
+            std::fs::write(&format, format!("{refused}\n")).unwrap();
+            assert!(check_data_format(dir.path()).is_err(), "format {refused}");
+        }
     }
 }

@@ -15,9 +15,14 @@ pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 /// a batch of requests (version 1 carried one); version 3 changed the apply
 /// rules (final request limits); version 4 carries the requesting principal
 /// in every session request and applies ownership (rule 19) and the floor's
-/// bound (rule 7). Older versions are refused: they were decided under
-/// other rules (storage format 4 refuses their data directories).
-pub const ENTRY_FORMAT_VERSION: u8 = 4;
+/// bound (rule 7); version 5 adds requests after every earlier one
+/// (idempotency keys, rule 18), so a version 4 body decodes and applies
+/// exactly as before and is still read. Older versions are refused: they
+/// were decided under other rules (storage formats 4 and 5 refuse their
+/// data directories).
+pub const ENTRY_FORMAT_VERSION: u8 = 5;
+/// The previous entry format, still read (see [`ENTRY_FORMAT_VERSION`]).
+pub const ENTRY_FORMAT_VERSION_4: u8 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -82,9 +87,13 @@ pub fn encode_entry(entry: &super::Entry) -> Vec<u8> {
     encode_versioned(ENTRY_FORMAT_VERSION, entry)
 }
 
-/// Decodes a registry log entry; hostile bytes give an error, never a panic.
+/// Decodes a registry log entry of format 4 or 5; hostile bytes give an
+/// error, never a panic.
 pub fn decode_entry(bytes: &[u8]) -> Result<super::Entry, CodecError> {
-    decode_versioned(ENTRY_FORMAT_VERSION, bytes)
+    match bytes.first() {
+        Some(&ENTRY_FORMAT_VERSION_4) => decode_versioned(ENTRY_FORMAT_VERSION_4, bytes),
+        _ => decode_versioned(ENTRY_FORMAT_VERSION, bytes),
+    }
 }
 
 #[cfg(test)]
@@ -122,6 +131,33 @@ mod tests {
         assert!(matches!(
             decode_entry(&longer),
             Err(CodecError::TrailingBytes(1))
+        ));
+    }
+
+    /// A version 4 entry (written before idempotency keys) decodes to the
+    /// same entry as its version 5 twin: the body did not change.
+    #[test]
+    fn version_4_entries_are_read() {
+        let entry = Entry::single(
+            7,
+            Op::PatchConfig {
+                cluster_id: ClusterId(7),
+                patch: crate::registry::ConfigPatch {
+                    window: Some(8),
+                    ..Default::default()
+                },
+            },
+        );
+        let current = encode_entry(&entry);
+        let mut previous = current.clone();
+        previous[0] = ENTRY_FORMAT_VERSION_4;
+        assert_eq!(current[0], 5);
+        assert_eq!(decode_entry(&previous).unwrap(), entry);
+        let mut older = current;
+        older[0] = 3;
+        assert!(matches!(
+            decode_entry(&older),
+            Err(CodecError::UnsupportedVersion { found: 3, .. })
         ));
     }
 

@@ -33,18 +33,54 @@
 //!    be cached — a refusal to cache included) → `RESOURCE_EXHAUSTED`, this
 //!    attempt only;
 //! 8. execute, cache the result with the command's fingerprint.
+//!
+//! Order of checks for a keyed request (`ExecuteKeyed`, rule 18), identical
+//! on every replica:
+//! 1. as above: advance cluster time, expire idle sessions and, oldest
+//!    first, idempotency keys older than their TTL (counted from each key's
+//!    first execution); the cluster id must match (`WRONG_CLUSTER`);
+//! 2. an empty idempotency key → `INVALID_ARGUMENT`; a key longer than
+//!    `idempotency_key_bytes_max` → `LIMIT_EXCEEDED`. Both are final for
+//!    the request as sent and *not* cached: caching would store the very
+//!    key that is refused (a client checks the key's length before sending);
+//! 3. (principal, key) has a record → same fingerprint: the cached
+//!    response, marked duplicate; other fingerprint: `KEY_CONFLICT` (final
+//!    while the key lives; the record untouched). Keys are scoped by the
+//!    principal (rule 19): another principal's equal key is another record.
+//!    Without authentication every caller is the anonymous principal and
+//!    all share one namespace (a caller may put its own into the key);
+//! 4. limits, before any effect, as step 7 above: an empty data key →
+//!    `INVALID_ARGUMENT` (final, not cached); a limit the command breaks by
+//!    itself, given the data (`RequestLimits::check`, a list grown too
+//!    large, a record larger than all of `idempotency_cached_bytes_max`) →
+//!    `LIMIT_EXCEEDED`, cached as the key's response; then capacity: the
+//!    data's `keys_max`, `idempotency_keys_max` live keys, or the records'
+//!    bytes with this one (`idempotency_cached_bytes_max`) →
+//!    `RESOURCE_EXHAUSTED`, this attempt only. No live key is ever evicted
+//!    to make room;
+//! 5. execute, record the key with its creation time, fingerprint and
+//!    response.
+//!
+//! No "in progress" state exists (the IETF idempotency-key draft and AWS
+//! Powertools need one, because they check the key before executing): the
+//! decision is made when the committed entry applies, in log order, so two
+//! concurrent copies of one key both reach the log, the first executes and
+//! the second is answered from its record.
 
 pub mod codec;
 pub mod fingerprint;
+mod keyed;
 pub mod kv;
 mod session;
 pub mod snapshot;
 pub mod types;
 
+pub use keyed::{KeyId, KeyRecord};
 pub use session::CachedResponse;
 pub use types::*;
 
 use imbl::{OrdMap, OrdSet};
+use keyed::KeyStore;
 use kv::{KvStore, Refusal};
 use session::{Session, response_size_bytes};
 use std::ops::Bound;
@@ -69,6 +105,28 @@ pub struct Registry {
     /// walks it from the front, in a fixed order.
     idle: OrdSet<(u64, ClientId)>,
     kv: KvStore,
+    /// TTL and limits of idempotency keys (rule 18).
+    keyed_config: KeyedConfig,
+    /// Records of idempotency keys, by (principal, key).
+    keys: KeyStore,
+}
+
+/// A read-only view of one idempotency key's record, for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyView {
+    pub principal: Principal,
+    pub key: IdempotencyKey,
+    /// Cluster time of the key's first execution.
+    pub created_ms: u64,
+    /// Cluster time minus `created_ms`.
+    pub age_ms: u64,
+    /// Cluster time after which the key expires under the TTL in force
+    /// (it goes at the first entry stamped later).
+    pub expires_after_ms: u64,
+    pub fingerprint: Fingerprint,
+    pub response: Result<CommandResult, LimitExceeded>,
+    /// Bytes charged against `idempotency_cached_bytes_max`.
+    pub size_bytes: u64,
 }
 
 /// A read-only view of one session, for operators.
@@ -111,6 +169,63 @@ impl Registry {
 
     pub fn session_count(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// The TTL and limits of idempotency keys in force.
+    pub fn keyed_config(&self) -> &KeyedConfig {
+        &self.keyed_config
+    }
+
+    /// Live idempotency keys, all principals.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Bytes charged for all idempotency key records.
+    pub fn keyed_cached_bytes(&self) -> u64 {
+        self.keys.cached_bytes()
+    }
+
+    /// The record of `key` of `principal`, if it is live.
+    pub fn key(&self, principal: &Principal, key: &IdempotencyKey) -> Option<KeyView> {
+        let id = (principal.clone(), key.clone());
+        let record = self.keys.get(&id)?;
+        Some(self.key_view(&id, record))
+    }
+
+    /// One page of live idempotency keys for operators: at most `limit` of
+    /// them after (`principal`, `key`) in (principal, key) order (the
+    /// anonymous principal and the empty key come first: start there), and
+    /// whether more follow.
+    pub fn keys_after(
+        &self,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        limit: usize,
+    ) -> (Vec<KeyView>, bool) {
+        let after = (principal.clone(), key.clone());
+        let mut following = self
+            .keys
+            .after(&after)
+            .map(|(id, record)| self.key_view(id, record));
+        let page: Vec<KeyView> = following.by_ref().take(limit).collect();
+        let more = following.next().is_some();
+        (page, more)
+    }
+
+    fn key_view(&self, id: &KeyId, record: &KeyRecord) -> KeyView {
+        KeyView {
+            principal: id.0.clone(),
+            key: id.1.clone(),
+            created_ms: record.created_ms,
+            age_ms: self.cluster_time_ms.saturating_sub(record.created_ms),
+            expires_after_ms: record
+                .created_ms
+                .saturating_add(self.keyed_config.idempotency_key_ttl_ms),
+            fingerprint: record.response.fingerprint,
+            response: record.response.result.clone(),
+            size_bytes: record.size_bytes(id),
+        }
     }
 
     pub fn data(&self) -> &KvStore {
@@ -215,6 +330,22 @@ impl Registry {
                 cluster_id,
                 command,
             } => self.execute_plain(*cluster_id, command),
+            Op::ExecuteKeyed {
+                cluster_id,
+                key,
+                command,
+                principal,
+            } => self.execute_keyed(*cluster_id, key, command, principal),
+            Op::ForgetKey {
+                cluster_id,
+                principal,
+                key,
+            } => self.forget_key(*cluster_id, principal, key),
+            Op::PatchConfigs {
+                cluster_id,
+                patch,
+                keyed,
+            } => self.patch_configs(*cluster_id, patch, keyed),
         };
         result.unwrap_or_else(Outcome::Rejected)
     }
@@ -229,7 +360,8 @@ impl Registry {
     }
 
     /// Step 1: cluster time is the maximum stamp seen; sessions idle longer
-    /// than the TTL expire, oldest first.
+    /// than the TTL expire, oldest first, and so do idempotency keys older
+    /// than theirs.
     fn advance_time(&mut self, stamp_ms: u64) {
         self.cluster_time_ms = self.cluster_time_ms.max(stamp_ms);
         let ttl_ms = self.config.session_ttl_ms;
@@ -239,6 +371,10 @@ impl Registry {
             }
             self.remove_session(client_id);
         }
+        self.keys.expire(
+            self.cluster_time_ms,
+            self.keyed_config.idempotency_key_ttl_ms,
+        );
     }
 
     fn remove_session(&mut self, client_id: ClientId) -> bool {
@@ -298,6 +434,9 @@ impl Registry {
             Some(ours) => Err(Rejection::WrongCluster { expected: ours }),
             None => {
                 config.validate().map_err(Rejection::InvalidArgument)?;
+                self.keyed_config
+                    .validate(config)
+                    .map_err(Rejection::InvalidArgument)?;
                 self.cluster_id = Some(cluster_id);
                 self.config = *config;
                 Ok(Outcome::Bootstrapped {
@@ -505,8 +644,155 @@ impl Registry {
         }
         let config = patch.applied_to(&self.config);
         config.validate().map_err(Rejection::InvalidArgument)?;
+        // The keyed config must still fit the new registry config (with the
+        // default keyed config of every log before keys existed, it always
+        // does: those entries apply as they did).
+        self.keyed_config
+            .validate(&config)
+            .map_err(Rejection::InvalidArgument)?;
         self.config = config;
         Ok(Outcome::ConfigSet(config))
+    }
+
+    /// Applies both patches to the configs in force now, and the results
+    /// only if they are valid together. A shorter key TTL takes effect at
+    /// this entry: keys older than it expire here, on every replica.
+    fn patch_configs(
+        &mut self,
+        cluster_id: ClusterId,
+        patch: &ConfigPatch,
+        keyed: &KeyedConfigPatch,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        if patch.is_empty() && keyed.is_empty() {
+            return Err(Rejection::InvalidArgument(
+                InvalidArgument::EmptyConfigPatch,
+            ));
+        }
+        let config = patch.applied_to(&self.config);
+        config.validate().map_err(Rejection::InvalidArgument)?;
+        let keyed = keyed.applied_to(&self.keyed_config);
+        keyed
+            .validate(&config)
+            .map_err(Rejection::InvalidArgument)?;
+        self.config = config;
+        self.keyed_config = keyed;
+        self.keys
+            .expire(self.cluster_time_ms, keyed.idempotency_key_ttl_ms);
+        Ok(Outcome::ConfigsSet { config, keyed })
+    }
+
+    /// A keyed request (rule 18), in the order of checks of the module doc.
+    fn execute_keyed(
+        &mut self,
+        cluster_id: ClusterId,
+        key: &IdempotencyKey,
+        command: &Command,
+        principal: &Principal,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        let keyed = self.keyed_config;
+        // Step 2: the key itself.
+        if key.0.is_empty() {
+            return Err(Rejection::InvalidArgument(
+                InvalidArgument::EmptyIdempotencyKey,
+            ));
+        }
+        if key.0.len() as u64 > keyed.idempotency_key_bytes_max {
+            return Err(Rejection::LimitExceeded {
+                exceeded: LimitExceeded {
+                    limit: Limit::IdempotencyKeyBytes,
+                    max: keyed.idempotency_key_bytes_max,
+                    requested: key.0.len() as u64,
+                },
+                duplicate: false,
+            });
+        }
+        // Step 3: a record of the key.
+        let id: KeyId = (principal.clone(), key.clone());
+        let fingerprint = fingerprint::fingerprint(command);
+        // DELIBERATELY BROKEN when built with `broken-skip-dedup` (see
+        // `execute`): a repeat of a key with the same command executes anew.
+        #[cfg(feature = "broken-skip-dedup")]
+        let skip_dedup = self
+            .keys
+            .get(&id)
+            .is_some_and(|record| record.response.fingerprint == fingerprint);
+        #[cfg(not(feature = "broken-skip-dedup"))]
+        let skip_dedup = false;
+        if skip_dedup {
+            self.keys.remove(&id);
+        }
+        if let Some(record) = self.keys.get(&id) {
+            return if record.response.fingerprint == fingerprint {
+                Ok(answer(record.response.result.clone(), true))
+            } else {
+                Err(Rejection::KeyConflict)
+            };
+        }
+        // Step 4: limits, before any effect.
+        check_key(command)?;
+        let config = self.config;
+        let planned = match self.kv.plan(command, &config) {
+            Ok(plan) => Ok(plan),
+            Err(Refusal::Exceeded(exceeded)) => Err(exceeded),
+            Err(Refusal::Exhausted(limit)) => return Err(Rejection::ResourceExhausted(limit)),
+        };
+        // A record that would not fit even in an empty store can never be
+        // kept: a limit of the request (given the data), like the rest.
+        let planned = match planned {
+            Ok(plan) => {
+                let size = key_record_size_bytes(principal, key, plan.result.cached_size_bytes());
+                if size > keyed.idempotency_cached_bytes_max {
+                    Err(LimitExceeded {
+                        limit: Limit::IdempotencyCachedBytes,
+                        max: keyed.idempotency_cached_bytes_max,
+                        requested: size,
+                    })
+                } else {
+                    Ok(plan)
+                }
+            }
+            other => other,
+        };
+        let (response, effect) = match planned {
+            Ok(plan) => (Ok(plan.result), Some(plan.effect)),
+            Err(exceeded) => (Err(exceeded), None),
+        };
+        if self.keys.len() as u64 >= keyed.idempotency_keys_max {
+            return Err(Rejection::ResourceExhausted(Limit::IdempotencyKeys));
+        }
+        let size = key_record_size_bytes(principal, key, response_size_bytes(&response));
+        if self.keys.cached_bytes().saturating_add(size) > keyed.idempotency_cached_bytes_max {
+            return Err(Rejection::ResourceExhausted(Limit::IdempotencyCachedBytes));
+        }
+        // Step 5: execute and record.
+        self.keys.insert(
+            id,
+            KeyRecord {
+                created_ms: self.cluster_time_ms,
+                response: CachedResponse {
+                    fingerprint,
+                    result: response.clone(),
+                },
+            },
+        );
+        if let Some(effect) = effect {
+            self.kv.apply(command.key(), effect);
+        }
+        Ok(answer(response, false))
+    }
+
+    /// An operator's removal of a key's record, through the log.
+    fn forget_key(
+        &mut self,
+        cluster_id: ClusterId,
+        principal: &Principal,
+        key: &IdempotencyKey,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        let existed = self.keys.remove(&(principal.clone(), key.clone()));
+        Ok(Outcome::KeyForgotten { existed })
     }
 }
 

@@ -2,15 +2,16 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 4 (all integers inside records use the codec module's
+//! Format version 5 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
 //! magic "ONCEKVSS" | version u32 | record* | trailer
 //! record  = length u32 | body (at most 64 MiB)
 //! records = header (applied index, cluster id, config, cluster time,
-//!           last client id, counts), then one per session (client id order),
-//!           then one per key (byte order)
+//!           last client id, counts, idempotency-key config), then one per
+//!           session (client id order), then one per key (byte order), then
+//!           one per idempotency key record ((principal, key) order)
 //! trailer = BLAKE3 of every byte before it (32 bytes)
 //! ```
 //!
@@ -24,6 +25,10 @@
 //! buffer grows, buffers grow only with bytes actually read, decoding is
 //! limited, and every invariant the registry relies on is verified.
 //!
+//! Version 5 adds idempotency keys (rule 18): their config in the header
+//! and their records at the end. Version 4 had neither and is still read:
+//! it restores with no keys and the default keyed config (what a registry
+//! that never saw a keyed entry holds), and is written as version 5.
 //! Version 4 records each session's owner (the principal that registered
 //! it, rule 19) and the highest seq it has had applied (the bound of its
 //! floor, rule 7). Version 3 had neither and is still read: its sessions
@@ -33,14 +38,16 @@
 //! response as a result *or* the refusal of a request that broke a limit
 //! by itself (`Result<CommandResult, LimitExceeded>`); version 2 cached
 //! results only, and is still read (each response becomes `Ok`, the owner
-//! anonymous). Both are written as version 4 from then on. Version 1
+//! anonymous). All are written as the current version from then on. Version 1
 //! (before batched entries) had no last client id; it is refused, like any
 //! other unknown version.
 
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
+use super::keyed::KeyRecord;
 use super::session::{CachedResponse, Session};
 use super::types::{
-    ClientId, ClusterId, CommandResult, Fingerprint, Nonce, Principal, RegistryConfig, Seq, Value,
+    ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey, KeyedConfig, Nonce, Principal,
+    RegistryConfig, Seq, Value, bounds,
 };
 use super::{KvStore, Registry};
 use imbl::OrdMap;
@@ -49,8 +56,9 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
 /// Previous versions, still read (see the module doc).
+const SNAPSHOT_FORMAT_VERSION_4: u32 = 4;
 const SNAPSHOT_FORMAT_VERSION_3: u32 = 3;
 const SNAPSHOT_FORMAT_VERSION_2: u32 = 2;
 const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
@@ -94,6 +102,7 @@ pub enum SnapshotError {
     Inconsistent(&'static str),
 }
 
+/// The header of format versions 2 to 4 (no idempotency keys).
 #[derive(Serialize, Deserialize)]
 struct Header {
     applied_index: u64,
@@ -117,6 +126,43 @@ impl Header {
             keys: registry.kv.len() as u64,
         }
     }
+}
+
+/// The header of format version 5: version 4's, then the idempotency-key
+/// config and the number of key records.
+#[derive(Serialize, Deserialize)]
+struct HeaderV5 {
+    base: Header,
+    keyed_config: KeyedConfig,
+    idempotency_keys: u64,
+}
+
+impl HeaderV5 {
+    fn of(registry: &Registry) -> HeaderV5 {
+        HeaderV5 {
+            base: Header::of(registry),
+            keyed_config: registry.keyed_config,
+            idempotency_keys: registry.keys.len() as u64,
+        }
+    }
+}
+
+/// One idempotency key's record.
+#[derive(Serialize)]
+struct KeyRecordRef<'a> {
+    principal: &'a Principal,
+    key: &'a IdempotencyKey,
+    created_ms: u64,
+    response: &'a CachedResponse,
+}
+
+/// The owned twin of [`KeyRecordRef`]: the same bytes.
+#[derive(Deserialize)]
+struct KeyRecordOwned {
+    principal: Principal,
+    key: IdempotencyKey,
+    created_ms: u64,
+    response: CachedResponse,
 }
 
 #[derive(Serialize)]
@@ -268,7 +314,7 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
     out.write_all(MAGIC)?;
     out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
     let mut buffer = Vec::new();
-    let header = Header::of(registry);
+    let header = HeaderV5::of(registry);
     write_record(out, &mut buffer, &header)?;
     for (client_id, session) in &registry.sessions {
         let record = SessionRecordRef {
@@ -284,6 +330,15 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
     }
     for pair in registry.kv.iter() {
         write_record(out, &mut buffer, &pair)?;
+    }
+    for ((principal, key), record) in registry.keys.iter() {
+        let record = KeyRecordRef {
+            principal,
+            key,
+            created_ms: record.created_ms,
+            response: &record.response,
+        };
+        write_record(out, &mut buffer, &record)?;
     }
     Ok(())
 }
@@ -321,12 +376,21 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
-    let header: Header = read_record(&mut input, &mut buffer)?;
+    let (header, keyed_config, idempotency_keys) = if version > SNAPSHOT_FORMAT_VERSION_4 {
+        let header: HeaderV5 = read_record(&mut input, &mut buffer)?;
+        (header.base, header.keyed_config, header.idempotency_keys)
+    } else {
+        let header: Header = read_record(&mut input, &mut buffer)?;
+        (header, KeyedConfig::default(), 0)
+    };
     if header.cluster_id.is_some() {
         header
             .config
             .validate()
             .map_err(|_| SnapshotError::Inconsistent("invalid registry config"))?;
+        keyed_config
+            .validate(&header.config)
+            .map_err(|_| SnapshotError::Inconsistent("invalid idempotency key config"))?;
     }
     let mut registry = Registry {
         cluster_id: header.cluster_id,
@@ -334,6 +398,7 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         applied_index: header.applied_index,
         cluster_time_ms: header.cluster_time_ms,
         last_client_id: header.last_client_id,
+        keyed_config,
         ..Registry::default()
     };
     for _ in 0..header.sessions {
@@ -355,6 +420,10 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     }
     registry.kv =
         KvStore::from_ordered(pairs).ok_or(SnapshotError::Inconsistent("keys out of order"))?;
+    for _ in 0..idempotency_keys {
+        let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
+        restore_key(&mut registry, record)?;
+    }
     let expected = input.hasher.finalize();
     let mut trailer = [0u8; 32];
     read_exact(&mut input.inner, &mut trailer)?;
@@ -401,6 +470,36 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     }
     registry.idle.insert((session.last_active_ms, client_id));
     registry.sessions.insert(client_id, session);
+    Ok(())
+}
+
+fn restore_key(registry: &mut Registry, record: KeyRecordOwned) -> Result<(), SnapshotError> {
+    let id = (record.principal, record.key);
+    if registry.keys.last_id().is_some_and(|last| *last >= id) {
+        return Err(SnapshotError::Inconsistent("idempotency keys out of order"));
+    }
+    if id.1.0.is_empty() || id.1.0.len() as u64 > bounds::IDEMPOTENCY_KEY_BYTES_MAX {
+        return Err(SnapshotError::Inconsistent(
+            "idempotency key empty or beyond its hard bound",
+        ));
+    }
+    if id.0.0.len() > Principal::BYTES_MAX {
+        return Err(SnapshotError::Inconsistent(
+            "idempotency key principal name too long",
+        ));
+    }
+    if record.created_ms > registry.cluster_time_ms {
+        return Err(SnapshotError::Inconsistent(
+            "idempotency key from the future",
+        ));
+    }
+    registry.keys.insert(
+        id,
+        KeyRecord {
+            created_ms: record.created_ms,
+            response: record.response,
+        },
+    );
     Ok(())
 }
 
@@ -524,6 +623,7 @@ mod tests {
             .unwrap();
         let mut buffer = Vec::new();
         write_record(&mut out, &mut buffer, &Header::of(registry)).unwrap();
+        assert_eq!(registry.key_count(), 0, "version 3 has no idempotency keys");
         for (client_id, session) in &registry.sessions {
             let record = SessionRecordV3 {
                 client_id: *client_id,
@@ -545,6 +645,93 @@ mod tests {
         let mut bytes = out.inner;
         bytes.extend_from_slice(digest.as_bytes());
         bytes
+    }
+
+    /// The snapshot of `registry` in format version 4, as builds before
+    /// idempotency keys wrote it (no keyed config, no key records).
+    fn to_bytes_v4(registry: &Registry) -> Vec<u8> {
+        assert_eq!(registry.key_count(), 0, "version 4 has no idempotency keys");
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        out.write_all(MAGIC).unwrap();
+        out.write_all(&SNAPSHOT_FORMAT_VERSION_4.to_le_bytes())
+            .unwrap();
+        let mut buffer = Vec::new();
+        write_record(&mut out, &mut buffer, &Header::of(registry)).unwrap();
+        for (client_id, session) in &registry.sessions {
+            let record = SessionRecordRef {
+                client_id: *client_id,
+                nonce: session.nonce,
+                owner: &session.owner,
+                highest_seq: session.highest_seq,
+                floor: session.floor,
+                last_active_ms: session.last_active_ms,
+                responses: &session.responses,
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        for pair in registry.kv.iter() {
+            write_record(&mut out, &mut buffer, &pair).unwrap();
+        }
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        bytes
+    }
+
+    /// A version 4 snapshot (before idempotency keys) restores with no
+    /// keys and the default keyed config, is written and hashed as version
+    /// 5 like the registry it came from, and keyed requests work on it.
+    #[test]
+    fn version_4_snapshots_are_read_without_keys() {
+        let mut registry = one_anonymous_session();
+        registry.apply(
+            3,
+            &Entry::single(
+                20,
+                Op::Execute(Execute {
+                    cluster_id: CLUSTER,
+                    client_id: ClientId(2),
+                    seq: 1,
+                    first_outstanding_seq: 1,
+                    command: Command::Increment {
+                        key: b"n".to_vec(),
+                        delta: 4,
+                    },
+                    principal: Principal::anonymous(),
+                }),
+            ),
+        );
+        let bytes = to_bytes_v4(&registry);
+        let mut restored = from_bytes(&bytes).expect("version 4 reads");
+        assert_eq!(restored, registry);
+        assert_eq!(restored.key_count(), 0);
+        assert_eq!(*restored.keyed_config(), KeyedConfig::default());
+        assert_eq!(to_bytes(&restored), to_bytes(&registry));
+        assert_eq!(state_hash(&restored), state_hash(&registry));
+        assert_ne!(to_bytes(&restored), bytes, "written as version 5");
+        let keyed = Op::ExecuteKeyed {
+            cluster_id: CLUSTER,
+            key: IdempotencyKey(b"k".to_vec()),
+            command: Command::Increment {
+                key: b"n".to_vec(),
+                delta: 1,
+            },
+            principal: Principal::anonymous(),
+        };
+        let outcome = restored.apply(4, &Entry::single(30, keyed));
+        assert!(matches!(
+            outcome[..],
+            [crate::registry::Outcome::Executed {
+                result: CommandResult::Incremented { value: 5 },
+                duplicate: false,
+            }]
+        ));
+        let again = from_bytes(&to_bytes(&restored)).expect("version 5 reads");
+        assert_eq!(again, restored);
+        assert_eq!(again.key_count(), 1);
     }
 
     /// A registry bootstrapped at index 1 with one session (client id 2)
@@ -638,10 +825,10 @@ mod tests {
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
         assert_eq!(state_hash(&restored), state_hash(&registry));
         let mut other = to_bytes_v2(&registry);
-        other[8] = 5;
+        other[8] = 6;
         assert!(matches!(
             from_bytes(&other),
-            Err(SnapshotError::UnsupportedVersion(5))
+            Err(SnapshotError::UnsupportedVersion(6))
         ));
     }
 }

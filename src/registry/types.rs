@@ -60,6 +60,16 @@ impl fmt::Display for Principal {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Fingerprint(pub u128);
 
+/// A caller's idempotency key (rule 18): opaque bytes naming one logical
+/// request of a producer that has no session (a message id, a webhook's
+/// delivery id, an HTTP `Idempotency-Key`). The registry addresses a key's
+/// record by (principal, key), so two principals' equal keys are distinct;
+/// without authentication every caller is the anonymous principal and all
+/// share one namespace, so a caller that shares the cluster with others
+/// should put its own namespace into its keys (`"billing/msg-42"`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct IdempotencyKey(pub Vec<u8>);
+
 impl fmt::Display for ClientId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
@@ -170,6 +180,35 @@ pub enum Op {
     PatchConfig {
         cluster_id: ClusterId,
         patch: ConfigPatch,
+    },
+    /// A command executed exactly once per (principal, idempotency key)
+    /// (rule 18), with no session: the first committed request with the key
+    /// executes and its result is kept with the command's fingerprint until
+    /// the key expires. Added after every other variant (entry format 5),
+    /// so entries written before it decode unchanged.
+    ExecuteKeyed {
+        cluster_id: ClusterId,
+        key: IdempotencyKey,
+        command: Command,
+        /// Who asks: the key's namespace (rule 19).
+        principal: Principal,
+    },
+    /// Removes the record of (principal, key) before its TTL: an
+    /// operator's action (`Admin.ForgetKey`), through the log. A later
+    /// request with the key executes anew.
+    ForgetKey {
+        cluster_id: ClusterId,
+        principal: Principal,
+        key: IdempotencyKey,
+    },
+    /// Changes the fields the patches set, of the registry config and of
+    /// the idempotency-key config together, on the configs in force when
+    /// the entry applies; the combination is validated then, as a whole.
+    /// What `Admin.SetConfig` proposes since entry format 5.
+    PatchConfigs {
+        cluster_id: ClusterId,
+        patch: ConfigPatch,
+        keyed: KeyedConfigPatch,
     },
 }
 
@@ -441,6 +480,11 @@ pub mod bounds {
     pub const CACHED_BYTES_PER_SESSION_MAX: u64 = 32 << 20;
     pub const KEY_BYTES_MAX: u64 = 64 << 10;
     pub const VALUE_BYTES_MAX: u64 = 4 << 20;
+    pub const IDEMPOTENCY_KEY_TTL_MS_MIN: u64 = 100;
+    /// A year: keys are for retries, not archives.
+    pub const IDEMPOTENCY_KEY_TTL_MS_MAX: u64 = 366 * 24 * 3_600_000;
+    pub const IDEMPOTENCY_KEY_BYTES_MAX: u64 = 4_096;
+    pub const IDEMPOTENCY_CACHED_BYTES_MAX: u64 = 16 << 30;
 }
 
 impl Default for RegistryConfig {
@@ -579,6 +623,147 @@ impl ConfigPatch {
     }
 }
 
+/// The fixed size charged against `idempotency_cached_bytes_max` for every
+/// idempotency key record, on top of its key, its principal's name and its
+/// cached response ([`CommandResult::cached_size_bytes`]): the creation
+/// time, the fingerprint and the record's place in the expiry index.
+pub const KEY_RECORD_BOOKKEEPING_BYTES: u64 = 64;
+
+/// The size charged against `idempotency_cached_bytes_max` for the record
+/// of `key` of `principal` caching a response of `response_bytes`.
+pub fn key_record_size_bytes(
+    principal: &Principal,
+    key: &IdempotencyKey,
+    response_bytes: u64,
+) -> u64 {
+    KEY_RECORD_BOOKKEEPING_BYTES
+        .saturating_add(principal.0.len() as u64)
+        .saturating_add(key.0.len() as u64)
+        .saturating_add(response_bytes)
+}
+
+/// The TTL and limits of idempotency keys (rule 18): replicated state like
+/// [`RegistryConfig`], kept beside it (entries and snapshots written before
+/// keys existed carry the registry config alone; they get this default).
+/// The bootstrap entry does not carry it: a new cluster starts with the
+/// default and changes it with a config entry (`Op::PatchConfigs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedConfig {
+    /// A key's record is kept this long after the key's first execution,
+    /// in cluster time; then it expires and the key may execute anew.
+    pub idempotency_key_ttl_ms: u64,
+    /// Live keys, all principals together.
+    pub idempotency_keys_max: u64,
+    /// Longest key; a longer one is refused (`LIMIT_EXCEEDED`, not cached).
+    pub idempotency_key_bytes_max: u64,
+    /// Bytes charged for all key records together (see
+    /// [`key_record_size_bytes`]).
+    pub idempotency_cached_bytes_max: u64,
+}
+
+impl Default for KeyedConfig {
+    fn default() -> Self {
+        KeyedConfig {
+            // 24 hours, as payment APIs keep their keys.
+            idempotency_key_ttl_ms: 24 * 3_600_000,
+            idempotency_keys_max: 1_000_000,
+            idempotency_key_bytes_max: 256,
+            idempotency_cached_bytes_max: 256 << 20,
+        }
+    }
+}
+
+impl KeyedConfig {
+    /// The largest record a key can need under `config`: the longest key,
+    /// the longest principal name and the largest response a command can
+    /// cache.
+    pub fn largest_record_bytes(&self, config: &RegistryConfig) -> u64 {
+        KEY_RECORD_BOOKKEEPING_BYTES
+            .saturating_add(Principal::BYTES_MAX as u64)
+            .saturating_add(self.idempotency_key_bytes_max)
+            .saturating_add(CommandResult::largest_cached_size_bytes(
+                config.value_bytes_max,
+            ))
+    }
+
+    /// Checks the keyed config against [`bounds`], and against `config`:
+    /// the largest record a key can need must fit in
+    /// `idempotency_cached_bytes_max`, else such a request would be
+    /// refused forever.
+    pub fn validate(&self, config: &RegistryConfig) -> Result<(), InvalidArgument> {
+        let checks = [
+            (
+                (bounds::IDEMPOTENCY_KEY_TTL_MS_MIN..=bounds::IDEMPOTENCY_KEY_TTL_MS_MAX)
+                    .contains(&self.idempotency_key_ttl_ms),
+                "idempotency_key_ttl_ms must be 100..=31622400000 (a year)",
+            ),
+            (
+                self.idempotency_keys_max >= 1,
+                "idempotency_keys_max must be at least 1",
+            ),
+            (
+                (1..=bounds::IDEMPOTENCY_KEY_BYTES_MAX).contains(&self.idempotency_key_bytes_max),
+                "idempotency_key_bytes_max must be 1..=4096",
+            ),
+            (
+                self.idempotency_cached_bytes_max <= bounds::IDEMPOTENCY_CACHED_BYTES_MAX,
+                "idempotency_cached_bytes_max above 16 GiB",
+            ),
+        ];
+        if let Some((_, reason)) = checks.iter().find(|(ok, _)| !ok) {
+            return Err(InvalidArgument::Config(reason.to_string()));
+        }
+        let largest = self.largest_record_bytes(config);
+        if self.idempotency_cached_bytes_max < largest {
+            return Err(InvalidArgument::Config(format!(
+                "idempotency_cached_bytes_max ({}) must be at least {largest}: the largest \
+                 record of one key ({KEY_RECORD_BOOKKEEPING_BYTES} + a principal of {} + \
+                 idempotency_key_bytes_max ({}) + value_bytes_max ({}) + \
+                 {CACHED_RESPONSE_BOOKKEEPING_BYTES}) must fit",
+                self.idempotency_cached_bytes_max,
+                Principal::BYTES_MAX,
+                self.idempotency_key_bytes_max,
+                config.value_bytes_max,
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A change of some fields of the [`KeyedConfig`] (`None`: unchanged).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedConfigPatch {
+    pub idempotency_key_ttl_ms: Option<u64>,
+    pub idempotency_keys_max: Option<u64>,
+    pub idempotency_key_bytes_max: Option<u64>,
+    pub idempotency_cached_bytes_max: Option<u64>,
+}
+
+impl KeyedConfigPatch {
+    /// Whether the patch sets no field.
+    pub fn is_empty(&self) -> bool {
+        *self == KeyedConfigPatch::default()
+    }
+
+    /// `config` with the fields this patch sets replaced.
+    pub fn applied_to(&self, config: &KeyedConfig) -> KeyedConfig {
+        KeyedConfig {
+            idempotency_key_ttl_ms: self
+                .idempotency_key_ttl_ms
+                .unwrap_or(config.idempotency_key_ttl_ms),
+            idempotency_keys_max: self
+                .idempotency_keys_max
+                .unwrap_or(config.idempotency_keys_max),
+            idempotency_key_bytes_max: self
+                .idempotency_key_bytes_max
+                .unwrap_or(config.idempotency_key_bytes_max),
+            idempotency_cached_bytes_max: self
+                .idempotency_cached_bytes_max
+                .unwrap_or(config.idempotency_cached_bytes_max),
+        }
+    }
+}
+
 /// What applying one registry entry produced.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
@@ -605,6 +790,15 @@ pub enum Outcome {
     Unregistered,
     ConfigSet(RegistryConfig),
     Rejected(Rejection),
+    /// An operator's `ForgetKey` applied; `existed`: the key had a record.
+    KeyForgotten {
+        existed: bool,
+    },
+    /// A `PatchConfigs` applied: both configs now in force.
+    ConfigsSet {
+        config: RegistryConfig,
+        keyed: KeyedConfig,
+    },
 }
 
 /// The register reply: the client's id and the session's terms.
@@ -654,6 +848,9 @@ pub enum Rejection {
     InvalidArgument(InvalidArgument),
     /// The cluster has no id and config yet. This attempt only.
     NotBootstrapped,
+    /// The idempotency key was used before with another command (rule
+    /// 18). Final while the key lives; the key's record is untouched.
+    KeyConflict,
 }
 
 /// The replicated limit a request ran into.
@@ -665,6 +862,13 @@ pub enum Limit {
     ValueBytes,
     ListElements,
     Keys,
+    /// Live idempotency keys, all principals (capacity).
+    IdempotencyKeys,
+    /// Bytes of one idempotency key (the request's own).
+    IdempotencyKeyBytes,
+    /// Bytes charged for all idempotency key records together (capacity;
+    /// also the largest one record may take, see [`KeyedConfig`]).
+    IdempotencyCachedBytes,
 }
 
 /// Malformed requests.
@@ -689,6 +893,8 @@ pub enum InvalidArgument {
     EmptyKey,
     #[error("the config patch sets no field")]
     EmptyConfigPatch,
+    #[error("empty idempotency key: a key is at least one byte long")]
+    EmptyIdempotencyKey,
 }
 
 impl Limit {
@@ -701,6 +907,9 @@ impl Limit {
             Limit::ValueBytes,
             Limit::ListElements,
             Limit::Keys,
+            Limit::IdempotencyKeys,
+            Limit::IdempotencyKeyBytes,
+            Limit::IdempotencyCachedBytes,
         ]
         .into_iter()
         .find(|limit| limit.to_string() == name)
@@ -716,6 +925,9 @@ impl fmt::Display for Limit {
             Limit::ValueBytes => "value_bytes_max",
             Limit::ListElements => "list_elements_max",
             Limit::Keys => "keys_max",
+            Limit::IdempotencyKeys => "idempotency_keys_max",
+            Limit::IdempotencyKeyBytes => "idempotency_key_bytes_max",
+            Limit::IdempotencyCachedBytes => "idempotency_cached_bytes_max",
         };
         f.write_str(name)
     }

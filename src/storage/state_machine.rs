@@ -439,13 +439,16 @@ impl StateMachineStore {
                     Vec::new()
                 }
                 EntryPayload::Normal(ref registry_entry) => {
-                    let sessions_before = applied.registry.session_count();
+                    let counts = |registry: &crate::registry::Registry| {
+                        (registry.session_count(), registry.key_count())
+                    };
+                    let before = counts(&applied.registry);
                     let outcomes = applied.registry.apply(index, registry_entry);
                     self.metrics.count_applied(
                         registry_entry,
                         &outcomes,
-                        sessions_before,
-                        applied.registry.session_count(),
+                        before,
+                        counts(&applied.registry),
                     );
                     tracing::debug!(log_index = index, requests = outcomes.len(), "applied");
                     outcomes

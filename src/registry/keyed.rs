@@ -1,0 +1,115 @@
+//! The records of idempotency keys (rule 18): for each (principal, key), the
+//! cluster time of its first execution and its cached response with the
+//! command's fingerprint, an index of the records oldest first for expiry,
+//! and the bookkeeping of their size. It owns those invariants (the index
+//! and the byte count always match the records) and nothing else: the order
+//! of checks and the limits live in the registry.
+//!
+//! Records are ordered by (principal, key), the index by (creation time,
+//! principal, key): expiry, paging, snapshots and the state hash walk them
+//! in that fixed order (rule 10).
+
+use super::session::CachedResponse;
+use super::types::{IdempotencyKey, Principal, key_record_size_bytes};
+use imbl::{OrdMap, OrdSet};
+use std::ops::Bound;
+
+/// Who owns a key and the key: the address of a record.
+pub type KeyId = (Principal, IdempotencyKey);
+
+/// One key's record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRecord {
+    /// Cluster time of the key's first execution: its TTL counts from here
+    /// (a duplicate does not refresh it).
+    pub created_ms: u64,
+    pub response: CachedResponse,
+}
+
+impl KeyRecord {
+    /// The size charged against `idempotency_cached_bytes_max`.
+    pub fn size_bytes(&self, id: &KeyId) -> u64 {
+        key_record_size_bytes(&id.0, &id.1, self.response.cached_size_bytes())
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KeyStore {
+    records: OrdMap<KeyId, KeyRecord>,
+    /// (created, principal, key) of every record, oldest first.
+    by_age: OrdSet<(u64, Principal, IdempotencyKey)>,
+    /// Sum of `size_bytes` over the records.
+    cached_bytes: u64,
+}
+
+impl KeyStore {
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached_bytes
+    }
+
+    pub fn get(&self, id: &KeyId) -> Option<&KeyRecord> {
+        self.records.get(id)
+    }
+
+    /// Every record in (principal, key) order.
+    pub fn iter(&self) -> impl Iterator<Item = (&KeyId, &KeyRecord)> {
+        self.records.iter()
+    }
+
+    /// The greatest (principal, key) with a record.
+    pub fn last_id(&self) -> Option<&KeyId> {
+        self.records.get_max().map(|(id, _)| id)
+    }
+
+    /// Records strictly after `after`, in (principal, key) order.
+    pub fn after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a KeyRecord)> + 'a {
+        self.records
+            .range((Bound::Excluded(after.clone()), Bound::Unbounded))
+    }
+
+    /// Records a key's first execution. The caller checked that the key
+    /// has no record.
+    pub fn insert(&mut self, id: KeyId, record: KeyRecord) {
+        self.cached_bytes += record.size_bytes(&id);
+        self.by_age
+            .insert((record.created_ms, id.0.clone(), id.1.clone()));
+        let previous = self.records.insert(id, record);
+        debug_assert!(previous.is_none(), "a key executed twice");
+    }
+
+    /// Removes a key's record; whether it had one.
+    pub fn remove(&mut self, id: &KeyId) -> bool {
+        let Some(record) = self.records.remove(id) else {
+            return false;
+        };
+        self.cached_bytes -= record.size_bytes(id);
+        self.by_age
+            .remove(&(record.created_ms, id.0.clone(), id.1.clone()));
+        true
+    }
+
+    /// Removes, oldest first, every record older than `ttl_ms` at
+    /// `now_ms`; how many went.
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
+        let mut expired = 0;
+        while let Some(oldest) = self.by_age.get_min().cloned() {
+            if now_ms.saturating_sub(oldest.0) <= ttl_ms {
+                break;
+            }
+            self.by_age.remove(&oldest);
+            let id = (oldest.1, oldest.2);
+            if let Some(record) = self.records.remove(&id) {
+                self.cached_bytes -= record.size_bytes(&id);
+                expired += 1;
+            }
+        }
+        expired
+    }
+}

@@ -1,0 +1,323 @@
+//! Idempotency keys (rule 18) on real 3-node clusters, through the client
+//! library's `execute_with_key`: a keyed increment retried across a leader
+//! kill applies once and answers the original result; the same key with
+//! another command is KEY_CONFLICT; a node that was down and caught up by
+//! snapshot still answers a repeat as a duplicate; a TTL shortened through
+//! `SetConfig` forgets the keys on every replica alike (equal state hashes
+//! at equal indexes, no record anywhere), after which a key executes anew.
+
+mod support;
+
+use oncekv::client::{Client, ClientConfig, Error, KeyedReply};
+use oncekv::network::convert;
+use oncekv::proto::{self, admin_client::AdminClient};
+use oncekv::registry::{Command, CommandResult, Value};
+use std::time::Duration;
+use support::admin::wait_hashes_agree;
+use support::cluster::Cluster;
+use support::raw::{Raw, raw_client};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn incr(key: &str, delta: i64) -> Command {
+    Command::Increment {
+        key: key.as_bytes().to_vec(),
+        delta,
+    }
+}
+
+fn patient(cluster: &Cluster) -> Client {
+    Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            call_timeout: DEADLINE,
+            attempt_timeout: Duration::from_secs(2),
+            ..ClientConfig::default()
+        },
+    )
+}
+
+fn executed(value: i64, duplicate: bool) -> (CommandResult, bool) {
+    (CommandResult::Incremented { value }, duplicate)
+}
+
+fn answer(reply: KeyedReply) -> (CommandResult, bool) {
+    (reply.result, reply.duplicate)
+}
+
+/// The anonymous principal's record of `key` on `node`, with the applied
+/// index it reflects.
+async fn key_on(cluster: &Cluster, node: u64, key: &[u8]) -> proto::GetKeyReply {
+    cluster
+        .admin(node)
+        .get_key(proto::GetKeyRequest {
+            principal: String::new(),
+            idempotency_key: key.to_vec(),
+        })
+        .await
+        .unwrap_or_else(|status| panic!("GetKey on node {node}: {status}"))
+        .into_inner()
+}
+
+/// Waits until the increment carried by `key` is applied on `node` (its
+/// record is there).
+async fn wait_key_applied(cluster: &Cluster, node: u64, key: &[u8]) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Ok(reply) = cluster
+            .admin(node)
+            .get_key(proto::GetKeyRequest {
+                principal: String::new(),
+                idempotency_key: key.to_vec(),
+            })
+            .await
+            && reply.into_inner().key.is_some()
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "key never applied on {node}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn set_config(raw: &Raw, patch: proto::RegistryConfigPatch) -> proto::SetConfigReply {
+    let request = proto::SetConfigRequest {
+        cluster_id: raw.cluster_id.clone(),
+        patch: Some(patch),
+    };
+    raw.admin_on_leader(DEADLINE, |mut admin: AdminClient<Channel>| {
+        let request = request.clone();
+        async move { admin.set_config(request).await.map(|r| r.into_inner()) }
+    })
+    .await
+    .expect("SetConfig")
+}
+
+/// A keyed increment whose reply is lost (a fault-injection build drops
+/// it; otherwise the call simply completes) and whose leader is then
+/// killed: the library retries the same key at the new leader, which
+/// answers the original result as a duplicate. A later call with the key
+/// is a duplicate too, another command with it is KEY_CONFLICT, and the
+/// counter moved once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_increment_retried_across_a_leader_kill_applies_once() {
+    let cluster = Cluster::start("keyed-failover").await;
+    let raw = raw_client(&cluster).await;
+    let client = patient(&cluster);
+    // Warm the library up (cluster id, leader) and show a first execution.
+    assert_eq!(
+        answer(
+            client
+                .execute_with_key(b"warm", incr("w", 1))
+                .await
+                .unwrap()
+        ),
+        executed(1, false)
+    );
+    let leader = cluster.wait_for_leader(DEADLINE).await;
+    let dropping = cfg!(feature = "fault-injection");
+    if dropping {
+        cluster
+            .admin(leader)
+            .inject_fault(proto::InjectFaultRequest {
+                drop_execute_replies: 1,
+            })
+            .await
+            .expect("a fault-injection build drops replies");
+    }
+    let call = {
+        let client = client.clone();
+        tokio::spawn(async move { client.execute_with_key(b"pay-1", incr("n", 5)).await })
+    };
+    // The increment is applied on the leader (its reply, in a
+    // fault-injection build, never sent); then the leader dies.
+    wait_key_applied(&cluster, leader, b"pay-1").await;
+    cluster.kill(leader);
+    let reply = call.await.unwrap().expect("answered by the next leader");
+    if dropping {
+        assert!(
+            reply.duplicate,
+            "the retry was answered from the key's record"
+        );
+    }
+    assert_eq!(reply.result, CommandResult::Incremented { value: 5 });
+    let new_leader = cluster.wait_for_new_leader(leader).await;
+    assert_ne!(new_leader, leader);
+
+    // Again, now certainly at another node: the original answer.
+    assert_eq!(
+        answer(
+            client
+                .execute_with_key(b"pay-1", incr("n", 5))
+                .await
+                .unwrap()
+        ),
+        executed(5, true)
+    );
+    let error = client
+        .execute_with_key(b"pay-1", incr("n", 6))
+        .await
+        .expect_err("another command with the key");
+    assert!(matches!(error, Error::KeyConflict { .. }), "{error}");
+    assert_eq!(raw.read(b"n").await, Some(Value::Int(5)), "applied once");
+
+    cluster.restart(leader).await;
+    let status = cluster.status(new_leader).await.unwrap();
+    let (index, _) = wait_hashes_agree(&cluster, &[1, 2, 3], status.applied_index).await;
+    for node in 1..=3 {
+        let reply = key_on(&cluster, node, b"pay-1").await;
+        assert!(reply.applied_index >= index);
+        let record = convert::key_from_proto(reply.key.expect("every replica has the record"))
+            .expect("a valid record");
+        assert_eq!(record.response, Ok(CommandResult::Incremented { value: 5 }));
+    }
+}
+
+/// With frequent snapshots and short logs, a node that was down catches up
+/// by snapshot and — made leader — still answers a repeat of a keyed
+/// increment applied while it was away as a duplicate. Then the key TTL is
+/// shortened through SetConfig: every replica forgets the keys alike, and
+/// the key executes anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
+    let cluster = Cluster::start_with(
+        "keyed-snapshot",
+        &[
+            "--snapshot-every-entries",
+            "40",
+            "--logs-kept-after-snapshot",
+            "5",
+        ],
+    )
+    .await;
+    let raw = raw_client(&cluster).await;
+    let client = patient(&cluster);
+    let leader = cluster.wait_for_leader(DEADLINE).await;
+    let lagging = (1..=3).find(|node| *node != leader).unwrap();
+    cluster.kill(lagging);
+    assert_eq!(
+        answer(
+            client
+                .execute_with_key(b"msg-0", incr("s", 3))
+                .await
+                .unwrap()
+        ),
+        executed(3, false)
+    );
+    for message in 1..=120 {
+        let key = format!("msg-{message}");
+        let reply = client
+            .execute_with_key(key.as_bytes(), incr("s", 1))
+            .await
+            .unwrap();
+        assert!(!reply.duplicate, "{key}");
+    }
+    let others: Vec<u64> = (1..=3).filter(|node| *node != lagging).collect();
+    let status = cluster.status(leader).await.unwrap();
+    let (index, _) = wait_hashes_agree(&cluster, &others, status.applied_index).await;
+    for &node in &others {
+        let status = cluster.status(node).await.unwrap();
+        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
+        assert!(status.purged_index > 0, "node {node} purged its log");
+        assert_eq!(status.idempotency_keys, 121);
+    }
+    cluster.restart(lagging).await;
+    wait_hashes_agree(&cluster, &[1, 2, 3], index).await;
+    let status = cluster.status(lagging).await.unwrap();
+    assert!(
+        status.snapshot_index > 0,
+        "the lagging node installed a snapshot"
+    );
+    assert_eq!(
+        status.idempotency_keys, 121,
+        "the snapshot carried the keys"
+    );
+
+    // Move leadership to the node that came back: kill whoever leads (and
+    // bring it back) until it does; bounded.
+    for _ in 0..10 {
+        let leader = cluster.wait_for_leader(DEADLINE).await;
+        if leader == lagging {
+            break;
+        }
+        cluster.kill(leader);
+        cluster.wait_for_new_leader(leader).await;
+        cluster.restart(leader).await;
+    }
+    assert_eq!(
+        cluster.wait_for_leader(DEADLINE).await,
+        lagging,
+        "leadership moved to the node that caught up"
+    );
+    assert_eq!(
+        answer(
+            client
+                .execute_with_key(b"msg-0", incr("s", 3))
+                .await
+                .unwrap()
+        ),
+        executed(3, true)
+    );
+    let error = client
+        .execute_with_key(b"msg-0", incr("s", 4))
+        .await
+        .expect_err("another command with the key");
+    assert!(matches!(error, Error::KeyConflict { .. }), "{error}");
+    assert_eq!(raw.read(b"s").await, Some(Value::Int(123)));
+
+    // A TTL of one second. Keys older than it are forgotten at the config
+    // entry itself, the rest at the first entry stamped a second after
+    // their first execution: plain increments (no key) move cluster time
+    // on until the leader holds no key.
+    let reply = set_config(
+        &raw,
+        proto::RegistryConfigPatch {
+            idempotency_key_ttl_ms: Some(1_000),
+            ..Default::default()
+        },
+    )
+    .await;
+    let config = reply.config.expect("the config in force");
+    assert_eq!(config.idempotency_key_ttl_ms, 1_000);
+    let deadline = Instant::now() + DEADLINE;
+    let expired_at = loop {
+        client.execute_plain(incr("tick", 1)).await.unwrap();
+        let leader = cluster.wait_for_leader(DEADLINE).await;
+        let status = cluster.status(leader).await.unwrap();
+        if status.idempotency_keys == 0 {
+            break status.applied_index;
+        }
+        assert!(Instant::now() < deadline, "the keys never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Equal hashes at an equal index at or after the config entry: equal
+    // key records; and no replica has the key (nothing can bring it back
+    // but a new request with it).
+    let (index, _) = wait_hashes_agree(&cluster, &[1, 2, 3], expired_at).await;
+    for node in 1..=3 {
+        let reply = key_on(&cluster, node, b"msg-0").await;
+        assert!(reply.applied_index >= index, "node {node}");
+        assert_eq!(reply.key, None, "node {node} still has the key");
+        let status = cluster.status(node).await.unwrap();
+        assert_eq!(status.idempotency_keys, 0, "node {node}");
+        let listed = cluster
+            .admin(node)
+            .list_keys(proto::ListKeysRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(listed.keys.is_empty() && !listed.more, "node {node}");
+    }
+    // Forgotten: the key executes anew.
+    assert_eq!(
+        answer(
+            client
+                .execute_with_key(b"msg-0", incr("s", 3))
+                .await
+                .unwrap()
+        ),
+        executed(126, false)
+    );
+}
