@@ -513,6 +513,10 @@ async fn idempotency_key_replays_the_original_answer() {
     let again = ok(incr("k1", br#"{"delta":5}"#).await);
     assert_eq!(again.body, first.body);
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    // A GET ignores the header, even a malformed one.
+    ok(http
+        .request("GET", "/v1/kv/k", &[("Idempotency-Key", "\"bad")], b"")
+        .await);
     // A write without a key has no such header.
     let plain = ok(incr_plain(&http).await);
     assert_eq!(plain.header("idempotent-replayed"), None);
