@@ -340,6 +340,7 @@ cmd_start() {
     echo "client endpoints: $(endpoints)"
     print_metrics_urls
     print_http_urls
+    print_http_example
     echo "leader: node $leader ($(client_addr "$leader"))"
     if secure; then
         local pki
@@ -367,6 +368,15 @@ print_http_urls() {
     for n in $(members); do
         echo "node $n HTTP API: $(http_url "$n")"
     done
+}
+
+# An exactly-once write over HTTP (docs/http.md): sent twice, the second is a
+# replay of the first answer (Idempotent-Replayed: true).
+print_http_example() {
+    local tls=""
+    secure && tls="--cacert $(pki_dir)/ca.pem -H \"Authorization: Bearer \$(cat $(pki_dir)/client.token)\" "
+    echo "an exactly-once increment over HTTP (repeat it: same answer, Idempotent-Replayed: true):"
+    echo "  curl -i ${tls}-X POST $(http_url 1)visits/incr -H 'Idempotency-Key: \"order-17\"' -d '{\"delta\": 1}'"
 }
 
 cmd_stop() {

@@ -2,7 +2,9 @@
 //! operation through a follower (which forwards to the leader), keys as
 //! raw percent-decoded bytes, JSON errors with the gRPC reason names for
 //! bad input, a request through a follower while the leader is killed,
-//! and HTTPS with bearer tokens passed through on a secure cluster.
+//! HTTPS with bearer tokens passed through on a secure cluster, and
+//! exactly-once writes with an `Idempotency-Key` (replays byte-identical,
+//! reuse with another request 422, keys scoped by the token's principal).
 
 mod support;
 
@@ -175,8 +177,8 @@ async fn operations_through_a_follower() {
 
 /// Bad requests get 4xx JSON errors with the gRPC reason names, and none of
 /// them executes anything: malformed keys and bodies, an oversized body, a
-/// value over the replicated limit, a wrong method, an unknown path, a
-/// malformed Idempotency-Key and (for now) a well-formed one.
+/// value over the replicated limit, a wrong method, an unknown path and a
+/// malformed Idempotency-Key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_json_errors() {
     let cluster = Cluster::start("http-errors").await;
@@ -284,7 +286,6 @@ async fn bad_requests_get_json_errors() {
     };
     error(incr("\"unterminated").await, 400, "INVALID_ARGUMENT");
     error(incr("two words").await, 400, "INVALID_ARGUMENT");
-    error(incr("\"order-17\"").await, 501, "UNIMPLEMENTED");
 
     // None of the above executed anything.
     for key in ["k", "counted"] {
@@ -342,7 +343,8 @@ async fn a_follower_forwards_across_a_leader_kill() {
 
 /// On a node with TLS the HTTP port is HTTPS with the node's certificate;
 /// the caller's bearer token is what the node authenticates (never the
-/// node's own identity): no token or an unknown one is 401.
+/// node's own identity): no token or an unknown one is 401; the same
+/// Idempotency-Key from two tokens' principals is two keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_passes_the_callers_token_through() {
     let cluster = Cluster::start_secure("http-secure", &[]).await;
@@ -400,4 +402,128 @@ async fn https_passes_the_callers_token_through() {
         .request("GET", "/v1/kv/secret", &[("Authorization", &alice)], b"")
         .await);
     assert_eq!(read.json(), json!({"value": {"bytes": "s"}}), "unchanged");
+
+    // An Idempotency-Key belongs to the token's principal: alice's and
+    // bob's "order-1" are two keys, so both increments execute; each
+    // caller's repeat is a replay of its own first answer.
+    let incr = async |auth: &str| {
+        https
+            .request(
+                "POST",
+                "/v1/kv/orders/incr",
+                &[("Authorization", auth), ("Idempotency-Key", "\"order-1\"")],
+                br#"{"delta":1}"#,
+            )
+            .await
+    };
+    let by_alice = ok(incr(&alice).await);
+    assert_eq!(
+        by_alice.json(),
+        json!({"result": "incremented", "value": 1})
+    );
+    assert_eq!(by_alice.header("idempotent-replayed"), Some("false"));
+    let by_bob = ok(incr(&bob).await);
+    assert_eq!(by_bob.json(), json!({"result": "incremented", "value": 2}));
+    assert_eq!(by_bob.header("idempotent-replayed"), Some("false"));
+    for (auth, first) in [(&alice, &by_alice), (&bob, &by_bob)] {
+        let replay = ok(incr(auth).await);
+        assert_eq!(replay.body, first.body);
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    }
+    let read = ok(https
+        .request("GET", "/v1/kv/orders", &[("Authorization", &bob)], b"")
+        .await);
+    assert_eq!(read.json(), json!({"value": {"int": 2}}));
+}
+
+/// `POST .../incr` with an `Idempotency-Key` through a follower: the
+/// second request is a replay (same status, byte-identical body,
+/// `Idempotent-Replayed: true`) and the counter moved once; the key with
+/// another body or method is 422 KEY_CONFLICT and executes nothing; a
+/// malformed key is 400; a GET ignores the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_replays_the_original_answer() {
+    let cluster = Cluster::start("http-keyed").await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let http = Http::plain(&cluster.http_addr(follower_of(leader)));
+    let incr = async |key: &str, body: &[u8]| {
+        http.request("POST", "/v1/kv/k/incr", &[("Idempotency-Key", key)], body)
+            .await
+    };
+    let read = || async {
+        ok(http
+            .request("GET", "/v1/kv/k", &[("Idempotency-Key", "\"k1\"")], b"")
+            .await)
+        .json()
+    };
+
+    let first = ok(incr("\"k1\"", br#"{"delta":5}"#).await);
+    assert_eq!(first.header("idempotent-replayed"), Some("false"));
+    assert_eq!(first.json(), json!({"result": "incremented", "value": 5}));
+    // The bare-token spelling of the same key, the same body with other
+    // whitespace: the same key and command.
+    let replay = ok(incr("k1", br#"{ "delta": 5 }"#).await);
+    assert_eq!(replay.status, first.status);
+    assert_eq!(
+        replay.body,
+        first.body,
+        "{:?}",
+        String::from_utf8_lossy(&replay.body)
+    );
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        read().await,
+        json!({"value": {"int": 5}}),
+        "incremented once"
+    );
+
+    // Another body, another method on the same path key, another path key:
+    // another command, refused, nothing executed.
+    let body = error(incr("\"k1\"", br#"{"delta":6}"#).await, 422, "KEY_CONFLICT");
+    assert_eq!(body["idempotency_key"], "k1", "{body}");
+    error(
+        http.request("DELETE", "/v1/kv/k", &[("Idempotency-Key", "k1")], b"")
+            .await,
+        422,
+        "KEY_CONFLICT",
+    );
+    error(
+        http.request(
+            "POST",
+            "/v1/kv/other/incr",
+            &[("Idempotency-Key", "k1")],
+            br#"{"delta":5}"#,
+        )
+        .await,
+        422,
+        "KEY_CONFLICT",
+    );
+    error(
+        incr("\"k1", br#"{"delta":5}"#).await,
+        400,
+        "INVALID_ARGUMENT",
+    );
+    assert_eq!(
+        read().await,
+        json!({"value": {"int": 5}}),
+        "nothing else ran"
+    );
+
+    // The key still answers its first request.
+    let again = ok(incr("k1", br#"{"delta":5}"#).await);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    // A GET ignores the header, even a malformed one.
+    ok(http
+        .request("GET", "/v1/kv/k", &[("Idempotency-Key", "\"bad")], b"")
+        .await);
+    // A write without a key has no such header.
+    let plain = ok(incr_plain(&http).await);
+    assert_eq!(plain.header("idempotent-replayed"), None);
+    assert_eq!(plain.json()["value"], 6);
+}
+
+async fn incr_plain(http: &Http) -> Result<Response, String> {
+    http.json("POST", "/v1/kv/k/incr", &[], json!({"delta": 1}))
+        .await
 }

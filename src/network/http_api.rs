@@ -9,10 +9,14 @@
 //! cache of client handles, one per token.
 //!
 //! Writes without an `Idempotency-Key` are AT-LEAST-ONCE (`ExecutePlain`).
-//! A write with a well-formed key is refused with 501 until keyed execution
-//! is wired in (`Delivery::Keyed`); a malformed key is 400.
+//! A write with a well-formed key runs EXACTLY ONCE per (principal, key)
+//! through `ExecuteKeyed` (`Client::execute_with_key`): the first answer
+//! carries `Idempotent-Replayed: false`, a replay the original status and
+//! the byte-identical body (rebuilt from the cached `CommandResult` alone)
+//! with `Idempotent-Replayed: true`; the key reused with another command is
+//! 422 `KEY_CONFLICT`; a malformed key is 400. `GET` ignores the header.
 
-use crate::client::{Client, ClientConfig, Error as ClientError};
+use crate::client::{Client, ClientConfig, Error as ClientError, KeyedReply};
 use crate::network::credentials::{BearerToken, Credentials};
 use crate::registry::{Command, CommandResult, Value, ValueKind};
 use axum::body::{Body, Bytes};
@@ -173,12 +177,22 @@ pub fn client_error(error: ClientError) -> HttpError {
             .with("limit", Json::from(limit.to_string()))
             .with("limit_max", Json::from(max))
             .with("limit_requested", Json::from(requested)),
-        ClientError::KeyConflict { .. } => {
-            HttpError::new(StatusCode::UNPROCESSABLE_ENTITY, "KEY_CONFLICT", message)
-        }
-        ClientError::KeyOutcomeUnknown { .. } => {
+        ClientError::KeyConflict { key } => HttpError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "KEY_CONFLICT",
+            format!(
+                "{message}; an Idempotency-Key answers only the request it was first used \
+                 with (same method, path and body; see docs/http.md)"
+            ),
+        )
+        .with("idempotency_key", Json::from(key)),
+        // Like `OutcomeUnknown`, but learnable: the same key and request
+        // again get the original answer (or execute, if the first never did).
+        ClientError::KeyOutcomeUnknown { key, .. } => {
             HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
                 .with("outcome_unknown", Json::Bool(true))
+                .with("retry_with_same_key", Json::Bool(true))
+                .with("idempotency_key", Json::from(key))
         }
     }
 }
@@ -283,8 +297,8 @@ pub fn route(method: &Method, path: &str) -> Result<Endpoint, HttpError> {
 pub enum Delivery {
     /// No `Idempotency-Key`: `ExecutePlain`, at-least-once.
     AtLeastOnce,
-    /// With a key (its bytes, unquoted): exactly once per key, once keyed
-    /// execution is wired in.
+    /// With a key (its bytes, unquoted): `ExecuteKeyed`, exactly once per
+    /// (principal, key).
     Keyed(Vec<u8>),
 }
 
@@ -643,7 +657,7 @@ impl HttpApi {
 
     async fn serve(&self, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
         match self.answer(&method, &uri, &headers, body).await {
-            Ok((status, json)) => (status, json_body(&json)).into_response(),
+            Ok(answer) => answer.into_response(),
             Err(error) => error.into_response(),
         }
     }
@@ -654,36 +668,87 @@ impl HttpApi {
         uri: &Uri,
         headers: &HeaderMap,
         body: Body,
-    ) -> Result<(StatusCode, Json), HttpError> {
+    ) -> Result<Answer, HttpError> {
         let endpoint = route(method, uri.path())?;
         let token = bearer_token(headers)?;
         if let Endpoint::Get(key) = endpoint {
+            // Reads are idempotent: an Idempotency-Key is not even parsed.
             let client = self.gateway.client(token.as_deref())?;
             return match client.get(&key).await.map_err(client_error)? {
-                Some(value) => Ok((StatusCode::OK, json!({ "value": value_json(&value) }))),
-                None => Ok((StatusCode::NOT_FOUND, json!({ "value": null }))),
+                Some(value) => Ok(Answer::new(
+                    StatusCode::OK,
+                    json!({ "value": value_json(&value) }),
+                )),
+                None => Ok(Answer::new(StatusCode::NOT_FOUND, json!({ "value": null }))),
             };
         }
         let delivery = delivery(headers)?;
         let body = read_body(headers, body).await?;
         let command = command(endpoint, &body)?;
         let client = self.gateway.client(token.as_deref())?;
-        let result = match delivery {
-            Delivery::AtLeastOnce => client.execute_plain(command).await,
-            // Keyed execution comes with `Client::execute_with_key`: a
-            // replay then answers the original status and body with
-            // `Idempotent-Replayed: true`, a reuse with another request 422
-            // (KEY_CONFLICT).
-            Delivery::Keyed(_) => {
-                return Err(HttpError::new(
-                    StatusCode::NOT_IMPLEMENTED,
-                    "UNIMPLEMENTED",
-                    "Idempotency-Key is not supported yet; send the request without it \
-                     (at-least-once)",
-                ));
+        match delivery {
+            Delivery::AtLeastOnce => {
+                let result = client.execute_plain(command).await.map_err(client_error)?;
+                Ok(Answer::new(StatusCode::OK, result_json(&result)))
             }
-        };
-        Ok((StatusCode::OK, result_json(&result.map_err(client_error)?)))
+            // The key is scoped by the principal of the caller's token on
+            // the client port (rule 19), not by anything done here.
+            Delivery::Keyed(key) => {
+                let reply = client
+                    .execute_with_key(&key, command)
+                    .await
+                    .map_err(client_error)?;
+                Ok(keyed_answer(&reply))
+            }
+        }
+    }
+}
+
+/// A successful answer: a status, a JSON body, and for a keyed write
+/// whether it was replayed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Json,
+    /// `Idempotent-Replayed`: `None` (no header) without a key.
+    pub replayed: Option<bool>,
+}
+
+impl Answer {
+    fn new(status: StatusCode, body: Json) -> Answer {
+        Answer {
+            status,
+            body,
+            replayed: None,
+        }
+    }
+}
+
+/// The answer to a keyed write: a function of the cached result alone (no
+/// log index, time or anything else of this attempt), so a replay's status
+/// and body are byte-identical to the first answer's; only
+/// `Idempotent-Replayed` differs.
+pub fn keyed_answer(reply: &KeyedReply) -> Answer {
+    Answer {
+        status: StatusCode::OK,
+        body: result_json(&reply.result),
+        replayed: Some(reply.duplicate),
+    }
+}
+
+/// The header telling a replay (`true`) from a first execution (`false`).
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, json_body(&self.body)).into_response();
+        if let Some(replayed) = self.replayed {
+            response.headers_mut().insert(
+                IDEMPOTENT_REPLAYED,
+                HeaderValue::from_static(if replayed { "true" } else { "false" }),
+            );
+        }
+        response
     }
 }
 
@@ -1150,5 +1215,63 @@ mod tests {
             let mapped = client_error(error);
             assert_eq!((mapped.status, mapped.reason), (status, reason));
         }
+        let conflict = client_error(ClientError::KeyConflict { key: "k1".into() });
+        assert_eq!(
+            (conflict.status, conflict.reason),
+            (StatusCode::UNPROCESSABLE_ENTITY, "KEY_CONFLICT")
+        );
+        assert_eq!(conflict.body()["idempotency_key"], "k1");
+        let unknown = client_error(ClientError::KeyOutcomeUnknown {
+            key: "k1".into(),
+            reason: "deadline".into(),
+        });
+        assert_eq!(
+            (unknown.status, unknown.reason),
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+        );
+        let body = unknown.body();
+        assert_eq!(body["outcome_unknown"], true);
+        assert_eq!(body["retry_with_same_key"], true);
+        assert!(
+            body["message"].as_str().unwrap().contains("same key"),
+            "{body}"
+        );
+    }
+
+    /// A keyed answer depends on the cached result alone: the first answer
+    /// and a replay (another log index) have the same status and
+    /// byte-identical bodies, and differ only in `Idempotent-Replayed`.
+    #[tokio::test]
+    async fn keyed_replays_are_byte_identical() {
+        let result = CommandResult::CompareAndSwap {
+            swapped: false,
+            current: Some(Value::List(vec![b"a".to_vec(), vec![0xff]])),
+        };
+        let first = keyed_answer(&KeyedReply {
+            result: result.clone(),
+            duplicate: false,
+            log_index: 7,
+        });
+        let replay = keyed_answer(&KeyedReply {
+            result,
+            duplicate: true,
+            log_index: 19,
+        });
+        let mut bodies = Vec::new();
+        for (answer, replayed) in [(first, "false"), (replay, "true")] {
+            let response = answer.into_response();
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(
+                response.headers().get(IDEMPOTENT_REPLAYED).unwrap(),
+                replayed
+            );
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            bodies.push(body);
+        }
+        assert_eq!(bodies[0], bodies[1]);
+        let plain = Answer::new(StatusCode::OK, json!({"result": "stored"})).into_response();
+        assert!(plain.headers().get(IDEMPOTENT_REPLAYED).is_none());
     }
 }
