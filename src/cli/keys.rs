@@ -410,7 +410,10 @@ mod tests {
         let Ok(KeysAction::List(list)) = parse(&["list"]) else {
             panic!("list parses");
         };
-        assert_eq!((list.after_principal.as_str(), list.after_key, list.limit), ("", None, None));
+        assert_eq!(
+            (list.after_principal.as_str(), list.after_key, list.limit),
+            ("", None, None)
+        );
         let Ok(KeysAction::List(list)) = parse(&[
             "list",
             "--after-principal",
@@ -428,12 +431,20 @@ mod tests {
         let Ok(KeysAction::Show(show)) = parse(&["show", "--principal", "bob", "order-1"]) else {
             panic!("show parses");
         };
-        assert_eq!((show.principal.as_str(), show.key.as_str()), ("bob", "order-1"));
+        assert_eq!(
+            (show.principal.as_str(), show.key.as_str()),
+            ("bob", "order-1")
+        );
         let Ok(KeysAction::Forget(forget)) = parse(&["forget", "--hex", "0xff00"]) else {
             panic!("forget parses");
         };
         assert_eq!((forget.principal.as_str(), forget.hex), ("", true));
-        for bad in [&["list", "--limit", "0"][..], &["show"], &["forget"], &["drop", "k"]] {
+        for bad in [
+            &["list", "--limit", "0"][..],
+            &["show"],
+            &["forget"],
+            &["drop", "k"],
+        ] {
             let error = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
             assert_eq!(error.exit_code(), 2, "{bad:?}");
         }
@@ -454,7 +465,10 @@ mod tests {
                 format!("{bad:?} is not hex (want pairs of 0-9a-f)")
             );
         }
-        assert_eq!(key_field("idempotency_key", b"k"), ("idempotency_key".into(), json!("k")));
+        assert_eq!(
+            key_field("idempotency_key", b"k"),
+            ("idempotency_key".into(), json!("k"))
+        );
         assert_eq!(
             key_field("idempotency_key", &[0xff]),
             ("idempotency_key_hex".into(), json!("ff"))

@@ -657,7 +657,11 @@ fn reply_fields(reply: &KeyedReply) -> Map<String, Json> {
 }
 
 /// A keyed command's application refusal, with the key's fields.
-fn keyed_fields(mut failure: Failure, idempotency_key: &str, fields: &Map<String, Json>) -> Failure {
+fn keyed_fields(
+    mut failure: Failure,
+    idempotency_key: &str,
+    fields: &Map<String, Json>,
+) -> Failure {
     failure.fields.extend(fields.clone());
     failure.with("idempotency_key", json!(idempotency_key))
 }
@@ -681,7 +685,11 @@ async fn get(client: &Client, key: String) -> Result<Success, Failure> {
 
 /// What an executed `command` on `key` prints, from its `result`; an
 /// application refusal (an overflow, a wrong type) is a failure.
-fn command_success(key: &str, command: &Command, result: CommandResult) -> Result<Success, Failure> {
+fn command_success(
+    key: &str,
+    command: &Command,
+    result: CommandResult,
+) -> Result<Success, Failure> {
     match (command, result) {
         (Command::Put { value, .. }, CommandResult::Stored) => Ok(success(
             vec!["OK".to_owned()],
