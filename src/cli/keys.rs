@@ -117,7 +117,7 @@ fn key_bytes(text: &str, hex: bool) -> Result<Vec<u8>, Failure> {
     }
     let digits = text.strip_prefix("0x").unwrap_or(text);
     let bad = || Failure::usage(format!("{text:?} is not hex (want pairs of 0-9a-f)"));
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(bad());
     }
     (0..digits.len())
