@@ -1,10 +1,13 @@
 //! Benchmark of the registry core alone (no Raft, no IO): applies per second
-//! for new executes, duplicates and a mix, and bytes of memory per idle
-//! session. Run with `cargo bench --bench registry`.
+//! for new executes, duplicates and a mix, and for keyed executes
+//! (`Op::ExecuteKeyed`: new keys, duplicates); bytes of memory per idle
+//! session and per live idempotency key. Run with `cargo bench --bench
+//! registry`.
 
 use criterion::{Criterion, Throughput};
 use oncekv::registry::{
-    ClientId, ClusterId, Command, Entry, Execute, Nonce, Op, Registry, RegistryConfig,
+    ClientId, ClusterId, Command, ConfigPatch, Entry, Execute, IdempotencyKey, KeyedConfigPatch,
+    Nonce, Op, Principal, Registry, RegistryConfig,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -97,6 +100,55 @@ fn small_execute(n: u64) -> Entry {
     )
 }
 
+/// Live keys in the `keyed_new_key` bench's steady state: entries are
+/// stamped 1 ms apart every 100, so a TTL of `LIVE_KEYS / 100` ms keeps
+/// this many keys live, and each new key's apply also expires the oldest.
+const LIVE_KEYS: u64 = 100_000;
+
+/// The `n`-th idempotency key: `order-` and 10 digits (16 bytes).
+fn idempotency_key(n: u64) -> IdempotencyKey {
+    IdempotencyKey(format!("order-{n:010}").into_bytes())
+}
+
+/// The keyed execute of key `n` stamped at `stamp_ms`: an increment of one
+/// shared counter (so the key-value store does not grow with the keys; a
+/// key's record caches the small result).
+fn keyed_execute(n: u64, stamp_ms: u64) -> Entry {
+    Entry::single(
+        stamp_ms,
+        Op::ExecuteKeyed {
+            cluster_id: CLUSTER,
+            key: idempotency_key(n),
+            command: Command::Increment {
+                key: b"counter".to_vec(),
+                delta: 1,
+            },
+            principal: Principal::anonymous(),
+        },
+    )
+}
+
+/// A bootstrapped registry, no sessions, whose keys live `ttl_ms`; and
+/// the index of its last entry.
+fn registry_for_keys(ttl_ms: u64) -> (Registry, u64) {
+    let (mut registry, index) = registry_with_sessions(0);
+    registry.apply(
+        index + 1,
+        &Entry::single(
+            0,
+            Op::PatchConfigs {
+                cluster_id: CLUSTER,
+                patch: ConfigPatch::default(),
+                keyed: KeyedConfigPatch {
+                    idempotency_key_ttl_ms: Some(ttl_ms),
+                    ..KeyedConfigPatch::default()
+                },
+            },
+        ),
+    );
+    (registry, index + 1)
+}
+
 /// Applies `iterations` entries produced by `entry`, timing only the applies.
 fn time_applies(
     registry: &mut Registry,
@@ -158,6 +210,43 @@ fn applies(criterion: &mut Criterion) {
     group.finish();
 }
 
+fn keyed_applies(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("apply_keyed");
+    group.throughput(Throughput::Elements(1));
+
+    // New keys at a steady LIVE_KEYS live keys: each apply records its key
+    // and expires the oldest (as a cluster at its TTL does).
+    group.bench_function("new_key", |bench| {
+        let (mut registry, mut index) = registry_for_keys(LIVE_KEYS / 100);
+        for n in 0..LIVE_KEYS {
+            index += 1;
+            registry.apply(index, &keyed_execute(n, n / 100));
+        }
+        assert_eq!(registry.key_count() as u64, LIVE_KEYS, "keys are live");
+        let mut next = LIVE_KEYS;
+        bench.iter_custom(|iterations| {
+            let first = next;
+            next += iterations;
+            let entries = (first..next).map(|n| keyed_execute(n, n / 100));
+            time_applies(&mut registry, &mut index, entries)
+        });
+    });
+
+    // Repeats of live keys' commands: answered from the keys' records.
+    group.bench_function("duplicate", |bench| {
+        let (mut registry, mut index) = registry_for_keys(24 * 3_600_000);
+        for n in 0..SESSIONS {
+            index += 1;
+            registry.apply(index, &keyed_execute(n, 0));
+        }
+        bench.iter_custom(|iterations| {
+            let retries = (0..iterations).map(|n| keyed_execute(n % SESSIONS, 0));
+            time_applies(&mut registry, &mut index, retries)
+        });
+    });
+    group.finish();
+}
+
 /// Heap bytes per idle session (registered, no cached responses).
 fn memory_per_idle_session() {
     const COUNT: u64 = 100_000;
@@ -171,11 +260,32 @@ fn memory_per_idle_session() {
     );
 }
 
+/// Heap bytes per live idempotency key (a 16-byte key of the anonymous
+/// principal, its record caching an increment's result), measured as
+/// [`memory_per_idle_session`] measures sessions.
+fn memory_per_live_key() {
+    const COUNT: u64 = 100_000;
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    let (mut registry, mut index) = registry_for_keys(24 * 3_600_000);
+    for n in 0..COUNT {
+        index += 1;
+        registry.apply(index, &keyed_execute(n, 0));
+    }
+    let after = LIVE_BYTES.load(Ordering::Relaxed);
+    let per_key = (after - before) as f64 / COUNT as f64;
+    println!(
+        "memory per live idempotency key: {per_key:.0} bytes ({COUNT} keys of 16 bytes, {} live)",
+        registry.key_count()
+    );
+}
+
 fn main() {
     memory_per_idle_session();
+    memory_per_live_key();
     let mut criterion = Criterion::default()
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
     applies(&mut criterion);
+    keyed_applies(&mut criterion);
     criterion.final_summary();
 }

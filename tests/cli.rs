@@ -2,7 +2,8 @@
 //! user would run them — one process per command — against a real 3-node
 //! cluster: plain and JSON output, exit codes, a definite failure when no
 //! node can be reached or no leader is elected, and an unknown outcome
-//! (exit 3) when a reply is lost. Without any cluster: the common flags
+//! (exit 3) when a reply is lost; `--idempotency-key` (a replay marked,
+//! KEY_CONFLICT exit 4) and `admin keys`. Without any cluster: the common flags
 //! work before and after the subcommand (admin, status and bench included),
 //! `ONCEKV_PORT_BASE` picks the default endpoints of every command, and an
 //! unreachable cluster is one line of what happened and one of what to do.
@@ -229,6 +230,8 @@ async fn commands_against_a_real_cluster() {
     assert_eq!(leader["sessions"], 0, "sessions left behind: {object}");
     assert!(leader["applied_index"].as_u64().unwrap() > 0, "{object}");
 
+    keyed_commands(&e).await;
+
     // Two of three nodes down: the survivor answers but cannot be elected.
     // A command says so, naming who answered and who did not, and fails
     // definitely (nothing could be sent).
@@ -265,6 +268,217 @@ async fn commands_against_a_real_cluster() {
         "{put:?}"
     );
     assert!(put.stderr.contains("connection refused"), "{put:?}");
+}
+
+/// `--idempotency-key` and `admin keys`, against the running cluster (no
+/// authentication: every key is the anonymous principal's). A keyed
+/// increment run twice prints the same value, the second marked a replay
+/// and executing nothing; the key with another command exits 4
+/// (KEY_CONFLICT); `admin keys list/show/forget` see the key, and after
+/// `forget` the same command executes anew; the keyed config fields are
+/// set and shown by `admin config`.
+async fn keyed_commands(e: &[String]) {
+    let incr = ["incr", "paid", "5", "--idempotency-key", "order-1"];
+    let first = oncekv(e, &incr).await;
+    assert_eq!(first.ok(), "5\n");
+    assert_eq!(first.stderr, "", "no replay the first time: {first:?}");
+    let again = oncekv(e, &incr).await;
+    assert_eq!(again.ok(), "5\n", "the same value: {again:?}");
+    assert!(
+        again
+            .stderr
+            .starts_with("replay: idempotency key \"order-1\""),
+        "marked a replay: {again:?}"
+    );
+    assert!(again.stderr.contains("nothing executed now"), "{again:?}");
+    let object = oncekv(e, &[&incr[..], &["--json"]].concat()).await.json();
+    assert_eq!(object["ok"], true, "{object}");
+    assert_eq!(object["value"], 5, "{object}");
+    assert_eq!(object["duplicate"], true, "{object}");
+    assert_eq!(object["idempotency_key"], "order-1", "{object}");
+    let executed_at = object["log_index"].as_u64().expect("a log index");
+    assert_eq!(
+        oncekv(e, &["get", "paid"]).await.ok(),
+        "5\n",
+        "executed once"
+    );
+
+    // The key with another command: KEY_CONFLICT, its own exit code, and
+    // nothing executed.
+    let conflict = oncekv(
+        e,
+        &[
+            "incr",
+            "paid",
+            "6",
+            "--idempotency-key",
+            "order-1",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(conflict.code, 4, "{conflict:?}");
+    let object = conflict.json();
+    assert_eq!(object["ok"], false, "{object}");
+    assert_eq!(object["kind"], "key_conflict", "{object}");
+    assert_eq!(object["outcome"], "none", "{object}");
+    assert_eq!(object["idempotency_key"], "order-1", "{object}");
+    assert!(conflict.stderr.contains("hint: "), "{conflict:?}");
+    assert_eq!(oncekv(e, &["get", "paid"]).await.ok(), "5\n");
+
+    // Other keyed commands, each marked new in JSON.
+    for (args, field, value) in [
+        (
+            &["put", "kp", "v", "--idempotency-key", "order-2"][..],
+            "value",
+            json!({"bytes": "v"}),
+        ),
+        (
+            &["append", "kl", "a", "--idempotency-key", "order-3"],
+            "length",
+            json!(1),
+        ),
+        (
+            &["cas", "kc", "x", "--absent", "--idempotency-key", "order-4"],
+            "swapped",
+            json!(true),
+        ),
+        (
+            &["del", "kp", "--idempotency-key", "order-5"],
+            "existed",
+            json!(true),
+        ),
+    ] {
+        let object = oncekv(e, &[args, &["--json"]].concat()).await.json();
+        assert_eq!(object["ok"], true, "{args:?}: {object}");
+        assert_eq!(object[field], value, "{args:?}: {object}");
+        assert_eq!(object["duplicate"], false, "{args:?}: {object}");
+    }
+
+    // admin keys list: all five, in key order; --limit pages with a cursor.
+    let object = oncekv(e, &["admin", "keys", "list", "--json"]).await.json();
+    let keys: Vec<&str> = object["keys"]
+        .as_array()
+        .expect("a keys array")
+        .iter()
+        .map(|key| key["idempotency_key"].as_str().expect("a UTF-8 key"))
+        .collect();
+    assert_eq!(
+        keys,
+        ["order-1", "order-2", "order-3", "order-4", "order-5"],
+        "{object}"
+    );
+    assert_eq!(object["more"], false, "{object}");
+    let first_key = &object["keys"][0];
+    assert_eq!(first_key["principal"], "", "{object}");
+    assert_eq!(
+        first_key["answer"],
+        json!({"kind": "incremented", "value": 5}),
+        "{object}"
+    );
+    let page = oncekv(e, &["admin", "keys", "list", "--limit", "2", "--json"])
+        .await
+        .json();
+    assert_eq!(page["keys"].as_array().map(Vec::len), Some(2), "{page}");
+    assert_eq!(page["more"], true, "{page}");
+    assert_eq!(
+        page["next"],
+        json!({"after_principal": "", "after_key": "order-2"}),
+        "{page}"
+    );
+    let rest = oncekv(
+        e,
+        &[
+            "admin",
+            "keys",
+            "list",
+            "--after-principal",
+            "",
+            "--after-key",
+            "order-2",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(rest["keys"].as_array().map(Vec::len), Some(3), "{rest}");
+    assert_eq!(rest["keys"][0]["idempotency_key"], "order-3", "{rest}");
+    let plain = oncekv(e, &["admin", "keys", "list"]).await;
+    assert!(
+        plain
+            .ok()
+            .lines()
+            .next()
+            .is_some_and(|line| line.starts_with("key order-1  principal (anonymous)")),
+        "{plain:?}"
+    );
+    assert!(plain.stdout.contains("5 keys (applied index "), "{plain:?}");
+
+    // show, forget, and the same command executes anew.
+    let show = oncekv(e, &["admin", "keys", "show", "order-1"]).await;
+    assert!(show.ok().contains("answer incremented to 5"), "{show:?}");
+    let object = oncekv(e, &["admin", "keys", "show", "order-1", "--json"])
+        .await
+        .json();
+    assert!(
+        object["key"]["expires_after_ms"].as_u64() > object["key"]["created_ms"].as_u64(),
+        "{object}"
+    );
+    let forget = oncekv(e, &["admin", "keys", "forget", "order-1", "--json"])
+        .await
+        .json();
+    assert_eq!(forget["existed"], true, "{forget}");
+    assert!(forget["log_index"].as_u64() > Some(executed_at), "{forget}");
+    let gone = oncekv(e, &["admin", "keys", "show", "order-1", "--json"]).await;
+    assert_eq!(gone.code, 1, "{gone:?}");
+    assert_eq!(gone.json()["kind"], "not_found", "{gone:?}");
+    let anew = oncekv(e, &incr).await;
+    assert_eq!(anew.ok(), "10\n", "executed anew after forget: {anew:?}");
+    assert_eq!(anew.stderr, "", "not a replay: {anew:?}");
+    let again = oncekv(e, &["admin", "keys", "forget", "no-such-key"]).await;
+    assert!(again.ok().contains("had no record"), "{again:?}");
+
+    // The keyed config fields: set and shown.
+    let set = oncekv(
+        e,
+        &[
+            "admin",
+            "config",
+            "set",
+            "--idempotency-key-ttl-ms",
+            "3600000",
+            "--json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(set["config"]["idempotency_key_ttl_ms"], 3_600_000, "{set}");
+    let shown = oncekv(e, &["admin", "config"]).await;
+    assert!(
+        shown
+            .ok()
+            .lines()
+            .any(|line| line == "idempotency_key_ttl_ms 3600000"),
+        "{shown:?}"
+    );
+    let object = oncekv(e, &["admin", "config", "--json"]).await.json();
+    assert_eq!(
+        object["config"]["idempotency_key_ttl_ms"], 3_600_000,
+        "{object}"
+    );
+    assert_eq!(
+        object["config"]["idempotency_keys_max"], 1_000_000,
+        "{object}"
+    );
+    assert_eq!(
+        object["config"]["idempotency_key_bytes_max"], 256,
+        "{object}"
+    );
+    assert_eq!(
+        object["config"]["idempotency_cached_bytes_max"],
+        256 << 20,
+        "{object}"
+    );
 }
 
 /// With no node reachable nothing can be sent, so even an increment fails

@@ -641,7 +641,8 @@ async fn heal_everything(
 }
 
 /// Sets the registry config back to `original` if it differs (every
-/// field: whatever a fault left changed).
+/// field, the idempotency-key ones included: whatever a fault left
+/// changed), in one config entry.
 async fn restore_config(
     cluster: &Cluster,
     admin: &Admin,
@@ -656,14 +657,24 @@ async fn restore_config(
         .await
         .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
         .cluster_id;
-    let whole = oncekv::network::convert::registry_config_from_proto(Some(original))?;
-    let patch = oncekv::network::convert::config_patch_to_proto(
-        &oncekv::registry::ConfigPatch::replacing_with(&whole),
-    );
+    let patch = restoring_patch(original)?;
     admin
         .set_config(leader, &cluster_id, patch, Duration::from_secs(30))
         .await?;
     Ok(())
+}
+
+/// The patch that sets every field of the config to `original`'s: the
+/// registry's and the idempotency keys'.
+fn restoring_patch(
+    original: oncekv::proto::RegistryConfig,
+) -> anyhow::Result<oncekv::proto::RegistryConfigPatch> {
+    let keyed = oncekv::network::convert::keyed_config_from_proto(&original);
+    let whole = oncekv::network::convert::registry_config_from_proto(Some(original))?;
+    Ok(oncekv::network::convert::configs_patch_to_proto(
+        &oncekv::registry::ConfigPatch::replacing_with(&whole),
+        &oncekv::registry::KeyedConfigPatch::replacing_with(&keyed),
+    ))
 }
 
 /// Records every new (leader, term) the nodes report, until stopped.
@@ -934,4 +945,47 @@ fn finish(
         options.out_dir.display()
     );
     Ok(verdict)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The restoring patch sets every field of the config, the four
+    /// idempotency-key ones included, to the original's value.
+    #[test]
+    fn restoring_patch_sets_every_field() {
+        let original = oncekv::proto::RegistryConfig {
+            session_ttl_ms: 1,
+            sessions_max: 2,
+            window: 3,
+            cached_bytes_per_session_max: 4,
+            key_bytes_max: 5,
+            value_bytes_max: 6,
+            list_elements_max: 7,
+            keys_max: 8,
+            idempotency_key_ttl_ms: 9,
+            idempotency_keys_max: 10,
+            idempotency_key_bytes_max: 11,
+            idempotency_cached_bytes_max: 12,
+        };
+        let patch = restoring_patch(original).unwrap();
+        assert_eq!(
+            patch,
+            oncekv::proto::RegistryConfigPatch {
+                session_ttl_ms: Some(1),
+                sessions_max: Some(2),
+                window: Some(3),
+                cached_bytes_per_session_max: Some(4),
+                key_bytes_max: Some(5),
+                value_bytes_max: Some(6),
+                list_elements_max: Some(7),
+                keys_max: Some(8),
+                idempotency_key_ttl_ms: Some(9),
+                idempotency_keys_max: Some(10),
+                idempotency_key_bytes_max: Some(11),
+                idempotency_cached_bytes_max: Some(12),
+            }
+        );
+    }
 }

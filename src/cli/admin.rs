@@ -19,6 +19,9 @@
 //! | `expire ID` | ends a session through the log |
 //! | `config` | the replicated registry config |
 //! | `config set [--session-ttl-ms N] [--window N] …` | changes the given fields, keeps the rest |
+//! | `keys list [--after-principal P --after-key K] [--limit N]` | live idempotency keys (leader's applied state; [`super::keys`]) |
+//! | `keys show [--principal P] KEY` | one key's record |
+//! | `keys forget [--principal P] KEY` | removes the key's record through the log |
 //! | `snapshot --node ADDR` | that node builds a snapshot now |
 //! | `hash` | every member's applied index and state hash, and whether they agree |
 //! | `local-get KEY --node ADDR` | the key in that node's applied state (no read index) |
@@ -81,6 +84,8 @@ pub enum AdminCommand {
     Expire(SessionArgs),
     /// Show the replicated registry config; `config set` changes it.
     Config(ConfigArgs),
+    /// Idempotency keys: `keys list`, `keys show KEY`, `keys forget KEY`.
+    Keys(super::keys::KeysArgs),
     /// Make one node build a snapshot now.
     Snapshot(SnapshotArgs),
     /// Every member's applied index and state hash, and whether they agree.
@@ -164,6 +169,18 @@ pub struct ConfigSetArgs {
     pub list_elements_max: Option<u64>,
     #[arg(long)]
     pub keys_max: Option<u64>,
+    /// How long an idempotency key's record lives after its first execution.
+    #[arg(long)]
+    pub idempotency_key_ttl_ms: Option<u64>,
+    /// Live idempotency keys, all principals together.
+    #[arg(long)]
+    pub idempotency_keys_max: Option<u64>,
+    /// Longest idempotency key.
+    #[arg(long)]
+    pub idempotency_key_bytes_max: Option<u64>,
+    /// Bytes of all idempotency keys' records together.
+    #[arg(long)]
+    pub idempotency_cached_bytes_max: Option<u64>,
 }
 
 /// `snapshot --node ADDR`.
@@ -225,6 +242,7 @@ impl AdminCommand {
                 None => show_config(&admin).await,
                 Some(ConfigAction::Set(set)) => set_config(&admin, set).await,
             },
+            AdminCommand::Keys(args) => args.action.execute(&admin).await,
             AdminCommand::Snapshot(args) => snapshot(&admin, &args.node).await,
             AdminCommand::Hash(_) => hash(&admin).await,
             AdminCommand::LocalGet(args) => local_get(&admin, &args.key, &args.node).await,
@@ -260,7 +278,7 @@ impl NewMember {
 
 /// The cluster as the admin commands see it: endpoints, the leader hint and
 /// the command's deadline.
-struct Admin {
+pub(super) struct Admin {
     endpoints: Vec<String>,
     deadline: Instant,
     /// The command's `--timeout-ms` (bounds the probes that explain a
@@ -318,7 +336,7 @@ impl Admin {
     }
 
     /// One call to one node, within the deadline, no retries.
-    async fn at<T, F, Fut>(&self, endpoint: &str, call: F) -> Result<T, Failure>
+    pub(super) async fn at<T, F, Fut>(&self, endpoint: &str, call: F) -> Result<T, Failure>
     where
         F: FnOnce(AdminClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -340,7 +358,7 @@ impl Admin {
     /// Runs `call` on the leader: follows `NOT_LEADER` hints, moves on from
     /// unreachable nodes, retries until the deadline. With `mutation`, a
     /// deadline after some attempt reached a node reports an unknown outcome.
-    async fn on_leader<T, F, Fut>(&self, mutation: bool, call: F) -> Result<T, Failure>
+    pub(super) async fn on_leader<T, F, Fut>(&self, mutation: bool, call: F) -> Result<T, Failure>
     where
         F: Fn(AdminClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -405,7 +423,7 @@ impl Admin {
     }
 
     /// The leader's own `Status` (found through the nodes' leader hints).
-    async fn leader_status(&self) -> Result<StatusReply, Failure> {
+    pub(super) async fn leader_status(&self) -> Result<StatusReply, Failure> {
         let mut pause = Duration::from_millis(50);
         loop {
             let mut probes: Vec<reach::Probe> = Vec::new();
@@ -441,7 +459,7 @@ impl Admin {
     }
 
     /// The cluster id, as the leader knows it.
-    async fn cluster_id(&self) -> Result<Vec<u8>, Failure> {
+    pub(super) async fn cluster_id(&self) -> Result<Vec<u8>, Failure> {
         let status = self.leader_status().await?;
         if status.cluster_id.is_empty() {
             return Err(Failure::new(
@@ -805,7 +823,7 @@ async fn expire(admin: &Admin, client_id: u64) -> Result<Success, Failure> {
 }
 
 /// The config's fields, in a fixed order, as (name, value).
-fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 8] {
+fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 12] {
     [
         ("session_ttl_ms", config.session_ttl_ms),
         ("sessions_max", config.sessions_max),
@@ -818,6 +836,16 @@ fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 8] {
         ("value_bytes_max", config.value_bytes_max),
         ("list_elements_max", config.list_elements_max),
         ("keys_max", config.keys_max),
+        ("idempotency_key_ttl_ms", config.idempotency_key_ttl_ms),
+        ("idempotency_keys_max", config.idempotency_keys_max),
+        (
+            "idempotency_key_bytes_max",
+            config.idempotency_key_bytes_max,
+        ),
+        (
+            "idempotency_cached_bytes_max",
+            config.idempotency_cached_bytes_max,
+        ),
     ]
 }
 
@@ -867,6 +895,10 @@ async fn set_config(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, Failu
         set.value_bytes_max,
         set.list_elements_max,
         set.keys_max,
+        set.idempotency_key_ttl_ms,
+        set.idempotency_keys_max,
+        set.idempotency_key_bytes_max,
+        set.idempotency_cached_bytes_max,
     ];
     if changes.iter().all(Option::is_none) {
         return Err(Failure::usage(
@@ -886,7 +918,10 @@ async fn set_config(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, Failu
         value_bytes_max: set.value_bytes_max,
         list_elements_max: set.list_elements_max,
         keys_max: set.keys_max,
-        ..proto::RegistryConfigPatch::default()
+        idempotency_key_ttl_ms: set.idempotency_key_ttl_ms,
+        idempotency_keys_max: set.idempotency_keys_max,
+        idempotency_key_bytes_max: set.idempotency_key_bytes_max,
+        idempotency_cached_bytes_max: set.idempotency_cached_bytes_max,
     };
     let request = proto::SetConfigRequest {
         cluster_id,
@@ -1155,6 +1190,19 @@ mod tests {
             &["expire", "5"],
             &["config"],
             &["config", "set", "--window", "8"],
+            &["keys", "list"],
+            &[
+                "keys",
+                "list",
+                "--after-principal",
+                "p",
+                "--after-key",
+                "k",
+                "--limit",
+                "3",
+            ],
+            &["keys", "show", "--principal", "p", "k"],
+            &["keys", "forget", "k"],
             &["snapshot", "--node", "n:1"],
             &["hash"],
             &["local-get", "k", "--node", "n:1"],

@@ -24,6 +24,15 @@
 //! a,b,c` (default: [`super::default_endpoints`]), `--json` and
 //! `--timeout-ms` (the call's deadline, retries included; default 10000).
 //!
+//! `put`, `del`, `incr`, `append` and `cas` take `--idempotency-key K`: the
+//! command then runs once per key K (UTF-8) through
+//! [`Client::execute_with_key`], with no session. Running it again with the
+//! same K and command (within the key's TTL) prints the first run's answer
+//! unchanged on stdout — a replay: nothing executed now — and says so on
+//! stderr (`replay: …`); with `--json` the object carries
+//! `"idempotency_key"`, `"duplicate"` (true for a replay) and
+//! `"log_index"`. K used with another command is KEY_CONFLICT (exit 4).
+//!
 //! Plain values: bytes print as text when they are valid UTF-8, otherwise as
 //! hex with a `0x` prefix; ints in decimal; a list one item per line (in a
 //! `cas` line, comma-separated); an absent `cas` value as `(absent)`.
@@ -43,7 +52,7 @@
 //!   failure: `kind` names the error (`not_found`, `unavailable`,
 //!   `outcome_unknown`, `session_expired`, `wrong_cluster`, `seq_conflict`,
 //!   `response_discarded`, `invalid_argument`, `resource_exhausted`,
-//!   `overflow`, `wrong_type`), and `outcome` is `"none"` (the command had no
+//!   `overflow`, `wrong_type`, `key_conflict`), and `outcome` is `"none"` (the command had no
 //!   effect) or `"unknown"` (it may have had one; then `"seq"` and `"fenced"`
 //!   are given too). `"hint"` says what to do, when there is advice; an
 //!   `unavailable` failure also has `"nodes"`: what each endpoint said when
@@ -75,16 +84,22 @@
 //! - 3: outcome unknown ([`Error::OutcomeUnknown`]): the command may or may
 //!   not have taken effect. When `fenced` is true the raised floor is
 //!   committed, so no late copy can execute; either way the session is then
-//!   closed (best effort), which also stops late copies.
+//!   closed (best effort), which also stops late copies. With
+//!   `--idempotency-key` ([`Error::KeyOutcomeUnknown`]): running the same
+//!   command with the same key again learns the outcome.
+//! - 4: key conflict ([`Error::KeyConflict`], kind `key_conflict`): the
+//!   `--idempotency-key` was used before (by this principal, within its TTL)
+//!   with another command. Nothing executed, like exit 1, but final in a
+//!   stronger sense: the same command with the same key can never succeed.
 
 use std::io::Write;
 use std::time::Duration;
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::client::{Client, ClientConfig, Error};
+use crate::client::{Client, ClientConfig, Error, KeyedReply};
 use crate::proto::StatusReply;
-use crate::registry::{CommandResult, Value, ValueKind};
+use crate::registry::{Command, CommandResult, Value, ValueKind};
 
 use super::reach::{self, plain_reason};
 use super::status::{QueryError, query};
@@ -98,6 +113,11 @@ pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code of an unknown outcome: the command may have been executed.
 pub const EXIT_UNKNOWN: i32 = 3;
+/// Exit code of KEY_CONFLICT: the `--idempotency-key` was used before with
+/// another command. A definite failure (nothing executed) like exit 1, but
+/// its own code: running the same command again can never succeed — the
+/// key keeps answering its first command — so a script must not retry it.
+pub const EXIT_KEY_CONFLICT: i32 = 4;
 
 /// The exit codes, for `--help`.
 pub const EXIT_CODES_HELP: &str = "\
@@ -110,7 +130,10 @@ Exit codes of put, get, del, incr, append, cas and sessions:
      node answered (sessions)
   2  usage error
   3  outcome unknown: the command may or may not have taken effect (the error
-     says whether its seq is fenced; the session is closed either way)
+     says whether its seq is fenced; the session is closed either way); with
+     --idempotency-key, run it again with the same key to learn the outcome
+  4  key conflict: the --idempotency-key was used before with another command;
+     nothing executed (the key keeps answering its first command)
 
 With --json the result is one JSON object on stdout: {\"ok\":true,...} or
 {\"ok\":false,\"error\":...,\"kind\":...,\"outcome\":\"none\"|\"unknown\"}.";
@@ -145,7 +168,7 @@ pub enum KvCommand {
     Get(KeyArgs),
     /// Delete KEY; prints "deleted", or "absent" when there was none.
     #[command(after_help = EXIT_CODES_HELP)]
-    Del(KeyArgs),
+    Del(DelArgs),
     /// Add DELTA (default 1) to the int at KEY (absent counts as 0); prints
     /// the new value.
     #[command(after_help = EXIT_CODES_HELP)]
@@ -164,6 +187,18 @@ pub enum KvCommand {
     Sessions(SessionsArgs),
 }
 
+/// `--idempotency-key K`, on the commands that change something.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KeyedArg {
+    /// Run the command once per idempotency key K (UTF-8), with no
+    /// session: running it again with the same K and the same command
+    /// (within the key's TTL) answers the first run's result and executes
+    /// nothing — a replay; K used with another command is KEY_CONFLICT
+    /// (exit 4).
+    #[arg(long, value_name = "K")]
+    pub idempotency_key: Option<String>,
+}
+
 /// `put KEY VALUE [--int | --list]`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PutArgs {
@@ -178,12 +213,22 @@ pub struct PutArgs {
     /// Store VALUE as a list of comma-separated items ("" is the empty list).
     #[arg(long)]
     pub list: bool,
+    #[command(flatten)]
+    pub keyed: KeyedArg,
 }
 
-/// `get KEY`, `del KEY`.
+/// `get KEY`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeyArgs {
     pub key: String,
+}
+
+/// `del KEY`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DelArgs {
+    pub key: String,
+    #[command(flatten)]
+    pub keyed: KeyedArg,
 }
 
 /// `incr KEY [DELTA]`.
@@ -193,6 +238,8 @@ pub struct IncrArgs {
     /// How much to add; may be negative.
     #[arg(default_value_t = 1, allow_negative_numbers = true)]
     pub delta: i64,
+    #[command(flatten)]
+    pub keyed: KeyedArg,
 }
 
 /// `append KEY ELEMENT`.
@@ -202,6 +249,8 @@ pub struct AppendArgs {
     /// The element, as UTF-8 bytes.
     #[arg(allow_hyphen_values = true)]
     pub element: String,
+    #[command(flatten)]
+    pub keyed: KeyedArg,
 }
 
 /// `cas KEY NEW (--expected VALUE | --absent) [--int]`.
@@ -226,6 +275,8 @@ pub struct CasArgs {
     /// NEW and --expected are i64s (otherwise UTF-8 bytes).
     #[arg(long)]
     pub int: bool,
+    #[command(flatten)]
+    pub keyed: KeyedArg,
 }
 
 /// `sessions`.
@@ -266,6 +317,9 @@ enum Op {
 pub(super) struct Success {
     pub(super) lines: Vec<String>,
     pub(super) fields: Map<String, Json>,
+    /// Plain mode only: lines for people on stderr (a keyed command's
+    /// replay), keeping stdout the same as the first answer's.
+    pub(super) notes: Vec<String>,
 }
 
 /// Whether a failed command may have taken effect.
@@ -429,6 +483,14 @@ impl Failure {
                 ..failure
             }
             .hint("run the same command with the same idempotency key again to learn its outcome"),
+            Error::KeyConflict { .. } => Failure {
+                exit: EXIT_KEY_CONFLICT,
+                ..failure
+            }
+            .hint(
+                "the key keeps answering the command it first ran (until its TTL): use a new \
+                 idempotency key for new work",
+            ),
             _ => failure,
         }
     }
@@ -442,6 +504,19 @@ impl KvCommand {
         let stdout = std::io::stdout();
         let stderr = std::io::stderr();
         print_report(&mut stdout.lock(), &mut stderr.lock(), common.json, report)
+    }
+
+    /// `--idempotency-key`, on the commands that take it.
+    fn idempotency_key(&self) -> Option<&str> {
+        let keyed = match self {
+            KvCommand::Put(args) => &args.keyed,
+            KvCommand::Del(args) => &args.keyed,
+            KvCommand::Incr(args) => &args.keyed,
+            KvCommand::Append(args) => &args.keyed,
+            KvCommand::Cas(args) => &args.keyed,
+            KvCommand::Get(_) | KvCommand::Sessions(_) => return None,
+        };
+        keyed.idempotency_key.as_deref()
     }
 
     async fn execute(&self, common: &CommonArgs) -> Result<Success, Failure> {
@@ -487,7 +562,7 @@ impl KvCommand {
                 ..ClientConfig::default()
             },
         );
-        let result = call(&client, op).await;
+        let result = call(&client, op, self.idempotency_key()).await;
         // Unregister, so the CLI leaves no session behind (a no-op when no
         // session was registered, as for `get`).
         client.close().await;
@@ -500,76 +575,142 @@ impl KvCommand {
     }
 }
 
-/// Runs `op` through `client`.
-async fn call(client: &Client, op: Op) -> Result<Success, Failure> {
-    match op {
+/// Runs `op` through `client`: with a session (exactly once, the
+/// library's retries), or with `idempotency_key` through
+/// [`Client::execute_with_key`] (no session; a replay is marked).
+async fn call(client: &Client, op: Op, idempotency_key: Option<&str>) -> Result<Success, Failure> {
+    let (key, command) = match op {
+        Op::Get { key } => return get(client, key).await,
         Op::Put { key, value } => {
-            client
-                .put(key.as_bytes(), value.clone())
-                .await
-                .map_err(|error| Failure::from_client(&error, &key))?;
-            Ok(success(
-                vec!["OK".to_owned()],
-                [("key", json!(key)), ("value", value_json(&value))],
-            ))
-        }
-        Op::Get { key } => {
-            let value = client
-                .get(key.as_bytes())
-                .await
-                .map_err(|error| Failure::from_client(&error, &key))?;
-            match value {
-                Some(value) => Ok(success(
-                    value_lines(&value),
-                    [("key", json!(key)), ("value", value_json(&value))],
-                )),
-                None => Err(Failure::new("not_found", "key not found")
-                    .with("key", json!(key))
-                    .with("value", Json::Null)),
-            }
+            let command = Command::Put {
+                key: key.as_bytes().to_vec(),
+                value,
+            };
+            (key, command)
         }
         Op::Del { key } => {
-            let existed = client
-                .delete(key.as_bytes())
-                .await
-                .map_err(|error| Failure::from_client(&error, &key))?;
+            let command = Command::Delete {
+                key: key.as_bytes().to_vec(),
+            };
+            (key, command)
+        }
+        Op::Incr { key, delta } => {
+            let command = Command::Increment {
+                key: key.as_bytes().to_vec(),
+                delta,
+            };
+            (key, command)
+        }
+        Op::Append { key, element } => {
+            let command = Command::Append {
+                key: key.as_bytes().to_vec(),
+                element: element.into_bytes(),
+            };
+            (key, command)
+        }
+        Op::Cas { key, expected, new } => {
+            let command = Command::CompareAndSwap {
+                key: key.as_bytes().to_vec(),
+                expected,
+                new,
+            };
+            (key, command)
+        }
+    };
+    let Some(idempotency_key) = idempotency_key else {
+        let result = client
+            .execute(command.clone())
+            .await
+            .map_err(|error| Failure::from_client(&error, &key))?;
+        return command_success(&key, &command, result);
+    };
+    let reply = client
+        .execute_with_key(idempotency_key.as_bytes(), command.clone())
+        .await
+        .map_err(|error| {
+            Failure::from_client(&error, &key).with("idempotency_key", json!(idempotency_key))
+        })?;
+    let answer = reply_fields(&reply);
+    let mut success = command_success(&key, &command, reply.result)
+        .map_err(|failure| keyed_fields(failure, idempotency_key, &answer))?;
+    success.fields.extend(answer);
+    success
+        .fields
+        .insert("idempotency_key".to_owned(), json!(idempotency_key));
+    if reply.duplicate {
+        success.notes.push(format!(
+            "replay: idempotency key {idempotency_key:?} had already executed this command (log \
+             index {}); this is its original answer, nothing executed now",
+            reply.log_index
+        ));
+    }
+    Ok(success)
+}
+
+/// The JSON fields of a keyed answer: `duplicate` (a replay: nothing
+/// executed now) and the answering entry's `log_index`.
+fn reply_fields(reply: &KeyedReply) -> Map<String, Json> {
+    let mut fields = Map::new();
+    fields.insert("duplicate".to_owned(), json!(reply.duplicate));
+    fields.insert("log_index".to_owned(), json!(reply.log_index));
+    fields
+}
+
+/// A keyed command's application refusal, with the key's fields.
+fn keyed_fields(
+    mut failure: Failure,
+    idempotency_key: &str,
+    fields: &Map<String, Json>,
+) -> Failure {
+    failure.fields.extend(fields.clone());
+    failure.with("idempotency_key", json!(idempotency_key))
+}
+
+/// `get KEY`: a linearizable read.
+async fn get(client: &Client, key: String) -> Result<Success, Failure> {
+    let value = client
+        .get(key.as_bytes())
+        .await
+        .map_err(|error| Failure::from_client(&error, &key))?;
+    match value {
+        Some(value) => Ok(success(
+            value_lines(&value),
+            [("key", json!(key)), ("value", value_json(&value))],
+        )),
+        None => Err(Failure::new("not_found", "key not found")
+            .with("key", json!(key))
+            .with("value", Json::Null)),
+    }
+}
+
+/// What an executed `command` on `key` prints, from its `result`; an
+/// application refusal (an overflow, a wrong type) is a failure.
+fn command_success(
+    key: &str,
+    command: &Command,
+    result: CommandResult,
+) -> Result<Success, Failure> {
+    match (command, result) {
+        (Command::Put { value, .. }, CommandResult::Stored) => Ok(success(
+            vec!["OK".to_owned()],
+            [("key", json!(key)), ("value", value_json(value))],
+        )),
+        (Command::Delete { .. }, CommandResult::Deleted { existed }) => {
             let line = if existed { "deleted" } else { "absent" };
             Ok(success(
                 vec![line.to_owned()],
                 [("key", json!(key)), ("existed", json!(existed))],
             ))
         }
-        Op::Incr { key, delta } => {
-            let result = client
-                .increment_result(key.as_bytes(), delta)
-                .await
-                .map_err(|error| Failure::from_client(&error, &key))?;
-            match result {
-                CommandResult::Incremented { value } => Ok(success(
-                    vec![value.to_string()],
-                    [("key", json!(key)), ("value", json!(value))],
-                )),
-                other => Err(application_failure(&key, other)),
-            }
-        }
-        Op::Append { key, element } => {
-            let result = client
-                .append(key.as_bytes(), element.as_bytes())
-                .await
-                .map_err(|error| Failure::from_client(&error, &key))?;
-            match result {
-                CommandResult::Appended { length } => Ok(success(
-                    vec![length.to_string()],
-                    [("key", json!(key)), ("length", json!(length))],
-                )),
-                other => Err(application_failure(&key, other)),
-            }
-        }
-        Op::Cas { key, expected, new } => {
-            let (swapped, current) = client
-                .compare_and_swap(key.as_bytes(), expected, new)
-                .await
-                .map_err(|error| Failure::from_client(&error, &key))?;
+        (Command::Increment { .. }, CommandResult::Incremented { value }) => Ok(success(
+            vec![value.to_string()],
+            [("key", json!(key)), ("value", json!(value))],
+        )),
+        (Command::Append { .. }, CommandResult::Appended { length }) => Ok(success(
+            vec![length.to_string()],
+            [("key", json!(key)), ("length", json!(length))],
+        )),
+        (Command::CompareAndSwap { .. }, CommandResult::CompareAndSwap { swapped, current }) => {
             let verdict = if swapped { "swapped" } else { "not swapped" };
             Ok(success(
                 vec![format!("{verdict} {}", value_inline(current.as_ref()))],
@@ -580,6 +721,7 @@ async fn call(client: &Client, op: Op) -> Result<Success, Failure> {
                 ],
             ))
         }
+        (_, other) => Err(application_failure(key, other)),
     }
 }
 
@@ -590,6 +732,7 @@ pub(super) fn success<const N: usize>(lines: Vec<String>, fields: [(&str, Json);
             .into_iter()
             .map(|(name, value)| (name.to_owned(), value))
             .collect(),
+        notes: Vec::new(),
     }
 }
 
@@ -618,7 +761,7 @@ fn application_failure(key: &str, result: CommandResult) -> Failure {
     failure.with("key", json!(key))
 }
 
-fn kind_name(kind: ValueKind) -> &'static str {
+pub(super) fn kind_name(kind: ValueKind) -> &'static str {
     match kind {
         ValueKind::Bytes => "bytes",
         ValueKind::Int => "an int",
@@ -704,6 +847,9 @@ pub(super) fn print_report(
                 object.extend(success.fields.clone());
                 writeln!(out, "{}", Json::Object(object))
             } else {
+                for note in &success.notes {
+                    let _ = writeln!(err, "{note}");
+                }
                 success
                     .lines
                     .iter()
@@ -801,7 +947,7 @@ fn parse_scalar(text: &str, int: bool, what: &str) -> Result<Value, Failure> {
 }
 
 /// Bytes as text when valid UTF-8, else `0x` and hex.
-fn bytes_text(bytes: &[u8]) -> String {
+pub(super) fn bytes_text(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
         Err(_) => format!("0x{}", hex(bytes)),
@@ -819,7 +965,7 @@ pub(super) fn value_lines(value: &Value) -> Vec<String> {
 }
 
 /// A value on one line (a `cas` result): list items comma-separated.
-fn value_inline(value: Option<&Value>) -> String {
+pub(super) fn value_inline(value: Option<&Value>) -> String {
     match value {
         None => "(absent)".to_owned(),
         Some(Value::List(items)) => items
@@ -855,7 +1001,7 @@ pub(super) fn value_json(value: &Value) -> Json {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
@@ -1074,6 +1220,77 @@ mod tests {
         assert_eq!(object["seq"], 4);
         assert_eq!(object["fenced"], true);
         assert_eq!(object["key"], "k");
+
+        let conflict = Failure::from_client(&Error::KeyConflict { key: "ik".into() }, "k");
+        assert_eq!(conflict.exit, EXIT_KEY_CONFLICT);
+        let object = failure_json(&conflict);
+        assert_eq!(object["kind"], "key_conflict");
+        assert_eq!(object["outcome"], "none");
+        let lost = Failure::from_client(
+            &Error::KeyOutcomeUnknown {
+                key: "ik".into(),
+                reason: "deadline".into(),
+            },
+            "k",
+        );
+        assert_eq!(lost.exit, EXIT_UNKNOWN);
+        assert_eq!(failure_json(&lost)["outcome"], "unknown");
+    }
+
+    /// `--idempotency-key` parses on the commands that change something,
+    /// and not on `get`.
+    #[test]
+    fn idempotency_key_flag() {
+        for args in [
+            &["put", "k", "v", "--idempotency-key", "ik"][..],
+            &["del", "k", "--idempotency-key", "ik"],
+            &["incr", "k", "--idempotency-key", "ik"],
+            &["incr", "k", "-2", "--idempotency-key", "ik"],
+            &["append", "k", "e", "--idempotency-key", "ik"],
+            &["cas", "k", "v", "--absent", "--idempotency-key", "ik"],
+        ] {
+            let command = parse(args).unwrap_or_else(|error| panic!("{args:?}: {error}"));
+            assert_eq!(command.idempotency_key(), Some("ik"), "{args:?}");
+        }
+        assert_eq!(parse(&["incr", "k"]).unwrap().idempotency_key(), None);
+        let error = parse(&["get", "k", "--idempotency-key", "ik"]).unwrap_err();
+        assert_eq!(error.exit_code(), EXIT_USAGE);
+    }
+
+    /// A keyed command's answer shows whether it was a replay: in JSON as
+    /// `duplicate`, in plain mode as a note on stderr (stdout unchanged).
+    #[test]
+    fn replays_are_marked() {
+        let command = crate::registry::Command::Increment {
+            key: b"c".to_vec(),
+            delta: 1,
+        };
+        let reply = KeyedReply {
+            result: CommandResult::Incremented { value: 5 },
+            duplicate: true,
+            log_index: 9,
+        };
+        let mut replay = command_success("c", &command, reply.result.clone()).unwrap();
+        replay.fields.extend(reply_fields(&reply));
+        replay.notes.push("replay: …".into());
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert_eq!(print_report(&mut out, &mut err, false, Ok(replay)), 0);
+        assert_eq!(String::from_utf8(out).unwrap(), "5\n");
+        assert_eq!(String::from_utf8(err).unwrap(), "replay: …\n");
+        let mut replay = command_success("c", &command, reply.result.clone()).unwrap();
+        replay.fields.extend(reply_fields(&reply));
+        replay.notes.push("replay: …".into());
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        print_report(&mut out, &mut err, true, Ok(replay));
+        let object: Json = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            object,
+            json!({"ok": true, "key": "c", "value": 5, "duplicate": true, "log_index": 9})
+        );
+        assert!(err.is_empty(), "no note with --json");
+        // An application refusal is still a failure, whatever the key.
+        let refused = command_success("c", &command, CommandResult::Overflow { current: 1 });
+        assert_eq!(refused.unwrap_err().kind, "overflow");
     }
 
     /// A success prints plain lines or one JSON object; a failure goes to

@@ -15,6 +15,7 @@ pub mod bench;
 pub mod certs;
 pub mod failover;
 pub mod health;
+pub mod keys;
 pub mod kv;
 pub mod local_cluster;
 pub mod reach;

@@ -740,6 +740,16 @@ pub struct KeyedConfigPatch {
 }
 
 impl KeyedConfigPatch {
+    /// A patch that sets every field to `config`'s.
+    pub fn replacing_with(config: &KeyedConfig) -> KeyedConfigPatch {
+        KeyedConfigPatch {
+            idempotency_key_ttl_ms: Some(config.idempotency_key_ttl_ms),
+            idempotency_keys_max: Some(config.idempotency_keys_max),
+            idempotency_key_bytes_max: Some(config.idempotency_key_bytes_max),
+            idempotency_cached_bytes_max: Some(config.idempotency_cached_bytes_max),
+        }
+    }
+
     /// Whether the patch sets no field.
     pub fn is_empty(&self) -> bool {
         *self == KeyedConfigPatch::default()
