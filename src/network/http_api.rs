@@ -173,6 +173,13 @@ pub fn client_error(error: ClientError) -> HttpError {
             .with("limit", Json::from(limit.to_string()))
             .with("limit_max", Json::from(max))
             .with("limit_requested", Json::from(requested)),
+        ClientError::KeyConflict { .. } => {
+            HttpError::new(StatusCode::UNPROCESSABLE_ENTITY, "KEY_CONFLICT", message)
+        }
+        ClientError::KeyOutcomeUnknown { .. } => {
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+                .with("outcome_unknown", Json::Bool(true))
+        }
     }
 }
 
