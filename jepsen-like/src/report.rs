@@ -94,6 +94,10 @@ pub struct KeyedFigures {
     pub info: u64,
     /// Calls answered as duplicates by the registry.
     pub duplicates: u64,
+    /// First calls of a key answered as duplicates: the library's own
+    /// retry inside the call (same key, after a lost reply or a leader
+    /// change) found the key executed.
+    pub first_calls_answered_duplicate: u64,
     /// Calls sent again after an unknown outcome (or not sent), and how
     /// many of those were answered as duplicates (the earlier call had
     /// executed).
@@ -295,7 +299,11 @@ pub fn keyed_figures(operations: &[history::Operation]) -> KeyedFigures {
             figures.duplicates += 1;
         }
         match intent {
-            KeyedIntent::First => {}
+            KeyedIntent::First => {
+                if duplicate {
+                    figures.first_calls_answered_duplicate += 1;
+                }
+            }
             KeyedIntent::Retry => {
                 figures.retries += 1;
                 if duplicate {
@@ -430,7 +438,7 @@ pub fn summary(
     let k = &f.keyed;
     let _ = writeln!(
         out,
-        "keyed: {} keys ({} acknowledged), {} attempted, {} ok, {} fail, {} info; {} duplicates ({} of {} retries after an unknown outcome, {} deliberate repeats); {} conflicts sent, {} refused KEY_CONFLICT; keyed violations {}",
+        "keyed: {} keys ({} acknowledged), {} attempted, {} ok, {} fail, {} info; {} duplicates ({} first calls retried inside the call, {} of {} calls sent again after an unknown outcome, {} deliberate repeats); {} conflicts sent, {} refused KEY_CONFLICT; keyed violations {}",
         k.keys,
         k.keys_acknowledged,
         k.attempted,
@@ -438,6 +446,7 @@ pub fn summary(
         k.fail,
         k.info,
         k.duplicates,
+        k.first_calls_answered_duplicate,
         k.retries_answered_duplicate,
         k.retries,
         k.repeats,
