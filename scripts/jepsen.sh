@@ -68,18 +68,19 @@ run() {
         1) verdict=INVALID ;;
         *) verdict=unknown ;;
     esac
-    local ops reads dups kills faults
+    local ops reads dups kills faults keyed
     ops=$(grep -m1 '^operations (writes):' "$out.txt" | sed 's/^operations (writes): //' || true)
     reads=$(grep -m1 '^reads:' "$out.txt" | sed 's/^reads: //' || true)
     dups=$(grep -m1 '^leader changes seen:' "$out.txt" | sed 's/^leader changes seen: //' || true)
     kills=$(grep -m1 '^leader kill' "$out.txt" | sed 's/^leader kill -> first acknowledgement: //' || true)
     faults=$(grep -m1 '^faults:' "$out.txt" || true)
+    keyed=$(grep -m1 '^keyed:' "$out.txt" | sed -E 's/^keyed: ([0-9]+) keys .*; ([0-9]+) duplicates .*; ([0-9]+) conflicts sent, ([0-9]+) refused KEY_CONFLICT; keyed violations ([0-9]+)$/keyed \1 keys, \2 dups, \4 conflicts refused, \5 violations/' || true)
     local status=as-required
     if [ "$code" != "$expected" ]; then
         status=NOT-AS-REQUIRED
         failures=$((failures + 1))
     fi
-    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$kills" "$dups" "$faults")")
+    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$keyed" "$kills" "$dups" "$faults")")
 }
 
 print_summary() {
@@ -134,6 +135,13 @@ case ${1:-} in
         read_violations=$(grep -m1 -o 'read violations [0-9]*' target/jepsen/broken-stale-reads.txt | grep -o '[0-9]*$' || echo 0)
         if [ "${read_violations:-0}" -eq 0 ]; then
             summary+=("broken-stale-reads                 NOT-AS-REQUIRED: no read violation reported")
+            failures=$((failures + 1))
+        fi
+        # The server that skips dedup skips it for idempotency keys too:
+        # the keyed checks must find duplicates of their own.
+        keyed_duplicated=$(grep -m1 -o 'keyed duplicated [0-9]*' target/jepsen/broken-skip-dedup.txt | grep -o '[0-9]*$' || echo 0)
+        if [ "${keyed_duplicated:-0}" -eq 0 ]; then
+            summary+=("broken-skip-dedup                  NOT-AS-REQUIRED: no keyed duplicate reported")
             failures=$((failures + 1))
         fi
         print_summary

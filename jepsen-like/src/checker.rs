@@ -43,10 +43,34 @@
 //!   at least as much (a list as long, a counter of positive deltas as
 //!   large).
 //!
+//! Keyed calls (idempotency keys, no session; grouped by idempotency key,
+//! each key carrying one command however often it was sent, plus perhaps a
+//! conflicting command of its own):
+//! - *keyed duplicated*: a keyed append's value appears more than once in a
+//!   list on any replica, or the answers prove two executions of one key
+//!   (two answers that are not duplicates, or one that is not a duplicate
+//!   sent after a duplicate answer had come back);
+//! - *keyed lost*: an acknowledged key's value is missing from some replica;
+//! - *keyed phantom*: a value in a keyed list that no key carried, or whose
+//!   every call definitely failed;
+//! - *keyed reply mismatches*: two answers for one key differ (a duplicate
+//!   must carry the original result), an append's length does not match its
+//!   value's position in the list, or a key was refused as a conflict with
+//!   its own command;
+//! - *keyed conflicts applied*: a command sent with an already acknowledged
+//!   key was answered with a result instead of `KEY_CONFLICT`, or its value
+//!   appears in a list;
+//! - *keyed counter violations*: the keyed counters, checked like the
+//!   session workload's with each acknowledged key counted once (its
+//!   earliest invoke, its first answer) and each unresolved one as unknown.
+//!
 //! Replicas: after healing, every replica has the same applied index, state
 //! hash and values (*divergence* otherwise).
 
-use crate::history::{self, Event, EventType, Expect, Op, Operation, Process, Reply};
+use crate::history::{
+    self, Event, EventType, Expect, KeyedCommand, KeyedIntent, Op, Operation, Process, Reply,
+};
+use crate::workload::KEY_CONFLICT;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -95,6 +119,19 @@ pub struct Safety {
     pub divergence: u64,
     /// The history itself is malformed (an unpaired completion).
     pub malformed: u64,
+    /// The keyed workload's findings (see the module doc).
+    #[serde(default)]
+    pub keyed_duplicated: u64,
+    #[serde(default)]
+    pub keyed_lost: u64,
+    #[serde(default)]
+    pub keyed_phantom: u64,
+    #[serde(default)]
+    pub keyed_reply_mismatches: u64,
+    #[serde(default)]
+    pub keyed_conflicts_applied: u64,
+    #[serde(default)]
+    pub keyed_counter_violations: u64,
 }
 
 impl Safety {
@@ -109,6 +146,17 @@ impl Safety {
             + self.read_violations
             + self.divergence
             + self.malformed
+            + self.keyed()
+    }
+
+    /// The keyed workload's violations.
+    pub fn keyed(&self) -> u64 {
+        self.keyed_duplicated
+            + self.keyed_lost
+            + self.keyed_phantom
+            + self.keyed_reply_mismatches
+            + self.keyed_conflicts_applied
+            + self.keyed_counter_violations
     }
 }
 
@@ -156,6 +204,7 @@ pub fn check(events: &[Event], finals: &[NodeFinal]) -> Findings {
     let lists = list_writes(&operations);
     check_lists(&lists, &reads, &mut findings);
     check_counters(&operations, &reads, &mut findings);
+    check_keyed(&operations, &reads, &mut findings);
     check_reads(
         &operations,
         &lists,
@@ -445,6 +494,360 @@ fn check_list(
             "node {node}: {b} precedes {a} in {key:?}, but the same client finished {a} before \
              it began {b}"
         ));
+    }
+}
+
+/// Every call of one idempotency key.
+#[derive(Default)]
+struct KeyedGroup<'a> {
+    /// The key's own command and data key (of its first call that is not a
+    /// conflict).
+    target: Option<(&'a str, &'a KeyedCommand)>,
+    /// The calls with that command.
+    calls: Vec<&'a Operation>,
+    /// The calls with another command, sent on purpose.
+    conflicts: Vec<&'a Operation>,
+}
+
+impl KeyedGroup<'_> {
+    fn oks(&self) -> impl Iterator<Item = (&Operation, &Event)> {
+        self.calls.iter().filter_map(|call| {
+            let done = call.completion.as_ref()?;
+            (done.kind == EventType::Ok).then_some((*call, done))
+        })
+    }
+
+    fn acknowledged(&self) -> bool {
+        self.oks().next().is_some()
+    }
+
+    /// Some call's outcome is unknown.
+    fn unknown(&self) -> bool {
+        self.calls
+            .iter()
+            .any(|call| matches!(call.outcome(), EventType::Info | EventType::Invoke))
+    }
+
+    /// The earliest invoke of its calls.
+    fn invoke_ns(&self) -> u64 {
+        self.calls
+            .iter()
+            .map(|call| call.invoke_ns)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+/// What is known of one value appended by keyed calls.
+struct KeyedValue<'a> {
+    idempotency_key: &'a str,
+    /// Carried by a conflicting command: must never appear.
+    conflict: bool,
+    acknowledged: bool,
+    unknown: bool,
+    /// Lengths the acknowledged answers reported.
+    lengths: Vec<u64>,
+}
+
+fn keyed_groups<'a>(
+    operations: &'a [Operation],
+    findings: &mut Findings,
+) -> BTreeMap<&'a str, KeyedGroup<'a>> {
+    let mut groups: BTreeMap<&str, KeyedGroup> = BTreeMap::new();
+    for operation in operations {
+        let Op::Keyed {
+            idempotency_key,
+            key,
+            command,
+            intent,
+        } = &operation.op
+        else {
+            continue;
+        };
+        let group = groups.entry(idempotency_key).or_default();
+        if *intent == KeyedIntent::Conflict {
+            group.conflicts.push(operation);
+            continue;
+        }
+        match group.target {
+            None => group.target = Some((key, command)),
+            Some(target) if target != (key.as_str(), command) => {
+                findings.safety.malformed += 1;
+                findings.problem(format!(
+                    "malformed history: idempotency key {idempotency_key} sent with {command:?} \
+                     on {key:?} and with {target:?}"
+                ));
+                continue;
+            }
+            Some(_) => {}
+        }
+        group.calls.push(operation);
+    }
+    groups
+}
+
+fn check_keyed(
+    operations: &[Operation],
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
+    let groups = keyed_groups(operations, findings);
+    let mut lists: BTreeMap<&str, BTreeMap<&str, KeyedValue>> = BTreeMap::new();
+    // (counter key, the key's operation as one, delta, returned value)
+    let mut counted: Vec<(&str, Operation, i64, Option<i64>)> = Vec::new();
+    let mut unknown_deltas: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (idempotency_key, group) in &groups {
+        check_keyed_answers(idempotency_key, group, findings);
+        for conflict in &group.conflicts {
+            if let Op::Keyed {
+                key,
+                command: KeyedCommand::Append { value },
+                ..
+            } = &conflict.op
+            {
+                lists.entry(key).or_default().insert(
+                    value,
+                    KeyedValue {
+                        idempotency_key,
+                        conflict: true,
+                        acknowledged: false,
+                        unknown: false,
+                        lengths: Vec::new(),
+                    },
+                );
+            }
+        }
+        let Some((key, command)) = group.target else {
+            continue;
+        };
+        match command {
+            KeyedCommand::Append { value } => {
+                let lengths = group
+                    .oks()
+                    .filter_map(|(_, done)| match &done.reply {
+                        Some(Reply::Appended { length }) => Some(*length),
+                        _ => None,
+                    })
+                    .collect();
+                lists.entry(key).or_default().insert(
+                    value,
+                    KeyedValue {
+                        idempotency_key,
+                        conflict: false,
+                        acknowledged: group.acknowledged(),
+                        unknown: group.unknown(),
+                        lengths,
+                    },
+                );
+            }
+            KeyedCommand::Increment { delta } => {
+                let first_ok = group.oks().min_by_key(|(_, done)| done.time_ns);
+                match first_ok {
+                    Some((call, done)) => {
+                        let returned = match &done.reply {
+                            Some(Reply::Incremented { value }) => Some(*value),
+                            _ => None,
+                        };
+                        let mut whole = call.clone();
+                        whole.invoke_ns = group.invoke_ns();
+                        counted.push((key, whole, *delta, returned));
+                    }
+                    None if group.unknown() => {
+                        unknown_deltas.entry(key).or_default().push(*delta);
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+    for (key, values) in &lists {
+        for (node, final_values) in reads {
+            let list: &[String] = match final_values.get(*key) {
+                Some(FinalValue::List(list)) => list,
+                None | Some(FinalValue::Absent) => &[],
+                Some(other) => {
+                    findings.safety.keyed_phantom += 1;
+                    findings.problem(format!(
+                        "node {node}: keyed list {key:?} holds {other:?}, not a list"
+                    ));
+                    continue;
+                }
+            };
+            check_keyed_list(*node, key, list, values, findings);
+        }
+    }
+    // The keyed counters, through the session workload's counter checks.
+    let mut counters: BTreeMap<&str, Counter> = BTreeMap::new();
+    for (key, operation, delta, returned) in &counted {
+        counters
+            .entry(key)
+            .or_default()
+            .acked
+            .push((operation, *delta, *returned));
+    }
+    for (key, deltas) in &unknown_deltas {
+        counters.entry(key).or_default().unknown.extend(deltas);
+    }
+    let mut scratch = Findings::default();
+    for (key, counter) in &counters {
+        check_returned_values(key, counter, &mut scratch);
+        for (node, values) in reads {
+            let final_value = match values.get(*key) {
+                Some(FinalValue::Int(value)) => *value,
+                None | Some(FinalValue::Absent) => 0,
+                Some(other) => {
+                    scratch.safety.counter_violations += 1;
+                    scratch.problem(format!("node {node}: counter {key:?} holds {other:?}"));
+                    continue;
+                }
+            };
+            check_final_counter(*node, key, counter, final_value, &mut scratch);
+        }
+    }
+    findings.safety.keyed_counter_violations +=
+        scratch.safety.counter_violations + scratch.safety.order_violations;
+    for problem in scratch.problems {
+        findings.problem(format!("keyed {problem}"));
+    }
+}
+
+/// The answers of one key: equal results, at most one execution, no
+/// conflict with its own command, no result for another command.
+fn check_keyed_answers(idempotency_key: &str, group: &KeyedGroup, findings: &mut Findings) {
+    let mut first: Option<&Reply> = None;
+    for (_, done) in group.oks() {
+        match (&done.reply, first) {
+            (Some(reply), None) => first = Some(reply),
+            (Some(reply), Some(earlier)) if reply != earlier => {
+                findings.safety.keyed_reply_mismatches += 1;
+                findings.problem(format!(
+                    "idempotency key {idempotency_key}: answered {reply:?} and {earlier:?}"
+                ));
+            }
+            _ => {}
+        }
+    }
+    // A fresh answer is an execution; a duplicate answer proves one at or
+    // before it.
+    let fresh: Vec<&Operation> = group
+        .oks()
+        .filter(|(_, done)| !done.duplicate)
+        .map(|(call, _)| call)
+        .collect();
+    let first_duplicate_ns = group
+        .oks()
+        .filter(|(_, done)| done.duplicate)
+        .map(|(_, done)| done.time_ns)
+        .min();
+    let fresh_after_duplicate = fresh
+        .iter()
+        .any(|call| first_duplicate_ns.is_some_and(|at| at < call.invoke_ns));
+    if fresh.len() > 1 || fresh_after_duplicate {
+        findings.safety.keyed_duplicated += 1;
+        findings.problem(format!(
+            "idempotency key {idempotency_key} executed more than once: {} answers not marked \
+             duplicate{}",
+            fresh.len(),
+            if fresh_after_duplicate {
+                ", one sent after a duplicate answer"
+            } else {
+                ""
+            }
+        ));
+    }
+    for call in &group.calls {
+        if call
+            .completion
+            .as_ref()
+            .is_some_and(|done| done.error.as_deref() == Some(KEY_CONFLICT))
+        {
+            findings.safety.keyed_reply_mismatches += 1;
+            findings.problem(format!(
+                "idempotency key {idempotency_key} was refused as a conflict with its own command \
+                 ({:?} op {})",
+                call.process, call.op_id
+            ));
+        }
+    }
+    for conflict in &group.conflicts {
+        if conflict.outcome() == EventType::Ok {
+            findings.safety.keyed_conflicts_applied += 1;
+            findings.problem(format!(
+                "idempotency key {idempotency_key} reused with another command was answered {:?} \
+                 instead of KEY_CONFLICT",
+                conflict
+                    .completion
+                    .as_ref()
+                    .and_then(|done| done.reply.as_ref())
+            ));
+        }
+    }
+}
+
+fn check_keyed_list(
+    node: u64,
+    key: &str,
+    list: &[String],
+    values: &BTreeMap<&str, KeyedValue>,
+    findings: &mut Findings,
+) {
+    // Each value's first position and its number of copies.
+    let mut seen: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for (position, value) in list.iter().enumerate() {
+        seen.entry(value.as_str()).or_insert((position, 0)).1 += 1;
+    }
+    for (value, (position, copies)) in &seen {
+        let Some(record) = values.get(value) else {
+            findings.safety.keyed_phantom += 1;
+            findings.problem(format!(
+                "node {node}: {value} in keyed list {key:?} was never sent"
+            ));
+            continue;
+        };
+        if record.conflict {
+            findings.safety.keyed_conflicts_applied += 1;
+            findings.problem(format!(
+                "node {node}: {value} in {key:?}: idempotency key {} reused with another \
+                 command executed it",
+                record.idempotency_key
+            ));
+            continue;
+        }
+        if *copies > 1 {
+            findings.safety.keyed_duplicated += 1;
+            findings.problem(format!(
+                "node {node}: {value} (idempotency key {}) appears {copies} times in {key:?}",
+                record.idempotency_key
+            ));
+        }
+        if !record.acknowledged && !record.unknown {
+            findings.safety.keyed_phantom += 1;
+            findings.problem(format!(
+                "node {node}: {value} in {key:?} although every call of idempotency key {} \
+                 failed",
+                record.idempotency_key
+            ));
+        }
+        for length in &record.lengths {
+            if *length != *position as u64 + 1 {
+                findings.safety.keyed_reply_mismatches += 1;
+                findings.problem(format!(
+                    "node {node}: idempotency key {} was answered with length {length} but {value} \
+                     sits at position {} of {key:?}",
+                    record.idempotency_key,
+                    position + 1
+                ));
+            }
+        }
+    }
+    for (value, record) in values {
+        if record.acknowledged && !seen.contains_key(value) {
+            findings.safety.keyed_lost += 1;
+            findings.problem(format!(
+                "node {node}: acknowledged {value} (idempotency key {}) missing from {key:?}",
+                record.idempotency_key
+            ));
+        }
     }
 }
 
@@ -1174,12 +1577,13 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
     }
     changes.sort_unstable();
     result.leader_kills = kills.len() as u64;
-    // Writes only: a read changes nothing a retry could duplicate.
+    // The session workload's writes only: a read changes nothing a retry
+    // could duplicate, and keyed calls have figures of their own.
     let acked: Vec<&Operation> = operations
         .iter()
         .filter(|o| {
             matches!(o.process, Process::Client(_))
-                && !matches!(o.op, Op::Read { .. })
+                && !matches!(o.op, Op::Read { .. } | Op::Keyed { .. })
                 && o.outcome() == EventType::Ok
         })
         .collect();
@@ -1219,6 +1623,14 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
             "{} leader kills were not followed by an acknowledged operation",
             result.kills_without_ack
         ));
+    }
+    // The keyed workload (when it ran) must have had keys acknowledged.
+    let keyed: Vec<&Operation> = operations
+        .iter()
+        .filter(|o| matches!(o.op, Op::Keyed { .. }))
+        .collect();
+    if !keyed.is_empty() && !keyed.iter().any(|o| o.outcome() == EventType::Ok) {
+        result.missing.push("no keyed call was acknowledged".into());
     }
     if result.duplicates_after_leader_change == 0 {
         result
@@ -2017,6 +2429,342 @@ mod tests {
         assert_eq!(
             sums.into_iter().collect::<Vec<_>>(),
             [0, 1, 4, 5, 7, 8, 11, 12]
+        );
+    }
+
+    /// How a keyed call of a test history completed.
+    enum KDone {
+        Ok(Reply, bool),
+        Conflict,
+        Unknown,
+    }
+
+    impl H {
+        /// A keyed call by client 5: `intent` of `idem` carrying `command`
+        /// on `key`, invoked at `t0`, completed as `done` at `t1`.
+        #[allow(clippy::too_many_arguments)]
+        fn keyed(
+            &mut self,
+            op_id: u64,
+            idem: &str,
+            key: &str,
+            command: KeyedCommand,
+            intent: KeyedIntent,
+            t0: u64,
+            t1: u64,
+            done: KDone,
+        ) -> &mut Self {
+            let invoke = Event::invoke(
+                t0,
+                Process::Client(5),
+                op_id,
+                Op::Keyed {
+                    idempotency_key: idem.into(),
+                    key: key.into(),
+                    command,
+                    intent,
+                },
+            );
+            let mut completion = Event::complete(&invoke, EventType::Info, t1);
+            completion.attempts = 1;
+            match done {
+                KDone::Ok(reply, duplicate) => {
+                    completion.kind = EventType::Ok;
+                    completion.reply = Some(reply);
+                    completion.duplicate = duplicate;
+                }
+                KDone::Conflict => {
+                    completion.kind = EventType::Fail;
+                    completion.error = Some(KEY_CONFLICT.into());
+                }
+                KDone::Unknown => completion.error = Some("outcome unknown".into()),
+            }
+            self.events.push(invoke);
+            self.events.push(completion);
+            self
+        }
+
+        /// Edits the completion of client 5's `op_id`.
+        fn edit(&mut self, op_id: u64, edit: impl FnOnce(&mut Event)) {
+            let done = self
+                .events
+                .iter_mut()
+                .find(|e| {
+                    e.process == Process::Client(5)
+                        && e.op_id == op_id
+                        && e.kind != EventType::Invoke
+                })
+                .expect("completed");
+            edit(done);
+        }
+    }
+
+    fn kappend(value: &str) -> KeyedCommand {
+        KeyedCommand::Append {
+            value: value.into(),
+        }
+    }
+
+    fn kincr(delta: i64) -> KeyedCommand {
+        KeyedCommand::Increment { delta }
+    }
+
+    /// A valid keyed history: an acknowledged key repeated on purpose and
+    /// reused with another command (refused), keys whose first call was
+    /// unknown and whose retry was answered as a duplicate, keys never
+    /// resolved and not applied, on the list "kl" and the counter "kc".
+    fn keyed_valid() -> H {
+        use KeyedIntent::*;
+        let mut h = H::default();
+        h.keyed(
+            1,
+            "i1",
+            "kl",
+            kappend("v1"),
+            First,
+            0,
+            10,
+            KDone::Ok(Reply::Appended { length: 1 }, false),
+        )
+        .keyed(
+            2,
+            "i1",
+            "kl",
+            kappend("v1"),
+            Repeat,
+            12,
+            14,
+            KDone::Ok(Reply::Appended { length: 1 }, true),
+        )
+        .keyed(
+            3,
+            "i1",
+            "kl",
+            kappend("v1-conflict"),
+            Conflict,
+            15,
+            16,
+            KDone::Conflict,
+        )
+        .keyed(4, "i2", "kl", kappend("v2"), First, 20, 30, KDone::Unknown)
+        .keyed(
+            5,
+            "i2",
+            "kl",
+            kappend("v2"),
+            Retry,
+            31,
+            35,
+            KDone::Ok(Reply::Appended { length: 2 }, true),
+        )
+        .keyed(6, "i3", "kl", kappend("v3"), First, 40, 50, KDone::Unknown)
+        .keyed(7, "i3", "kl", kappend("v3"), Retry, 51, 55, KDone::Unknown)
+        .keyed(8, "i4", "kc", kincr(7), First, 60, 70, KDone::Unknown)
+        .keyed(
+            9,
+            "i4",
+            "kc",
+            kincr(7),
+            Retry,
+            71,
+            75,
+            KDone::Ok(Reply::Incremented { value: 7 }, true),
+        )
+        .keyed(
+            10,
+            "i5",
+            "kc",
+            kincr(3),
+            First,
+            80,
+            90,
+            KDone::Ok(Reply::Incremented { value: 10 }, false),
+        )
+        .keyed(
+            11,
+            "i5",
+            "kc",
+            kincr(3),
+            Repeat,
+            91,
+            92,
+            KDone::Ok(Reply::Incremented { value: 10 }, true),
+        )
+        .keyed(12, "i6", "kc", kincr(5), First, 93, 94, KDone::Unknown);
+        h
+    }
+
+    /// Three identical replicas holding `list` at "kl" and `counter` at "kc".
+    fn keyed_replicas(list: &[&str], counter: i64) -> Vec<NodeFinal> {
+        (1..=3)
+            .map(|node| NodeFinal {
+                node,
+                applied_index: 100,
+                state_hash: "abc".into(),
+                values: Some(BTreeMap::from([
+                    (
+                        "kl".to_string(),
+                        FinalValue::List(list.iter().map(|v| v.to_string()).collect()),
+                    ),
+                    ("kc".to_string(), FinalValue::Int(counter)),
+                ])),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_valid_keyed_history_passes() {
+        let findings = check(&keyed_valid().events, &keyed_replicas(&["v1", "v2"], 10));
+        assert!(findings.valid(), "{findings:#?}");
+        // The unknown increment may also have executed.
+        let findings = check(&keyed_valid().events, &keyed_replicas(&["v1", "v2"], 15));
+        assert!(findings.valid(), "{findings:#?}");
+        // So may the unresolved append (at most once).
+        let findings = check(
+            &keyed_valid().events,
+            &keyed_replicas(&["v1", "v2", "v3"], 10),
+        );
+        assert!(findings.valid(), "{findings:#?}");
+    }
+
+    /// A server that executes a repeat again: the element twice on every
+    /// replica, and the repeat answered as new with another length.
+    #[test]
+    fn a_keyed_append_executed_twice_is_caught() {
+        let finals = keyed_replicas(&["v1", "v1", "v2"], 10);
+        let findings = check(&keyed_valid().events, &finals);
+        assert_eq!(findings.safety.keyed_duplicated, 3, "{findings:#?}");
+        let mut h = keyed_valid();
+        h.edit(2, |done| {
+            done.duplicate = false;
+            done.reply = Some(Reply::Appended { length: 2 });
+        });
+        let findings = check(&h.events, &keyed_replicas(&["v1", "v1", "v2"], 10));
+        // The answers: two executions, two results; the list: a copy too
+        // many, and a length that matches no position.
+        assert_eq!(findings.safety.keyed_duplicated, 4, "{findings:#?}");
+        assert!(findings.safety.keyed_reply_mismatches >= 2, "{findings:#?}");
+    }
+
+    /// An answer not marked duplicate after a duplicate answer came back
+    /// is a second execution, even with equal results.
+    #[test]
+    fn a_fresh_keyed_answer_after_a_duplicate_one_is_caught() {
+        let mut h = keyed_valid();
+        h.keyed(
+            13,
+            "i2",
+            "kl",
+            kappend("v2"),
+            KeyedIntent::Repeat,
+            40,
+            41,
+            KDone::Ok(Reply::Appended { length: 2 }, false),
+        );
+        let findings = check(&h.events, &keyed_replicas(&["v1", "v2"], 10));
+        assert_eq!(findings.safety.keyed_duplicated, 1, "{findings:#?}");
+        assert_eq!(findings.safety.total(), 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn an_acknowledged_keyed_append_missing_is_lost() {
+        let findings = check(&keyed_valid().events, &keyed_replicas(&["v1"], 10));
+        assert_eq!(findings.safety.keyed_lost, 3, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_keyed_duplicate_answer_unlike_the_original_is_caught() {
+        let mut h = keyed_valid();
+        h.edit(11, |done| {
+            done.reply = Some(Reply::Incremented { value: 13 })
+        });
+        let findings = check(&h.events, &keyed_replicas(&["v1", "v2"], 10));
+        assert_eq!(findings.safety.keyed_reply_mismatches, 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn a_keyed_conflicting_command_executed_is_caught() {
+        // Answered with a result instead of KEY_CONFLICT.
+        let mut h = keyed_valid();
+        h.edit(3, |done| {
+            done.kind = EventType::Ok;
+            done.error = None;
+            done.reply = Some(Reply::Appended { length: 3 });
+        });
+        let findings = check(&h.events, &keyed_replicas(&["v1", "v2"], 10));
+        assert_eq!(findings.safety.keyed_conflicts_applied, 1, "{findings:#?}");
+        // Its value in the list (refused or not).
+        let findings = check(
+            &keyed_valid().events,
+            &keyed_replicas(&["v1", "v2", "v1-conflict"], 10),
+        );
+        assert_eq!(findings.safety.keyed_conflicts_applied, 3, "{findings:#?}");
+        // A key refused as a conflict with its own command.
+        let mut h = keyed_valid();
+        h.keyed(
+            13,
+            "i5",
+            "kc",
+            kincr(3),
+            KeyedIntent::Repeat,
+            95,
+            96,
+            KDone::Conflict,
+        );
+        let findings = check(&h.events, &keyed_replicas(&["v1", "v2"], 10));
+        assert_eq!(findings.safety.keyed_reply_mismatches, 1, "{findings:#?}");
+    }
+
+    #[test]
+    fn keyed_phantoms_are_caught() {
+        let findings = check(
+            &keyed_valid().events,
+            &keyed_replicas(&["v1", "v2", "v9"], 10),
+        );
+        assert_eq!(findings.safety.keyed_phantom, 3, "{findings:#?}");
+    }
+
+    /// An increment applied twice: the counter beyond every sum the
+    /// answers allow.
+    #[test]
+    fn a_keyed_increment_executed_twice_is_caught() {
+        // 7 + 3 acknowledged, 5 unknown: 10 or 15, never 17 (3 twice + 7 + ...).
+        let findings = check(&keyed_valid().events, &keyed_replicas(&["v1", "v2"], 13));
+        assert_eq!(findings.safety.keyed_counter_violations, 3, "{findings:#?}");
+        // A repeat answered as new with a new value.
+        let mut h = keyed_valid();
+        h.edit(11, |done| {
+            done.duplicate = false;
+            done.reply = Some(Reply::Incremented { value: 13 });
+        });
+        let findings = check(&h.events, &keyed_replicas(&["v1", "v2"], 13));
+        assert_eq!(findings.safety.keyed_duplicated, 1, "{findings:#?}");
+        assert_eq!(findings.safety.keyed_reply_mismatches, 1, "{findings:#?}");
+    }
+
+    /// The keyed workload (when present) must have had keys acknowledged.
+    #[test]
+    fn keyed_calls_none_acknowledged_are_not_exercised() {
+        let mut h = H::default();
+        h.keyed(
+            1,
+            "i1",
+            "kl",
+            kappend("v1"),
+            KeyedIntent::First,
+            0,
+            10,
+            KDone::Unknown,
+        );
+        let exercise = exercise(&h.events, 0);
+        assert!(
+            exercise.missing.iter().any(|m| m.contains("keyed")),
+            "{exercise:#?}"
+        );
+        let exercise = super::exercise(&keyed_valid().events, 0);
+        assert!(
+            !exercise.missing.iter().any(|m| m.contains("keyed")),
+            "{exercise:#?}"
         );
     }
 }

@@ -47,6 +47,16 @@ pub enum Op {
         value: String,
         expect: Expect,
     },
+    /// A call of the keyed workload (`Client::execute_with_key`, no
+    /// session): `command` on the data key `key` under the idempotency key
+    /// `idempotency_key`, sent with `intent`. Every call of one idempotency
+    /// key is its own operation; the checker groups them by that key.
+    Keyed {
+        idempotency_key: String,
+        key: String,
+        command: KeyedCommand,
+        intent: KeyedIntent,
+    },
     /// A linearizable read of `key` (a list or a counter) through the
     /// client library's `get`. It changes nothing, so it completes as `ok`
     /// (with its value as the reply) or `fail`, never `info`.
@@ -71,6 +81,34 @@ pub enum Expect {
     Conflict,
     /// A request of a session idle past the TTL: `SESSION_EXPIRED`, nothing applied.
     Expired,
+}
+
+/// The command of a keyed call.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyedCommand {
+    /// Append `value` (unique to one idempotency key and intent) to the list.
+    Append { value: String },
+    /// Add `delta` (positive) to the counter.
+    Increment { delta: i64 },
+}
+
+/// Why a keyed call was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyedIntent {
+    /// The first call of an idempotency key.
+    First,
+    /// The same key and command again, after a call whose outcome was
+    /// unknown or that could not be sent: executes at most once in all.
+    Retry,
+    /// The same key and command again after it was acknowledged, on
+    /// purpose: must be answered as a duplicate with the original result.
+    Repeat,
+    /// The key of an acknowledged call reused with another command (an
+    /// append of a value of its own): must be refused as `KEY_CONFLICT` and
+    /// its value must never appear. Retried like the others while unknown.
+    Conflict,
 }
 
 /// A reply the cluster gave.

@@ -33,6 +33,11 @@ struct Args {
     /// Clients reading the hot lists and the counters (linearizable `get`).
     #[arg(long, default_value_t = 2)]
     readers: u64,
+    /// Producers of keyed calls: `execute_with_key` with no session, each
+    /// idempotency key retried until its outcome is known, some repeated
+    /// on purpose and some reused with another command (0: none).
+    #[arg(long, default_value_t = 2)]
+    keyed_producers: u64,
     /// The oncekv binary to run (a release build, with the
     /// `fault-injection` feature for lost replies).
     #[arg(long, default_value = "target/release/oncekv")]
@@ -84,6 +89,7 @@ fn main() {
         appenders: args.appenders,
         incrementers: args.incrementers,
         readers: args.readers,
+        keyed_producers: args.keyed_producers,
         server_bin: args.server_bin,
         out_dir: args
             .out

@@ -11,7 +11,8 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Verdict};
-use crate::history::{self, Event, EventType, Expect, Op, Process};
+use crate::history::{self, Event, EventType, Expect, KeyedIntent, Op, Process};
+use crate::workload::KEY_CONFLICT;
 
 /// A fault as it happened.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -75,6 +76,39 @@ pub struct Figures {
     pub reads_ok_of_lists: u64,
     pub reads_ok_of_counters: u64,
     pub reads_failed: u64,
+    /// The keyed workload (not among the operations above).
+    pub keyed: KeyedFigures,
+}
+
+/// The keyed workload's calls (`execute_with_key`, no session).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KeyedFigures {
+    /// Idempotency keys used.
+    pub keys: u64,
+    /// Of them, acknowledged.
+    pub keys_acknowledged: u64,
+    /// Calls, of every intent.
+    pub attempted: u64,
+    pub ok: u64,
+    pub fail: u64,
+    pub info: u64,
+    /// Calls answered as duplicates by the registry.
+    pub duplicates: u64,
+    /// First calls of a key answered as duplicates: the library's own
+    /// retry inside the call (same key, after a lost reply or a leader
+    /// change) found the key executed.
+    pub first_calls_answered_duplicate: u64,
+    /// Calls sent again after an unknown outcome (or not sent), and how
+    /// many of those were answered as duplicates (the earlier call had
+    /// executed).
+    pub retries: u64,
+    pub retries_answered_duplicate: u64,
+    /// Deliberate repeats of acknowledged keys.
+    pub repeats: u64,
+    /// Calls reusing an acknowledged key with another command, and how many
+    /// were refused as `KEY_CONFLICT`.
+    pub conflicts_sent: u64,
+    pub conflicts_refused: u64,
 }
 
 /// Sorted-sample percentile (nearest rank); 0 when empty.
@@ -129,7 +163,7 @@ pub fn figures(
     // Writes: every figure but the read counts is about them.
     let client_ops: Vec<&history::Operation> = operations
         .iter()
-        .filter(|o| matches!(o.process, Process::Client(_)) && !is_read(o))
+        .filter(|o| matches!(o.process, Process::Client(_)) && !is_read(o) && !is_keyed(o))
         .collect();
     let keys_of = |counters: bool| -> std::collections::BTreeSet<&str> {
         operations
@@ -227,11 +261,70 @@ pub fn figures(
             .iter()
             .filter(|o| is_read(o) && o.outcome() != EventType::Ok)
             .count() as u64,
+        keyed: keyed_figures(&operations),
     }
 }
 
 fn is_read(operation: &history::Operation) -> bool {
     matches!(operation.op, Op::Read { .. })
+}
+
+fn is_keyed(operation: &history::Operation) -> bool {
+    matches!(operation.op, Op::Keyed { .. })
+}
+
+/// Counts the keyed workload's calls.
+pub fn keyed_figures(operations: &[history::Operation]) -> KeyedFigures {
+    let mut figures = KeyedFigures::default();
+    let mut keys: std::collections::BTreeMap<&str, bool> = Default::default();
+    for operation in operations {
+        let Op::Keyed {
+            idempotency_key,
+            intent,
+            ..
+        } = &operation.op
+        else {
+            continue;
+        };
+        let done = operation.completion.as_ref();
+        let ok = operation.outcome() == EventType::Ok;
+        let duplicate = ok && done.is_some_and(|done| done.duplicate);
+        figures.attempted += 1;
+        match operation.outcome() {
+            EventType::Ok => figures.ok += 1,
+            EventType::Fail => figures.fail += 1,
+            EventType::Info | EventType::Invoke => figures.info += 1,
+        }
+        if duplicate {
+            figures.duplicates += 1;
+        }
+        match intent {
+            KeyedIntent::First => {
+                if duplicate {
+                    figures.first_calls_answered_duplicate += 1;
+                }
+            }
+            KeyedIntent::Retry => {
+                figures.retries += 1;
+                if duplicate {
+                    figures.retries_answered_duplicate += 1;
+                }
+            }
+            KeyedIntent::Repeat => figures.repeats += 1,
+            KeyedIntent::Conflict => {
+                figures.conflicts_sent += 1;
+                if done.is_some_and(|done| done.error.as_deref() == Some(KEY_CONFLICT)) {
+                    figures.conflicts_refused += 1;
+                }
+            }
+        }
+        if *intent != KeyedIntent::Conflict {
+            *keys.entry(idempotency_key).or_default() |= ok;
+        }
+    }
+    figures.keys = keys.len() as u64;
+    figures.keys_acknowledged = keys.values().filter(|acked| **acked).count() as u64;
+    figures
 }
 
 fn throughput(acks_ns: &[u64], faults: &[FaultWindow], end_s: f64) -> Throughput {
@@ -342,6 +435,25 @@ pub fn summary(
         "reads: {} ok ({} of lists, {} of counters), {} failed; read violations {}",
         f.reads_ok, f.reads_ok_of_lists, f.reads_ok_of_counters, f.reads_failed, s.read_violations
     );
+    let k = &f.keyed;
+    let _ = writeln!(
+        out,
+        "keyed: {} keys ({} acknowledged), {} attempted, {} ok, {} fail, {} info; {} duplicates ({} first calls retried inside the call, {} of {} calls sent again after an unknown outcome, {} deliberate repeats); {} conflicts sent, {} refused KEY_CONFLICT; keyed violations {}",
+        k.keys,
+        k.keys_acknowledged,
+        k.attempted,
+        k.ok,
+        k.fail,
+        k.info,
+        k.duplicates,
+        k.first_calls_answered_duplicate,
+        k.retries_answered_duplicate,
+        k.retries,
+        k.repeats,
+        k.conflicts_sent,
+        k.conflicts_refused,
+        s.keyed()
+    );
     let t = &f.throughput;
     let _ = writeln!(
         out,
@@ -350,7 +462,7 @@ pub fn summary(
     );
     let _ = writeln!(
         out,
-        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, read violations {}, divergence {}{}",
+        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, read violations {}, keyed duplicated {}, keyed lost {}, keyed phantom {}, keyed reply mismatches {}, keyed conflicts applied {}, keyed counter violations {}, divergence {}{}",
         s.duplicated,
         s.lost,
         s.phantom,
@@ -359,6 +471,12 @@ pub fn summary(
         s.counter_violations,
         s.lifecycle_violations,
         s.read_violations,
+        s.keyed_duplicated,
+        s.keyed_lost,
+        s.keyed_phantom,
+        s.keyed_reply_mismatches,
+        s.keyed_conflicts_applied,
+        s.keyed_counter_violations,
         s.divergence,
         if s.malformed > 0 {
             format!(", malformed history {}", s.malformed)
@@ -406,6 +524,7 @@ fn series(events: &[Event], end_s: f64) -> Series {
     for operation in history::pair(events).unwrap_or_default() {
         if !matches!(operation.process, Process::Client(_))
             || is_read(&operation)
+            || is_keyed(&operation)
             || operation.outcome() != EventType::Ok
         {
             continue;

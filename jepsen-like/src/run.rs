@@ -38,6 +38,8 @@ pub struct RunOptions {
     pub appenders: u64,
     pub incrementers: u64,
     pub readers: u64,
+    /// Producers of keyed calls (idempotency keys, no session).
+    pub keyed_producers: u64,
     pub server_bin: PathBuf,
     pub out_dir: PathBuf,
     pub keep_cluster_dir: bool,
@@ -301,7 +303,8 @@ async fn drive(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let faults_done = Arc::new(AtomicU64::new(0));
 
-    // Clients: appenders, incrementers, readers and one lifecycle client.
+    // Clients: appenders, incrementers, readers, one lifecycle client and
+    // the keyed producers.
     let mut clients = Vec::new();
     let mut number = 0;
     for _ in 0..options.appenders {
@@ -329,6 +332,13 @@ async fn drive(
         context.clone(),
         number,
     )));
+    for _ in 0..options.keyed_producers {
+        number += 1;
+        clients.push(tokio::spawn(workload::run_keyed_producer(
+            context.clone(),
+            number,
+        )));
+    }
 
     let monitor = tokio::spawn(monitor(
         cluster.clone(),
@@ -727,13 +737,15 @@ async fn progress(
         sleep(Duration::from_secs(1)).await;
         let seen = *seen.lock().unwrap_or_else(PoisonError::into_inner);
         eprintln!(
-            "[{:6.1}s] ok {} fail {} info {} | reads ok {} fail {} | faults {}/{} | leader n{} term {}",
+            "[{:6.1}s] ok {} fail {} info {} | reads ok {} fail {} | keyed ok {} not ok {} | faults {}/{} | leader n{} term {}",
             recorder.elapsed().as_secs_f64(),
             counts.ok.load(Ordering::Relaxed),
             counts.fail.load(Ordering::Relaxed),
             counts.info.load(Ordering::Relaxed),
             counts.reads_ok.load(Ordering::Relaxed),
             counts.reads_failed.load(Ordering::Relaxed),
+            counts.keyed_ok.load(Ordering::Relaxed),
+            counts.keyed_not_ok.load(Ordering::Relaxed),
             faults_done.load(Ordering::Relaxed),
             faults_planned,
             seen.leader,
@@ -898,7 +910,8 @@ fn finish(
     let findings: Findings = checker::check(&events, &driven.finals);
     let exercise = checker::exercise(&events, u64::from(options.leader_kills));
     let verdict = Verdict::of(&findings, &exercise);
-    let clients = options.appenders + options.incrementers + options.readers + 1;
+    let clients =
+        options.appenders + options.incrementers + options.readers + 1 + options.keyed_producers;
     let figures = report::figures(
         options.seed,
         clients,

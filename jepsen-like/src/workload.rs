@@ -1,7 +1,11 @@
 //! The client tasks: appenders of unique values to a few hot lists,
 //! incrementers of shared counters, readers of both (linearizable `get`s),
-//! and a session-lifecycle client that speaks the raw protocol to provoke
-//! duplicates, discarded and conflicting seqs and expired sessions. Every
+//! a session-lifecycle client that speaks the raw protocol to provoke
+//! duplicates, discarded and conflicting seqs and expired sessions, and
+//! keyed producers that use no session at all: idempotency keys through
+//! `Client::execute_with_key` (rule 18), each key retried with the same
+//! command until its outcome is known, some repeated on purpose after their
+//! acknowledgement and some reused with another command. Every
 //! operation is recorded as an invoke and exactly one completion; what to
 //! make of them is the checker's business. Each task's operation stream
 //! comes from its own RNG seeded from the run's seed, so the same seed gives
@@ -22,7 +26,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::history::{self, Event, EventType, Expect, Op, Process, Recorder, Reply};
+use crate::history::{
+    self, Event, EventType, Expect, KeyedCommand, KeyedIntent, Op, Process, Recorder, Reply,
+};
 
 /// Appenders write to this many hot lists at a time.
 pub const HOT_LISTS: u64 = 3;
@@ -41,6 +47,30 @@ pub fn list_key(op_id: u64, draw: u64) -> String {
     format!("list-{}-{}", op_id / OPS_PER_LIST_EPOCH, draw % HOT_LISTS)
 }
 
+/// The counters keyed producers add to (apart from the session
+/// workload's, so that each workload's checks see only its own writes).
+pub const KEYED_COUNTER_KEYS: [&str; 2] = ["keyed-counter-0", "keyed-counter-1"];
+/// Keyed producers append to this many lists at a time.
+pub const KEYED_LISTS: u64 = 2;
+/// Pause between two keyed operations of one producer, at most: the keyed
+/// workload runs beside the others at a modest rate.
+pub const KEYED_PAUSE_MAX: Duration = Duration::from_millis(20);
+/// One acknowledged key in this many is sent again on purpose (a
+/// duplicate), and one in this many reused with another command (a
+/// conflict).
+pub const KEYED_REPEAT_ONE_IN: u32 = 4;
+pub const KEYED_CONFLICT_ONE_IN: u32 = 5;
+
+/// The list a keyed producer's `n`-th key appends to, given a draw
+/// (rotated by count like the appenders' lists).
+pub fn keyed_list_key(n: u64, draw: u64) -> String {
+    format!(
+        "keyed-list-{}-{}",
+        n / OPS_PER_LIST_EPOCH,
+        draw % KEYED_LISTS
+    )
+}
+
 /// A TTL at most this long is idled out in every lifecycle cycle.
 pub const SHORT_TTL: Duration = Duration::from_secs(5);
 /// Overall deadline of one call, retries included.
@@ -56,6 +86,7 @@ pub fn keys_of(events: &[Event]) -> Vec<String> {
             Op::Append { key, .. }
             | Op::Increment { key, .. }
             | Op::Lifecycle { key, .. }
+            | Op::Keyed { key, .. }
             | Op::Read { key } => Some(key),
             _ => None,
         })
@@ -71,6 +102,9 @@ pub struct Counts {
     pub info: AtomicU64,
     pub reads_ok: AtomicU64,
     pub reads_failed: AtomicU64,
+    /// Keyed calls answered (apart: they do not pace the nemesis).
+    pub keyed_ok: AtomicU64,
+    pub keyed_not_ok: AtomicU64,
 }
 
 impl Counts {
@@ -288,6 +322,196 @@ pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     client.close().await;
     op_id
 }
+
+/// How a keyed operation (all the calls of one key and command) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyedEnd {
+    /// Answered with a result.
+    Acknowledged,
+    /// Refused for good (`KEY_CONFLICT`, or a final error).
+    Refused,
+    /// Still unknown when the workload stopped.
+    Unresolved,
+}
+
+/// Runs one keyed producer until told to stop; returns its number of
+/// calls. Each key `jepsen-c{client}-k{n}` carries an append of the unique
+/// value `c{client}-k{n}` to a keyed list or an increment of a keyed
+/// counter; every call whose outcome is unknown (or that could not be
+/// sent) is followed by the same key and command again, so that the key's
+/// fate becomes known unless the run ends first. After an acknowledgement,
+/// now and then the same call again on purpose (it must be a duplicate
+/// with the same result), and now and then the key with another command —
+/// an append of `c{client}-k{n}-conflict` — which must be refused as
+/// `KEY_CONFLICT` and never appear.
+pub async fn run_keyed_producer(context: Context, client_number: u64) -> u64 {
+    let mut rng = context.rng(client_number);
+    let mut endpoints = context.endpoints.clone();
+    if !endpoints.is_empty() {
+        let turn = (client_number % endpoints.len() as u64) as usize;
+        endpoints.rotate_left(turn);
+    }
+    let client = Client::with_config(
+        endpoints,
+        ClientConfig {
+            call_timeout: CALL_TIMEOUT,
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            ..ClientConfig::default()
+        },
+    );
+    let process = Process::Client(client_number);
+    let mut op_id = 0u64;
+    let mut n = 0u64;
+    while !context.stopped() {
+        n += 1;
+        let idempotency_key = format!("jepsen-c{client_number}-k{n}");
+        let list = keyed_list_key(n, rng.r#gen());
+        let (key, command) = if rng.gen_ratio(2, 3) {
+            (
+                list.clone(),
+                KeyedCommand::Append {
+                    value: format!("c{client_number}-k{n}"),
+                },
+            )
+        } else {
+            let key = KEYED_COUNTER_KEYS[rng.gen_range(0..KEYED_COUNTER_KEYS.len())];
+            (
+                key.to_string(),
+                KeyedCommand::Increment {
+                    delta: rng.gen_range(1..=100),
+                },
+            )
+        };
+        let mut call = KeyedCall {
+            context: &context,
+            client: &client,
+            process,
+            op_id: &mut op_id,
+            idempotency_key: &idempotency_key,
+        };
+        let end = call.until_known(&key, &command, KeyedIntent::First).await;
+        if end == KeyedEnd::Acknowledged {
+            if rng.gen_ratio(1, KEYED_REPEAT_ONE_IN) {
+                call.until_known(&key, &command, KeyedIntent::Repeat).await;
+            }
+            if rng.gen_ratio(1, KEYED_CONFLICT_ONE_IN) {
+                let conflict = KeyedCommand::Append {
+                    value: format!("c{client_number}-k{n}-conflict"),
+                };
+                call.until_known(&list, &conflict, KeyedIntent::Conflict)
+                    .await;
+            }
+        }
+        tokio::time::sleep(KEYED_PAUSE_MAX.mul_f64(rng.r#gen::<f64>())).await;
+    }
+    client.close().await;
+    op_id
+}
+
+/// The calls of one idempotency key.
+struct KeyedCall<'a> {
+    context: &'a Context,
+    client: &'a Client,
+    process: Process,
+    op_id: &'a mut u64,
+    idempotency_key: &'a str,
+}
+
+impl KeyedCall<'_> {
+    /// Sends `command` on `key` with the idempotency key, again and again
+    /// while its outcome is unknown (or it could not be sent), until it is
+    /// answered or refused for good, or the workload stops. Each call is
+    /// recorded as an operation; the calls after the first are retries
+    /// (conflicts stay conflicts: their command is another one).
+    async fn until_known(
+        &mut self,
+        key: &str,
+        command: &KeyedCommand,
+        intent: KeyedIntent,
+    ) -> KeyedEnd {
+        let mut intent = intent;
+        loop {
+            if self.context.stopped() {
+                return KeyedEnd::Unresolved;
+            }
+            *self.op_id += 1;
+            let invoke = Event::invoke(
+                0,
+                self.process,
+                *self.op_id,
+                Op::Keyed {
+                    idempotency_key: self.idempotency_key.to_string(),
+                    key: key.to_string(),
+                    command: command.clone(),
+                    intent,
+                },
+            );
+            self.context.recorder.record(invoke.clone());
+            let request = match command {
+                KeyedCommand::Append { value } => Command::Append {
+                    key: key.as_bytes().to_vec(),
+                    element: value.as_bytes().to_vec(),
+                },
+                KeyedCommand::Increment { delta } => Command::Increment {
+                    key: key.as_bytes().to_vec(),
+                    delta: *delta,
+                },
+            };
+            let result = self
+                .client
+                .execute_with_key(self.idempotency_key.as_bytes(), request)
+                .await;
+            let (done, end) = keyed_completion(&invoke, result);
+            let counter = if done.kind == EventType::Ok {
+                &self.context.counts.keyed_ok
+            } else {
+                &self.context.counts.keyed_not_ok
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            self.context.recorder.record(done);
+            if let Some(end) = end {
+                return end;
+            }
+            // Do not spin when failures come back at once.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if intent != KeyedIntent::Conflict {
+                intent = KeyedIntent::Retry;
+            }
+        }
+    }
+}
+
+/// The completion of a keyed call, and how the key's operation ended
+/// (`None`: its outcome is unknown or it was not sent; send it again).
+fn keyed_completion(
+    invoke: &Event,
+    result: Result<oncekv::client::KeyedReply, Error>,
+) -> (Event, Option<KeyedEnd>) {
+    let (kind, end) = match &result {
+        Ok(_) => (EventType::Ok, Some(KeyedEnd::Acknowledged)),
+        // Sent, and not answered in time: it may have executed.
+        Err(Error::KeyOutcomeUnknown { .. } | Error::ResourceExhausted(_)) => {
+            (EventType::Info, None)
+        }
+        // No cluster id or no endpoint: nothing was sent.
+        Err(Error::Unavailable(_)) => (EventType::Fail, None),
+        Err(_) => (EventType::Fail, Some(KeyedEnd::Refused)),
+    };
+    let mut done = Event::complete(invoke, kind, 0);
+    done.attempts = 1;
+    match result {
+        Ok(reply) => {
+            done.reply = Some(reply_of(&reply.result));
+            done.duplicate = reply.duplicate;
+        }
+        Err(Error::KeyConflict { .. }) => done.error = Some(KEY_CONFLICT.to_string()),
+        Err(error) => done.error = Some(error.to_string()),
+    }
+    (done, end)
+}
+
+/// The error text of a keyed call refused as a conflict.
+pub const KEY_CONFLICT: &str = "KEY_CONFLICT";
 
 /// The completion event of a library call from its result and the
 /// attempts the observer saw.
@@ -809,6 +1033,49 @@ mod tests {
         let done = completion(&invoke(), Err(Error::Unavailable("down".into())), &[]);
         assert_eq!(done.kind, EventType::Fail);
         assert_eq!(done.attempts, 0);
+    }
+
+    /// A keyed call's completion: answered (a duplicate flagged), refused
+    /// as a conflict (final), unknown or not sent (send it again).
+    #[test]
+    fn keyed_completions() {
+        let invoke = Event::invoke(
+            0,
+            Process::Client(3),
+            1,
+            Op::Keyed {
+                idempotency_key: "jepsen-c3-k1".into(),
+                key: "keyed-counter-0".into(),
+                command: KeyedCommand::Increment { delta: 2 },
+                intent: KeyedIntent::Retry,
+            },
+        );
+        let reply = oncekv::client::KeyedReply {
+            result: CommandResult::Incremented { value: 9 },
+            duplicate: true,
+            log_index: 40,
+        };
+        let (done, end) = keyed_completion(&invoke, Ok(reply));
+        assert_eq!(
+            (done.kind, end),
+            (EventType::Ok, Some(KeyedEnd::Acknowledged))
+        );
+        assert!(done.duplicate);
+        assert_eq!(done.reply, Some(Reply::Incremented { value: 9 }));
+        let conflict = Error::KeyConflict { key: "k".into() };
+        let (done, end) = keyed_completion(&invoke, Err(conflict));
+        assert_eq!((done.kind, end), (EventType::Fail, Some(KeyedEnd::Refused)));
+        assert_eq!(done.error.as_deref(), Some(KEY_CONFLICT));
+        let unknown = Error::KeyOutcomeUnknown {
+            key: "k".into(),
+            reason: "deadline".into(),
+        };
+        let (done, end) = keyed_completion(&invoke, Err(unknown));
+        assert_eq!((done.kind, end), (EventType::Info, None));
+        let (done, end) = keyed_completion(&invoke, Err(Error::Unavailable("down".into())));
+        assert_eq!((done.kind, end), (EventType::Fail, None));
+        let (done, end) = keyed_completion(&invoke, Err(Error::InvalidArgument("bad".into())));
+        assert_eq!((done.kind, end), (EventType::Fail, Some(KeyedEnd::Refused)));
     }
 
     /// Appenders move to fresh lists by operation count, a few at a time.

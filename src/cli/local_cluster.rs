@@ -65,6 +65,10 @@ pub struct Options {
     pub start_timeout: Duration,
     /// Keep the temporary directory (data and logs) after the drop.
     pub keep_dir: bool,
+    /// The `oncekv` executable the nodes run [default: the running
+    /// executable, which is `oncekv` itself for its own commands; an
+    /// example or another program names the binary here].
+    pub server_bin: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -75,6 +79,7 @@ impl Default for Options {
             extra_args: Vec::new(),
             start_timeout: Duration::from_secs(60),
             keep_dir: false,
+            server_bin: None,
         }
     }
 }
@@ -111,10 +116,13 @@ impl Node {
 
 impl LocalCluster {
     /// Starts nodes 1..=3 (node 1 with `--initialize`) from the running
-    /// executable and waits until all three answer `Status`, agree on one
-    /// leader and know the cluster id.
+    /// executable (or `options.server_bin`) and waits until all three
+    /// answer `Status`, agree on one leader and know the cluster id.
     pub async fn start(options: &Options) -> anyhow::Result<LocalCluster> {
-        let exe = std::env::current_exe().context("find the oncekv executable")?;
+        let exe = match &options.server_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe().context("find the oncekv executable")?,
+        };
         let dir = tempfile::Builder::new()
             .prefix(&format!("oncekv-{}-", options.name))
             .tempdir()
