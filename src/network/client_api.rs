@@ -127,6 +127,19 @@ pub(super) fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeCon
     }
 }
 
+/// The reply of the three execute RPCs (session, plain, keyed): the result
+/// and its duplicate flag, or the rejection as a status.
+fn execute_reply(outcome: Outcome, log_index: u64) -> Result<proto::ExecuteReply, Status> {
+    match outcome {
+        Outcome::Executed { result, duplicate } => Ok(proto::ExecuteReply {
+            result: Some(convert::result_to_proto(&result)),
+            duplicate,
+            log_index,
+        }),
+        other => Err(rejected(other)),
+    }
+}
+
 pub(super) fn rejected(outcome: Outcome) -> Status {
     match outcome {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
@@ -205,14 +218,7 @@ impl client_server::Client for ClientApi {
             ?outcome,
             "executed"
         );
-        let reply = match outcome {
-            Outcome::Executed { result, duplicate } => proto::ExecuteReply {
-                result: Some(convert::result_to_proto(&result)),
-                duplicate,
-                log_index,
-            },
-            other => return Err(rejected(other)),
-        };
+        let reply = execute_reply(outcome, log_index)?;
         if !reply.duplicate && self.faults.take_execute_reply_drop() {
             tracing::warn!(
                 client_id = request.client_id,
@@ -232,22 +238,13 @@ impl client_server::Client for ClientApi {
         let request = request.into_inner();
         let cluster_id = self.required_cluster(&request.cluster_id)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
-        match self
+        let (outcome, log_index) = self
             .propose(Op::ExecutePlain {
                 cluster_id,
                 command,
             })
-            .await?
-        {
-            (Outcome::Executed { result, duplicate }, log_index) => {
-                Ok(Response::new(proto::ExecuteReply {
-                    result: Some(convert::result_to_proto(&result)),
-                    duplicate,
-                    log_index,
-                }))
-            }
-            (other, _) => Err(rejected(other)),
-        }
+            .await?;
+        Ok(Response::new(execute_reply(outcome, log_index)?))
     }
 
     async fn execute_keyed(
@@ -269,14 +266,7 @@ impl client_server::Client for ClientApi {
         };
         let (outcome, log_index) = self.propose(op).await?;
         tracing::debug!(log_index, ?outcome, "executed keyed");
-        let reply = match outcome {
-            Outcome::Executed { result, duplicate } => proto::ExecuteReply {
-                result: Some(convert::result_to_proto(&result)),
-                duplicate,
-                log_index,
-            },
-            other => return Err(rejected(other)),
-        };
+        let reply = execute_reply(outcome, log_index)?;
         if !reply.duplicate && self.faults.take_execute_reply_drop() {
             tracing::warn!(log_index, "fault injection: dropping the keyed reply");
             std::future::pending::<()>().await;
