@@ -687,23 +687,7 @@ mod tests {
     #[test]
     fn version_4_snapshots_are_read_without_keys() {
         let mut registry = one_anonymous_session();
-        registry.apply(
-            3,
-            &Entry::single(
-                20,
-                Op::Execute(Execute {
-                    cluster_id: CLUSTER,
-                    client_id: ClientId(2),
-                    seq: 1,
-                    first_outstanding_seq: 1,
-                    command: Command::Increment {
-                        key: b"n".to_vec(),
-                        delta: 4,
-                    },
-                    principal: Principal::anonymous(),
-                }),
-            ),
-        );
+        registry.apply(3, &Entry::single(20, anonymous_increment(1)));
         let bytes = to_bytes_v4(&registry);
         let mut restored = from_bytes(&bytes).expect("version 4 reads");
         assert_eq!(restored, registry);
@@ -762,6 +746,22 @@ mod tests {
         registry
     }
 
+    /// `seq` of the session of [`one_anonymous_session`], first outstanding
+    /// seq 1: an increment of `n` by 4.
+    fn anonymous_increment(seq: u64) -> Op {
+        Op::Execute(Execute {
+            cluster_id: CLUSTER,
+            client_id: ClientId(2),
+            seq,
+            first_outstanding_seq: 1,
+            command: Command::Increment {
+                key: b"n".to_vec(),
+                delta: 4,
+            },
+            principal: Principal::anonymous(),
+        })
+    }
+
     /// A version 3 snapshot restores with every session owned by the
     /// anonymous principal (there was no authentication) and its highest
     /// seq from its cache and floor; it is written back as version 4, and
@@ -769,26 +769,13 @@ mod tests {
     #[test]
     fn version_3_snapshots_are_read_as_anonymous() {
         let mut registry = one_anonymous_session();
-        let increment = |seq| {
-            Op::Execute(Execute {
-                cluster_id: CLUSTER,
-                client_id: ClientId(2),
-                seq,
-                first_outstanding_seq: 1,
-                command: Command::Increment {
-                    key: b"n".to_vec(),
-                    delta: 4,
-                },
-                principal: Principal::anonymous(),
-            })
-        };
-        registry.apply(3, &Entry::single(20, increment(3)));
+        registry.apply(3, &Entry::single(20, anonymous_increment(3)));
         let mut restored = from_bytes(&to_bytes_v3(&registry)).expect("version 3 reads");
         assert_eq!(restored, registry);
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
         let session = restored.session(ClientId(2)).unwrap();
         assert_eq!(session.owner, Principal::anonymous());
-        let outcome = restored.apply(4, &Entry::single(30, increment(4)));
+        let outcome = restored.apply(4, &Entry::single(30, anonymous_increment(4)));
         assert!(matches!(
             outcome[..],
             [crate::registry::Outcome::Executed {
@@ -803,23 +790,7 @@ mod tests {
     #[test]
     fn version_2_snapshots_are_read() {
         let mut registry = one_anonymous_session();
-        registry.apply(
-            3,
-            &Entry::single(
-                20,
-                Op::Execute(Execute {
-                    cluster_id: CLUSTER,
-                    client_id: ClientId(2),
-                    seq: 1,
-                    first_outstanding_seq: 1,
-                    command: Command::Increment {
-                        key: b"n".to_vec(),
-                        delta: 4,
-                    },
-                    principal: crate::registry::Principal::anonymous(),
-                }),
-            ),
-        );
+        registry.apply(3, &Entry::single(20, anonymous_increment(1)));
         let restored = from_bytes(&to_bytes_v2(&registry)).expect("version 2 reads");
         assert_eq!(restored, registry);
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
