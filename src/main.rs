@@ -42,8 +42,23 @@ fn main() {
         init_tracing();
         let run = || -> anyhow::Result<()> {
             let config = options.resolve()?;
-            if let Some(threads) = config.worker_threads {
-                runtime.worker_threads(threads);
+            match config.worker_threads {
+                // One thread: tokio's current-thread scheduler. It runs woken
+                // tasks in the order they were woken, so when an entry's
+                // answers wake a few hundred request tasks, each connection
+                // task runs after all of them and writes their responses in
+                // one `writev`. The multi-thread scheduler's LIFO slot runs
+                // the connection task right after each request task instead:
+                // one `writev` per response, 17% of the leader's time at
+                // 256 clients (docs/benchmarks.md).
+                Some(1) => {
+                    runtime = tokio::runtime::Builder::new_current_thread();
+                    runtime.enable_all();
+                }
+                Some(threads) => {
+                    runtime.worker_threads(threads);
+                }
+                None => {}
             }
             runtime
                 .build()?

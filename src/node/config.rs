@@ -83,6 +83,8 @@ pub struct NodeOptions {
     /// sharing one machine (a local cluster) do better with their share of
     /// the cores than with one thread per core each: fewer threads to wake
     /// and switch between (`scripts/cluster.sh` gives each node cores / 3).
+    /// One thread runs tokio's current-thread scheduler, which writes the
+    /// responses of a whole batch to a connection at once.
     #[arg(long)]
     pub worker_threads: Option<usize>,
     /// Directory for the Raft log (wal/), snapshots and the node id file.
