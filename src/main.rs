@@ -34,6 +34,10 @@ fn init_tracing() {
         .init();
 }
 
+/// The allocator of the node and the CLI (see Cargo.toml).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse_checked();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
