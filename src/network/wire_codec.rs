@@ -15,6 +15,14 @@ use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
+/// The first buffer each encoded message (each reply, on a server) gets;
+/// a larger message grows it. tonic's default, 8 KiB, is 100 times a typical
+/// reply and cost the leader page faults on fresh memory for every reply
+/// (5% of its samples at 256 clients, docs/benchmarks.md).
+const ENCODE_BUFFER_BYTES: usize = 512;
+/// tonic's default: a stream's encoder yields after this many bytes.
+const ENCODE_YIELD_BYTES: usize = 32 * 1024;
+
 /// The codec named in `build.rs` (`codec_path`) for generated clients and
 /// servers alike.
 #[derive(Debug, Clone)]
@@ -41,7 +49,10 @@ where
     type Decoder = WireDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        self.inner.encoder()
+        ProstCodec::<T, U>::raw_encoder(BufferSettings::new(
+            ENCODE_BUFFER_BYTES,
+            ENCODE_YIELD_BYTES,
+        ))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
