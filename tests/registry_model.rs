@@ -407,6 +407,9 @@ impl Run {
         let entry = Entry::single(self.now_ms, op);
         self.model.advance(self.now_ms);
         let outcome = one(self.registry.apply(self.index, &entry));
+        if let Err(broken) = self.registry.check_invariants() {
+            panic!("invariant broken after entry {}: {broken}", self.index);
+        }
         self.log.push((self.index, entry, outcome.clone()));
         outcome
     }

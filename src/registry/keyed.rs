@@ -90,8 +90,10 @@ impl KeyStore {
             return false;
         };
         self.cached_bytes -= record.size_bytes(id);
-        self.by_age
+        let aged = self
+            .by_age
             .remove(&(record.created_ms, id.0.clone(), id.1.clone()));
+        assert!(aged.is_some(), "a key record missing from the age index");
         true
     }
 
@@ -105,11 +107,40 @@ impl KeyStore {
             }
             self.by_age.remove(&oldest);
             let id = (oldest.1, oldest.2);
-            if let Some(record) = self.records.remove(&id) {
-                self.cached_bytes -= record.size_bytes(&id);
-                expired += 1;
-            }
+            let record = self.records.remove(&id);
+            let record = record.expect("a key in the age index without a record");
+            self.cached_bytes -= record.size_bytes(&id);
+            expired += 1;
         }
         expired
+    }
+
+    /// The age index names exactly the records, with their creation times,
+    /// and the byte count is the sum of the records' sizes.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.by_age.len() != self.records.len() {
+            return Err(format!(
+                "{} key records, {} in the age index",
+                self.records.len(),
+                self.by_age.len()
+            ));
+        }
+        let mut sum = 0u64;
+        for (id, record) in &self.records {
+            if !self
+                .by_age
+                .contains(&(record.created_ms, id.0.clone(), id.1.clone()))
+            {
+                return Err("a key record missing from the age index".to_owned());
+            }
+            sum += record.size_bytes(id);
+        }
+        if sum != self.cached_bytes {
+            return Err(format!(
+                "key bytes {} but records sum to {sum}",
+                self.cached_bytes
+            ));
+        }
+        Ok(())
     }
 }

@@ -381,9 +381,50 @@ impl Registry {
         let Some(session) = self.sessions.remove(&client_id) else {
             return false;
         };
-        self.nonces.remove(&session.nonce);
-        self.idle.remove(&(session.last_active_ms, client_id));
+        // Sessions, nonces and the idle index agree (see `check_invariants`).
+        let nonce_owner = self.nonces.remove(&session.nonce);
+        assert_eq!(
+            nonce_owner,
+            Some(client_id),
+            "a session's nonce not indexed"
+        );
+        let was_idle = self.idle.remove(&(session.last_active_ms, client_id));
+        assert!(was_idle.is_some(), "a session missing from the idle index");
         true
+    }
+
+    /// Checks, in time linear in the state, what every apply keeps true:
+    /// sessions, nonces and the idle index name the same sessions; every
+    /// session's cached responses are at or above its floor and its size is
+    /// their sum; no session or activity is from the future (client id above
+    /// the last given, activity after cluster time); the records of
+    /// idempotency keys agree with their age index and byte count. Tests run
+    /// it after every step of a model and after every snapshot round trip;
+    /// the cheap halves of it are asserted where the state changes.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.nonces.len() != self.sessions.len() || self.idle.len() != self.sessions.len() {
+            return Err(format!(
+                "{} sessions, {} nonces, {} idle entries",
+                self.sessions.len(),
+                self.nonces.len(),
+                self.idle.len()
+            ));
+        }
+        for (&client_id, session) in &self.sessions {
+            if self.nonces.get(&session.nonce) != Some(&client_id) {
+                return Err(format!("session {} not indexed by its nonce", client_id.0));
+            }
+            if !self.idle.contains(&(session.last_active_ms, client_id)) {
+                return Err(format!("session {} not in the idle index", client_id.0));
+            }
+            if client_id.0 > self.last_client_id || session.last_active_ms > self.cluster_time_ms {
+                return Err(format!("session {} from the future", client_id.0));
+            }
+            session
+                .check_invariants()
+                .map_err(|why| format!("session {}: {why}", client_id.0))?;
+        }
+        self.keys.check_invariants()
     }
 
     fn check_cluster(&self, claimed: Option<ClusterId>) -> Result<(), Rejection> {
@@ -414,7 +455,8 @@ impl Registry {
             return Err(Rejection::PermissionDenied);
         }
         if session.last_active_ms != now_ms {
-            self.idle.remove(&(session.last_active_ms, client_id));
+            let was_idle = self.idle.remove(&(session.last_active_ms, client_id));
+            assert!(was_idle.is_some(), "a session missing from the idle index");
             self.idle.insert((now_ms, client_id));
             session.last_active_ms = now_ms;
         }

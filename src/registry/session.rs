@@ -64,6 +64,40 @@ impl Session {
 
     /// Raises the floor to `first_outstanding_seq` if that is higher, and
     /// drops every cached response below the new floor (rule 7).
+    /// The floor never goes down, no cached response is below it, and the
+    /// size charged is the sum of the cached responses' sizes.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self
+            .responses
+            .get_min()
+            .is_some_and(|(seq, _)| *seq < self.floor)
+        {
+            return Err(format!("a cached response below the floor {}", self.floor));
+        }
+        if self
+            .responses
+            .get_max()
+            .is_some_and(|(seq, _)| *seq > self.highest_seq)
+        {
+            return Err(format!(
+                "a cached response above the highest seq {}",
+                self.highest_seq
+            ));
+        }
+        let sum: u64 = self
+            .responses
+            .values()
+            .map(CachedResponse::cached_size_bytes)
+            .sum();
+        if sum != self.cached_bytes {
+            return Err(format!(
+                "cached bytes {} but responses sum to {sum}",
+                self.cached_bytes
+            ));
+        }
+        Ok(())
+    }
+
     pub fn raise_floor(&mut self, first_outstanding_seq: Seq) {
         if first_outstanding_seq <= self.floor {
             return;

@@ -433,6 +433,12 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     if input.inner.read(&mut [0u8; 1])? != 0 {
         return Err(SnapshotError::Inconsistent("bytes after the trailer"));
     }
+    // Restoring builds the indexes from the records, so they agree by
+    // construction; checked anyway, as a snapshot is input from a peer or
+    // the disk.
+    registry
+        .check_invariants()
+        .map_err(|_| SnapshotError::Inconsistent("state indexes disagree"))?;
     Ok(registry)
 }
 

@@ -48,7 +48,9 @@ impl Driver {
     pub fn apply(&mut self, op: Op) -> Outcome {
         self.index += 1;
         let entry = Entry::single(self.now_ms, op);
-        one(self.registry.apply(self.index, &entry))
+        let outcome = one(self.registry.apply(self.index, &entry));
+        self.check_invariants();
+        outcome
     }
 
     /// Applies one entry carrying `ops` as a batch; one outcome per op.
@@ -58,7 +60,15 @@ impl Driver {
             stamp_ms: self.now_ms,
             ops: ops.into(),
         };
-        self.registry.apply(self.index, &entry)
+        let outcomes = self.registry.apply(self.index, &entry);
+        self.check_invariants();
+        outcomes
+    }
+
+    fn check_invariants(&self) {
+        if let Err(broken) = self.registry.check_invariants() {
+            panic!("invariant broken after entry {}: {broken}", self.index);
+        }
     }
 
     pub fn advance(&mut self, ms: u64) {
