@@ -1,7 +1,8 @@
 //! Rules (docs/rules.md) that only a running cluster can break: the cluster clock
 //! (rule 11) across a whole-cluster outage and across a leader's loss of its
 //! quorum, cluster and node identity (rule 16), linearizable reads on a
-//! deposed leader and on a leader restarted within its term, and graceful
+//! deposed leader, a leader restarted within its term (it does not lead it
+//! again), and graceful
 //! shutdown.
 
 mod support;
@@ -133,19 +134,25 @@ async fn rule11_time_without_a_quorum_does_not_count_in_the_same_term() {
     assert_eq!(reason(&error), Some(Reason::SessionExpired));
 }
 
-/// A linearizable read on a leader restarted within its own term sees every
-/// write it acknowledged before the crash, even when its commit record lost
-/// the latest commits (a power loss can: the record is not fsynced on its
-/// own; `--fault rewind-commit-record` takes it back to the start of the
-/// term). The followers' election timeout is long, so the restarted node is
-/// still the leader of its term.
+/// A leader that crashes and comes back does not lead its old term again.
+/// Its followers may hold entries of that term which its own log lost (they
+/// were sent before its fdatasync; `--fault lose-term-tail` drops them at
+/// start, and takes the commit record back, as a power loss can). Leading
+/// on in the same term it would give those indexes new entries under the
+/// same log ids, which the followers would take for the ones they hold:
+/// replicas diverge and acknowledged writes vanish from its state
+/// (`scripts/jepsen.sh long` found that). Restarted as a follower, it needs
+/// a new term, whose leader makes every log agree. The followers' election
+/// timeout is long, so the restarted node is back well before they would
+/// call an election on their own.
 #[cfg(feature = "fault-injection")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_on_a_leader_restarted_in_its_term_see_what_it_acknowledged() {
-    const WRITES: u64 = 20;
+async fn a_restarted_leader_does_not_lead_its_term_again() {
+    const WRITES: i64 = 20;
+    const MORE: i64 = 5;
     let cluster = Cluster::start_timed(
-        "restarted-leader-reads",
-        &["--fault", "rewind-commit-record"],
+        "restarted-leader",
+        &["--fault", "lose-term-tail"],
         Timing {
             heartbeat_ms: 100,
             election_min_ms: 6_000,
@@ -157,71 +164,42 @@ async fn reads_on_a_leader_restarted_in_its_term_see_what_it_acknowledged() {
     let session = raw.register(14).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
     let term = cluster.status(leader).await.unwrap().term;
-    for x in 1..=WRITES {
-        let request = raw.execute_request(
-            session.client_id,
-            x,
-            x,
-            &Command::Put {
-                key: b"x".to_vec(),
-                value: Value::Int(x as i64),
-            },
-        );
-        raw.execute(Duration::from_secs(30), &request)
-            .await
-            .expect("a write");
-    }
-    // Right after the last acknowledgement: crash, and back at once, while
-    // the followers are paused, so that reads are already waiting for a
-    // quorum when the first replies after the restart arrive.
-    let followers: Vec<u64> = NODES.into_iter().filter(|&n| n != leader).collect();
-    for &follower in &followers {
-        cluster.pause(follower);
-    }
-    cluster.kill(leader);
-    cluster.restart(leader).await;
-    let request = proto::ReadRequest {
-        cluster_id: raw.cluster_id.clone(),
+    let increment = Command::Increment {
         key: b"x".to_vec(),
+        delta: 1,
     };
-    let reader =
-        {
-            let mut client = cluster.client(leader);
-            tokio::spawn(async move {
-                let until = Instant::now() + Duration::from_secs(20);
-                let mut values = Vec::new();
-                while values.len() < 100 && Instant::now() < until {
-                    match client.read(request.clone()).await {
-                        Ok(reply) => values.push(reply.into_inner().value.map(|value| {
-                            oncekv::network::convert::value_from_proto(value).unwrap()
-                        })),
-                        Err(error) => assert!(
-                            support::raw::retryable(&error),
-                            "a read fails only for this attempt: {error:?}"
-                        ),
-                    }
-                }
-                values
-            })
-        };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for &follower in &followers {
-        cluster.resume(follower);
+    let mut seq = 0;
+    for expected in 1..=WRITES + MORE {
+        if expected == WRITES + 1 {
+            // Crash, and back at once with the tail of its term lost.
+            cluster.kill(leader);
+            cluster.restart(leader).await;
+            assert_eq!(
+                raw.read(b"x").await,
+                Some(Value::Int(WRITES)),
+                "a read after the restart sees every acknowledged write"
+            );
+        }
+        seq += 1;
+        let request = raw.execute_request(session.client_id, seq, seq, &increment);
+        let (result, _) = raw
+            .execute(Duration::from_secs(60), &request)
+            .await
+            .expect("an increment");
+        assert_eq!(
+            result,
+            CommandResult::Incremented { value: expected },
+            "increment {expected} sees every acknowledged one before it"
+        );
     }
-    let reads = reader.await.unwrap();
+    let now = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let status = cluster.status(now).await.unwrap();
     assert!(
-        reads
-            .iter()
-            .all(|value| *value == Some(Value::Int(WRITES as i64))),
-        "every read after the restart sees x = {WRITES}: {reads:?}"
+        status.term > term,
+        "the cluster leads a new term after the restart (term {term} -> {})",
+        status.term
     );
-    assert!(!reads.is_empty(), "the restarted leader served reads");
-    let status = cluster.status(leader).await.unwrap();
-    assert_eq!(
-        (status.term, status.leader_id),
-        (term, leader),
-        "the scenario needs the same leader in the same term"
-    );
+    support::admin::wait_hashes_agree(&cluster, &NODES, 0).await;
 }
 
 /// Rule 16: a request naming another cluster is refused, final.

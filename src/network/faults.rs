@@ -16,6 +16,9 @@ pub struct FaultControl {
     /// Whether the node starts with its committed index taken back to the
     /// start of its last term (`--fault rewind-commit-record`).
     rewind_commit_record: bool,
+    /// Whether the node starts with the entries of its last term after the
+    /// first dropped (`--fault lose-term-tail`).
+    lose_term_tail: bool,
 }
 
 impl FaultControl {
@@ -25,6 +28,7 @@ impl FaultControl {
         FaultControl {
             drop_execute_replies: Arc::new(AtomicU64::new(drop_execute_replies)),
             rewind_commit_record: false,
+            lose_term_tail: false,
         }
     }
 
@@ -35,6 +39,22 @@ impl FaultControl {
             rewind_commit_record: true,
             ..self
         }
+    }
+
+    /// The same, starting with the entries of its last term after the
+    /// first dropped and the committed index taken back to that first entry,
+    /// as a power loss can on a leader whose followers stored its entries
+    /// before its own fdatasync.
+    pub fn losing_term_tail(self) -> FaultControl {
+        FaultControl {
+            lose_term_tail: true,
+            ..self
+        }
+    }
+
+    /// Whether the node must drop the tail of its last term.
+    pub fn loses_term_tail(&self) -> bool {
+        self.lose_term_tail
     }
 
     /// Whether the node must rewind its recovered committed index.

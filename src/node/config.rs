@@ -159,7 +159,9 @@ pub struct NodeOptions {
     /// Test-only fault (built with the `fault-injection` feature only):
     /// `drop-first-execute-reply`, `rewind-commit-record` (start with the
     /// committed index back at the first entry of the log's last term, as
-    /// a power loss can leave it).
+    /// a power loss can leave it), `lose-term-tail` (start with the entries
+    /// of the log's last term after its first dropped, as a power loss can
+    /// on a leader whose followers stored them before its own fdatasync).
     #[cfg(feature = "fault-injection")]
     #[arg(long)]
     pub fault: Vec<String>,
@@ -521,19 +523,23 @@ impl NodeOptions {
     fn faults(&self) -> Result<crate::network::faults::FaultControl, ConfigError> {
         let mut drop_execute_replies = 0;
         let mut rewind_commit_record = false;
+        let mut lose_term_tail = false;
         for fault in &self.fault {
             match fault.as_str() {
                 "drop-first-execute-reply" => drop_execute_replies = 1,
                 "rewind-commit-record" => rewind_commit_record = true,
+                "lose-term-tail" => lose_term_tail = true,
                 other => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
             }
         }
-        let faults = crate::network::faults::FaultControl::new(drop_execute_replies);
-        Ok(if rewind_commit_record {
-            faults.rewinding_commit_record()
-        } else {
-            faults
-        })
+        let mut faults = crate::network::faults::FaultControl::new(drop_execute_replies);
+        if rewind_commit_record {
+            faults = faults.rewinding_commit_record();
+        }
+        if lose_term_tail {
+            faults = faults.losing_term_tail();
+        }
+        Ok(faults)
     }
 
     #[cfg(not(feature = "fault-injection"))]

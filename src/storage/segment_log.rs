@@ -334,6 +334,22 @@ where
         self.committed.clone()
     }
 
+    /// Test-only (a fault-injection build, `--fault lose-term-tail`): drops
+    /// every entry of the last term in the log after the term's first, and
+    /// takes the committed id back to that first entry, as a power loss can
+    /// on a leader whose entries went to its followers before its own
+    /// fdatasync (they are committed on the followers' copies). Returns the
+    /// last log id now in force.
+    #[cfg(feature = "fault-injection")]
+    pub async fn lose_term_tail(&mut self) -> Result<Option<LogIdOf<C>>, SegmentLogError> {
+        let first_of_term = self.rewind_committed_to_term_start();
+        if let Some(first_of_term) = first_of_term {
+            self.truncate_from(first_of_term.index.saturating_add(1))
+                .await?;
+        }
+        Ok(self.log().read().last_log_id())
+    }
+
     /// One framed record of `record_type` holding `value`.
     fn record<T: Serialize + ?Sized>(
         record_type: RecordType,
