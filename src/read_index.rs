@@ -4,17 +4,16 @@
 //! at the start of a term. It owns that rule and nothing else: it does not
 //! read the state or answer anyone.
 //!
-//! Why the raise. A leader restarted within its own term (a crash, then back
-//! before its followers' election timeout) is restored as leader by openraft
-//! (0.9, and 0.10 with `enable_leader_restore`, its default), whose read
-//! index is the larger of its committed index and the first entry of its
-//! term. The committed index it restarts with is only what was
-//! last recorded: a crash can lose the latest record (it is not fsynced on
-//! its own), so the read index can fall below writes this leader already
-//! acknowledged. Every entry of a restored term was proposed by this leader
-//! and any of them may have been acknowledged, so reads in that term wait
-//! until all of them are applied. A new term needs nothing more: its first
-//! entry follows everything any earlier leader acknowledged.
+//! Why the raise. A node that starts with a committed vote for itself was
+//! the leader of that term when it stopped. It does not lead that term
+//! again (the node turns openraft's `enable_leader_restore` off where it
+//! builds its Raft config, see docs/architecture.md), so in practice the raise
+//! never applies; it is kept as a second line should a restored leader ever
+//! serve reads: the committed index it restarts with is only what was last
+//! recorded (the record is not fsynced on its own), so its read index could
+//! fall below writes it had acknowledged, and every entry of its term may
+//! have been acknowledged. A new term needs nothing more: its first entry
+//! follows everything any earlier leader acknowledged.
 
 use crate::raft_types::{LogId, NodeId, Raft, TypeConfig, Vote};
 use openraft::RaftLogReader;
@@ -65,7 +64,7 @@ impl ReadIndex {
     /// [`restored_from`]) when the node started.
     pub fn new(raft: Raft, restored: Option<LogId>) -> ReadIndex {
         if let Some(restored) = restored {
-            tracing::info!(%restored, "restarted as the leader of its term: reads in this term wait for its last entry");
+            tracing::info!(%restored, "was the leader of its term when it stopped: it will not lead it again, and reads in that term would wait for its last entry");
         }
         ReadIndex { raft, restored }
     }
