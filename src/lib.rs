@@ -17,6 +17,5 @@ pub mod proto;
 pub mod raft_types;
 #[cfg(feature = "server")]
 pub mod read_index;
-pub mod registry;
 #[cfg(feature = "server")]
 pub mod storage;

@@ -5,7 +5,7 @@
 mod support;
 
 use oncekv::client::{Client, ClientConfig, Error};
-use oncekv::registry::{CommandResult, Value};
+use oncekv_core::{CommandResult, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,7 @@ async fn typed_operations() {
     assert_eq!(
         client.increment_result(b"name", 1).await.unwrap(),
         CommandResult::WrongType {
-            actual: oncekv::registry::ValueKind::Bytes
+            actual: oncekv_core::ValueKind::Bytes
         }
     );
     assert_eq!(
@@ -105,7 +105,7 @@ async fn sixty_four_in_flight_across_a_leader_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_fences_the_request() {
     use oncekv::proto::Reason;
-    use oncekv::registry::Command;
+    use oncekv_core::Command;
     use support::raw::{Raw, reason};
 
     let cluster =

@@ -6,7 +6,7 @@
 mod support;
 
 use oncekv::proto::{Reason, StatusRequest};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -7,7 +7,7 @@
 mod support;
 
 use oncekv::proto::Reason;
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
 use std::time::Duration;
 use support::cluster::Cluster;
 use support::raw::{Raw, reason};

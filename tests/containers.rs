@@ -32,7 +32,7 @@ use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Erro
 use oncekv::local::{agreed_leader, describe, free_ports};
 use oncekv::proto::admin_client::AdminClient;
 use oncekv::proto::{ChangeVotersRequest, Member, StateHashRequest, StatusReply};
-use oncekv::registry::Value;
+use oncekv_core::Value;
 use tokio::time::{Instant, sleep};
 
 const NODES: [u64; 3] = [1, 2, 3];

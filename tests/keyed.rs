@@ -11,7 +11,7 @@ mod support;
 use oncekv::client::{Client, ClientConfig, Error, KeyedReply};
 use oncekv::network::convert;
 use oncekv::proto::{self, admin_client::AdminClient};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
 use std::time::Duration;
 use support::admin::wait_hashes_agree;
 use support::cluster::Cluster;

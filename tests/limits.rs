@@ -12,7 +12,7 @@ mod support;
 use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
 use oncekv::network::status::{REASON_METADATA_KEY, error_detail};
 use oncekv::proto::{self, Reason};
-use oncekv::registry::{Command, CommandResult, Limit, Value};
+use oncekv_core::{Command, CommandResult, Limit, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::admin::oncekv;

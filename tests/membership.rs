@@ -10,7 +10,7 @@ mod support;
 
 use oncekv::network::convert;
 use oncekv::proto;
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
 use serde_json::Value as Json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -8,7 +8,7 @@
 mod support;
 
 use oncekv::proto::{self, Reason};
-use oncekv::registry::{Command, Value};
+use oncekv_core::{Command, Value};
 use std::time::Duration;
 use support::cluster::Cluster;
 use support::metrics::{counter, sample};

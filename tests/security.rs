@@ -266,7 +266,7 @@ async fn a_secure_cluster_keeps_strangers_out() {
                 seq: 2,
                 first_outstanding_seq: 2,
                 command: Some(oncekv::network::convert::command_to_proto(
-                    &oncekv::registry::Command::Increment {
+                    &oncekv_core::Command::Increment {
                         key: b"n".to_vec(),
                         delta: 100,
                     },

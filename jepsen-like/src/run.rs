@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use oncekv::client::{Client, ClientConfig};
-use oncekv::registry::Value;
+use oncekv_core::Value;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -682,8 +682,8 @@ fn restoring_patch(
     let keyed = oncekv::network::convert::keyed_config_from_proto(&original);
     let whole = oncekv::network::convert::registry_config_from_proto(Some(original))?;
     Ok(oncekv::network::convert::configs_patch_to_proto(
-        &oncekv::registry::ConfigPatch::replacing_with(&whole),
-        &oncekv::registry::KeyedConfigPatch::replacing_with(&keyed),
+        &oncekv_core::ConfigPatch::replacing_with(&whole),
+        &oncekv_core::KeyedConfigPatch::replacing_with(&keyed),
     ))
 }
 

@@ -36,7 +36,7 @@ use crate::network::convert;
 use crate::network::credentials::{AuthChannel, Credentials};
 use crate::network::status::error_detail;
 use crate::proto::{self, Reason, client_client::ClientClient};
-use crate::registry::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
+use oncekv_core::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
 use rand::Rng;
 use retry::Backoff;
 use seqs::Seqs;

@@ -20,8 +20,8 @@ use super::proposer::Proposer;
 use super::status::{ErrorReason, reason_status};
 use crate::proto::{self, admin_server};
 use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig, is_host_port, same_addr};
-use crate::registry::{ClientId, ClusterId, Op, Outcome};
 use crate::storage::SharedState;
+use oncekv_core::{ClientId, ClusterId, Op, Outcome};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership, RaftMetrics, ServerState};
@@ -499,10 +499,10 @@ impl admin_server::Admin for AdminApi {
         };
         let principal =
             convert::principal_from_proto(request.after_principal).map_err(convert_status)?;
-        if request.after_key.len() as u64 > crate::registry::bounds::IDEMPOTENCY_KEY_BYTES_MAX {
+        if request.after_key.len() as u64 > oncekv_core::bounds::IDEMPOTENCY_KEY_BYTES_MAX {
             return Err(invalid("after_key is longer than any idempotency key"));
         }
-        let after_key = crate::registry::IdempotencyKey(request.after_key);
+        let after_key = oncekv_core::IdempotencyKey(request.after_key);
         let applied = self.state.read();
         let registry = &applied.registry;
         let (keys, more) = registry.keys_after(&principal, &after_key, limit);

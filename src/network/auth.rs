@@ -17,8 +17,8 @@
 //! CA and not listed has the role `client`.
 
 use super::status::{ErrorReason, reason_status};
-use crate::registry::Principal;
 use futures::future::BoxFuture;
+use oncekv_core::Principal;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

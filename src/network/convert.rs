@@ -4,7 +4,7 @@
 //! core's business.
 
 use crate::proto;
-use crate::registry::{
+use oncekv_core::{
     Command, CommandResult, ConfigPatch, Fingerprint, IdempotencyKey, KeyView, KeyedConfig,
     KeyedConfigPatch, Limit, LimitExceeded, Principal, RegistryConfig, RequestLimits, SessionView,
     Value, ValueKind, bounds,

@@ -15,9 +15,9 @@ use crate::proto::RaftMessage;
 use crate::proto::raft_client::RaftClient;
 use crate::proto::raft_server;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
-use crate::registry::{ClusterId, codec};
 use crate::storage::ClusterIdentity;
 use futures::{Stream, StreamExt};
+use oncekv_core::{ClusterId, codec};
 use openraft::OptionalSend;
 use openraft::RaftNetworkFactory;
 use openraft::base::{BoxFuture, BoxStream};
@@ -743,7 +743,7 @@ impl raft_server::Raft for PeerService {
 mod tests {
     use super::*;
     use crate::raft_types::Entry;
-    use crate::registry::{Nonce, Op};
+    use oncekv_core::{Nonce, Op};
 
     fn append(indexes: std::ops::RangeInclusive<u64>) -> AppendEntriesRequest<TypeConfig> {
         let log_id = |index| openraft::testing::log_id::<TypeConfig>(2, 1, index);
@@ -753,12 +753,12 @@ mod tests {
             entries: indexes
                 .map(|index| Entry {
                     log_id: log_id(index),
-                    payload: openraft::EntryPayload::Normal(crate::registry::Entry::single(
+                    payload: openraft::EntryPayload::Normal(oncekv_core::Entry::single(
                         index,
                         Op::Register {
                             cluster_id: None,
                             nonce: Nonce(u128::from(index)),
-                            principal: crate::registry::Principal::anonymous(),
+                            principal: oncekv_core::Principal::anonymous(),
                         },
                     )),
                 })

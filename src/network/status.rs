@@ -4,7 +4,7 @@
 //! the top of `proto/oncekv.proto`).
 
 use crate::proto::{ErrorDetail, Reason};
-use crate::registry::{ClusterId, Limit, LimitExceeded, Rejection, Seq};
+use oncekv_core::{ClusterId, Limit, LimitExceeded, Rejection, Seq};
 use prost::Message;
 use tonic::Code;
 

@@ -15,12 +15,12 @@ use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::{self, ReadIndex};
-use crate::registry::{ClusterId, Entry, Op, Outcome};
 use crate::storage::{
     ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore, replace_file_durably,
 };
 use anyhow::{Context, bail};
 use config::NodeConfig;
+use oncekv_core::{ClusterId, Entry, Op, Outcome};
 use openraft::SnapshotPolicy;
 use openraft::async_runtime::WatchReceiver;
 use std::future::Future;
