@@ -12,7 +12,6 @@ pub mod metrics;
 pub mod network;
 #[cfg(feature = "server")]
 pub mod node;
-pub mod proto;
 #[cfg(feature = "server")]
 pub mod raft_types;
 #[cfg(feature = "server")]

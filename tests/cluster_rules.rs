@@ -6,8 +6,8 @@
 
 mod support;
 
-use oncekv::proto::{self, Reason};
 use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::proto::{self, Reason};
 use std::time::Duration;
 use support::cluster::{Cluster, NODES, Timing};
 use support::raw::{Raw, raw_client, reason};
@@ -184,26 +184,28 @@ async fn reads_on_a_leader_restarted_in_its_term_see_what_it_acknowledged() {
         cluster_id: raw.cluster_id.clone(),
         key: b"x".to_vec(),
     };
-    let reader =
-        {
-            let mut client = cluster.client(leader);
-            tokio::spawn(async move {
-                let until = Instant::now() + Duration::from_secs(20);
-                let mut values = Vec::new();
-                while values.len() < 100 && Instant::now() < until {
-                    match client.read(request.clone()).await {
-                        Ok(reply) => values.push(reply.into_inner().value.map(|value| {
-                            oncekv::network::convert::value_from_proto(value).unwrap()
-                        })),
-                        Err(error) => assert!(
-                            support::raw::retryable(&error),
-                            "a read fails only for this attempt: {error:?}"
-                        ),
-                    }
+    let reader = {
+        let mut client = cluster.client(leader);
+        tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(20);
+            let mut values = Vec::new();
+            while values.len() < 100 && Instant::now() < until {
+                match client.read(request.clone()).await {
+                    Ok(reply) => values.push(
+                        reply
+                            .into_inner()
+                            .value
+                            .map(|value| oncekv_wire::convert::value_from_proto(value).unwrap()),
+                    ),
+                    Err(error) => assert!(
+                        support::raw::retryable(&error),
+                        "a read fails only for this attempt: {error:?}"
+                    ),
                 }
-                values
-            })
-        };
+            }
+            values
+        })
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
     for &follower in &followers {
         cluster.resume(follower);
@@ -247,7 +249,7 @@ async fn rule16_request_for_another_cluster_is_refused() {
         .await
         .expect_err("another cluster's request");
     assert_eq!(reason(&error), Some(Reason::WrongCluster));
-    let detail = oncekv::network::status::error_detail(&error).unwrap();
+    let detail = oncekv_wire::status::error_detail(&error).unwrap();
     assert_eq!(detail.expected_cluster_id, raw.cluster_id);
     assert_eq!(raw.read(b"n").await, None);
 }
@@ -388,7 +390,7 @@ async fn deposed_leader_serves_no_stale_read() {
     match read {
         Ok(reply) => assert_eq!(
             reply.into_inner().value,
-            Some(oncekv::network::convert::value_to_proto(&Value::Int(2))),
+            Some(oncekv_wire::convert::value_to_proto(&Value::Int(2))),
             "a read after the new write must see it"
         ),
         Err(error) => assert!(

@@ -14,12 +14,12 @@
 
 mod support;
 
-use oncekv::network::convert;
-use oncekv::proto;
 use oncekv::raft_types::TypeConfig;
 use oncekv_core::codec;
 use oncekv_core::snapshot;
 use oncekv_core::{ClientId, Command, Entry, Execute, IdempotencyKey, Nonce, Op, Value};
+use oncekv_wire::convert;
+use oncekv_wire::proto;
 use proptest::prelude::*;
 use prost::Message;
 use support::registry::{CLUSTER, Driver, append, incr};

@@ -7,8 +7,8 @@
 
 mod support;
 
-use oncekv::proto::Reason;
 use oncekv_core::{Command, CommandResult};
+use oncekv_wire::proto::Reason;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::cluster::{Cluster, NODES};

@@ -23,9 +23,9 @@ use serde_json::{Map, Value as Json, json};
 
 use super::admin::Admin;
 use super::kv::{Failure, Success, bytes_text, hex, kind_name, success, value_inline, value_json};
-use crate::network::convert;
-use crate::proto;
 use oncekv_core::CommandResult;
+use oncekv_wire::convert;
+use oncekv_wire::proto;
 
 /// Most keys one `ListKeys` call returns (the node's page limit).
 const PAGE_MAX: u32 = 1000;

@@ -98,8 +98,8 @@ use std::time::Duration;
 use serde_json::{Map, Value as Json, json};
 
 use crate::client::{Client, ClientConfig, Error, KeyedReply};
-use crate::proto::StatusReply;
 use oncekv_core::{Command, CommandResult, Value, ValueKind};
+use oncekv_wire::proto::StatusReply;
 
 use super::reach::{self, plain_reason};
 use super::status::{QueryError, query};

@@ -14,12 +14,12 @@
 //! load, the costs of an entry (its append, fsyncs, replication and apply
 //! call) are paid once per batch instead of once per request.
 
-use super::client_api::{clock_status, write_status};
-use super::status::{ErrorReason, reason_status};
+use super::status::{clock_status, write_status};
 use crate::clock::ClusterClock;
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{Raft, TypeConfig};
 use oncekv_core::{Command, Entry, Op, Outcome, Value};
+use oncekv_wire::status::{ErrorReason, reason_status};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
