@@ -28,8 +28,8 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use oncekv::raft_types::{LogId, TypeConfig, Vote};
-use oncekv::registry::{ClientId, ClusterId, Command, Entry, Execute, Op, Value};
 use oncekv::storage::{SegmentLogStore, SledLogStore};
+use oncekv_core::{ClientId, ClusterId, Command, Entry, Execute, Op, Value};
 use openraft::entry::RaftEntry as _;
 use openraft::storage::{IOFlushed, RaftLogStorage, RaftLogStorageExt};
 use openraft::{LogState, OptionalSend, RaftLogReader};
@@ -58,7 +58,7 @@ fn raft_entry(index: u64) -> RaftEntry {
                     key: format!("key-{index:012}").into_bytes(),
                     value: Value::Bytes(vec![0x5a; 64]),
                 },
-                principal: oncekv::registry::Principal::anonymous(),
+                principal: oncekv_core::Principal::anonymous(),
             }),
         )),
     }
@@ -354,7 +354,7 @@ fn main() {
         Ok(runtime) => runtime,
         Err(error) => panic!("tokio runtime: {error}"),
     };
-    let payload_bytes = oncekv::registry::codec::encode(&raft_entry(1_000_000)).len();
+    let payload_bytes = oncekv_core::codec::encode(&raft_entry(1_000_000)).len();
     eprintln!("one entry encodes to {payload_bytes} bytes");
     let mut c = Criterion::default().configure_from_args();
     bench_baselines(&mut c);

@@ -7,7 +7,7 @@
 //! ```
 
 use oncekv::client::{Client, Error};
-use oncekv::registry::Value;
+use oncekv_core::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

@@ -34,7 +34,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use oncekv::cli::local_cluster::{LocalCluster, Options};
 use oncekv::client::{Client, Error};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

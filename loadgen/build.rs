@@ -1,6 +1,6 @@
 //! Compiles the etcd subset beside this file with the pure-Rust `protox`
 //! compiler (no system `protoc`); client stubs only. oncekv's own wire types
-//! come from the `oncekv` crate.
+//! come from the `oncekv-wire` crate.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/etcd_subset.proto";

@@ -12,11 +12,9 @@ pub mod metrics;
 pub mod network;
 #[cfg(feature = "server")]
 pub mod node;
-pub mod proto;
 #[cfg(feature = "server")]
 pub mod raft_types;
 #[cfg(feature = "server")]
 pub mod read_index;
-pub mod registry;
 #[cfg(feature = "server")]
 pub mod storage;

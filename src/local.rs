@@ -9,7 +9,7 @@ use std::fs::File;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
-use crate::proto::StatusReply;
+use oncekv_wire::proto::StatusReply;
 
 /// `--worker-threads` for each of `nodes` nodes sharing this machine: their
 /// share of its cores, at least one. Each node defaulting to one thread per

@@ -8,7 +8,7 @@
 //! Every metric is documented in docs/operating.md ("Metrics and dashboard").
 
 use crate::raft_types::{NodeId, TypeConfig};
-use crate::registry::{Entry, Limit, Op, Outcome, Registry, Rejection};
+use oncekv_core::{Entry, Limit, Op, Outcome, Registry, Rejection};
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -584,8 +584,8 @@ mod tests {
                 outcome: "applied",
             })
             .inc();
-        let registry = crate::registry::Registry::new();
-        let hash = crate::registry::snapshot::state_hash(&registry).to_string();
+        let registry = oncekv_core::Registry::new();
+        let hash = oncekv_core::snapshot::state_hash(&registry).to_string();
         metrics.refresh(&RaftMetrics::new_initial(3), &registry, hash);
         let text = metrics.encode();
         let names = exported_series_names(&text);
@@ -619,7 +619,7 @@ mod tests {
     /// as expired.
     #[test]
     fn keyed_outcomes_and_expiries_are_counted() {
-        use crate::registry::{
+        use oncekv_core::{
             ClusterId, Command, ConfigPatch, IdempotencyKey, KeyedConfigPatch, Principal,
             RegistryConfig,
         };

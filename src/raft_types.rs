@@ -2,7 +2,6 @@
 //! registry entry), what applying one returns, and what the cluster knows of
 //! each node (its peer and client addresses). Types only.
 
-use crate::registry;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io::Cursor;
@@ -52,11 +51,11 @@ pub fn same_addr(a: &str, b: &str) -> bool {
 /// The response of one applied log entry: the registry's outcome of each
 /// request of its batch, in order; empty for Raft's own blank and
 /// membership entries.
-pub type Applied = Vec<registry::Outcome>;
+pub type Applied = Vec<oncekv_core::Outcome>;
 
 openraft::declare_raft_types!(
     pub TypeConfig:
-        D = registry::Entry,
+        D = oncekv_core::Entry,
         R = Applied,
         NodeId = u64,
         Node = NodeInfo,

@@ -8,10 +8,10 @@
 
 mod support;
 
-use oncekv::network::convert;
-use oncekv::network::status::error_detail;
-use oncekv::proto::{self, Reason};
-use oncekv::registry::{Command, CommandResult, RegistryConfig, Value};
+use oncekv_core::{Command, CommandResult, RegistryConfig, Value};
+use oncekv_wire::convert;
+use oncekv_wire::proto::{self, Reason};
+use oncekv_wire::status::error_detail;
 use std::time::Duration;
 use support::admin::{oncekv, wait_hashes_agree};
 use support::cluster::Cluster;

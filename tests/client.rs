@@ -5,7 +5,7 @@
 mod support;
 
 use oncekv::client::{Client, ClientConfig, Error};
-use oncekv::registry::{CommandResult, Value};
+use oncekv_core::{CommandResult, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,7 @@ async fn typed_operations() {
     assert_eq!(
         client.increment_result(b"name", 1).await.unwrap(),
         CommandResult::WrongType {
-            actual: oncekv::registry::ValueKind::Bytes
+            actual: oncekv_core::ValueKind::Bytes
         }
     );
     assert_eq!(
@@ -104,8 +104,8 @@ async fn sixty_four_in_flight_across_a_leader_change() {
 #[cfg(feature = "fault-injection")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_fences_the_request() {
-    use oncekv::proto::Reason;
-    use oncekv::registry::Command;
+    use oncekv_core::Command;
+    use oncekv_wire::proto::Reason;
     use support::raw::{Raw, reason};
 
     let cluster =
@@ -141,7 +141,7 @@ async fn deadline_fences_the_request() {
     let floors = loop {
         let mut floors = Vec::new();
         for node in 1..=3 {
-            let request = oncekv::proto::GetSessionRequest { client_id };
+            let request = oncekv_wire::proto::GetSessionRequest { client_id };
             floors.push(match cluster.admin(node).get_session(request).await {
                 Ok(session) => Ok(session.into_inner().floor),
                 Err(status) => Err(status.code()),

@@ -5,8 +5,8 @@
 
 mod support;
 
-use oncekv::proto::{Reason, StatusRequest};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::proto::{Reason, StatusRequest};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -72,7 +72,7 @@ async fn election_writes_and_not_leader_hint() {
         .await
         .expect_err("a follower does not execute");
     assert_eq!(reason(&error), Some(Reason::NotLeader));
-    let detail = oncekv::network::status::error_detail(&error).unwrap();
+    let detail = oncekv_wire::status::error_detail(&error).unwrap();
     let leader_now = cluster.wait_for_leader(Duration::from_secs(60)).await;
     assert_eq!(detail.leader_client_addr, cluster.client_addr(leader_now));
 
@@ -296,7 +296,7 @@ async fn lagging_node_catches_up_by_snapshot_and_recognises_retries() {
         .into_inner();
     assert!(reply.duplicate, "recognised as a retry");
     assert_eq!(
-        oncekv::network::convert::result_from_proto(reply.result).unwrap(),
+        oncekv_wire::convert::result_from_proto(reply.result).unwrap(),
         CommandResult::Incremented { value: 75 }
     );
     assert_eq!(raw.read(b"k").await, Some(Value::Int(150)));

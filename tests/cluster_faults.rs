@@ -6,8 +6,8 @@
 
 mod support;
 
-use oncekv::proto::Reason;
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::proto::Reason;
 use std::time::Duration;
 use support::cluster::Cluster;
 use support::raw::{Raw, reason};

@@ -7,8 +7,8 @@
 
 mod support;
 
-use oncekv::proto::{self, Reason};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::proto::{self, Reason};
 use std::time::Duration;
 use support::cluster::{Cluster, NODES, Timing};
 use support::raw::{Raw, raw_client, reason};

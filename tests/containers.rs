@@ -30,9 +30,9 @@ use std::time::Duration;
 use oncekv::cli::status::query;
 use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
 use oncekv::local::{agreed_leader, describe, free_ports};
-use oncekv::proto::admin_client::AdminClient;
-use oncekv::proto::{ChangeVotersRequest, Member, StateHashRequest, StatusReply};
-use oncekv::registry::Value;
+use oncekv_core::Value;
+use oncekv_wire::proto::admin_client::AdminClient;
+use oncekv_wire::proto::{ChangeVotersRequest, Member, StateHashRequest, StatusReply};
 use tokio::time::{Instant, sleep};
 
 const NODES: [u64; 3] = [1, 2, 3];

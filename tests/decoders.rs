@@ -14,12 +14,12 @@
 
 mod support;
 
-use oncekv::network::convert;
-use oncekv::proto;
 use oncekv::raft_types::TypeConfig;
-use oncekv::registry::codec;
-use oncekv::registry::snapshot;
-use oncekv::registry::{ClientId, Command, Entry, Execute, IdempotencyKey, Nonce, Op, Value};
+use oncekv_core::codec;
+use oncekv_core::snapshot;
+use oncekv_core::{ClientId, Command, Entry, Execute, IdempotencyKey, Nonce, Op, Value};
+use oncekv_wire::convert;
+use oncekv_wire::proto;
 use proptest::prelude::*;
 use prost::Message;
 use support::registry::{CLUSTER, Driver, append, incr};
@@ -108,7 +108,7 @@ fn snapshot_sample() -> Vec<u8> {
             cluster_id: CLUSTER,
             key: IdempotencyKey(key.as_bytes().to_vec()),
             command,
-            principal: oncekv::registry::Principal(principal.into()),
+            principal: oncekv_core::Principal(principal.into()),
         });
     }
     assert_eq!(driver.registry.key_count(), 3);
@@ -123,20 +123,20 @@ fn entry_samples() -> Vec<Vec<u8>> {
         seq: 9,
         first_outstanding_seq: 8,
         command: incr("k", -4),
-        principal: oncekv::registry::Principal("alice".into()),
+        principal: oncekv_core::Principal("alice".into()),
     });
     let ops = vec![
         Op::Register {
             cluster_id: Some(CLUSTER),
             nonce: Nonce(0xfeed),
-            principal: oncekv::registry::Principal("alice".into()),
+            principal: oncekv_core::Principal("alice".into()),
         },
         execute.clone(),
         Op::KeepAlive {
             cluster_id: CLUSTER,
             client_id: ClientId(3),
             first_outstanding_seq: 10,
-            principal: oncekv::registry::Principal("alice".into()),
+            principal: oncekv_core::Principal("alice".into()),
         },
         Op::ExecutePlain {
             cluster_id: CLUSTER,
@@ -145,26 +145,26 @@ fn entry_samples() -> Vec<Vec<u8>> {
         Op::Unregister {
             cluster_id: CLUSTER,
             client_id: ClientId(3),
-            principal: Some(oncekv::registry::Principal("alice".into())),
+            principal: Some(oncekv_core::Principal("alice".into())),
         },
         Op::ExecuteKeyed {
             cluster_id: CLUSTER,
             key: IdempotencyKey(b"msg-42".to_vec()),
             command: incr("k", 2),
-            principal: oncekv::registry::Principal("alice".into()),
+            principal: oncekv_core::Principal("alice".into()),
         },
         Op::ForgetKey {
             cluster_id: CLUSTER,
-            principal: oncekv::registry::Principal("alice".into()),
+            principal: oncekv_core::Principal("alice".into()),
             key: IdempotencyKey(b"msg-42".to_vec()),
         },
         Op::PatchConfigs {
             cluster_id: CLUSTER,
-            patch: oncekv::registry::ConfigPatch {
+            patch: oncekv_core::ConfigPatch {
                 window: Some(4),
                 ..Default::default()
             },
-            keyed: oncekv::registry::KeyedConfigPatch {
+            keyed: oncekv_core::KeyedConfigPatch {
                 idempotency_key_ttl_ms: Some(1_000),
                 ..Default::default()
             },
@@ -236,7 +236,7 @@ fn convert_request(bytes: &[u8]) {
     {
         assert!(
             !key.0.is_empty()
-                && key.0.len() as u64 <= oncekv::registry::bounds::IDEMPOTENCY_KEY_BYTES_MAX,
+                && key.0.len() as u64 <= oncekv_core::bounds::IDEMPOTENCY_KEY_BYTES_MAX,
             "a converted idempotency key the wire refuses"
         );
         let _ = convert::command_from_proto(request.command);
@@ -288,7 +288,7 @@ fn convert_reply(bytes: &[u8]) {
 }
 
 fn result_samples() -> Vec<Vec<u8>> {
-    use oncekv::registry::CommandResult;
+    use oncekv_core::CommandResult;
     [
         CommandResult::Stored,
         CommandResult::Incremented { value: 7 },
@@ -297,7 +297,7 @@ fn result_samples() -> Vec<Vec<u8>> {
             current: Some(Value::List(vec![b"x".to_vec()])),
         },
         CommandResult::WrongType {
-            actual: oncekv::registry::ValueKind::List,
+            actual: oncekv_core::ValueKind::List,
         },
     ]
     .iter()
@@ -313,16 +313,16 @@ fn key_samples() -> Vec<Vec<u8>> {
         cluster_id: CLUSTER,
         key: IdempotencyKey(b"k".to_vec()),
         command: incr("n", 1),
-        principal: oncekv::registry::Principal("alice".into()),
+        principal: oncekv_core::Principal("alice".into()),
     });
     registry.apply(Op::ExecuteKeyed {
         cluster_id: CLUSTER,
         key: IdempotencyKey(b"big".to_vec()),
         command: append("n", "x"),
-        principal: oncekv::registry::Principal::anonymous(),
+        principal: oncekv_core::Principal::anonymous(),
     });
     let (keys, _) = registry.registry.keys_after(
-        &oncekv::registry::Principal::anonymous(),
+        &oncekv_core::Principal::anonymous(),
         &IdempotencyKey(Vec::new()),
         10,
     );
@@ -469,7 +469,7 @@ fn a_huge_length_prefix_is_refused_without_allocating() {
             command: Command::Delete {
                 key: marker.clone(),
             },
-            principal: oncekv::registry::Principal("alice".into()),
+            principal: oncekv_core::Principal("alice".into()),
         }),
     ));
     let mut key_field = vec![3u8];

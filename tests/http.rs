@@ -8,7 +8,7 @@
 
 mod support;
 
-use oncekv::registry::Value;
+use oncekv_core::Value;
 use serde_json::json;
 use std::time::Duration;
 use support::cluster::{Cluster, NODES};

@@ -9,9 +9,9 @@
 mod support;
 
 use oncekv::client::{Client, ClientConfig, Error, KeyedReply};
-use oncekv::network::convert;
-use oncekv::proto::{self, admin_client::AdminClient};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::convert;
+use oncekv_wire::proto::{self, admin_client::AdminClient};
 use std::time::Duration;
 use support::admin::wait_hashes_agree;
 use support::cluster::Cluster;

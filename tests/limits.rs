@@ -10,9 +10,9 @@
 mod support;
 
 use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
-use oncekv::network::status::{REASON_METADATA_KEY, error_detail};
-use oncekv::proto::{self, Reason};
-use oncekv::registry::{Command, CommandResult, Limit, Value};
+use oncekv_core::{Command, CommandResult, Limit, Value};
+use oncekv_wire::proto::{self, Reason};
+use oncekv_wire::status::{REASON_METADATA_KEY, error_detail};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::admin::oncekv;

@@ -8,9 +8,9 @@
 
 mod support;
 
-use oncekv::network::convert;
-use oncekv::proto;
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::convert;
+use oncekv_wire::proto;
 use serde_json::Value as Json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -7,8 +7,8 @@
 
 mod support;
 
-use oncekv::proto::Reason;
-use oncekv::registry::{Command, CommandResult};
+use oncekv_core::{Command, CommandResult};
+use oncekv_wire::proto::Reason;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::cluster::{Cluster, NODES};
@@ -320,8 +320,8 @@ fn dashboard_queries_name_exported_metrics() {
             result: "ok",
         })
         .inc();
-    let registry = oncekv::registry::Registry::new();
-    let hash = oncekv::registry::snapshot::state_hash(&registry).to_string();
+    let registry = oncekv_core::Registry::new();
+    let hash = oncekv_core::snapshot::state_hash(&registry).to_string();
     metrics.refresh(&openraft::RaftMetrics::new_initial(1), &registry, hash);
     let exported = oncekv::metrics::exported_series_names(&metrics.encode());
 

@@ -7,8 +7,8 @@
 
 mod support;
 
-use oncekv::proto::{self, Reason};
-use oncekv::registry::{Command, Value};
+use oncekv_core::{Command, Value};
+use oncekv_wire::proto::{self, Reason};
 use std::time::Duration;
 use support::cluster::Cluster;
 use support::metrics::{counter, sample};
@@ -57,7 +57,7 @@ async fn burst_beyond_admission_is_refused_quickly_and_never_executed() {
 
     let request = proto::ExecutePlainRequest {
         cluster_id: raw.cluster_id.clone(),
-        command: Some(oncekv::network::convert::command_to_proto(
+        command: Some(oncekv_wire::convert::command_to_proto(
             &Command::Increment {
                 key: b"burst".to_vec(),
                 delta: 1,
@@ -183,10 +183,10 @@ async fn oversized_message_is_invalid_argument() {
     let cluster = Cluster::start("oversized").await;
     let raw = raw_client(&cluster).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
-    let huge = vec![7u8; oncekv::network::CLIENT_MESSAGE_BYTES_MAX + 1024];
+    let huge = vec![7u8; oncekv_wire::CLIENT_MESSAGE_BYTES_MAX + 1024];
     let request = proto::ExecutePlainRequest {
         cluster_id: raw.cluster_id.clone(),
-        command: Some(oncekv::network::convert::command_to_proto(&Command::Put {
+        command: Some(oncekv_wire::convert::command_to_proto(&Command::Put {
             key: b"huge".to_vec(),
             value: Value::Bytes(huge),
         })),

@@ -4,8 +4,8 @@
 
 mod support;
 
-use oncekv::registry::snapshot;
-use oncekv::registry::{
+use oncekv_core::snapshot;
+use oncekv_core::{
     Command, CommandResult, ConfigPatch, Entry, IdempotencyKey, InvalidArgument,
     KEY_RECORD_BOOKKEEPING_BYTES, KeyedConfig, KeyedConfigPatch, Limit, LimitExceeded, Op, Outcome,
     Principal, Registry, RegistryConfig, Rejection, Value, key_record_size_bytes,

@@ -8,8 +8,8 @@
 
 mod support;
 
-use oncekv::registry::snapshot;
-use oncekv::registry::{
+use oncekv_core::snapshot;
+use oncekv_core::{
     ClientId, Command, CommandResult, ConfigPatch, Entry, Execute, InvalidArgument, Nonce, Op,
     Outcome, Registration, Registry, RegistryConfig, Rejection, Seq, Value,
 };
@@ -422,7 +422,7 @@ impl Run {
             seq: request.seq,
             first_outstanding_seq: request.sent_floor,
             command: request.command.clone(),
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }));
         let expected = self.model.execute(client_id, &request);
         assert_eq!(outcome, expected, "execute {request:?}");
@@ -452,7 +452,7 @@ impl Run {
                 let outcome = self.apply(Op::Register {
                     cluster_id: Some(CLUSTER),
                     nonce: Nonce(nonce),
-                    principal: oncekv::registry::Principal::anonymous(),
+                    principal: oncekv_core::Principal::anonymous(),
                 });
                 assert_eq!(outcome, self.model.register(self.index, nonce));
                 let Outcome::Registered(registration) = outcome else {
@@ -559,7 +559,7 @@ impl Run {
                     cluster_id: CLUSTER,
                     client_id,
                     first_outstanding_seq: floor,
-                    principal: oncekv::registry::Principal::anonymous(),
+                    principal: oncekv_core::Principal::anonymous(),
                 });
                 assert_eq!(outcome, self.model.keep_alive(client_id, floor));
             }

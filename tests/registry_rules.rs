@@ -3,8 +3,8 @@
 
 mod support;
 
-use oncekv::registry::snapshot;
-use oncekv::registry::{
+use oncekv_core::snapshot;
+use oncekv_core::{
     CACHED_RESPONSE_BOOKKEEPING_BYTES, ClientId, ClusterId, Command, CommandResult, ConfigPatch,
     Entry, InvalidArgument, Limit, LimitExceeded, Nonce, Op, Outcome, Registry, RegistryConfig,
     Rejection, Value, ValueKind,
@@ -56,7 +56,7 @@ fn rule02_register_is_idempotent_by_nonce() {
     let register = Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(77),
-        principal: oncekv::registry::Principal::anonymous(),
+        principal: oncekv_core::Principal::anonymous(),
     };
     let Outcome::Registered(first) = driver.apply(register.clone()) else {
         panic!("register failed")
@@ -118,13 +118,13 @@ fn rule04_applied_index_never_moves_backwards() {
     let client = driver.register(1);
     let entry = Entry::single(
         driver.now_ms,
-        Op::Execute(oncekv::registry::Execute {
+        Op::Execute(oncekv_core::Execute {
             cluster_id: CLUSTER,
             client_id: client,
             seq: 1,
             first_outstanding_seq: 1,
             command: incr("n", 1),
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }),
     );
     let index = driver.index;
@@ -481,7 +481,7 @@ fn rule12_session_limit_rejects_without_evicting() {
         driver.apply(Op::Register {
             cluster_id: Some(CLUSTER),
             nonce: Nonce(3),
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }),
         rejected(Rejection::ResourceExhausted(Limit::Sessions))
     );
@@ -1136,26 +1136,26 @@ fn rule16_wrong_cluster_is_rejected() {
         Op::Register {
             cluster_id: Some(other),
             nonce: Nonce(2),
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         },
-        Op::Execute(oncekv::registry::Execute {
+        Op::Execute(oncekv_core::Execute {
             cluster_id: other,
             client_id: client,
             seq: 1,
             first_outstanding_seq: 1,
             command: incr("n", 1),
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }),
         Op::KeepAlive {
             cluster_id: other,
             client_id: client,
             first_outstanding_seq: 5,
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         },
         Op::Unregister {
             cluster_id: other,
             client_id: client,
-            principal: Some(oncekv::registry::Principal::anonymous()),
+            principal: Some(oncekv_core::Principal::anonymous()),
         },
         Op::SetConfig {
             cluster_id: other,
@@ -1187,7 +1187,7 @@ fn entries_before_bootstrap_are_refused() {
             Op::Register {
                 cluster_id: None,
                 nonce: Nonce(1),
-                principal: oncekv::registry::Principal::anonymous(),
+                principal: oncekv_core::Principal::anonymous(),
             },
         ),
     );
@@ -1303,7 +1303,7 @@ fn unregister_ends_the_session() {
     let unregister = Op::Unregister {
         cluster_id: CLUSTER,
         client_id: client,
-        principal: Some(oncekv::registry::Principal::anonymous()),
+        principal: Some(oncekv_core::Principal::anonymous()),
     };
     assert_eq!(driver.apply(unregister.clone()), Outcome::Unregistered);
     assert_eq!(
@@ -1331,13 +1331,13 @@ fn plain_execute_is_at_least_once() {
 }
 
 fn execute_op(client_id: ClientId, seq: u64, command: Command) -> Op {
-    Op::Execute(oncekv::registry::Execute {
+    Op::Execute(oncekv_core::Execute {
         cluster_id: CLUSTER,
         client_id,
         seq,
         first_outstanding_seq: seq,
         command,
-        principal: oncekv::registry::Principal::anonymous(),
+        principal: oncekv_core::Principal::anonymous(),
     })
 }
 
@@ -1453,7 +1453,7 @@ fn rule01_batched_registrations_get_unique_ids_never_reused() {
     let register = |nonce| Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(nonce),
-        principal: oncekv::registry::Principal::anonymous(),
+        principal: oncekv_core::Principal::anonymous(),
     };
     let outcomes = driver.apply_batch(vec![register(1), register(2), register(1), register(3)]);
     let ids: Vec<(u64, bool)> = outcomes
@@ -1477,7 +1477,7 @@ fn rule01_batched_registrations_get_unique_ids_never_reused() {
     let unregister = Op::Unregister {
         cluster_id: CLUSTER,
         client_id: ClientId(index + 2),
-        principal: Some(oncekv::registry::Principal::anonymous()),
+        principal: Some(oncekv_core::Principal::anonymous()),
     };
     assert_eq!(driver.apply(unregister), Outcome::Unregistered);
     assert_eq!(driver.index, index + 1);

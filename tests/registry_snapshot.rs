@@ -4,8 +4,8 @@
 
 mod support;
 
-use oncekv::registry::snapshot::{self, SnapshotError};
-use oncekv::registry::{Command, Entry, Execute, Nonce, Op, Registry, RegistryConfig, Value};
+use oncekv_core::snapshot::{self, SnapshotError};
+use oncekv_core::{Command, Entry, Execute, Nonce, Op, Registry, RegistryConfig, Value};
 use proptest::prelude::*;
 use support::registry::{CLUSTER, Driver, append, incr};
 
@@ -26,7 +26,7 @@ fn log() -> Vec<Entry> {
     let register = |nonce| Op::Register {
         cluster_id: Some(CLUSTER),
         nonce: Nonce(nonce),
-        principal: oncekv::registry::Principal::anonymous(),
+        principal: oncekv_core::Principal::anonymous(),
     };
     for nonce in 1..=4u128 {
         entries.push(Entry::single(10, register(nonce)));
@@ -48,11 +48,11 @@ fn log() -> Vec<Entry> {
             let execute = |seq, floor, command: Command| {
                 Op::Execute(Execute {
                     cluster_id: CLUSTER,
-                    client_id: oncekv::registry::ClientId(client),
+                    client_id: oncekv_core::ClientId(client),
                     seq,
                     first_outstanding_seq: floor,
                     command,
-                    principal: oncekv::registry::Principal::anonymous(),
+                    principal: oncekv_core::Principal::anonymous(),
                 })
             };
             entries.push(Entry::single(
@@ -80,19 +80,19 @@ fn log() -> Vec<Entry> {
                     register(2),
                     Op::Execute(Execute {
                         cluster_id: CLUSTER,
-                        client_id: oncekv::registry::ClientId(3),
+                        client_id: oncekv_core::ClientId(3),
                         seq: 500,
                         first_outstanding_seq: 1,
                         command: incr("batched", 1),
-                        principal: oncekv::registry::Principal::anonymous(),
+                        principal: oncekv_core::Principal::anonymous(),
                     }),
                     Op::Execute(Execute {
                         cluster_id: CLUSTER,
-                        client_id: oncekv::registry::ClientId(999_999),
+                        client_id: oncekv_core::ClientId(999_999),
                         seq: 1,
                         first_outstanding_seq: 1,
                         command: incr("batched", 1),
-                        principal: oncekv::registry::Principal::anonymous(),
+                        principal: oncekv_core::Principal::anonymous(),
                     }),
                 ]),
             });
@@ -102,9 +102,9 @@ fn log() -> Vec<Entry> {
         // later ones as time goes on) and an operator's forget.
         let keyed = |principal: &str, key: String, command: Command| Op::ExecuteKeyed {
             cluster_id: CLUSTER,
-            key: oncekv::registry::IdempotencyKey(key.into_bytes()),
+            key: oncekv_core::IdempotencyKey(key.into_bytes()),
             command,
-            principal: oncekv::registry::Principal(principal.into()),
+            principal: oncekv_core::Principal(principal.into()),
         };
         let principal = ["", "alice"][round as usize % 2];
         entries.push(Entry::single(
@@ -122,8 +122,8 @@ fn log() -> Vec<Entry> {
                 stamp,
                 Op::PatchConfigs {
                     cluster_id: CLUSTER,
-                    patch: oncekv::registry::ConfigPatch::default(),
-                    keyed: oncekv::registry::KeyedConfigPatch {
+                    patch: oncekv_core::ConfigPatch::default(),
+                    keyed: oncekv_core::KeyedConfigPatch {
                         idempotency_key_ttl_ms: Some(1_500),
                         ..Default::default()
                     },
@@ -135,8 +135,8 @@ fn log() -> Vec<Entry> {
                 stamp,
                 Op::ForgetKey {
                     cluster_id: CLUSTER,
-                    principal: oncekv::registry::Principal::anonymous(),
-                    key: oncekv::registry::IdempotencyKey(b"key2".to_vec()),
+                    principal: oncekv_core::Principal::anonymous(),
+                    key: oncekv_core::IdempotencyKey(b"key2".to_vec()),
                 },
             ));
         }
@@ -280,7 +280,7 @@ proptest! {
     /// Arbitrary bytes never decode as a log entry by accident into a panic.
     #[test]
     fn hostile_entry_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-        let _ = oncekv::registry::codec::decode_entry(&bytes);
+        let _ = oncekv_core::codec::decode_entry(&bytes);
     }
 }
 

@@ -5,8 +5,8 @@
 
 mod support;
 
-use oncekv::registry::snapshot;
-use oncekv::registry::{
+use oncekv_core::snapshot;
+use oncekv_core::{
     ClientId, Execute, InvalidArgument, Nonce, Op, Outcome, Principal, Registry, Rejection, Seq,
 };
 use proptest::prelude::*;
@@ -88,7 +88,7 @@ fn another_principal_cannot_touch_a_session() {
     ));
     let before = driver.registry.session(id).expect("live");
     assert_eq!(before.owner, alice());
-    let facts = |view: oncekv::registry::SessionView| {
+    let facts = |view: oncekv_core::SessionView| {
         (
             view.owner,
             view.floor,

@@ -10,8 +10,8 @@ mod support;
 
 use oncekv::client::{Client, ClientConfig};
 use oncekv::network::credentials::{AuthChannel, CredentialPaths, Credentials};
-use oncekv::proto::raft_client::RaftClient;
-use oncekv::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
+use oncekv_wire::proto::raft_client::RaftClient;
+use oncekv_wire::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
 use std::time::Duration;
 use support::admin::run_to_exit;
 use support::cluster::{Cluster, make_certs};
@@ -265,8 +265,8 @@ async fn a_secure_cluster_keeps_strangers_out() {
                 client_id: alice_id,
                 seq: 2,
                 first_outstanding_seq: 2,
-                command: Some(oncekv::network::convert::command_to_proto(
-                    &oncekv::registry::Command::Increment {
+                command: Some(oncekv_wire::convert::command_to_proto(
+                    &oncekv_core::Command::Increment {
                         key: b"n".to_vec(),
                         delta: 100,
                     },

@@ -15,8 +15,8 @@
 )]
 
 use oncekv::raft_types::{StorageError, TypeConfig, Vote};
-use oncekv::registry::{ClusterId, Entry, Nonce, Op, RegistryConfig, snapshot};
 use oncekv::storage::{SegmentLogStore, SledLogStore, StateMachineStore};
+use oncekv_core::{ClusterId, Entry, Nonce, Op, RegistryConfig, snapshot};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder};
@@ -141,7 +141,7 @@ where
     let register = registry_entry(Op::Register {
         cluster_id: None,
         nonce: Nonce(9),
-        principal: oncekv::registry::Principal::anonymous(),
+        principal: oncekv_core::Principal::anonymous(),
     });
     store
         .blocking_append([
@@ -197,7 +197,7 @@ async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> 
                 payload: registry_entry(Op::Register {
                     cluster_id: Some(cluster_id),
                     nonce: Nonce(3),
-                    principal: oncekv::registry::Principal::anonymous(),
+                    principal: oncekv_core::Principal::anonymous(),
                 }),
             },
         ];

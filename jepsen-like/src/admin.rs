@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oncekv::network::status::error_detail;
-use oncekv::proto::{self, Reason, admin_client::AdminClient};
+use oncekv_wire::proto::{self, Reason, admin_client::AdminClient};
+use oncekv_wire::status::error_detail;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 

@@ -19,8 +19,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use oncekv::proto::client_client::ClientClient;
-use oncekv::proto::{StatusReply, StatusRequest};
+use oncekv_wire::proto::client_client::ClientClient;
+use oncekv_wire::proto::{StatusReply, StatusRequest};
 use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
 

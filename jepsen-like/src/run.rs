@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use oncekv::client::{Client, ClientConfig};
-use oncekv::registry::Value;
+use oncekv_core::Value;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -588,7 +588,7 @@ async fn inject(
                 .await
                 .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
                 .cluster_id;
-            let ttl_only = |session_ttl_ms| oncekv::proto::RegistryConfigPatch {
+            let ttl_only = |session_ttl_ms| oncekv_wire::proto::RegistryConfigPatch {
                 session_ttl_ms: Some(session_ttl_ms),
                 ..Default::default()
             };
@@ -626,7 +626,7 @@ async fn inject(
 async fn heal_everything(
     cluster: &Cluster,
     tools: &Tools,
-    original_config: Option<oncekv::proto::RegistryConfig>,
+    original_config: Option<oncekv_wire::proto::RegistryConfig>,
 ) {
     if let Err(error) = cluster.heal_links().await {
         eprintln!("heal: {error:#}");
@@ -656,7 +656,7 @@ async fn heal_everything(
 async fn restore_config(
     cluster: &Cluster,
     admin: &Admin,
-    original: oncekv::proto::RegistryConfig,
+    original: oncekv_wire::proto::RegistryConfig,
 ) -> anyhow::Result<()> {
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await?;
     if admin.get_config(leader).await? == original {
@@ -677,13 +677,13 @@ async fn restore_config(
 /// The patch that sets every field of the config to `original`'s: the
 /// registry's and the idempotency keys'.
 fn restoring_patch(
-    original: oncekv::proto::RegistryConfig,
-) -> anyhow::Result<oncekv::proto::RegistryConfigPatch> {
-    let keyed = oncekv::network::convert::keyed_config_from_proto(&original);
-    let whole = oncekv::network::convert::registry_config_from_proto(Some(original))?;
-    Ok(oncekv::network::convert::configs_patch_to_proto(
-        &oncekv::registry::ConfigPatch::replacing_with(&whole),
-        &oncekv::registry::KeyedConfigPatch::replacing_with(&keyed),
+    original: oncekv_wire::proto::RegistryConfig,
+) -> anyhow::Result<oncekv_wire::proto::RegistryConfigPatch> {
+    let keyed = oncekv_wire::convert::keyed_config_from_proto(&original);
+    let whole = oncekv_wire::convert::registry_config_from_proto(Some(original))?;
+    Ok(oncekv_wire::convert::configs_patch_to_proto(
+        &oncekv_core::ConfigPatch::replacing_with(&whole),
+        &oncekv_core::KeyedConfigPatch::replacing_with(&keyed),
     ))
 }
 
@@ -754,7 +754,7 @@ async fn progress(
     }
 }
 
-type Statuses = BTreeMap<u64, Result<oncekv::proto::StatusReply, String>>;
+type Statuses = BTreeMap<u64, Result<oncekv_wire::proto::StatusReply, String>>;
 
 /// Waits until all three nodes answer with a leader they agree on and the
 /// same applied index, twice in a row half a second apart.
@@ -854,7 +854,7 @@ async fn read_finals_local(
                 indexes.push(reply.applied_index);
                 let value = reply
                     .value
-                    .map(oncekv::network::convert::value_from_proto)
+                    .map(oncekv_wire::convert::value_from_proto)
                     .transpose()
                     .with_context(|| format!("decode {key} from node {node}"))?;
                 values.insert(key.clone(), final_value(value));
@@ -968,7 +968,7 @@ mod tests {
     /// idempotency-key ones included, to the original's value.
     #[test]
     fn restoring_patch_sets_every_field() {
-        let original = oncekv::proto::RegistryConfig {
+        let original = oncekv_wire::proto::RegistryConfig {
             session_ttl_ms: 1,
             sessions_max: 2,
             window: 3,
@@ -985,7 +985,7 @@ mod tests {
         let patch = restoring_patch(original).unwrap();
         assert_eq!(
             patch,
-            oncekv::proto::RegistryConfigPatch {
+            oncekv_wire::proto::RegistryConfigPatch {
                 session_ttl_ms: Some(1),
                 sessions_max: Some(2),
                 window: Some(3),

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
-use oncekv::network::{convert, status::error_detail};
-use oncekv::proto::{self, Reason, client_client::ClientClient};
-use oncekv::registry::{Command, CommandResult, Value};
+use oncekv_core::{Command, CommandResult, Value};
+use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
+use oncekv_wire::{convert, status::error_detail};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::watch;

@@ -41,11 +41,11 @@ use super::CommonArgs;
 use super::kv::{Failure, Success, print_report, success, value_json, value_lines};
 use super::reach::{self, cause_of};
 use super::status::query;
-use crate::network::convert;
 use crate::network::credentials::{AuthChannel, Credentials};
-use crate::network::status::error_detail;
-use crate::proto::admin_client::AdminClient;
-use crate::proto::{self, Member, Reason, StatusReply};
+use oncekv_wire::convert;
+use oncekv_wire::proto::admin_client::AdminClient;
+use oncekv_wire::proto::{self, Member, Reason, StatusReply};
+use oncekv_wire::status::error_detail;
 
 /// Default wait for a new learner to catch up.
 const CATCH_UP_TIMEOUT_MS: u64 = 60_000;
@@ -1286,7 +1286,7 @@ mod tests {
     /// final reasons stop.
     #[test]
     fn failures_are_classified() {
-        use crate::network::status::{ErrorReason, reason_status};
+        use oncekv_wire::status::{ErrorReason, reason_status};
         let hinted = reason_status(ErrorReason::NotLeader {
             leader_id: Some(2),
             leader_client_addr: Some("127.0.0.1:7102".into()),

@@ -9,7 +9,7 @@
 
 use crate::client::{Client, ClientConfig, Error};
 use crate::local::percentile;
-use crate::registry::{Command, Value};
+use oncekv_core::{Command, Value};
 use serde::Serialize;
 use std::time::Duration;
 use tokio::time::Instant;

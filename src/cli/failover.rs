@@ -36,7 +36,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use super::local_cluster::{self, LocalCluster, NODES, Timing, agreed_leader, describe};
 use crate::client::{Client, ClientConfig, Error};
 use crate::local::percentile;
-use crate::registry::Value;
+use oncekv_core::Value;
 
 /// The counter the writer increments.
 const KEY: &[u8] = b"failover-counter";

@@ -23,9 +23,9 @@ use serde_json::{Map, Value as Json, json};
 
 use super::admin::Admin;
 use super::kv::{Failure, Success, bytes_text, hex, kind_name, success, value_inline, value_json};
-use crate::network::convert;
-use crate::proto;
-use crate::registry::CommandResult;
+use oncekv_core::CommandResult;
+use oncekv_wire::convert;
+use oncekv_wire::proto;
 
 /// Most keys one `ListKeys` call returns (the node's page limit).
 const PAGE_MAX: u32 = 1000;
@@ -478,13 +478,13 @@ mod tests {
     /// A record prints on one line, and as JSON with its answer.
     #[test]
     fn records_print() {
-        let info = convert::key_to_proto(&crate::registry::KeyView {
-            principal: crate::registry::Principal::anonymous(),
-            key: crate::registry::IdempotencyKey(b"order-1".to_vec()),
+        let info = convert::key_to_proto(&oncekv_core::KeyView {
+            principal: oncekv_core::Principal::anonymous(),
+            key: oncekv_core::IdempotencyKey(b"order-1".to_vec()),
             created_ms: 1_000,
             age_ms: 2_500,
             expires_after_ms: 86_401_000,
-            fingerprint: crate::registry::Fingerprint(7),
+            fingerprint: oncekv_core::Fingerprint(7),
             response: Ok(CommandResult::Incremented { value: 5 }),
             size_bytes: 120,
         });

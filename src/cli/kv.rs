@@ -98,8 +98,8 @@ use std::time::Duration;
 use serde_json::{Map, Value as Json, json};
 
 use crate::client::{Client, ClientConfig, Error, KeyedReply};
-use crate::proto::StatusReply;
-use crate::registry::{Command, CommandResult, Value, ValueKind};
+use oncekv_core::{Command, CommandResult, Value, ValueKind};
+use oncekv_wire::proto::StatusReply;
 
 use super::reach::{self, plain_reason};
 use super::status::{QueryError, query};
@@ -1194,7 +1194,7 @@ mod tests {
             Error::PermissionDenied("x".into()),
             Error::ResourceExhausted("x".into()),
             Error::LimitExceeded {
-                limit: crate::registry::Limit::ValueBytes,
+                limit: oncekv_core::Limit::ValueBytes,
                 max: 65_536,
                 requested: 65_537,
             },
@@ -1261,7 +1261,7 @@ mod tests {
     /// `duplicate`, in plain mode as a note on stderr (stdout unchanged).
     #[test]
     fn replays_are_marked() {
-        let command = crate::registry::Command::Increment {
+        let command = oncekv_core::Command::Increment {
             key: b"c".to_vec(),
             delta: 1,
         };

@@ -22,8 +22,8 @@ use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
 
 pub use crate::local::{agreed_leader, describe, free_ports, log_tail};
-use crate::proto::client_client::ClientClient;
-use crate::proto::{StatusReply, StatusRequest};
+use oncekv_wire::proto::client_client::ClientClient;
+use oncekv_wire::proto::{StatusReply, StatusRequest};
 
 /// The members, in order.
 pub const NODES: [u64; 3] = [1, 2, 3];

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 
 use super::status::{QueryError, query};
-use crate::proto::StatusReply;
+use oncekv_wire::proto::StatusReply;
 
 /// Longest wait for one endpoint's probe.
 pub const PROBE_TIMEOUT_MAX: Duration = Duration::from_secs(1);

@@ -14,8 +14,8 @@ use tonic::transport::Endpoint;
 use super::CommonArgs;
 use super::kv::{EXIT_FAILED, EXIT_OK};
 use super::reach::{self, Cause, cause_of};
-use crate::proto::client_client::ClientClient;
-use crate::proto::{Member, StatusReply, StatusRequest};
+use oncekv_wire::proto::client_client::ClientClient;
+use oncekv_wire::proto::{Member, StatusReply, StatusRequest};
 
 /// Default deadline of one `Status` call, connecting included.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);

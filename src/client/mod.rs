@@ -32,11 +32,11 @@
 pub mod retry;
 pub mod seqs;
 
-use crate::network::convert;
 use crate::network::credentials::{AuthChannel, Credentials};
-use crate::network::status::error_detail;
-use crate::proto::{self, Reason, client_client::ClientClient};
-use crate::registry::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
+use oncekv_core::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
+use oncekv_wire::convert;
+use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
+use oncekv_wire::status::error_detail;
 use rand::Rng;
 use retry::Backoff;
 use seqs::Seqs;
@@ -884,8 +884,8 @@ impl Client {
             .tcp_nodelay(true)
             .connect_lazy();
         let client = ClientClient::new(credentials.wrap(channel))
-            .max_decoding_message_size(crate::network::CLIENT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(crate::network::CLIENT_MESSAGE_BYTES_MAX);
+            .max_decoding_message_size(oncekv_wire::CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(oncekv_wire::CLIENT_MESSAGE_BYTES_MAX);
         channels.insert(endpoint.to_string(), client.clone());
         Ok(client)
     }
@@ -1205,7 +1205,7 @@ fn unexpected(result: CommandResult) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::network::status::{ErrorReason, reason_status};
+    use oncekv_wire::status::{ErrorReason, reason_status};
 
     /// A server's refusal of an undecodable request (what the wire codec
     /// answers) is a final INVALID_ARGUMENT to the library, not a retry and
@@ -1214,7 +1214,7 @@ mod tests {
     #[test]
     fn malformed_request_and_limit_refusals_are_final() {
         let prost = tonic::Status::internal("failed to decode Protobuf message: buffer underflow");
-        let refused = crate::network::wire_codec::decode_failure::<proto::ExecuteRequest>(prost);
+        let refused = oncekv_wire::codec::decode_failure::<proto::ExecuteRequest>(prost);
         let Attempt::Final(status) = classify::<()>(Err(refused)) else {
             panic!("not final");
         };

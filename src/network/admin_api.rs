@@ -12,19 +12,18 @@
 //! wrong cluster id, a membership change the leader's current membership
 //! rules out, and not being the leader.
 
-use super::client_api::{invalid, rejected, write_status};
-use super::convert::{self, ConvertError};
 use super::faults::FaultControl;
-use super::peer::parse_cluster_id;
 use super::proposer::Proposer;
-use super::status::{ErrorReason, reason_status};
-use crate::proto::{self, admin_server};
-use crate::raft_types::{NodeId, NodeInfo, Raft, TypeConfig, is_host_port, same_addr};
-use crate::registry::{ClientId, ClusterId, Op, Outcome};
+use super::status::{membership_status, not_leader};
+use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
 use crate::storage::SharedState;
+use oncekv_core::{ClientId, ClusterId, Op, Outcome};
+use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
+use oncekv_wire::convert;
+use oncekv_wire::proto::{self, admin_server};
+use oncekv_wire::status::{self, ErrorReason, convert_status, invalid, reason_status, rejected};
 use openraft::async_runtime::WatchReceiver;
-use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
-use openraft::{ChangeMembers, Membership, RaftMetrics, ServerState};
+use openraft::{ChangeMembers, Membership, ServerState};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
@@ -75,20 +74,14 @@ impl AdminApi {
 
     pub fn into_server(self) -> admin_server::AdminServer<AdminApi> {
         admin_server::AdminServer::new(self)
-            .max_decoding_message_size(super::CLIENT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(super::CLIENT_MESSAGE_BYTES_MAX)
+            .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
     }
 
     /// The cluster id a mutation names: required, and refused at once when it
     /// is not this node's (it can never become right).
     fn required_cluster(&self, bytes: &[u8]) -> Result<ClusterId, Status> {
-        let claimed = parse_cluster_id(bytes)
-            .map_err(|error| invalid(error.to_string()))?
-            .ok_or_else(|| invalid("cluster_id is required"))?;
-        match self.state.cluster_id() {
-            Some(ours) if ours != claimed => Err(reason_status(ErrorReason::WrongCluster(ours))),
-            _ => Ok(claimed),
-        }
+        status::required_cluster(self.state.cluster_id(), bytes)
     }
 
     /// Proposes `op` through the shared proposer (stamp, admission,
@@ -125,7 +118,7 @@ impl AdminApi {
         let members = written
             .membership
             .as_ref()
-            .map(convert::members_to_proto)
+            .map(members_to_proto)
             .unwrap_or_default();
         Ok((written.log_id.index, members))
     }
@@ -186,34 +179,17 @@ impl AdminApi {
     }
 }
 
-/// `NOT_LEADER` with the leader's id and client address, when known.
-fn not_leader(metrics: &RaftMetrics<TypeConfig>) -> Status {
-    let leader_client_addr = metrics
-        .current_leader
-        .and_then(|leader| metrics.membership_config.membership().get_node(&leader))
-        .map(|node| node.client_addr.clone());
-    reason_status(ErrorReason::NotLeader {
-        leader_id: metrics.current_leader,
-        leader_client_addr,
-    })
-}
-
-/// Membership errors: a change ruled out by the membership is the caller's
-/// to fix; one already in progress is for this attempt only.
-fn membership_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
-    match error {
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => match change {
-            ChangeMembershipError::InProgress(progress) => reason_status(ErrorReason::Unavailable(
-                format!("another membership change is in progress: {progress}"),
-            )),
-            other => invalid(other.to_string()),
-        },
-        other => write_status(other),
-    }
-}
-
-fn convert_status(error: ConvertError) -> Status {
-    invalid(error.to_string())
+/// Every node of a Raft membership, in node id order, marked voter or not.
+fn members_to_proto(membership: &Membership<NodeId, NodeInfo>) -> Vec<proto::Member> {
+    membership
+        .nodes()
+        .map(|(id, node)| proto::Member {
+            node_id: *id,
+            peer_addr: node.peer_addr.clone(),
+            client_addr: node.client_addr.clone(),
+            voter: membership.voter_ids().any(|voter| voter == *id),
+        })
+        .collect()
 }
 
 fn parse_addr(field: &str, addr: &str) -> Result<(), Status> {
@@ -286,7 +262,7 @@ impl admin_server::Admin for AdminApi {
         Ok(Response::new(proto::AddLearnerReply {
             log_index,
             matched_index,
-            members: convert::members_to_proto(&members),
+            members: members_to_proto(&members),
         }))
     }
 
@@ -335,7 +311,7 @@ impl admin_server::Admin for AdminApi {
                 .membership_config
                 .log_id()
                 .map_or(0, |id| id.index);
-            (index, convert::members_to_proto(&membership))
+            (index, members_to_proto(&membership))
         } else {
             // Voters left out stay members, as learners (`retain`).
             self.change_membership(ChangeMembers::ReplaceAllVoters(voters.clone()), true)
@@ -499,10 +475,10 @@ impl admin_server::Admin for AdminApi {
         };
         let principal =
             convert::principal_from_proto(request.after_principal).map_err(convert_status)?;
-        if request.after_key.len() as u64 > crate::registry::bounds::IDEMPOTENCY_KEY_BYTES_MAX {
+        if request.after_key.len() as u64 > oncekv_core::bounds::IDEMPOTENCY_KEY_BYTES_MAX {
             return Err(invalid("after_key is longer than any idempotency key"));
         }
-        let after_key = crate::registry::IdempotencyKey(request.after_key);
+        let after_key = oncekv_core::IdempotencyKey(request.after_key);
         let applied = self.state.read();
         let registry = &applied.registry;
         let (keys, more) = registry.keys_after(&principal, &after_key, limit);

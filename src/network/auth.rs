@@ -16,9 +16,9 @@
 //! name is PRINCIPAL (no token). A client certificate signed by the cluster
 //! CA and not listed has the role `client`.
 
-use super::status::{ErrorReason, reason_status};
-use crate::registry::Principal;
 use futures::future::BoxFuture;
+use oncekv_core::Principal;
+use oncekv_wire::status::{ErrorReason, reason_status};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

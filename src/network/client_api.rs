@@ -10,24 +10,21 @@
 //! this attempt only), so overload never builds an unbounded queue.
 
 use super::auth::principal_of;
-use super::convert::{self, ConvertError};
 use super::faults::FaultControl;
-use super::peer::{cluster_id_bytes, parse_cluster_id};
 use super::proposer::Proposer;
-use super::status::{ErrorReason, reason_status};
-use crate::clock::ClockError;
-use crate::proto::{self, client_server};
-use crate::raft_types::{NodeId, Raft, TypeConfig};
+use super::status::read_status;
+use crate::raft_types::{NodeId, Raft};
 use crate::read_index::ReadIndex;
-use crate::registry::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
 use crate::storage::SharedState;
+use oncekv_core::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
+use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
+use oncekv_wire::convert::{self, cluster_id_bytes};
+use oncekv_wire::proto::{self, client_server};
+use oncekv_wire::status::{self, ErrorReason, convert_status, invalid, reason_status, rejected};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use std::time::Duration;
 use tonic::{Request, Response, Status};
-
-pub use super::CLIENT_MESSAGE_BYTES_MAX;
 
 pub struct ClientApi {
     node_id: NodeId,
@@ -71,59 +68,15 @@ impl ClientApi {
     /// The cluster id a request names; an id other than ours is refused at
     /// once, since it can never become right.
     fn check_cluster(&self, bytes: &[u8], required: bool) -> Result<Option<ClusterId>, Status> {
-        let claimed = parse_cluster_id(bytes).map_err(|error| invalid(error.to_string()))?;
-        if required && claimed.is_none() {
-            return Err(invalid("cluster_id is required"));
-        }
-        if let (Some(ours), Some(theirs)) = (self.state.cluster_id(), claimed)
-            && ours != theirs
-        {
-            return Err(reason_status(ErrorReason::WrongCluster(ours)));
-        }
-        Ok(claimed)
+        status::check_cluster(self.state.cluster_id(), bytes, required)
     }
 
     fn required_cluster(&self, bytes: &[u8]) -> Result<ClusterId, Status> {
-        self.check_cluster(bytes, true)?
-            .ok_or_else(|| invalid("cluster_id is required"))
+        status::required_cluster(self.state.cluster_id(), bytes)
     }
 
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
         self.proposer.propose(op).await
-    }
-}
-
-pub(super) fn invalid(why: impl Into<String>) -> Status {
-    reason_status(ErrorReason::InvalidArgument(why.into()))
-}
-
-fn convert_status(error: ConvertError) -> Status {
-    invalid(error.to_string())
-}
-
-pub(super) fn clock_status(error: ClockError) -> Status {
-    match error {
-        ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
-            leader_id,
-            leader_client_addr: leader.map(|node| node.client_addr),
-        }),
-        ClockError::Unavailable(why) => reason_status(ErrorReason::Unavailable(why)),
-    }
-}
-
-pub(super) fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
-    match error {
-        // openraft 0.10 says `LogEntryDiscarded` when a leader change drops
-        // an entry it had appended: its outcome is unknown, which a retry of
-        // the same request resolves (this attempt only, as `NOT_LEADER`).
-        RaftError::APIError(
-            ClientWriteError::ForwardToLeader(forward)
-            | ClientWriteError::LogEntryDiscarded(forward),
-        ) => reason_status(ErrorReason::NotLeader {
-            leader_id: forward.leader_id,
-            leader_client_addr: forward.leader_node.map(|node| node.client_addr),
-        }),
-        other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
 }
 
@@ -137,13 +90,6 @@ fn execute_reply(outcome: Outcome, log_index: u64) -> Result<proto::ExecuteReply
             log_index,
         }),
         other => Err(rejected(other)),
-    }
-}
-
-pub(super) fn rejected(outcome: Outcome) -> Status {
-    match outcome {
-        Outcome::Rejected(rejection) => reason_status(rejection.into()),
-        other => Status::internal(format!("unexpected outcome {other:?}")),
     }
 }
 
@@ -345,15 +291,7 @@ impl client_server::Client for ClientApi {
         let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;
-        confirmed.map_err(|error| match error {
-            RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
-                reason_status(ErrorReason::NotLeader {
-                    leader_id: forward.leader_id,
-                    leader_client_addr: forward.leader_node.map(|node| node.client_addr),
-                })
-            }
-            other => reason_status(ErrorReason::Unavailable(other.to_string())),
-        })?;
+        confirmed.map_err(read_status)?;
         let applied = self.state.read();
         Ok(Response::new(proto::ReadReply {
             value: applied

@@ -6,11 +6,11 @@
 //! with the `INVALID_ARGUMENT` reason (final: nothing was executed). It
 //! decides nothing else and never looks into message bodies.
 
-use super::CLIENT_MESSAGE_BYTES_MAX;
-use super::status::{ErrorReason, REASON_METADATA_KEY, reason_status};
 use crate::metrics::{NodeMetrics, ReplyLabels};
-use crate::proto::Reason;
 use futures::future::BoxFuture;
+use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
+use oncekv_wire::proto::Reason;
+use oncekv_wire::status::{ErrorReason, REASON_METADATA_KEY, reason_status};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 

@@ -18,13 +18,13 @@
 
 use crate::client::{Client, ClientConfig, Error as ClientError, KeyedReply};
 use crate::network::credentials::{BearerToken, Credentials};
-use crate::registry::{Command, CommandResult, Value, ValueKind};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use oncekv_core::{Command, CommandResult, Value, ValueKind};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 use std::collections::BTreeMap;
@@ -1168,7 +1168,7 @@ mod tests {
     #[test]
     fn client_errors_map_to_statuses() {
         let limit = client_error(ClientError::LimitExceeded {
-            limit: crate::registry::Limit::ValueBytes,
+            limit: oncekv_core::Limit::ValueBytes,
             max: 4,
             requested: 9,
         });

@@ -1,6 +1,10 @@
-//! The network adapter: tonic services and clients. Peer RPCs for Raft,
-//! the client-facing API, conversion between protobuf and core types, and
-//! the mapping of failures to gRPC statuses — each in one place.
+//! The network adapter: the node's tonic services (peer RPCs for Raft, the
+//! client and admin APIs, the HTTP API), the one write path (`proposer`),
+//! TLS and authentication, and the server's failures named as wire reasons
+//! (`status`). The wire itself — generated types, conversion, the spelling
+//! of a status — is `oncekv_wire`'s; this adapter must not decide new /
+//! duplicate / conflict, nor refuse a request before its entry applies
+//! (rule 3).
 
 #[cfg(feature = "server")]
 pub mod admin_api;
@@ -10,7 +14,6 @@ pub mod auth;
 pub mod client_api;
 #[cfg(feature = "server")]
 pub mod client_wire;
-pub mod convert;
 pub mod credentials;
 #[cfg(feature = "server")]
 pub mod faults;
@@ -20,16 +23,7 @@ pub mod http_api;
 pub mod peer;
 #[cfg(feature = "server")]
 pub mod proposer;
+#[cfg(feature = "server")]
 pub mod status;
 #[cfg(feature = "server")]
 pub mod tls;
-pub mod wire_codec;
-
-/// Largest client message either side accepts: a value at the hard bound
-/// (`registry::bounds`) plus room. The client server and the client library
-/// set it as their decoding and encoding limit. A larger request is refused
-/// by tonic before it is buffered, and the server answers it with
-/// `INVALID_ARGUMENT` (reason `INVALID_ARGUMENT`, final; see
-/// `client_wire`); the client library refuses to send one in the first
-/// place. Peer messages are sized from it (see `peer`).
-pub const CLIENT_MESSAGE_BYTES_MAX: usize = 8 << 20;

@@ -9,15 +9,16 @@
 //! stream per leader-follower session carries appends back to back, and the
 //! follower answers each in order. Snapshots travel as one client stream.
 
-use super::status::{ErrorReason, reason_status};
 use super::tls::PeerClaim;
-use crate::proto::RaftMessage;
-use crate::proto::raft_client::RaftClient;
-use crate::proto::raft_server;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
-use crate::registry::{ClusterId, codec};
 use crate::storage::ClusterIdentity;
 use futures::{Stream, StreamExt};
+use oncekv_core::codec;
+use oncekv_wire::convert::{cluster_id_bytes, parse_cluster_id};
+use oncekv_wire::proto::RaftMessage;
+use oncekv_wire::proto::raft_client::RaftClient;
+use oncekv_wire::proto::raft_server;
+use oncekv_wire::status::{ErrorReason, reason_status};
 use openraft::OptionalSend;
 use openraft::RaftNetworkFactory;
 use openraft::base::{BoxFuture, BoxStream};
@@ -84,7 +85,7 @@ const SNAPSHOT_BYTES_MAX: usize = 16 << 30;
 //   their decoding and encoding limit (tonic's default of 4 MiB would refuse
 //   a single large entry forever).
 // - The payload codec decodes with a hard limit of 64 MiB
-//   (`registry::codec`), above 33 MiB: every accepted message decodes.
+//   (`oncekv_core::codec`), above 33 MiB: every accepted message decodes.
 
 /// Largest encoded Raft payload a node sends (see the arithmetic above): an
 /// append above it is split into smaller appends before it is sent.
@@ -93,24 +94,6 @@ pub const PEER_PAYLOAD_BYTES_MAX: usize = 32 << 20;
 /// Largest gRPC message between peers, both directions: the payload bound
 /// plus framing, and below the codec's decode limit.
 pub const PEER_MESSAGE_BYTES_MAX: usize = PEER_PAYLOAD_BYTES_MAX + (1 << 20);
-
-pub fn cluster_id_bytes(cluster_id: Option<ClusterId>) -> Vec<u8> {
-    cluster_id.map_or_else(Vec::new, |id| id.0.to_be_bytes().to_vec())
-}
-
-/// A cluster id on the wire that is neither empty nor 16 bytes.
-#[derive(Debug, thiserror::Error)]
-#[error("cluster id must be 16 bytes (or empty when unknown)")]
-pub struct BadClusterId;
-
-/// Parses a 16-byte cluster id; empty means "not known yet".
-pub fn parse_cluster_id(bytes: &[u8]) -> Result<Option<ClusterId>, BadClusterId> {
-    if bytes.is_empty() {
-        return Ok(None);
-    }
-    let bytes: [u8; 16] = bytes.try_into().map_err(|_| BadClusterId)?;
-    Ok(Some(ClusterId(u128::from_be_bytes(bytes))))
-}
 
 /// Creates peer clients for openraft.
 #[derive(Clone)]
@@ -743,7 +726,7 @@ impl raft_server::Raft for PeerService {
 mod tests {
     use super::*;
     use crate::raft_types::Entry;
-    use crate::registry::{Nonce, Op};
+    use oncekv_core::{Nonce, Op};
 
     fn append(indexes: std::ops::RangeInclusive<u64>) -> AppendEntriesRequest<TypeConfig> {
         let log_id = |index| openraft::testing::log_id::<TypeConfig>(2, 1, index);
@@ -753,12 +736,12 @@ mod tests {
             entries: indexes
                 .map(|index| Entry {
                     log_id: log_id(index),
-                    payload: openraft::EntryPayload::Normal(crate::registry::Entry::single(
+                    payload: openraft::EntryPayload::Normal(oncekv_core::Entry::single(
                         index,
                         Op::Register {
                             cluster_id: None,
                             nonce: Nonce(u128::from(index)),
-                            principal: crate::registry::Principal::anonymous(),
+                            principal: oncekv_core::Principal::anonymous(),
                         },
                     )),
                 })

@@ -14,12 +14,12 @@
 //! load, the costs of an entry (its append, fsyncs, replication and apply
 //! call) are paid once per batch instead of once per request.
 
-use super::client_api::{clock_status, write_status};
-use super::status::{ErrorReason, reason_status};
+use super::status::{clock_status, write_status};
 use crate::clock::ClusterClock;
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{Raft, TypeConfig};
-use crate::registry::{Command, Entry, Op, Outcome, Value};
+use oncekv_core::{Command, Entry, Op, Outcome, Value};
+use oncekv_wire::status::{ErrorReason, reason_status};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
@@ -374,7 +374,7 @@ async fn propose_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{ClientId, ClusterId, Execute};
+    use oncekv_core::{ClientId, ClusterId, Execute};
 
     /// A request's estimated size grows with its key and value, so large
     /// requests close a batch early.
@@ -390,7 +390,7 @@ mod tests {
                     key: b"key".to_vec(),
                     value: Value::Bytes(value),
                 },
-                principal: crate::registry::Principal::anonymous(),
+                principal: oncekv_core::Principal::anonymous(),
             })
         };
         assert_eq!(op_size_bytes(&execute(Vec::new())), 64 + 3);

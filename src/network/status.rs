@@ -1,266 +1,81 @@
-//! The one place where failures become gRPC statuses: each reason of
-//! the error table of docs/rules.md maps to a status code, an `ErrorDetail` in the
-//! status details and the `oncekv-reason` metadata entry (see the table at
-//! the top of `proto/oncekv.proto`).
+//! The server's failures named as wire reasons: what openraft's errors and
+//! the cluster clock's mean for a caller (`NOT_LEADER` with the leader's
+//! hint, `UNAVAILABLE` for this attempt, `INVALID_ARGUMENT` for a change the
+//! membership rules out). How a reason is spelled on the wire, and every
+//! other failure (registry refusals, malformed input, a wrong cluster), is
+//! `oncekv_wire::status`; this module must not spell a status itself.
 
-use crate::proto::{ErrorDetail, Reason};
-use crate::registry::{ClusterId, Limit, LimitExceeded, Rejection, Seq};
-use prost::Message;
-use tonic::Code;
+use crate::clock::ClockError;
+use crate::raft_types::TypeConfig;
+use oncekv_wire::status::{ErrorReason, invalid, reason_status};
+use openraft::RaftMetrics;
+use openraft::error::{ChangeMembershipError, ClientWriteError, LinearizableReadError, RaftError};
+use tonic::Status;
 
-/// Metadata key carrying the reason name.
-pub const REASON_METADATA_KEY: &str = "oncekv-reason";
-
-/// Why a client call failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ErrorReason {
-    NotLeader {
-        leader_id: Option<u64>,
-        leader_client_addr: Option<String>,
-    },
-    Unavailable(String),
-    Deadline,
-    TooManyOutstanding {
-        floor: Seq,
-        window: u64,
-    },
-    ResourceExhausted(Limit),
-    SessionExpired,
-    WrongCluster(ClusterId),
-    SeqConflict,
-    /// An idempotency key reused with another command: final.
-    KeyConflict,
-    ResponseDiscarded {
-        floor: Seq,
-    },
-    InvalidArgument(String),
-    /// The request itself breaks a replicated limit: final.
-    LimitExceeded(LimitExceeded),
-    /// No credentials, or unknown ones: final.
-    Unauthenticated(String),
-    /// A known principal not allowed this (role, or another's session): final.
-    PermissionDenied(String),
-}
-
-impl From<Rejection> for ErrorReason {
-    fn from(rejection: Rejection) -> ErrorReason {
-        match rejection {
-            Rejection::SessionExpired => ErrorReason::SessionExpired,
-            Rejection::WrongCluster { expected } => ErrorReason::WrongCluster(expected),
-            Rejection::SeqConflict => ErrorReason::SeqConflict,
-            Rejection::ResponseDiscarded { floor } => ErrorReason::ResponseDiscarded { floor },
-            Rejection::TooManyOutstanding { floor, window } => {
-                ErrorReason::TooManyOutstanding { floor, window }
-            }
-            Rejection::ResourceExhausted(limit) => ErrorReason::ResourceExhausted(limit),
-            Rejection::LimitExceeded { exceeded, .. } => ErrorReason::LimitExceeded(exceeded),
-            Rejection::InvalidArgument(invalid) => {
-                ErrorReason::InvalidArgument(invalid.to_string())
-            }
-            Rejection::PermissionDenied => ErrorReason::PermissionDenied(
-                "the session belongs to another principal; it is untouched".into(),
-            ),
-            Rejection::NotBootstrapped => {
-                ErrorReason::Unavailable("the cluster is not initialised yet".into())
-            }
-            Rejection::KeyConflict => ErrorReason::KeyConflict,
-        }
-    }
-}
-
-/// Builds the gRPC status for `reason`.
-pub fn reason_status(reason: ErrorReason) -> tonic::Status {
-    let mut detail = ErrorDetail::default();
-    let (code, wire_reason, message) = match reason {
-        ErrorReason::NotLeader {
+/// The cluster clock could not stamp: not the leader, or not yet able to.
+pub fn clock_status(error: ClockError) -> Status {
+    match error {
+        ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
             leader_id,
-            leader_client_addr,
-        } => {
-            detail.leader_id = leader_id.unwrap_or(0);
-            detail.leader_client_addr = leader_client_addr.clone().unwrap_or_default();
-            let message = match leader_client_addr {
-                Some(addr) => format!("not the leader; the leader is at {addr}"),
-                None => "not the leader; no leader known (election in progress)".into(),
-            };
-            (Code::Unavailable, Reason::NotLeader, message)
-        }
-        ErrorReason::Unavailable(why) => (Code::Unavailable, Reason::Unavailable, why),
-        ErrorReason::Deadline => (
-            Code::DeadlineExceeded,
-            Reason::Unavailable,
-            "no answer before the deadline; the request may still be applied".into(),
-        ),
-        ErrorReason::TooManyOutstanding { floor, window } => {
-            detail.floor = floor;
-            detail.window = window;
-            (
-                Code::ResourceExhausted,
-                Reason::TooManyOutstanding,
-                format!("seq at or beyond floor {floor} + window {window}"),
-            )
-        }
-        ErrorReason::ResourceExhausted(limit) => {
-            detail.limit = limit.to_string();
-            (
-                Code::ResourceExhausted,
-                Reason::ResourceExhausted,
-                format!("replicated limit {limit} reached"),
-            )
-        }
-        ErrorReason::SessionExpired => (
-            Code::NotFound,
-            Reason::SessionExpired,
-            "unknown or expired session".into(),
-        ),
-        ErrorReason::WrongCluster(expected) => {
-            detail.expected_cluster_id = expected.0.to_be_bytes().to_vec();
-            (
-                Code::FailedPrecondition,
-                Reason::WrongCluster,
-                format!("this node belongs to cluster {expected}"),
-            )
-        }
-        ErrorReason::SeqConflict => (
-            Code::AlreadyExists,
-            Reason::SeqConflict,
-            "seq already used with another command".into(),
-        ),
-        ErrorReason::KeyConflict => (
-            Code::AlreadyExists,
-            Reason::KeyConflict,
-            "idempotency key already used with another command; its record is untouched".into(),
-        ),
-        ErrorReason::ResponseDiscarded { floor } => {
-            detail.floor = floor;
-            (
-                Code::OutOfRange,
-                Reason::ResponseDiscarded,
-                format!("seq below the acknowledged floor {floor}"),
-            )
-        }
-        ErrorReason::InvalidArgument(why) => (Code::InvalidArgument, Reason::InvalidArgument, why),
-        ErrorReason::LimitExceeded(exceeded) => {
-            detail.limit = exceeded.limit.to_string();
-            detail.limit_max = exceeded.max;
-            detail.limit_requested = exceeded.requested;
-            (
-                Code::InvalidArgument,
-                Reason::LimitExceeded,
-                format!("{exceeded}; final: nothing was executed, fix the request"),
-            )
-        }
-        ErrorReason::Unauthenticated(why) => (Code::Unauthenticated, Reason::Unauthenticated, why),
-        ErrorReason::PermissionDenied(why) => {
-            (Code::PermissionDenied, Reason::PermissionDenied, why)
-        }
-    };
-    detail.reason = wire_reason as i32;
-    let mut status = tonic::Status::with_details(code, message, detail.encode_to_vec().into());
-    if let Ok(value) = wire_reason.as_str_name().parse() {
-        status.metadata_mut().insert(REASON_METADATA_KEY, value);
+            leader_client_addr: leader.map(|node| node.client_addr),
+        }),
+        ClockError::Unavailable(why) => reason_status(ErrorReason::Unavailable(why)),
     }
-    status
 }
 
-/// Reads the `ErrorDetail` of a status produced by [`reason_status`];
-/// `None` for any other status (a transport failure, say).
-pub fn error_detail(status: &tonic::Status) -> Option<ErrorDetail> {
-    ErrorDetail::decode(status.details())
-        .ok()
-        .filter(|detail| detail.reason() != Reason::Unspecified)
+/// A proposal openraft did not accept or lost.
+pub fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
+    match error {
+        // openraft 0.10 says `LogEntryDiscarded` when a leader change drops
+        // an entry it had appended: its outcome is unknown, which a retry of
+        // the same request resolves (this attempt only, as `NOT_LEADER`).
+        RaftError::APIError(
+            ClientWriteError::ForwardToLeader(forward)
+            | ClientWriteError::LogEntryDiscarded(forward),
+        ) => reason_status(ErrorReason::NotLeader {
+            leader_id: forward.leader_id,
+            leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+        }),
+        other => reason_status(ErrorReason::Unavailable(other.to_string())),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every reason survives the trip through a status, with its code.
-    #[test]
-    fn reasons_round_trip() {
-        let cases = [
-            (
-                ErrorReason::NotLeader {
-                    leader_id: Some(2),
-                    leader_client_addr: Some("127.0.0.1:7102".into()),
-                },
-                Code::Unavailable,
-                Reason::NotLeader,
-            ),
-            (
-                ErrorReason::SessionExpired,
-                Code::NotFound,
-                Reason::SessionExpired,
-            ),
-            (
-                ErrorReason::SeqConflict,
-                Code::AlreadyExists,
-                Reason::SeqConflict,
-            ),
-            (
-                ErrorReason::KeyConflict,
-                Code::AlreadyExists,
-                Reason::KeyConflict,
-            ),
-            (
-                ErrorReason::ResponseDiscarded { floor: 4 },
-                Code::OutOfRange,
-                Reason::ResponseDiscarded,
-            ),
-            (
-                ErrorReason::WrongCluster(ClusterId(9)),
-                Code::FailedPrecondition,
-                Reason::WrongCluster,
-            ),
-            (
-                ErrorReason::LimitExceeded(LimitExceeded {
-                    limit: Limit::ValueBytes,
-                    max: 65_536,
-                    requested: 65_537,
-                }),
-                Code::InvalidArgument,
-                Reason::LimitExceeded,
-            ),
-            (
-                ErrorReason::Unauthenticated("no credentials".into()),
-                Code::Unauthenticated,
-                Reason::Unauthenticated,
-            ),
-            (
-                ErrorReason::PermissionDenied("role client".into()),
-                Code::PermissionDenied,
-                Reason::PermissionDenied,
-            ),
-        ];
-        for (reason, code, wire) in cases {
-            let status = reason_status(reason);
-            assert_eq!(status.code(), code);
-            let detail = error_detail(&status).expect("detail");
-            assert_eq!(detail.reason(), wire);
-            assert_eq!(
-                status.metadata().get(REASON_METADATA_KEY).unwrap(),
-                wire.as_str_name()
-            );
+/// The read index could not be confirmed: not the leader (with its hint),
+/// or not now.
+pub fn read_status(error: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>) -> Status {
+    match error {
+        RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
+            reason_status(ErrorReason::NotLeader {
+                leader_id: forward.leader_id,
+                leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+            })
         }
+        other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
+}
 
-    /// A limit the request breaks travels with its name, value and what
-    /// the request needed.
-    #[test]
-    fn limit_exceeded_names_the_limit() {
-        let status = reason_status(ErrorReason::LimitExceeded(LimitExceeded {
-            limit: Limit::ValueBytes,
-            max: 65_536,
-            requested: 65_537,
-        }));
-        let detail = error_detail(&status).expect("detail");
-        assert_eq!(
-            (
-                detail.limit.as_str(),
-                detail.limit_max,
-                detail.limit_requested
-            ),
-            ("value_bytes_max", 65_536, 65_537)
-        );
-        assert!(status.message().contains("value_bytes_max"));
+/// Membership errors: a change ruled out by the membership is the caller's
+/// to fix; one already in progress is for this attempt only.
+pub fn membership_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
+    match error {
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => match change {
+            ChangeMembershipError::InProgress(progress) => reason_status(ErrorReason::Unavailable(
+                format!("another membership change is in progress: {progress}"),
+            )),
+            other => invalid(other.to_string()),
+        },
+        other => write_status(other),
     }
+}
+
+/// `NOT_LEADER` with the leader's id and client address, when known.
+pub fn not_leader(metrics: &RaftMetrics<TypeConfig>) -> Status {
+    let leader_client_addr = metrics
+        .current_leader
+        .and_then(|leader| metrics.membership_config.membership().get_node(&leader))
+        .map(|node| node.client_addr.clone());
+    reason_status(ErrorReason::NotLeader {
+        leader_id: metrics.current_leader,
+        leader_client_addr,
+    })
 }

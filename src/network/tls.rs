@@ -235,8 +235,8 @@ impl PeerClaim {
             certificate = ?names,
             "peer message whose certificate does not name the node it claims to be"
         );
-        Err(super::status::reason_status(
-            super::status::ErrorReason::PermissionDenied(format!(
+        Err(oncekv_wire::status::reason_status(
+            oncekv_wire::status::ErrorReason::PermissionDenied(format!(
                 "the peer certificate does not name {claimed}"
             )),
         ))

@@ -5,7 +5,7 @@
 //! replicated state.
 
 use crate::raft_types::{NodeId, NodeInfo, is_host_port, same_addr};
-use crate::registry::RegistryConfig;
+use oncekv_core::RegistryConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

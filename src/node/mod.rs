@@ -15,12 +15,12 @@ use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::{self, ReadIndex};
-use crate::registry::{ClusterId, Entry, Op, Outcome};
 use crate::storage::{
     ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore, replace_file_durably,
 };
 use anyhow::{Context, bail};
 use config::NodeConfig;
+use oncekv_core::{ClusterId, Entry, Op, Outcome};
 use openraft::SnapshotPolicy;
 use openraft::async_runtime::WatchReceiver;
 use std::future::Future;
@@ -299,12 +299,12 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     );
     let (health, health_service) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .context("building the reflection service")?;

@@ -6,7 +6,7 @@
 //! so a node of a wiped and re-created cluster can never exchange log
 //! entries with the new one.
 
-use crate::registry::ClusterId;
+use oncekv_core::ClusterId;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -28,8 +28,8 @@ use sled::transaction::TransactionError;
 use super::flusher::FlushError;
 use super::flusher::Flusher;
 use super::half_open;
-use crate::registry::codec;
-use crate::registry::codec::CodecError;
+use oncekv_core::codec;
+use oncekv_core::codec::CodecError;
 
 /// Tree holding log entries keyed by big-endian `u64` index.
 const LOG_TREE: &str = "raft_log";

@@ -50,9 +50,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::half_open;
-use crate::registry::codec::CodecError;
 use format::RecordType;
 use memory::MemoryLog;
+use oncekv_core::codec::CodecError;
 use writer::Job;
 use writer::MetaKind;
 use writer::Writer;

@@ -18,8 +18,8 @@ use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
-use crate::registry::{ClusterId, Registry, codec, snapshot};
 use futures::{FutureExt, Stream, StreamExt};
+use oncekv_core::{ClusterId, Registry, codec, snapshot};
 use openraft::storage::{ApplyResponder, EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use std::fs;
@@ -113,7 +113,7 @@ impl SharedState {
         }
         let copy = registry.clone();
         let hash = tokio::task::spawn_blocking(move || {
-            crate::registry::snapshot::state_hash(&copy).to_string()
+            oncekv_core::snapshot::state_hash(&copy).to_string()
         })
         .await
         .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
@@ -425,7 +425,7 @@ impl StateMachineStore {
         &self,
         batch: Vec<EntryResponder<TypeConfig>>,
     ) -> Vec<(
-        Vec<crate::registry::Outcome>,
+        Vec<oncekv_core::Outcome>,
         Option<ApplyResponder<TypeConfig>>,
     )> {
         let mut applied = self.state.write();
@@ -439,7 +439,7 @@ impl StateMachineStore {
                     Vec::new()
                 }
                 EntryPayload::Normal(ref registry_entry) => {
-                    let counts = |registry: &crate::registry::Registry| {
+                    let counts = |registry: &oncekv_core::Registry| {
                         (registry.session_count(), registry.key_count())
                     };
                     let before = counts(&applied.registry);

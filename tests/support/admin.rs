@@ -3,7 +3,7 @@
 //! (one process per command).
 
 use super::cluster::Cluster;
-use oncekv::proto::StateHashRequest;
+use oncekv_wire::proto::StateHashRequest;
 use serde_json::Value as Json;
 use std::process::Stdio;
 use std::time::Duration;

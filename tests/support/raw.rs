@@ -2,10 +2,10 @@
 //! leader discovery by following `NOT_LEADER` hints and retrying "this
 //! attempt" failures until a deadline — never changing the request.
 
-use oncekv::network::convert;
-use oncekv::network::status::error_detail;
-use oncekv::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
-use oncekv::registry::{Command, CommandResult};
+use oncekv_core::{Command, CommandResult};
+use oncekv_wire::convert;
+use oncekv_wire::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
+use oncekv_wire::status::error_detail;
 use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -203,7 +203,7 @@ impl Raw {
     }
 
     /// A linearizable read through the leader.
-    pub async fn read(&self, key: &[u8]) -> Option<oncekv::registry::Value> {
+    pub async fn read(&self, key: &[u8]) -> Option<oncekv_core::Value> {
         let request = proto::ReadRequest {
             cluster_id: self.cluster_id.clone(),
             key: key.to_vec(),

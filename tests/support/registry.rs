@@ -1,7 +1,7 @@
 //! A small driver that feeds the registry core entries at increasing log
 //! indexes with a controllable cluster clock, as a Raft log would.
 
-use oncekv::registry::{
+use oncekv_core::{
     ClientId, ClusterId, Command, Entry, Execute, Nonce, Op, Outcome, Registry, RegistryConfig,
     Seq, Value,
 };
@@ -79,7 +79,7 @@ impl Driver {
         match self.apply(Op::Register {
             cluster_id: Some(CLUSTER),
             nonce: Nonce(nonce),
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }) {
             Outcome::Registered(registration) => registration.client_id,
             other => panic!("register failed: {other:?}"),
@@ -99,7 +99,7 @@ impl Driver {
             seq,
             first_outstanding_seq,
             command,
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }))
     }
 
@@ -108,7 +108,7 @@ impl Driver {
             cluster_id: CLUSTER,
             client_id,
             first_outstanding_seq,
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         })
     }
 

@@ -16,7 +16,7 @@
 
 use serde::Serialize;
 
-use crate::registry::codec;
+use oncekv_core::codec;
 
 /// Identifies a segment file of this store, format version 1.
 pub(super) const SEGMENT_MAGIC: [u8; 8] = *b"OKVSEG01";

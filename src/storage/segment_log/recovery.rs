@@ -29,7 +29,7 @@ use super::writer::SealedSegment;
 use super::writer::WriterState;
 use super::writer::create_segment;
 use super::writer::sync_dir;
-use crate::registry::codec;
+use oncekv_core::codec;
 
 /// What the directory held.
 pub(super) struct Recovered<C: RaftTypeConfig> {

@@ -1,11 +1,11 @@
 //! Benchmark of the registry core alone (no Raft, no IO): applies per second
 //! for new executes, duplicates and a mix, and for keyed executes
 //! (`Op::ExecuteKeyed`: new keys, duplicates); bytes of memory per idle
-//! session and per live idempotency key. Run with `cargo bench --bench
-//! registry`.
+//! session and per live idempotency key. Run with `cargo bench -p
+//! oncekv-core --bench registry`.
 
 use criterion::{Criterion, Throughput};
-use oncekv::registry::{
+use oncekv_core::{
     ClientId, ClusterId, Command, ConfigPatch, Entry, Execute, IdempotencyKey, KeyedConfigPatch,
     Nonce, Op, Principal, Registry, RegistryConfig,
 };
@@ -71,7 +71,7 @@ fn registry_with_sessions(sessions: u64) -> (Registry, u64) {
                 Op::Register {
                     cluster_id: Some(CLUSTER),
                     nonce: Nonce(u128::from(index) * 0x9e37_79b9_7f4a_7c15),
-                    principal: oncekv::registry::Principal::anonymous(),
+                    principal: oncekv_core::Principal::anonymous(),
                 },
             ),
         );
@@ -95,7 +95,7 @@ fn small_execute(n: u64) -> Entry {
                 key: format!("counter-{client}").into_bytes(),
                 delta: 1,
             },
-            principal: oncekv::registry::Principal::anonymous(),
+            principal: oncekv_core::Principal::anonymous(),
         }),
     )
 }

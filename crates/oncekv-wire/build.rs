@@ -1,5 +1,6 @@
-//! Compiles the protos with the pure-Rust `protox` compiler (no system
-//! `protoc` exists on our machines) and generates tonic clients and servers.
+//! Compiles `proto/oncekv.proto` with the pure-Rust `protox` compiler (no
+//! system `protoc` exists on our machines) and generates tonic clients and
+//! servers.
 
 use prost::Message;
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     // The messages some method takes as its request: only a server decodes
     // them, so an undecodable one is the caller's malformed input
-    // (`network::wire_codec`).
+    // (`codec.rs`).
     let mut requests: Vec<String> = descriptors
         .file
         .iter()
@@ -42,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .codec_path("crate::network::wire_codec::WireCodec")
+        .codec_path("crate::codec::WireCodec")
         .compile_fds_with_config(descriptors, config)?;
     Ok(())
 }

@@ -56,7 +56,7 @@ impl fmt::Display for Principal {
     }
 }
 
-/// The 128-bit fingerprint of a command (see [`crate::registry::fingerprint`]).
+/// The 128-bit fingerprint of a command (see [`crate::fingerprint`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Fingerprint(pub u128);
 

@@ -1,13 +1,13 @@
 //! Conversion between protobuf messages and the registry core's types, in
 //! both directions, in one place. Decoding from the wire validates shape and
-//! the hard size bounds (`registry::bounds`); replicated limits are the
-//! core's business.
+//! the hard size bounds (`oncekv_core::bounds`); replicated limits are the
+//! core's business, and this module must not check them.
 
 use crate::proto;
-use crate::registry::{
-    Command, CommandResult, ConfigPatch, Fingerprint, IdempotencyKey, KeyView, KeyedConfig,
-    KeyedConfigPatch, Limit, LimitExceeded, Principal, RegistryConfig, RequestLimits, SessionView,
-    Value, ValueKind, bounds,
+use oncekv_core::{
+    ClusterId, Command, CommandResult, ConfigPatch, Fingerprint, IdempotencyKey, KeyView,
+    KeyedConfig, KeyedConfigPatch, Limit, LimitExceeded, Principal, RegistryConfig, RequestLimits,
+    SessionView, Value, ValueKind, bounds,
 };
 
 /// Why a wire message could not become a core value.
@@ -428,20 +428,23 @@ pub fn session_to_proto(session: &SessionView) -> proto::SessionInfo {
     }
 }
 
-/// Every node of a Raft membership, in node id order, marked voter or not.
-#[cfg(feature = "server")]
-pub fn members_to_proto(
-    membership: &openraft::Membership<crate::raft_types::NodeId, crate::raft_types::NodeInfo>,
-) -> Vec<proto::Member> {
-    membership
-        .nodes()
-        .map(|(id, node)| proto::Member {
-            node_id: *id,
-            peer_addr: node.peer_addr.clone(),
-            client_addr: node.client_addr.clone(),
-            voter: membership.voter_ids().any(|voter| voter == *id),
-        })
-        .collect()
+/// The wire form of a cluster id: 16 bytes big-endian, empty when unknown.
+pub fn cluster_id_bytes(cluster_id: Option<ClusterId>) -> Vec<u8> {
+    cluster_id.map_or_else(Vec::new, |id| id.0.to_be_bytes().to_vec())
+}
+
+/// A cluster id on the wire that is neither empty nor 16 bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster id must be 16 bytes (or empty when unknown)")]
+pub struct BadClusterId;
+
+/// Parses a 16-byte cluster id; empty means "not known yet".
+pub fn parse_cluster_id(bytes: &[u8]) -> Result<Option<ClusterId>, BadClusterId> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let bytes: [u8; 16] = bytes.try_into().map_err(|_| BadClusterId)?;
+    Ok(Some(ClusterId(u128::from_be_bytes(bytes))))
 }
 
 #[cfg(test)]

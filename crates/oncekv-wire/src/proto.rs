@@ -1,4 +1,5 @@
-//! The generated gRPC types and services of `proto/oncekv.proto`.
+//! The generated gRPC types and services of `proto/oncekv.proto` (by
+//! `build.rs`); nothing written by hand belongs here.
 #![allow(clippy::all, missing_docs)]
 
 tonic::include_proto!("oncekv.v1");

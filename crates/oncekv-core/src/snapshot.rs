@@ -568,7 +568,7 @@ impl<R: Read> Read for HashingReader<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{Command, Entry, Execute, Op, Registry};
+    use crate::{Command, Entry, Execute, Op, Registry};
 
     const CLUSTER: ClusterId = ClusterId(7);
 
@@ -714,7 +714,7 @@ mod tests {
         let outcome = restored.apply(4, &Entry::single(30, keyed));
         assert!(matches!(
             outcome[..],
-            [crate::registry::Outcome::Executed {
+            [crate::Outcome::Executed {
                 result: CommandResult::Incremented { value: 5 },
                 duplicate: false,
             }]
@@ -784,7 +784,7 @@ mod tests {
         let outcome = restored.apply(4, &Entry::single(30, anonymous_increment(4)));
         assert!(matches!(
             outcome[..],
-            [crate::registry::Outcome::Executed {
+            [crate::Outcome::Executed {
                 duplicate: false,
                 ..
             }]

@@ -9,7 +9,7 @@
 //! service; either way a peer treats the refusal as a failed RPC. It owns
 //! this mapping only and must not look into what a message means.
 
-use super::status::{ErrorReason, reason_status};
+use crate::status::{ErrorReason, reason_status};
 use prost::{Message, Name};
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
@@ -82,7 +82,7 @@ impl<U: Message + Name + Default> Decoder for WireDecoder<U> {
 }
 
 /// What to answer when a `U` did not decode (prost's `INTERNAL` status).
-pub(crate) fn decode_failure<U: Name>(status: Status) -> Status {
+pub fn decode_failure<U: Name>(status: Status) -> Status {
     let name = U::full_name();
     if is_request(&name) {
         reason_status(ErrorReason::InvalidArgument(format!(
@@ -102,8 +102,8 @@ fn is_request(full_name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::network::status::error_detail;
     use crate::proto::{self, Reason};
+    use crate::status::error_detail;
 
     /// prost's refusal of an undecodable request becomes INVALID_ARGUMENT
     /// with our reason; of a reply it stays INTERNAL without one (the

@@ -921,7 +921,7 @@ mod tests {
             let register = Op::Register {
                 cluster_id: Some(CLUSTER),
                 nonce: Nonce(u128::from(index)),
-                principal: crate::registry::Principal::anonymous(),
+                principal: crate::Principal::anonymous(),
             };
             registry.apply(index, &entry(index * 10, register));
         }
@@ -961,7 +961,7 @@ mod tests {
                 key: b"k".to_vec(),
                 delta: 1,
             },
-            principal: crate::registry::Principal::anonymous(),
+            principal: crate::Principal::anonymous(),
         };
         registry.apply(7, &entry(100, Op::Execute(execute)));
         registry.apply(
@@ -972,7 +972,7 @@ mod tests {
                     cluster_id: CLUSTER,
                     client_id: ClientId(2),
                     first_outstanding_seq: 0,
-                    principal: crate::registry::Principal::anonymous(),
+                    principal: crate::Principal::anonymous(),
                 },
             ),
         );

@@ -99,7 +99,7 @@ pub fn decode_entry(bytes: &[u8]) -> Result<super::Entry, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::{ClientId, ClusterId, Command, Entry, Execute, Op, Value};
+    use crate::{ClientId, ClusterId, Command, Entry, Execute, Op, Value};
 
     /// An entry survives the round trip, and a wrong version is refused.
     #[test]
@@ -115,7 +115,7 @@ mod tests {
                     key: b"k".to_vec(),
                     value: Value::List(vec![b"a".to_vec()]),
                 },
-                principal: crate::registry::Principal::anonymous(),
+                principal: crate::Principal::anonymous(),
             })]),
         };
         let bytes = encode_entry(&entry);
@@ -142,7 +142,7 @@ mod tests {
             7,
             Op::PatchConfig {
                 cluster_id: ClusterId(7),
-                patch: crate::registry::ConfigPatch {
+                patch: crate::ConfigPatch {
                     window: Some(8),
                     ..Default::default()
                 },
