@@ -225,7 +225,7 @@ async fn rule16_request_for_another_cluster_is_refused() {
         .await
         .expect_err("another cluster's request");
     assert_eq!(reason(&error), Some(Reason::WrongCluster));
-    let detail = oncekv::network::status::error_detail(&error).unwrap();
+    let detail = oncekv_wire::status::error_detail(&error).unwrap();
     assert_eq!(detail.expected_cluster_id, raw.cluster_id);
     assert_eq!(raw.read(b"n").await, None);
 }
@@ -366,7 +366,7 @@ async fn deposed_leader_serves_no_stale_read() {
     match read {
         Ok(reply) => assert_eq!(
             reply.into_inner().value,
-            Some(oncekv::network::convert::value_to_proto(&Value::Int(2))),
+            Some(oncekv_wire::convert::value_to_proto(&Value::Int(2))),
             "a read after the new write must see it"
         ),
         Err(error) => assert!(
