@@ -1,4 +1,5 @@
-//! Compiles `proto/oncekv.proto` with the pure-Rust `protox` compiler (no
+//! Compiles the project's `proto/oncekv.proto` (at the workspace root, where
+//! the project's layout keeps it) with the pure-Rust `protox` compiler (no
 //! system `protoc` exists on our machines) and generates tonic clients and
 //! servers.
 
@@ -6,11 +7,11 @@ use prost::Message;
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/oncekv.proto"];
+    let protos = ["../../proto/oncekv.proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
-    let descriptors = protox::compile(protos, ["proto"])?;
+    let descriptors = protox::compile(protos, ["../../proto"])?;
     // Kept for gRPC server reflection.
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
