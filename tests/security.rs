@@ -2,9 +2,9 @@
 //! authentication on the client port refuses callers without credentials
 //! or with another CA's, refuses a `client` principal the Admin service,
 //! refuses peers that are not who they claim, keeps sessions to the
-//! principal that registered them (across a leader change), and bounds the
-//! floor; a node exposed without TLS and without --insecure refuses to
-//! start.
+//! principal that registered them (across a leader change and a snapshot
+//! install), and bounds the floor; a node exposed without TLS and without
+//! --insecure refuses to start.
 
 mod support;
 
@@ -14,7 +14,8 @@ use oncekv::proto::raft_client::RaftClient;
 use oncekv::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
 use std::time::Duration;
 use support::admin::run_to_exit;
-use support::cluster::{Cluster, make_certs};
+use support::cluster::{Cluster, NODES, Timing, make_certs};
+use support::metrics::counter;
 use support::raw::reason;
 use tonic::Code;
 
@@ -532,4 +533,205 @@ async fn an_exposed_node_without_tls_refuses_to_start() {
         !dir.path().join("n1").exists(),
         "nothing was written: {run:?}"
     );
+}
+
+/// Waits (up to 90 s) until `nodes` have applied the same index, at least
+/// `at_least`, with equal state hashes; returns that index.
+async fn wait_converged(cluster: &Cluster, nodes: &[u64], at_least: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut seen = Vec::new();
+        for &node in nodes {
+            if let Ok(status) = cluster.status(node).await {
+                seen.push((status.applied_index, status.state_hash));
+            }
+        }
+        if seen.len() == nodes.len()
+            && seen[0].0 >= at_least
+            && seen.iter().all(|entry| *entry == seen[0])
+        {
+            return seen[0].0;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replicas {nodes:?} did not converge: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Raft timing of a node that should not win the next election: it stands
+/// only after seconds of silence, so a node with the test timing gets
+/// there first (and collects its vote once its leader lease has run out).
+const SLOW: Timing = Timing {
+    heartbeat_ms: 100,
+    election_min_ms: 2_500,
+    election_max_ms: 3_000,
+};
+
+/// Makes `target` the leader: kills whoever else leads and starts it again
+/// with [`SLOW`] timing, until `target` leads (bounded).
+async fn move_leadership_to(cluster: &Cluster, target: u64) {
+    for _ in 0..6 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        if leader == target {
+            return;
+        }
+        cluster.kill(leader);
+        let new_leader = cluster.wait_for_new_leader(leader).await;
+        cluster.set_timing(leader, SLOW);
+        cluster.restart(leader).await;
+        if new_leader == target {
+            break;
+        }
+    }
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(60)).await,
+        target,
+        "leadership moved to node {target}"
+    );
+}
+
+/// A session's owner survives a snapshot install (rules 13 and 19): alice
+/// registers and executes; a follower is stopped while enough entries pass
+/// that the others snapshot and purge their logs; restarted, it is caught
+/// up by installing a snapshot, then made leader. As leader it refuses
+/// bob's Execute, KeepAlive and Unregister on alice's session
+/// (PERMISSION_DENIED), names alice as the owner, and alice goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_owner_survives_a_snapshot_install() {
+    const WRITES: i64 = 120;
+    let cluster = Cluster::start_secure(
+        "owner-snapshot",
+        &[
+            "--snapshot-every-entries",
+            "40",
+            "--logs-kept-after-snapshot",
+            "5",
+        ],
+    )
+    .await;
+    let cluster_id = cluster
+        .status(cluster.wait_for_leader(Duration::from_secs(60)).await)
+        .await
+        .expect("status over TLS")
+        .cluster_id;
+    let alice = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            credentials: cluster.credentials("alice", false),
+            ..ClientConfig::default()
+        },
+    );
+    assert_eq!(alice.increment(b"n", 1).await.expect("alice increments"), 1);
+    let alice_id = alice.client_id().await.expect("alice's session");
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let lagging = NODES.into_iter().find(|node| *node != leader).unwrap();
+    // It knows the session already (its owner came to it in a log entry).
+    wait_converged(&cluster, &NODES, 1).await;
+    cluster.kill(lagging);
+
+    for expected in 2..=WRITES {
+        assert_eq!(
+            alice.increment(b"n", 1).await.expect("alice increments"),
+            expected
+        );
+    }
+    let others: Vec<u64> = NODES.into_iter().filter(|n| *n != lagging).collect();
+    let index = wait_converged(&cluster, &others, WRITES as u64).await;
+    for &node in &others {
+        let status = cluster.status(node).await.unwrap();
+        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
+        assert!(status.purged_index > 0, "node {node} purged its log");
+    }
+    cluster.restart(lagging).await;
+    // Caught up; its state hash is compared at the end, after the checks
+    // that name what a lost owner breaks.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while cluster
+        .status(lagging)
+        .await
+        .map_or(true, |status| status.applied_index < index)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {lagging} did not catch up to index {index}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = cluster.scrape(lagging).await.expect("scrape the metrics");
+    assert!(
+        counter(&metrics, "oncekv_snapshots_installed_total", &[]) >= 1.0,
+        "node {lagging} caught up by installing a snapshot"
+    );
+    assert!(
+        cluster.status(lagging).await.unwrap().snapshot_index > 0,
+        "node {lagging} holds the installed snapshot"
+    );
+
+    move_leadership_to(&cluster, lagging).await;
+    let addr = cluster.client_addr(lagging);
+    let bob = cluster.credentials("bob", false);
+    let denied =
+        |method: &str| format!("bob's {method} on alice's session, node {lagging} leading");
+    let execute = proto::ExecuteRequest {
+        cluster_id: cluster_id.clone(),
+        client_id: alice_id,
+        seq: WRITES as u64 + 1,
+        first_outstanding_seq: WRITES as u64 + 1,
+        command: Some(oncekv::network::convert::command_to_proto(
+            &oncekv::registry::Command::Increment {
+                key: b"n".to_vec(),
+                delta: 100,
+            },
+        )),
+    };
+    assert_refused(
+        client_of(&bob, &addr).execute(execute).await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        &denied("Execute"),
+    );
+    assert_refused(
+        client_of(&bob, &addr)
+            .keep_alive(proto::KeepAliveRequest {
+                cluster_id: cluster_id.clone(),
+                client_id: alice_id,
+                first_outstanding_seq: WRITES as u64 + 1,
+            })
+            .await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        &denied("KeepAlive"),
+    );
+    assert_refused(
+        client_of(&bob, &addr)
+            .unregister(proto::UnregisterRequest {
+                cluster_id: cluster_id.clone(),
+                client_id: alice_id,
+            })
+            .await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        &denied("Unregister"),
+    );
+    let root = cluster.credentials("root", false);
+    let session = admin_of(&root, &addr)
+        .get_session(proto::GetSessionRequest {
+            client_id: alice_id,
+        })
+        .await
+        .expect("alice's session on the node that installed the snapshot")
+        .into_inner();
+    assert_eq!(session.owner, "alice");
+    assert_eq!(
+        alice.increment(b"n", 1).await.expect("alice goes on"),
+        WRITES + 1
+    );
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(60)).await,
+        lagging,
+        "the refusals came from the node that installed the snapshot"
+    );
+    wait_converged(&cluster, &NODES, index).await;
 }
