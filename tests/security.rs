@@ -735,3 +735,242 @@ async fn a_sessions_owner_survives_a_snapshot_install() {
     );
     wait_converged(&cluster, &NODES, index).await;
 }
+
+/// How many times `needle` occurs in `node`'s log.
+fn log_count(cluster: &Cluster, node: u64, needle: &str) -> usize {
+    std::fs::read_to_string(cluster.log_path(node))
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
+}
+
+/// SIGHUPs every node and waits (bounded) until each has logged `needle`
+/// once more than before.
+async fn hangup_all(cluster: &Cluster, needle: &str) {
+    let before: Vec<usize> = NODES
+        .iter()
+        .map(|&node| log_count(cluster, node, needle))
+        .collect();
+    for node in NODES {
+        cluster.hangup(node);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for (node, before) in NODES.into_iter().zip(before) {
+        while log_count(cluster, node, needle) <= before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {node} did not log {needle:?} after SIGHUP"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Whether `node` lets `credentials` read: an answer or NOT_LEADER (the
+/// call got past authentication) is true, UNAUTHENTICATED false; anything
+/// else (a node busy electing) is asked again, for up to a minute.
+async fn authenticated(cluster: &Cluster, node: u64, credentials: &Credentials) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let cluster_id = cluster.status(node).await.expect("status").cluster_id;
+    loop {
+        let answer = client_of(credentials, &cluster.client_addr(node))
+            .read(proto::ReadRequest {
+                cluster_id: cluster_id.clone(),
+                key: b"k".to_vec(),
+            })
+            .await;
+        match answer {
+            Ok(_) => return true,
+            Err(status) => match reason(&status) {
+                Some(Reason::NotLeader) => return true,
+                Some(Reason::Unauthenticated) => return false,
+                _ => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "node {node}: {status:?}"
+                ),
+            },
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether a handshake with `addr` checking the name `name` (and showing
+/// node 4's certificate, for the peer port) succeeds: the call reaches the
+/// server and is answered (`Status`), or refused by it as a peer message
+/// of garbage (INVALID_ARGUMENT) rather than failing in TLS.
+async fn presents_name(cluster: &Cluster, addr: &str, name: &str, peer: bool) -> bool {
+    let pki = cluster.pki();
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            std::fs::read(pki.join("ca.pem")).unwrap(),
+        ))
+        .domain_name(name);
+    if peer {
+        tls = tls.identity(tonic::transport::Identity::from_pem(
+            std::fs::read(pki.join("node-4.pem")).unwrap(),
+            std::fs::read(pki.join("node-4-key.pem")).unwrap(),
+        ));
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .timeout(CALL_TIMEOUT)
+        .connect_lazy();
+    if peer {
+        let cluster_id = cluster
+            .status(cluster.wait_for_leader(Duration::from_secs(60)).await)
+            .await
+            .expect("status")
+            .cluster_id;
+        let answer = RaftClient::new(channel)
+            .vote(proto::RaftMessage {
+                cluster_id,
+                from_node_id: 4,
+                payload: vec![0xFF; 8],
+            })
+            .await;
+        matches!(answer, Err(status) if reason(&status) == Some(Reason::InvalidArgument))
+    } else {
+        ClientClient::new(channel)
+            .status(proto::StatusRequest {})
+            .await
+            .is_ok()
+    }
+}
+
+/// SIGHUP reloads the token file and the TLS certificate, key and CA of a
+/// running node, without dropping it: a token added to the file works and
+/// a removed one is refused; new node certificates (naming one more host)
+/// are presented on the client and peer ports; a bad token file or key
+/// leaves the previous ones in force, and says so in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_tokens_reload_on_sighup() {
+    let cluster = Cluster::start_secure("reload", &[]).await;
+    let pki = cluster.pki().to_path_buf();
+    let alice = cluster.credentials("alice", false);
+    let carol_token = "carol-0123456789abcdef0123456789";
+    let carol = Credentials::load(&CredentialPaths {
+        ca: Some(pki.join("ca.pem")),
+        token: Some(carol_token.into()),
+        ..CredentialPaths::default()
+    })
+    .unwrap();
+    for node in NODES {
+        assert!(authenticated(&cluster, node, &alice).await, "node {node}");
+        assert!(!authenticated(&cluster, node, &carol).await, "node {node}");
+    }
+    let pids: Vec<Option<u32>> = NODES.iter().map(|&node| cluster.pid(node)).collect();
+
+    // -- tokens: alice's removed, carol's added ----------------------------
+    let tokens = pki.join("tokens");
+    let alice_token = std::fs::read_to_string(pki.join("alice.token")).unwrap();
+    let old = std::fs::read_to_string(&tokens).unwrap();
+    let mut new: String = old
+        .lines()
+        .filter(|line| !line.starts_with(alice_token.trim()))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_ne!(new, old, "alice's line is gone");
+    new.push_str(&format!("{carol_token} carol client\n"));
+    let replace = |text: &str| {
+        let staged = pki.join("tokens.new");
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(&staged, &tokens).unwrap();
+    };
+    replace(&new);
+    hangup_all(&cluster, "reloaded the token file").await;
+    for node in NODES {
+        assert!(
+            authenticated(&cluster, node, &carol).await,
+            "node {node}: carol's new token works"
+        );
+        assert!(
+            !authenticated(&cluster, node, &alice).await,
+            "node {node}: alice's removed token is refused"
+        );
+    }
+
+    // -- a bad token file changes nothing -----------------------------------
+    replace("too-short carol client\n");
+    hangup_all(&cluster, "token file not reloaded").await;
+    for node in NODES {
+        assert!(
+            authenticated(&cluster, node, &carol).await,
+            "node {node}: the previous tokens stay"
+        );
+        assert!(!authenticated(&cluster, node, &alice).await, "node {node}");
+    }
+    replace(&new);
+
+    // -- certificates: re-issued naming one more host -----------------------
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let client_addr = cluster.client_addr(leader);
+    let peer_addr = cluster.peer_addr(leader);
+    const NEW_HOST: &str = "reloaded.example";
+    assert!(!presents_name(&cluster, &client_addr, NEW_HOST, false).await);
+    assert!(!presents_name(&cluster, &peer_addr, NEW_HOST, true).await);
+    make_certs(
+        &pki,
+        &[
+            "--node",
+            "1",
+            "--node",
+            "2",
+            "--node",
+            "3",
+            "--host",
+            "127.0.0.1",
+            "--host",
+            "localhost",
+            "--host",
+            NEW_HOST,
+        ],
+    );
+    hangup_all(&cluster, "reloaded the TLS certificate, key and CA").await;
+    for node in NODES {
+        assert!(
+            presents_name(&cluster, &cluster.client_addr(node), NEW_HOST, false).await,
+            "node {node}'s client port presents the new certificate"
+        );
+        assert!(
+            presents_name(&cluster, &cluster.peer_addr(node), NEW_HOST, true).await,
+            "node {node}'s peer port presents the new certificate"
+        );
+    }
+
+    // -- a bad key changes nothing --------------------------------------------
+    let key = pki.join(format!("node-{leader}-key.pem"));
+    let good_key = std::fs::read(&key).unwrap();
+    std::fs::write(&key, "not a key").unwrap();
+    let before = log_count(&cluster, leader, "TLS not reloaded");
+    cluster.hangup(leader);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while log_count(&cluster, leader, "TLS not reloaded") <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no log of the refusal"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(&key, good_key).unwrap();
+    assert!(
+        presents_name(&cluster, &client_addr, NEW_HOST, false).await,
+        "the previous certificate stays in force"
+    );
+
+    // The nodes were never restarted, and the cluster still serves.
+    let pids_after: Vec<Option<u32>> = NODES.iter().map(|&node| cluster.pid(node)).collect();
+    assert_eq!(pids, pids_after);
+    let client = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            credentials: carol,
+            ..ClientConfig::default()
+        },
+    );
+    assert_eq!(
+        client.increment(b"after", 1).await.expect("carol writes"),
+        1
+    );
+}

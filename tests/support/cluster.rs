@@ -448,6 +448,12 @@ impl Cluster {
         signal(child.as_ref().expect("node is running"), Signal::SIGCONT);
     }
 
+    /// SIGHUPs `node`: it reloads its certificates and token file.
+    pub fn hangup(&self, node: u64) {
+        let child = self.node(node).child();
+        signal(child.as_ref().expect("node is running"), Signal::SIGHUP);
+    }
+
     /// SIGTERMs `node` and waits for it to exit (a clean shutdown), returning
     /// its exit status. Panics if it has not exited within
     /// [`TERMINATE_TIMEOUT`] (it is SIGKILLed first).
