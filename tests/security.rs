@@ -402,6 +402,15 @@ async fn a_secure_cluster_keeps_strangers_out() {
         4
     );
 
+    // -- metrics: HTTPS with the node's certificate -------------------------
+    let metrics = cluster.scrape(leader).await.expect("metrics over HTTPS");
+    assert!(metrics.contains("oncekv_"), "{metrics}");
+    let plain = support::metrics::scrape(&cluster.metrics_addr(leader), CALL_TIMEOUT).await;
+    assert!(
+        plain.is_err(),
+        "plain HTTP to a TLS node's metrics: {plain:?}"
+    );
+
     // -- the CLI -------------------------------------------------------------
     let ca = cluster.pki().join("ca.pem");
     let ca = ca.to_str().unwrap();

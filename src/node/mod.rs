@@ -328,6 +328,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
                 raft.clone(),
                 state.clone(),
                 metrics.clone(),
+                tls.clone(),
                 stopped(servers_stopped.clone()),
             )
             .await
