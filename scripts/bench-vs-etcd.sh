@@ -8,6 +8,13 @@
 # connections per run; every request goes to the current leader.
 #
 #   scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]      (default: 1 16 64 256)
+#   TLS=1 scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]
+#
+# With TLS=1 a second oncekv cluster runs beside the first with TLS and
+# authentication on (scripts/cluster.sh start --tls), and every client
+# count also gets an oncekv Execute run against it (loadgen --ca --token,
+# TLS to the leader, a bearer token on every call): the table gains the
+# columns "Execute TLS" and "TLS / plain".
 #
 # Prints one line per run and, last, a markdown table with the same-run
 # ratios. Only the ratios mean much: absolute figures on a small shared
@@ -24,6 +31,9 @@ environment:
                      base+100+N (peers) (default 23400)
   ONCEKV_PORT_BASE   oncekv node N on base+N, base+100+N, base+200+N
                      (default 9400; see scripts/cluster.sh)
+  TLS                1: also measure oncekv Execute with TLS and a token,
+                     on a second cluster at ONCEKV_TLS_PORT_BASE
+                     (default ONCEKV_PORT_BASE + 1000)
 
 needs etcd and etcdctl: apt-get install -y etcd-server etcd-client
 EOF
@@ -45,10 +55,14 @@ esac
 DURATION=${DURATION:-8}
 ETCD_PORT_BASE=${ETCD_PORT_BASE:-23400}
 ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9400}
+TLS=${TLS:-0}
+[[ $TLS == 0 || $TLS == 1 ]] || { usage >&2; exit 2; }
 for number in "$DURATION" "$ETCD_PORT_BASE" "$ONCEKV_PORT_BASE" "$@"; do
     [[ $number =~ ^[1-9][0-9]*$ ]] || { usage >&2; exit 2; }
 done
-((ETCD_PORT_BASE + 103 <= 65535 && ONCEKV_PORT_BASE + 203 <= 65535)) \
+ONCEKV_TLS_PORT_BASE=${ONCEKV_TLS_PORT_BASE:-$((ONCEKV_PORT_BASE + 1000))}
+[[ $ONCEKV_TLS_PORT_BASE =~ ^[1-9][0-9]*$ ]] || { usage >&2; exit 2; }
+((ETCD_PORT_BASE + 103 <= 65535 && ONCEKV_PORT_BASE + 303 <= 65535 && ONCEKV_TLS_PORT_BASE + 303 <= 65535)) \
     || die "port bases too high"
 if (($# > 0)); then
     COUNTS=("$@")
@@ -82,6 +96,7 @@ readonly LOADGEN=$target_dir/release/loadgen
 WORK=$(mktemp -d -t oncekv-vs-etcd.XXXXXX)
 readonly WORK
 export ONCEKV_DATA=$WORK/oncekv ONCEKV_PORT_BASE
+readonly TLS_DATA=$WORK/oncekv-tls
 ETCD_PIDS=()
 
 etcd_client() { echo "127.0.0.1:$((ETCD_PORT_BASE + $1))"; }
@@ -89,6 +104,10 @@ etcd_peer() { echo "127.0.0.1:$((ETCD_PORT_BASE + 100 + $1))"; }
 oncekv_client() { echo "127.0.0.1:$((ONCEKV_PORT_BASE + $1))"; }
 etcd_endpoints() { echo "$(etcd_client 1),$(etcd_client 2),$(etcd_client 3)"; }
 oncekv_endpoints() { echo "$(oncekv_client 1),$(oncekv_client 2),$(oncekv_client 3)"; }
+oncekv_tls_client() { echo "127.0.0.1:$((ONCEKV_TLS_PORT_BASE + $1))"; }
+oncekv_tls_endpoints() { echo "$(oncekv_tls_client 1),$(oncekv_tls_client 2),$(oncekv_tls_client 3)"; }
+# scripts/cluster.sh on the TLS cluster's data and ports.
+tls_cluster() { ONCEKV_DATA=$TLS_DATA ONCEKV_PORT_BASE=$ONCEKV_TLS_PORT_BASE scripts/cluster.sh "$@"; }
 
 # Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
 wait_exit() {
@@ -113,6 +132,10 @@ cleanup() {
     if [[ -d $ONCEKV_DATA ]]; then
         scripts/cluster.sh stop >/dev/null 2>&1 \
             || echo "bench-vs-etcd.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
+    fi
+    if [[ -d $TLS_DATA ]]; then
+        tls_cluster stop >/dev/null 2>&1 \
+            || echo "bench-vs-etcd.sh: scripts/cluster.sh stop failed (data: $TLS_DATA)" >&2
     fi
     rm -rf "$WORK"
 }
@@ -169,9 +192,15 @@ check_ports_free() {
                 die "127.0.0.1:$port is taken; pick another ETCD_PORT_BASE"
             fi
         done
-        for port in $((ONCEKV_PORT_BASE + n)) $((ONCEKV_PORT_BASE + 100 + n)) $((ONCEKV_PORT_BASE + 200 + n)); do
+        for port in $((ONCEKV_PORT_BASE + n)) $((ONCEKV_PORT_BASE + 100 + n)) $((ONCEKV_PORT_BASE + 200 + n)) $((ONCEKV_PORT_BASE + 300 + n)); do
             if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
                 die "127.0.0.1:$port is taken; pick another ONCEKV_PORT_BASE"
+            fi
+        done
+        ((TLS == 1)) || continue
+        for port in $((ONCEKV_TLS_PORT_BASE + n)) $((ONCEKV_TLS_PORT_BASE + 100 + n)) $((ONCEKV_TLS_PORT_BASE + 200 + n)) $((ONCEKV_TLS_PORT_BASE + 300 + n)); do
+            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+                die "127.0.0.1:$port is taken; pick another ONCEKV_TLS_PORT_BASE"
             fi
         done
     done
@@ -182,9 +211,18 @@ echo "starting a 3-node etcd ($(etcd_endpoints)) and a 3-node oncekv ($(oncekv_e
 start_etcd
 scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
     || { cat "$WORK/cluster-start.log" >&2; die "the oncekv cluster did not start"; }
+if ((TLS == 1)); then
+    echo "starting a 3-node oncekv with TLS and authentication ($(oncekv_tls_endpoints))" >&2
+    tls_cluster start --tls >"$WORK/cluster-tls-start.log" 2>&1 \
+        || { cat "$WORK/cluster-tls-start.log" >&2; die "the TLS oncekv cluster did not start"; }
+fi
 
 etcd_leader() { "$LOADGEN" etcd-leader --endpoints "$(etcd_endpoints)" --wait-s "$LEADER_WAIT_S"; }
 oncekv_leader() { "$LOADGEN" oncekv-leader --endpoints "$(oncekv_endpoints)" --wait-s "$LEADER_WAIT_S"; }
+oncekv_tls_leader() {
+    "$LOADGEN" oncekv-leader --endpoints "$(oncekv_tls_endpoints)" --wait-s "$LEADER_WAIT_S" \
+        --ca "$TLS_DATA/pki/ca.pem"
+}
 
 etcd_version=$(etcd --version | sed -n 's/^etcd Version: //p')
 oncekv_commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -195,28 +233,42 @@ echo "etcd $etcd_version, oncekv $oncekv_commit, $(nproc) cores, ${DURATION} s p
 LINES=()
 run() {
     local mode=$1 clients=$2 leader line
+    local load=$mode credentials=()
     case $mode in
         etcd-put) leader=$(etcd_leader) ;;
+        oncekv-exec-tls)
+            leader=$(oncekv_tls_leader)
+            load=oncekv-exec
+            credentials=(--ca "$TLS_DATA/pki/ca.pem" --token "$(cat "$TLS_DATA/pki/client.token")")
+            ;;
         *) leader=$(oncekv_leader) ;;
     esac || { LINES+=("mode=$mode clients=$clients failed: no leader"); echo "${LINES[-1]}"; return; }
-    if line=$("$LOADGEN" "$mode" --endpoint "$leader" --clients "$clients" --duration-s "$DURATION"); then
-        LINES+=("$line leader=$leader")
+    if line=$("$LOADGEN" "$load" --endpoint "$leader" --clients "$clients" --duration-s "$DURATION" \
+        "${credentials[@]+"${credentials[@]}"}"); then
+        LINES+=("${line/#mode=$load /mode=$mode } leader=$leader")
     else
         LINES+=("mode=$mode clients=$clients failed")
     fi
     echo "${LINES[-1]}"
 }
 
+MODES=(etcd-put oncekv-exec oncekv-plain)
+((TLS == 1)) && MODES+=(oncekv-exec-tls)
 for clients in "${COUNTS[@]}"; do
-    for mode in etcd-put oncekv-exec oncekv-plain; do
+    for mode in "${MODES[@]}"; do
         run "$mode" "$clients"
     done
 done
 
 echo
-echo "| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) | exec/etcd | p99 exec/etcd | exec/plain |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-printf '%s\n' "${LINES[@]}" | awk '
+if ((TLS == 1)); then
+    echo "| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) | Execute TLS ops/s (p50/p99 ms) | exec/etcd | p99 exec/etcd | exec/plain | TLS/plain exec |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+else
+    echo "| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) | exec/etcd | p99 exec/etcd | exec/plain |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+fi
+printf '%s\n' "${LINES[@]}" | awk -v tls="$TLS" '
     function field(name,    i, kv) {
         for (i = 1; i <= NF; i++) {
             split($i, kv, "=")
@@ -238,10 +290,14 @@ printf '%s\n' "${LINES[@]}" | awk '
     END {
         for (i = 1; i <= n; i++) {
             c = order[i]
-            printf "| %s | %s | %s | %s | %s | %s | %s |\n", c,
-                cell("etcd-put", c), cell("oncekv-exec", c), cell("oncekv-plain", c),
+            printf "| %s | %s | %s | %s |", c,
+                cell("etcd-put", c), cell("oncekv-exec", c), cell("oncekv-plain", c)
+            if (tls == 1) printf " %s |", cell("oncekv-exec-tls", c)
+            printf " %s | %s | %s |",
                 ratio(ops["oncekv-exec", c], ops["etcd-put", c]),
                 ratio(p99["oncekv-exec", c], p99["etcd-put", c]),
                 ratio(ops["oncekv-exec", c], ops["oncekv-plain", c])
+            if (tls == 1) printf " %s |", ratio(ops["oncekv-exec-tls", c], ops["oncekv-exec", c])
+            printf "\n"
         }
     }'

@@ -6,8 +6,8 @@
 # Node N serves clients on 127.0.0.1:$((ONCEKV_PORT_BASE + N)), Raft peers
 # on 127.0.0.1:$((ONCEKV_PORT_BASE + 100 + N)), Prometheus metrics on
 # http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + N))/metrics and the HTTP/JSON API
-# (docs/http.md) on http://127.0.0.1:$((ONCEKV_PORT_BASE + 300 + N))/v1/kv/ (https with
-# --tls). Everything a node owns lives in
+# (docs/http.md) on http://127.0.0.1:$((ONCEKV_PORT_BASE + 300 + N))/v1/kv/ (both
+# https with --tls). Everything a node owns lives in
 # $ONCEKV_DATA/nN: its Raft data dir (db/), its log (node.log) and, while it
 # runs, its pid file (pid). Stopping keeps the data: a later start resumes the
 # same cluster. The cluster's nodes are 1-3 at first; `join` adds one (a new
@@ -76,7 +76,12 @@ die() {
 client_addr() { echo "127.0.0.1:$((BASE + $1))"; }
 peer_addr() { echo "127.0.0.1:$((BASE + 100 + $1))"; }
 metrics_addr() { echo "127.0.0.1:$((BASE + 200 + $1))"; }
-metrics_url() { echo "http://$(metrics_addr "$1")/metrics"; }
+# The metrics URL: HTTPS with the node's certificate when secure.
+metrics_url() {
+    local scheme=http
+    secure && scheme=https
+    echo "$scheme://$(metrics_addr "$1")/metrics"
+}
 http_addr() { echo "127.0.0.1:$((BASE + 300 + $1))"; }
 # The HTTP API's base URL: HTTPS with the node's certificate when secure.
 http_url() {
@@ -361,6 +366,9 @@ print_metrics_urls() {
     for n in $(members); do
         echo "node $n metrics: $(metrics_url "$n")"
     done
+    if secure; then
+        echo "  (HTTPS: curl --cacert $(pki_dir)/ca.pem $(metrics_url 1))"
+    fi
 }
 
 print_http_urls() {

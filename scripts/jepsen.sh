@@ -1,19 +1,39 @@
 #!/usr/bin/env bash
 # The jepsen-like harness (jepsen-like/, docs/testing.md, "jepsen-like"):
 #
-#   scripts/jepsen.sh smoke                    one 45 s run, seed 1, 3 leader kills, release build
-#   scripts/jepsen.sh ci-smoke                 the same run on the debug build (what .ci/run runs)
-#   scripts/jepsen.sh long [SEEDS] [DURATION]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
-#   scripts/jepsen.sh broken                   the three deliberately broken servers; each must be found invalid
-#   scripts/jepsen.sh containers [SECONDS]     a run (default 60 s) against three containers with real kills,
-#                                              pauses and partitions, then the same against the image of the
-#                                              server that skips dedup: valid, then INVALID (needs Docker, root)
+#   scripts/jepsen.sh smoke [--tls]                    one 45 s run, seed 1, 3 leader kills, release build
+#   scripts/jepsen.sh ci-smoke [--tls]                 the same run on the debug build (what .ci/run runs)
+#   scripts/jepsen.sh long [SEEDS] [DURATION] [--tls]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
+#   scripts/jepsen.sh broken                           the three deliberately broken servers; each must be found invalid
+#   scripts/jepsen.sh containers [SECONDS]             a run (default 60 s) against three containers with real kills,
+#                                                      pauses and partitions, then the same against the image of the
+#                                                      server that skips dedup: valid, then INVALID (needs Docker, root)
+#
+# --tls (smoke, ci-smoke, long): the cluster runs with TLS on the client and
+# peer ports and authentication on the client port (jepsen-like --tls:
+# certificates and tokens made with `oncekv certs`); the runs are named
+# with a -tls suffix.
 #
 # Every run writes history.jsonl, results.json and report.html under
 # target/jepsen/. Exit status: 0 when every run came out as required
 # (smoke and long: valid; broken: invalid), 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# --tls anywhere among the arguments: every run of smoke, ci-smoke and long
+# against a TLS cluster.
+args=()
+tls=()
+suffix=
+for arg in "$@"; do
+    if [ "$arg" = --tls ]; then
+        tls=(--tls)
+        suffix=-tls
+    else
+        args+=("$arg")
+    fi
+done
+set -- "${args[@]+"${args[@]}"}"
 
 harness=target/release/jepsen-like
 
@@ -99,7 +119,7 @@ case ${1:-} in
     smoke)
         build_server
         build_harness
-        run smoke 0 target/release/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet
+        run "smoke$suffix" 0 target/release/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet "${tls[@]+"${tls[@]}"}"
         print_summary
         ;;
     ci-smoke)
@@ -111,7 +131,7 @@ case ${1:-} in
         # feature selection, so that little recompiles.
         cargo build --workspace --features fault-injection --bins
         harness=target/debug/jepsen-like
-        run ci-smoke 0 target/debug/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet
+        run "ci-smoke$suffix" 0 target/debug/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet "${tls[@]+"${tls[@]}"}"
         print_summary
         ;;
     long)
@@ -120,11 +140,12 @@ case ${1:-} in
         build_server
         build_harness
         for seed in $(seq 1 "$seeds"); do
-            run "long-seed-$seed" 0 target/release/oncekv --seed "$seed" --duration "$duration" --quiet
+            run "long$suffix-seed-$seed" 0 target/release/oncekv --seed "$seed" --duration "$duration" --quiet "${tls[@]+"${tls[@]}"}"
         done
         print_summary
         ;;
     broken)
+        [ -z "$suffix" ] || { echo "jepsen.sh: --tls is for smoke, ci-smoke and long" >&2; exit 2; }
         build_harness
         for feature in broken-skip-dedup broken-snapshot-drops-sessions broken-stale-reads; do
             build_broken "$feature"
@@ -147,6 +168,7 @@ case ${1:-} in
         print_summary
         ;;
     containers)
+        [ -z "$suffix" ] || { echo "jepsen.sh: --tls is for smoke, ci-smoke and long" >&2; exit 2; }
         # The same harness and checker; the nodes are containers of an image
         # of the release build (scripts/image.sh, FROM scratch) on a private
         # network, killed with `docker kill`, paused with `docker pause`,
@@ -168,7 +190,7 @@ case ${1:-} in
         print_summary
         ;;
     *)
-        sed -n '2,15p' "$0"
+        sed -n '2,20p' "$0"
         exit 2
         ;;
 esac

@@ -2,9 +2,9 @@
 //! authentication on the client port refuses callers without credentials
 //! or with another CA's, refuses a `client` principal the Admin service,
 //! refuses peers that are not who they claim, keeps sessions to the
-//! principal that registered them (across a leader change), and bounds the
-//! floor; a node exposed without TLS and without --insecure refuses to
-//! start.
+//! principal that registered them (across a leader change and a snapshot
+//! install), and bounds the floor; a node exposed without TLS and without
+//! --insecure refuses to start.
 
 mod support;
 
@@ -14,7 +14,8 @@ use oncekv_wire::proto::raft_client::RaftClient;
 use oncekv_wire::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
 use std::time::Duration;
 use support::admin::run_to_exit;
-use support::cluster::{Cluster, make_certs};
+use support::cluster::{Cluster, NODES, Timing, make_certs};
+use support::metrics::counter;
 use support::raw::reason;
 use tonic::Code;
 
@@ -401,6 +402,15 @@ async fn a_secure_cluster_keeps_strangers_out() {
         4
     );
 
+    // -- metrics: HTTPS with the node's certificate -------------------------
+    let metrics = cluster.scrape(leader).await.expect("metrics over HTTPS");
+    assert!(metrics.contains("oncekv_"), "{metrics}");
+    let plain = support::metrics::scrape(&cluster.metrics_addr(leader), CALL_TIMEOUT).await;
+    assert!(
+        plain.is_err(),
+        "plain HTTP to a TLS node's metrics: {plain:?}"
+    );
+
     // -- the CLI -------------------------------------------------------------
     let ca = cluster.pki().join("ca.pem");
     let ca = ca.to_str().unwrap();
@@ -531,5 +541,445 @@ async fn an_exposed_node_without_tls_refuses_to_start() {
     assert!(
         !dir.path().join("n1").exists(),
         "nothing was written: {run:?}"
+    );
+}
+
+/// Waits (up to 90 s) until `nodes` have applied the same index, at least
+/// `at_least`, with equal state hashes; returns that index.
+async fn wait_converged(cluster: &Cluster, nodes: &[u64], at_least: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut seen = Vec::new();
+        for &node in nodes {
+            if let Ok(status) = cluster.status(node).await {
+                seen.push((status.applied_index, status.state_hash));
+            }
+        }
+        if seen.len() == nodes.len()
+            && seen[0].0 >= at_least
+            && seen.iter().all(|entry| *entry == seen[0])
+        {
+            return seen[0].0;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replicas {nodes:?} did not converge: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Raft timing of a node that should not win the next election: it stands
+/// only after seconds of silence, so a node with the test timing gets
+/// there first (and collects its vote once its leader lease has run out).
+const SLOW: Timing = Timing {
+    heartbeat_ms: 100,
+    election_min_ms: 2_500,
+    election_max_ms: 3_000,
+};
+
+/// Makes `target` the leader: kills whoever else leads and starts it again
+/// with [`SLOW`] timing, until `target` leads (bounded).
+async fn move_leadership_to(cluster: &Cluster, target: u64) {
+    for _ in 0..6 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+        if leader == target {
+            return;
+        }
+        cluster.kill(leader);
+        let new_leader = cluster.wait_for_new_leader(leader).await;
+        cluster.set_timing(leader, SLOW);
+        cluster.restart(leader).await;
+        if new_leader == target {
+            break;
+        }
+    }
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(60)).await,
+        target,
+        "leadership moved to node {target}"
+    );
+}
+
+/// A session's owner survives a snapshot install (rules 13 and 19): alice
+/// registers and executes; a follower is stopped while enough entries pass
+/// that the others snapshot and purge their logs; restarted, it is caught
+/// up by installing a snapshot, then made leader. As leader it refuses
+/// bob's Execute, KeepAlive and Unregister on alice's session
+/// (PERMISSION_DENIED), names alice as the owner, and alice goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_owner_survives_a_snapshot_install() {
+    const WRITES: i64 = 120;
+    let cluster = Cluster::start_secure(
+        "owner-snapshot",
+        &[
+            "--snapshot-every-entries",
+            "40",
+            "--logs-kept-after-snapshot",
+            "5",
+        ],
+    )
+    .await;
+    let cluster_id = cluster
+        .status(cluster.wait_for_leader(Duration::from_secs(60)).await)
+        .await
+        .expect("status over TLS")
+        .cluster_id;
+    let alice = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            credentials: cluster.credentials("alice", false),
+            ..ClientConfig::default()
+        },
+    );
+    assert_eq!(alice.increment(b"n", 1).await.expect("alice increments"), 1);
+    let alice_id = alice.client_id().await.expect("alice's session");
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let lagging = NODES.into_iter().find(|node| *node != leader).unwrap();
+    // It knows the session already (its owner came to it in a log entry).
+    wait_converged(&cluster, &NODES, 1).await;
+    cluster.kill(lagging);
+
+    for expected in 2..=WRITES {
+        assert_eq!(
+            alice.increment(b"n", 1).await.expect("alice increments"),
+            expected
+        );
+    }
+    let others: Vec<u64> = NODES.into_iter().filter(|n| *n != lagging).collect();
+    let index = wait_converged(&cluster, &others, WRITES as u64).await;
+    for &node in &others {
+        let status = cluster.status(node).await.unwrap();
+        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
+        assert!(status.purged_index > 0, "node {node} purged its log");
+    }
+    cluster.restart(lagging).await;
+    // Caught up; its state hash is compared at the end, after the checks
+    // that name what a lost owner breaks.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while cluster
+        .status(lagging)
+        .await
+        .map_or(true, |status| status.applied_index < index)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {lagging} did not catch up to index {index}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = cluster.scrape(lagging).await.expect("scrape the metrics");
+    assert!(
+        counter(&metrics, "oncekv_snapshots_installed_total", &[]) >= 1.0,
+        "node {lagging} caught up by installing a snapshot"
+    );
+    assert!(
+        cluster.status(lagging).await.unwrap().snapshot_index > 0,
+        "node {lagging} holds the installed snapshot"
+    );
+
+    move_leadership_to(&cluster, lagging).await;
+    let addr = cluster.client_addr(lagging);
+    let bob = cluster.credentials("bob", false);
+    let denied =
+        |method: &str| format!("bob's {method} on alice's session, node {lagging} leading");
+    let execute = proto::ExecuteRequest {
+        cluster_id: cluster_id.clone(),
+        client_id: alice_id,
+        seq: WRITES as u64 + 1,
+        first_outstanding_seq: WRITES as u64 + 1,
+        command: Some(oncekv_wire::convert::command_to_proto(
+            &oncekv_core::Command::Increment {
+                key: b"n".to_vec(),
+                delta: 100,
+            },
+        )),
+    };
+    assert_refused(
+        client_of(&bob, &addr).execute(execute).await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        &denied("Execute"),
+    );
+    assert_refused(
+        client_of(&bob, &addr)
+            .keep_alive(proto::KeepAliveRequest {
+                cluster_id: cluster_id.clone(),
+                client_id: alice_id,
+                first_outstanding_seq: WRITES as u64 + 1,
+            })
+            .await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        &denied("KeepAlive"),
+    );
+    assert_refused(
+        client_of(&bob, &addr)
+            .unregister(proto::UnregisterRequest {
+                cluster_id: cluster_id.clone(),
+                client_id: alice_id,
+            })
+            .await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        &denied("Unregister"),
+    );
+    let root = cluster.credentials("root", false);
+    let session = admin_of(&root, &addr)
+        .get_session(proto::GetSessionRequest {
+            client_id: alice_id,
+        })
+        .await
+        .expect("alice's session on the node that installed the snapshot")
+        .into_inner();
+    assert_eq!(session.owner, "alice");
+    assert_eq!(
+        alice.increment(b"n", 1).await.expect("alice goes on"),
+        WRITES + 1
+    );
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(60)).await,
+        lagging,
+        "the refusals came from the node that installed the snapshot"
+    );
+    wait_converged(&cluster, &NODES, index).await;
+}
+
+/// How many times `needle` occurs in `node`'s log.
+fn log_count(cluster: &Cluster, node: u64, needle: &str) -> usize {
+    std::fs::read_to_string(cluster.log_path(node))
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
+}
+
+/// SIGHUPs every node and waits (bounded) until each has logged `needle`
+/// once more than before.
+async fn hangup_all(cluster: &Cluster, needle: &str) {
+    let before: Vec<usize> = NODES
+        .iter()
+        .map(|&node| log_count(cluster, node, needle))
+        .collect();
+    for node in NODES {
+        cluster.hangup(node);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for (node, before) in NODES.into_iter().zip(before) {
+        while log_count(cluster, node, needle) <= before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {node} did not log {needle:?} after SIGHUP"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Whether `node` lets `credentials` read: an answer or NOT_LEADER (the
+/// call got past authentication) is true, UNAUTHENTICATED false; anything
+/// else (a node busy electing) is asked again, for up to a minute.
+async fn authenticated(cluster: &Cluster, node: u64, credentials: &Credentials) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let cluster_id = cluster.status(node).await.expect("status").cluster_id;
+    loop {
+        let answer = client_of(credentials, &cluster.client_addr(node))
+            .read(proto::ReadRequest {
+                cluster_id: cluster_id.clone(),
+                key: b"k".to_vec(),
+            })
+            .await;
+        match answer {
+            Ok(_) => return true,
+            Err(status) => match reason(&status) {
+                Some(Reason::NotLeader) => return true,
+                Some(Reason::Unauthenticated) => return false,
+                _ => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "node {node}: {status:?}"
+                ),
+            },
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether a handshake with `addr` checking the name `name` (and showing
+/// node 4's certificate, for the peer port) succeeds: the call reaches the
+/// server and is answered (`Status`), or refused by it as a peer message
+/// of garbage (INVALID_ARGUMENT) rather than failing in TLS.
+async fn presents_name(cluster: &Cluster, addr: &str, name: &str, peer: bool) -> bool {
+    let pki = cluster.pki();
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            std::fs::read(pki.join("ca.pem")).unwrap(),
+        ))
+        .domain_name(name);
+    if peer {
+        tls = tls.identity(tonic::transport::Identity::from_pem(
+            std::fs::read(pki.join("node-4.pem")).unwrap(),
+            std::fs::read(pki.join("node-4-key.pem")).unwrap(),
+        ));
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .timeout(CALL_TIMEOUT)
+        .connect_lazy();
+    if peer {
+        let cluster_id = cluster
+            .status(cluster.wait_for_leader(Duration::from_secs(60)).await)
+            .await
+            .expect("status")
+            .cluster_id;
+        let answer = RaftClient::new(channel)
+            .vote(proto::RaftMessage {
+                cluster_id,
+                from_node_id: 4,
+                payload: vec![0xFF; 8],
+            })
+            .await;
+        matches!(answer, Err(status) if reason(&status) == Some(Reason::InvalidArgument))
+    } else {
+        ClientClient::new(channel)
+            .status(proto::StatusRequest {})
+            .await
+            .is_ok()
+    }
+}
+
+/// SIGHUP reloads the token file and the TLS certificate, key and CA of a
+/// running node, without dropping it: a token added to the file works and
+/// a removed one is refused; new node certificates (naming one more host)
+/// are presented on the client and peer ports; a bad token file or key
+/// leaves the previous ones in force, and says so in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_tokens_reload_on_sighup() {
+    let cluster = Cluster::start_secure("reload", &[]).await;
+    let pki = cluster.pki().to_path_buf();
+    let alice = cluster.credentials("alice", false);
+    let carol_token = "carol-0123456789abcdef0123456789";
+    let carol = Credentials::load(&CredentialPaths {
+        ca: Some(pki.join("ca.pem")),
+        token: Some(carol_token.into()),
+        ..CredentialPaths::default()
+    })
+    .unwrap();
+    for node in NODES {
+        assert!(authenticated(&cluster, node, &alice).await, "node {node}");
+        assert!(!authenticated(&cluster, node, &carol).await, "node {node}");
+    }
+    let pids: Vec<Option<u32>> = NODES.iter().map(|&node| cluster.pid(node)).collect();
+
+    // -- tokens: alice's removed, carol's added ----------------------------
+    let tokens = pki.join("tokens");
+    let alice_token = std::fs::read_to_string(pki.join("alice.token")).unwrap();
+    let old = std::fs::read_to_string(&tokens).unwrap();
+    let mut new: String = old
+        .lines()
+        .filter(|line| !line.starts_with(alice_token.trim()))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_ne!(new, old, "alice's line is gone");
+    new.push_str(&format!("{carol_token} carol client\n"));
+    let replace = |text: &str| {
+        let staged = pki.join("tokens.new");
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(&staged, &tokens).unwrap();
+    };
+    replace(&new);
+    hangup_all(&cluster, "reloaded the token file").await;
+    for node in NODES {
+        assert!(
+            authenticated(&cluster, node, &carol).await,
+            "node {node}: carol's new token works"
+        );
+        assert!(
+            !authenticated(&cluster, node, &alice).await,
+            "node {node}: alice's removed token is refused"
+        );
+    }
+
+    // -- a bad token file changes nothing -----------------------------------
+    replace("too-short carol client\n");
+    hangup_all(&cluster, "token file not reloaded").await;
+    for node in NODES {
+        assert!(
+            authenticated(&cluster, node, &carol).await,
+            "node {node}: the previous tokens stay"
+        );
+        assert!(!authenticated(&cluster, node, &alice).await, "node {node}");
+    }
+    replace(&new);
+
+    // -- certificates: re-issued naming one more host -----------------------
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let client_addr = cluster.client_addr(leader);
+    let peer_addr = cluster.peer_addr(leader);
+    const NEW_HOST: &str = "reloaded.example";
+    assert!(!presents_name(&cluster, &client_addr, NEW_HOST, false).await);
+    assert!(!presents_name(&cluster, &peer_addr, NEW_HOST, true).await);
+    make_certs(
+        &pki,
+        &[
+            "--node",
+            "1",
+            "--node",
+            "2",
+            "--node",
+            "3",
+            "--host",
+            "127.0.0.1",
+            "--host",
+            "localhost",
+            "--host",
+            NEW_HOST,
+        ],
+    );
+    hangup_all(&cluster, "reloaded the TLS certificate, key and CA").await;
+    for node in NODES {
+        assert!(
+            presents_name(&cluster, &cluster.client_addr(node), NEW_HOST, false).await,
+            "node {node}'s client port presents the new certificate"
+        );
+        assert!(
+            presents_name(&cluster, &cluster.peer_addr(node), NEW_HOST, true).await,
+            "node {node}'s peer port presents the new certificate"
+        );
+    }
+
+    // -- a bad key changes nothing --------------------------------------------
+    let key = pki.join(format!("node-{leader}-key.pem"));
+    let good_key = std::fs::read(&key).unwrap();
+    std::fs::write(&key, "not a key").unwrap();
+    let before = log_count(&cluster, leader, "TLS not reloaded");
+    cluster.hangup(leader);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while log_count(&cluster, leader, "TLS not reloaded") <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no log of the refusal"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(&key, good_key).unwrap();
+    assert!(
+        presents_name(&cluster, &client_addr, NEW_HOST, false).await,
+        "the previous certificate stays in force"
+    );
+
+    // The nodes were never restarted, and the cluster still serves.
+    let pids_after: Vec<Option<u32>> = NODES.iter().map(|&node| cluster.pid(node)).collect();
+    assert_eq!(pids, pids_after);
+    let client = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            credentials: carol,
+            ..ClientConfig::default()
+        },
+    );
+    assert_eq!(
+        client.increment(b"after", 1).await.expect("carol writes"),
+        1
     );
 }

@@ -1,16 +1,17 @@
 //! The harness's use of the nodes' Admin service (on each node's client
 //! port): per-node state hashes and local reads for the final check, the
 //! registry config for the short-TTL phase, and lost replies
-//! (`InjectFault`, fault-injection builds only). It only calls; deciding
-//! when is the runner's job.
+//! (`InjectFault`, fault-injection builds only). On a TLS cluster it
+//! connects with the cluster CA and shows an admin principal's token. It
+//! only calls; deciding when is the runner's job.
 
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use oncekv::network::credentials::{AuthChannel, Credentials};
 use oncekv_wire::proto::{self, Reason, admin_client::AdminClient};
 use oncekv_wire::status::error_detail;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
 /// Deadline of one Admin call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,27 +29,31 @@ pub struct AdminCapabilities {
 #[derive(Clone)]
 pub struct Admin {
     endpoints: Vec<(u64, String)>,
-    clients: Vec<AdminClient<Channel>>,
+    clients: Vec<AdminClient<AuthChannel>>,
 }
 
 impl Admin {
-    /// Lazily connected clients of `endpoints` (node id, `host:port`).
-    pub fn new(endpoints: Vec<(u64, String)>) -> anyhow::Result<Admin> {
+    /// Lazily connected clients of `endpoints` (node id, `host:port`),
+    /// showing `credentials` (an admin principal's on a TLS cluster).
+    pub fn new(endpoints: Vec<(u64, String)>, credentials: &Credentials) -> anyhow::Result<Admin> {
         let clients = endpoints
             .iter()
             .map(|(_, addr)| {
                 Ok(AdminClient::new(
-                    Endpoint::from_shared(format!("http://{addr}"))?
-                        .connect_timeout(Duration::from_secs(1))
-                        .tcp_nodelay(true)
-                        .connect_lazy(),
+                    credentials.wrap(
+                        credentials
+                            .endpoint(addr)?
+                            .connect_timeout(Duration::from_secs(1))
+                            .tcp_nodelay(true)
+                            .connect_lazy(),
+                    ),
                 ))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Admin { endpoints, clients })
     }
 
-    fn client(&self, node: u64) -> anyhow::Result<AdminClient<Channel>> {
+    fn client(&self, node: u64) -> anyhow::Result<AdminClient<AuthChannel>> {
         let index = self
             .endpoints
             .iter()

@@ -4,7 +4,9 @@
 //! ([`Processes`]: SIGKILL, SIGSTOP / SIGCONT, partitions through the
 //! per-link TCP proxies when the server supports `--peer-via`) and
 //! containers ([`Containers`]: `docker kill`, `docker pause`, packet filters
-//! in each node's network namespace). The cluster owns its nodes: dropping
+//! in each node's network namespace). Local processes may run with TLS and
+//! authentication on (certificates from `crate::pki`); the proxies then
+//! forward TLS untouched. The cluster owns its nodes: dropping
 //! it kills and removes every one of them, on every path out. It decides
 //! nothing about faults.
 
@@ -19,12 +21,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use oncekv::network::credentials::Credentials;
 use oncekv_wire::proto::client_client::ClientClient;
 use oncekv_wire::proto::{StatusReply, StatusRequest};
 use tokio::time::{Instant, sleep};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::containers::{ContainerOptions, Containers};
+use crate::pki::Pki;
 use crate::proxy::Proxies;
 pub use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
 
@@ -41,6 +45,9 @@ pub struct Capabilities {
     pub peer_via: bool,
     /// `--fault`: a fault-injection build.
     pub fault_flag: bool,
+    /// `--tls-cert` and `--token-file`: TLS and authentication (with the
+    /// `certs` command that makes their files).
+    pub tls: bool,
 }
 
 impl Capabilities {
@@ -61,6 +68,7 @@ impl Capabilities {
         Ok(Capabilities {
             peer_via: help.contains("--peer-via"),
             fault_flag: help.contains("--fault"),
+            tls: help.contains("--tls-cert") && help.contains("--token-file"),
         })
     }
 }
@@ -81,6 +89,9 @@ pub struct ClusterOptions {
     pub proxies: bool,
     /// Extra flags for every node.
     pub extra_args: Vec<String>,
+    /// TLS on both ports and authentication on the client port, with these
+    /// certificates and token file.
+    pub pki: Option<Pki>,
 }
 
 impl ClusterOptions {
@@ -334,6 +345,12 @@ impl Processes {
             // Ignored once the data directory holds Raft state.
             command.arg("--initialize");
         }
+        if let Some(pki) = &options.pki {
+            // Peers dial each other through the proxies, by address; the
+            // certificate they check is the one naming `node-<id>`, which
+            // the TCP proxies pass through untouched.
+            command.args(pki.node_args(id));
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }
@@ -387,8 +404,13 @@ enum Nodes {
 impl Cluster {
     /// Starts nodes 1..=3 (node 1 initialises) and waits up to
     /// `start_timeout` until all answer, agree on a leader and know the
-    /// cluster id.
-    pub async fn start(backend: Backend, start_timeout: Duration) -> anyhow::Result<Cluster> {
+    /// cluster id. `Status` calls connect with `status_credentials` (TLS
+    /// with the cluster CA, or plain).
+    pub async fn start(
+        backend: Backend,
+        start_timeout: Duration,
+        status_credentials: &Credentials,
+    ) -> anyhow::Result<Cluster> {
         let nodes = match backend {
             Backend::Processes(options) => Nodes::Processes(Processes::start(options).await?),
             Backend::Containers(options) => Nodes::Containers(Containers::start(&options).await?),
@@ -399,7 +421,8 @@ impl Cluster {
                 Nodes::Processes(processes) => processes.client_addr(node),
                 Nodes::Containers(containers) => containers.client_addr(node),
             };
-            let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+            let endpoint = status_credentials
+                .endpoint(&addr)?
                 .connect_timeout(STATUS_TIMEOUT)
                 .tcp_nodelay(true);
             status_clients.insert(node, ClientClient::new(endpoint.connect_lazy()));

@@ -81,6 +81,8 @@ impl Containers {
         Ok(Capabilities {
             peer_via: help.contains("--peer-via"),
             fault_flag: help.contains("--fault"),
+            // The harness runs TLS clusters of local processes only.
+            tls: false,
         })
     }
 

@@ -1,6 +1,6 @@
 //! `jepsen-like`: runs one seeded fault-injection run against a fresh
 //! 3-node oncekv cluster (local processes, or containers with
-//! `--containers`) and exits 0 (valid), 1 (invalid) or 2 (unknown:
+//! `--containers`; TLS and authentication on with `--tls`) and exits 0 (valid), 1 (invalid) or 2 (unknown:
 //! the run did not exercise enough; also for a run that could not finish).
 
 use std::path::PathBuf;
@@ -76,6 +76,13 @@ struct Args {
     /// The image of `--containers` (built by `scripts/image.sh`).
     #[arg(long, default_value = "oncekv:latest", requires = "containers")]
     image: String,
+    /// Run the cluster with TLS on the client and peer ports (mutual
+    /// between peers) and authentication on the client port: the harness
+    /// makes a CA, node certificates and a client and an admin identity
+    /// with `--server-bin certs`; the workload clients show the client
+    /// principal's token or certificate, the Admin calls the admin's token.
+    #[arg(long, conflicts_with = "containers")]
+    tls: bool,
 }
 
 fn main() {
@@ -103,6 +110,7 @@ fn main() {
         session_ttl_ms: args.session_ttl_ms,
         quiet: args.quiet,
         container_image: args.containers.then_some(args.image),
+        tls: args.tls,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

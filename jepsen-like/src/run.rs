@@ -26,6 +26,7 @@ use crate::cluster::{
 use crate::containers::{ContainerOptions, Containers};
 use crate::faults::{self, FaultKind, PlannedFault, ScheduleOptions};
 use crate::history::{self, Event, EventType, Op, Process, Recorder};
+use crate::pki::{Pki, RunCredentials};
 use crate::report::{self, Figures};
 use crate::workload::{self, Context, Counts, Role};
 
@@ -53,6 +54,9 @@ pub struct RunOptions {
     /// Run the nodes as containers of this image (real kills, pauses and
     /// partitions) instead of local processes of `server_bin`.
     pub container_image: Option<String>,
+    /// TLS on both ports and authentication on the client port (local
+    /// processes only); the certificates are made with `server_bin certs`.
+    pub tls: bool,
 }
 
 /// The results file.
@@ -67,6 +71,9 @@ pub struct Results {
     pub image: Option<String>,
     /// How partitions were made (none: partitions left out).
     pub partitions: Option<String>,
+    /// TLS on the client and peer ports (mutual between peers) and
+    /// authentication on the client port.
+    pub tls: bool,
     pub capabilities: Capabilities,
     pub admin: AdminCapabilities,
     /// Fault kinds left out because the server does not support them.
@@ -105,6 +112,28 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         .prefix("oncekv-jepsen-")
         .tempdir()
         .context("create the cluster's temporary directory")?;
+    let pki = if options.tls {
+        if options.container_image.is_some() {
+            bail!("--tls runs local processes only (not with containers)");
+        }
+        if !capabilities.tls {
+            bail!(
+                "{} has no TLS (--tls-cert, --token-file): cannot run with --tls",
+                options.server_bin.display()
+            );
+        }
+        Some(Pki::make(
+            &options.server_bin,
+            &dir.path().join("pki"),
+            &NODES,
+        )?)
+    } else {
+        None
+    };
+    let credentials = Arc::new(match &pki {
+        Some(pki) => RunCredentials::of(pki)?,
+        None => RunCredentials::none(),
+    });
     let mut extra_args = Vec::new();
     if capabilities.fault_flag {
         // Every node process drops the reply to its first new execute: a
@@ -126,6 +155,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         session_ttl_ms: options.session_ttl_ms,
         proxies: capabilities.peer_via,
         extra_args,
+        pki,
     };
     let backend = match &options.container_image {
         Some(image) => Backend::Containers(ContainerOptions {
@@ -136,17 +166,22 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     };
     // Containers start slower (and the engine may be busy).
     let cluster = Arc::new(
-        Cluster::start(backend, Duration::from_secs(90))
+        Cluster::start(backend, Duration::from_secs(90), &credentials.status)
             .await
             .context("start the cluster")?,
     );
     let partitions = cluster.partitions();
     if !options.quiet {
         eprintln!(
-            "{} cluster at {}; partitions: {}",
+            "{} cluster at {}; partitions: {}; TLS: {}",
             cluster.backend_name(),
             cluster.client_addrs().join(","),
-            partitions.unwrap_or("none")
+            partitions.unwrap_or("none"),
+            if options.tls {
+                "on (mutual between peers; clients by token and by certificate)"
+            } else {
+                "off"
+            }
         );
     }
     let admin = Admin::new(
@@ -154,6 +189,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
             .iter()
             .map(|&node| (node, cluster.client_addr(node)))
             .collect(),
+        &credentials.admin,
     )?;
     let admin_capabilities = admin.probe(NODES[0]).await?;
     let kinds: Vec<FaultKind> = FaultKind::ALL
@@ -189,7 +225,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         admin: admin_capabilities.admin.then_some(admin),
         inject_fault: admin_capabilities.inject_fault,
     };
-    let outcome = drive(options, &cluster, &tools, &schedule).await;
+    let outcome = drive(options, &cluster, &tools, &schedule, &credentials).await;
     let verdict = match outcome {
         Ok(driven) => {
             let verdict = finish(
@@ -280,6 +316,7 @@ async fn drive(
     cluster: &Arc<Cluster>,
     tools: &Tools,
     schedule: &[PlannedFault],
+    credentials: &Arc<RunCredentials>,
 ) -> anyhow::Result<Driven> {
     let recorder = Recorder::start();
     let counts = Arc::new(Counts::default());
@@ -294,6 +331,7 @@ async fn drive(
         session_ttl: ttl_rx,
         short_ttl_phase: schedule.iter().any(|f| f.kind == FaultKind::ShortTtl),
         list_epoch: Arc::default(),
+        credentials: credentials.clone(),
     };
     // The registry config to restore after the short-TTL phase.
     let original_config = match &tools.admin {
@@ -440,7 +478,7 @@ async fn drive(
     let keys = workload::keys_of(&recorder.snapshot());
     let (finals, final_read) = match &tools.admin {
         Some(admin) => read_finals_local(admin, &keys).await?,
-        None => read_finals(cluster, statuses, &keys).await?,
+        None => read_finals(cluster, statuses, &keys, credentials.client(0)).await?,
     };
     Ok(Driven {
         recorder,
@@ -794,12 +832,14 @@ async fn read_finals(
     cluster: &Cluster,
     statuses: Statuses,
     keys: &[String],
+    credentials: oncekv::network::credentials::Credentials,
 ) -> anyhow::Result<(Vec<NodeFinal>, String)> {
     let leader = agreed_leader(&statuses).context("a leader after converging")?;
     let client = Client::with_config(
         cluster.client_addrs(),
         ClientConfig {
             call_timeout: Duration::from_secs(30),
+            credentials,
             ..ClientConfig::default()
         },
     );
@@ -934,6 +974,7 @@ fn finish(
         backend: backend.to_string(),
         image: options.container_image.clone(),
         partitions: partitions.map(str::to_string),
+        tls: options.tls,
         capabilities,
         admin,
         kinds_unsupported,

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
+use oncekv::network::credentials::{AuthChannel, Credentials};
 use oncekv_core::{Command, CommandResult, Value};
 use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
 use oncekv_wire::{convert, status::error_detail};
@@ -24,11 +25,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::history::{
     self, Event, EventType, Expect, KeyedCommand, KeyedIntent, Op, Process, Recorder, Reply,
 };
+use crate::pki::RunCredentials;
 
 /// Appenders write to this many hot lists at a time.
 pub const HOT_LISTS: u64 = 3;
@@ -134,6 +135,9 @@ pub struct Context {
     /// The highest list epoch an appender has reached (see [`list_key`]):
     /// readers read the lists being written.
     pub list_epoch: Arc<AtomicU64>,
+    /// What each client shows the nodes (TLS and a principal's token or
+    /// certificate on a TLS cluster; nothing otherwise).
+    pub credentials: Arc<RunCredentials>,
 }
 
 impl Context {
@@ -143,6 +147,10 @@ impl Context {
 
     fn stopped(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    fn credentials(&self, client: u64) -> Credentials {
+        self.credentials.client(client)
     }
 }
 
@@ -169,6 +177,7 @@ pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64
                     .unwrap_or_else(PoisonError::into_inner)
                     .push(event.clone());
             })),
+            credentials: context.credentials(client_number),
             ..ClientConfig::default()
         },
     );
@@ -254,6 +263,7 @@ pub async fn run_reader(context: Context, client_number: u64) -> u64 {
         ClientConfig {
             call_timeout: CALL_TIMEOUT,
             attempt_timeout: ATTEMPT_TIMEOUT,
+            credentials: context.credentials(client_number),
             ..ClientConfig::default()
         },
     );
@@ -356,6 +366,7 @@ pub async fn run_keyed_producer(context: Context, client_number: u64) -> u64 {
         ClientConfig {
             call_timeout: CALL_TIMEOUT,
             attempt_timeout: ATTEMPT_TIMEOUT,
+            credentials: context.credentials(client_number),
             ..ClientConfig::default()
         },
     );
@@ -596,20 +607,23 @@ enum RawOutcome {
 struct Raw {
     endpoints: Vec<String>,
     target: usize,
-    channels: Vec<ClientClient<Channel>>,
+    channels: Vec<ClientClient<AuthChannel>>,
     cluster_id: Vec<u8>,
 }
 
 impl Raw {
-    fn new(endpoints: Vec<String>) -> anyhow::Result<Raw> {
+    fn new(endpoints: Vec<String>, credentials: &Credentials) -> anyhow::Result<Raw> {
         let channels = endpoints
             .iter()
             .map(|endpoint| {
                 Ok(ClientClient::new(
-                    Endpoint::from_shared(format!("http://{endpoint}"))?
-                        .connect_timeout(Duration::from_secs(1))
-                        .tcp_nodelay(true)
-                        .connect_lazy(),
+                    credentials.wrap(
+                        credentials
+                            .endpoint(endpoint)?
+                            .connect_timeout(Duration::from_secs(1))
+                            .tcp_nodelay(true)
+                            .connect_lazy(),
+                    ),
                 ))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -638,7 +652,7 @@ impl Raw {
         call: F,
     ) -> (Result<T, tonic::Status>, u32)
     where
-        F: Fn(ClientClient<Channel>) -> Fut,
+        F: Fn(ClientClient<AuthChannel>) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         let mut attempts = 0;
@@ -781,7 +795,10 @@ impl Raw {
 /// state.
 pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
     let mut rng = context.rng(client_number);
-    let mut raw = match Raw::new(context.endpoints.clone()) {
+    let mut raw = match Raw::new(
+        context.endpoints.clone(),
+        &context.credentials(client_number),
+    ) {
         Ok(raw) => raw,
         Err(error) => {
             eprintln!("lifecycle client: {error:#}");

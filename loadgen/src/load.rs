@@ -12,10 +12,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
-use tonic::transport::Channel;
 
 use crate::proto::{etcd, oncekv};
 use ::oncekv::local::percentile;
+use ::oncekv::network::credentials::AuthChannel as Channel;
 
 /// Keys per client: each client cycles over its own keys.
 const KEYS_PER_CLIENT: u64 = 1_000;

@@ -8,6 +8,11 @@
 //! request at a time over HTTP/2 connections shared round-robin), the clock
 //! and the one-line report (throughput, p50/p99/p999, errors).
 //!
+//! Against an oncekv cluster with TLS and authentication (`scripts/cluster.sh
+//! start --tls`), `--ca` (and `--token`, or `--cert`/`--key`) make every
+//! connection TLS with that CA and every call carry those credentials, the
+//! same way the client library does (`oncekv::network::credentials`).
+//!
 //! It must not: send anything to an address that is not loopback (every
 //! endpoint is checked when the arguments are parsed); retry a request (a
 //! failed or timed-out request counts as an error and the client goes on with
@@ -24,8 +29,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
+use oncekv::network::credentials::{AuthChannel, CredentialPaths, Credentials};
 use tokio::time::{Instant, sleep};
-use tonic::transport::{Channel, Endpoint};
 
 use load::{LoadOptions, Target};
 
@@ -80,6 +85,39 @@ struct LoadArgs {
     /// Deadline of one request; a request past it counts as an error.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     request_timeout_s: u64,
+    #[command(flatten)]
+    credentials: CredentialArgs,
+}
+
+/// TLS and credentials (an oncekv cluster with TLS and authentication);
+/// none: plain connections.
+#[derive(Args, Debug, Default)]
+struct CredentialArgs {
+    /// The cluster CA (PEM): connect with TLS and trust only this CA.
+    #[arg(long, value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for mutual TLS, with --key.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<std::path::PathBuf>,
+    /// A bearer token sent with every call (needs --ca: tokens only travel
+    /// over TLS here).
+    #[arg(long, value_name = "TOKEN", requires = "ca")]
+    token: Option<String>,
+}
+
+impl CredentialArgs {
+    fn load(&self) -> anyhow::Result<Credentials> {
+        Credentials::load(&CredentialPaths {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            token: self.token.clone(),
+        })
+        .context("loading --ca / --cert / --key / --token")
+    }
 }
 
 #[derive(Args, Debug)]
@@ -90,6 +128,9 @@ struct LeaderArgs {
     /// Seconds to wait for an agreed leader before failing.
     #[arg(long, default_value_t = 30)]
     wait_s: u64,
+    /// The cluster CA (PEM): connect with TLS (`Status` needs no token).
+    #[arg(long, value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
 }
 
 /// Parses `host:port` and refuses anything but a loopback address.
@@ -123,23 +164,30 @@ async fn load(target: Target, args: &LoadArgs) -> anyhow::Result<()> {
         value_bytes: args.value_bytes,
         request_timeout: Duration::from_secs(args.request_timeout_s),
     };
+    let credentials = args.credentials.load()?;
     let mut channels = Vec::new();
     for _ in 0..args.connections {
-        channels.push(connect(args.endpoint).await?);
+        channels.push(connect(args.endpoint, &credentials).await?);
     }
     let report = load::run(&options, &channels).await?;
     println!("{report}");
     Ok(())
 }
 
-/// One HTTP/2 connection (each `connect` opens its own).
-pub(crate) async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
-    Endpoint::from_shared(format!("http://{addr}"))?
+/// One HTTP/2 connection (each `connect` opens its own): TLS with the
+/// credentials' CA when they have one, every call carrying their token.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    credentials: &Credentials,
+) -> anyhow::Result<AuthChannel> {
+    let channel = credentials
+        .endpoint(&addr.to_string())?
         .tcp_nodelay(true)
         .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await
-        .with_context(|| format!("connect to {addr}"))
+        .with_context(|| format!("connect to {addr}"))?;
+    Ok(credentials.wrap(channel))
 }
 
 /// What one member says about itself and the leader.
@@ -155,15 +203,20 @@ struct View {
 /// name the same leader, and the leader is one of them; prints its address.
 async fn print_leader<F, Fut>(args: &LeaderArgs, view: F) -> anyhow::Result<()>
 where
-    F: Fn(SocketAddr) -> Fut,
+    F: Fn(SocketAddr, Credentials) -> Fut,
     Fut: Future<Output = anyhow::Result<View>>,
 {
+    let credentials = CredentialArgs {
+        ca: args.ca.clone(),
+        ..CredentialArgs::default()
+    }
+    .load()?;
     let deadline = Instant::now() + Duration::from_secs(args.wait_s);
     let mut last = String::from("no member answered");
     loop {
         let mut views = Vec::new();
         for &addr in &args.endpoints {
-            match tokio::time::timeout(CONNECT_TIMEOUT, view(addr)).await {
+            match tokio::time::timeout(CONNECT_TIMEOUT, view(addr, credentials.clone())).await {
                 Ok(Ok(seen)) => views.push(seen),
                 Ok(Err(error)) => last = format!("{addr}: {error:#}"),
                 Err(_) => last = format!("{addr}: no Status answer within {CONNECT_TIMEOUT:?}"),
@@ -199,9 +252,9 @@ fn agreed_leader(views: &[View], members: usize) -> Option<View> {
         .copied()
 }
 
-async fn etcd_view(addr: SocketAddr) -> anyhow::Result<View> {
+async fn etcd_view(addr: SocketAddr, credentials: Credentials) -> anyhow::Result<View> {
     use proto::etcd::{StatusRequest, maintenance_client::MaintenanceClient};
-    let reply = MaintenanceClient::new(connect(addr).await?)
+    let reply = MaintenanceClient::new(connect(addr, &credentials).await?)
         .status(StatusRequest {})
         .await?
         .into_inner();
@@ -216,9 +269,9 @@ async fn etcd_view(addr: SocketAddr) -> anyhow::Result<View> {
     })
 }
 
-async fn oncekv_view(addr: SocketAddr) -> anyhow::Result<View> {
+async fn oncekv_view(addr: SocketAddr, credentials: Credentials) -> anyhow::Result<View> {
     use proto::oncekv::{StatusRequest, client_client::ClientClient};
-    let reply = ClientClient::new(connect(addr).await?)
+    let reply = ClientClient::new(connect(addr, &credentials).await?)
         .status(StatusRequest {})
         .await?
         .into_inner();

@@ -15,13 +15,16 @@
 //! `#` starts a comment. A TOKEN of `-` grants ROLE to the certificate whose
 //! name is PRINCIPAL (no token). A client certificate signed by the cluster
 //! CA and not listed has the role `client`.
+//!
+//! The policy can be replaced while the node runs ([`SharedPolicy`], on
+//! SIGHUP): each request is decided by the policy current when it arrives.
 
 use futures::future::BoxFuture;
 use oncekv_core::Principal;
 use oncekv_wire::status::{ErrorReason, reason_status};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
@@ -176,6 +179,23 @@ impl AuthPolicy {
         AuthPolicy::default()
     }
 
+    /// What the policy grants, for the log (never a token).
+    pub fn summary(&self) -> String {
+        if !self.enabled {
+            return "no authentication".into();
+        }
+        format!(
+            "{} token(s), {} certificate grant(s), client certificates {}",
+            self.tokens.len(),
+            self.cert_roles.len(),
+            if self.certificates {
+                "accepted"
+            } else {
+                "not accepted"
+            }
+        )
+    }
+
     /// Who calls with `token` (the header's value after `Bearer `) or over a
     /// connection that showed `certificate` (DER).
     fn caller(
@@ -244,17 +264,39 @@ fn need(path: &str) -> Need {
     }
 }
 
+/// The client port's policy, replaceable while the node runs: clones
+/// share it, and each request is decided by the one current when it
+/// arrives.
+#[derive(Clone, Debug)]
+pub struct SharedPolicy(Arc<RwLock<Arc<AuthPolicy>>>);
+
+impl SharedPolicy {
+    pub fn new(policy: AuthPolicy) -> SharedPolicy {
+        SharedPolicy(Arc::new(RwLock::new(Arc::new(policy))))
+    }
+
+    pub fn current(&self) -> Arc<AuthPolicy> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Decides every request from now on by `policy`.
+    pub fn replace(&self, policy: AuthPolicy) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+    }
+}
+
 /// Wraps the client server's routes; see the module docs.
 #[derive(Clone)]
 pub struct AuthLayer {
-    policy: Arc<AuthPolicy>,
+    policy: SharedPolicy,
 }
 
 impl AuthLayer {
-    pub fn new(policy: AuthPolicy) -> AuthLayer {
-        AuthLayer {
-            policy: Arc::new(policy),
-        }
+    pub fn new(policy: SharedPolicy) -> AuthLayer {
+        AuthLayer { policy }
     }
 }
 
@@ -272,7 +314,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct Auth<S> {
     inner: S,
-    policy: Arc<AuthPolicy>,
+    policy: SharedPolicy,
 }
 
 /// Decides one request: the caller to hand on, or the refusal.
@@ -332,7 +374,7 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        match admit(&self.policy, &request) {
+        match admit(&self.policy.current(), &request) {
             Ok(caller) => {
                 if let Some(caller) = caller {
                     request.extensions_mut().insert(caller);

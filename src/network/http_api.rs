@@ -33,7 +33,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
-use tokio_rustls::rustls;
 
 /// Largest request body accepted (a compare-and-swap of two values at the
 /// hard value bound, base64-encoded, fits); larger is 413.
@@ -811,40 +810,17 @@ async fn handle(
 #[error("HTTP API: {0}")]
 pub struct HttpSetupError(String);
 
-/// The TLS settings of the HTTP port: the node's certificate and key (no
-/// client certificates: callers authenticate with bearer tokens).
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, HttpSetupError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let failed = |path: &Path, error: &dyn std::fmt::Display| {
-        HttpSetupError(format!("{}: {error}", path.display()))
-    };
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|error| failed(cert, &error))?;
-    let private_key = PrivateKeyDer::from_pem_file(key).map_err(|error| failed(key, &error))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|error| HttpSetupError(error.to_string()))?
-    .with_no_client_auth()
-    .with_single_cert(certs, private_key)
-    .map_err(|error| failed(cert, &error))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
-}
-
-/// Serves `router` on `listener` (HTTP/1.1, over TLS when `tls` is given)
-/// until `shutdown` completes; then in-flight requests get
-/// [`SHUTDOWN_GRACE`] to finish.
+/// Serves `router` on `listener` (HTTP/1.1, over TLS when `tls` is given:
+/// the node's certificate and key, no client certificates — callers
+/// authenticate with bearer tokens; each connection with the settings
+/// current when it arrives) until `shutdown` completes; then in-flight
+/// requests get [`SHUTDOWN_GRACE`] to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<super::tls::NodeTls>,
     router: axum::Router,
     shutdown: impl Future<Output = ()>,
 ) {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -863,7 +839,9 @@ pub async fn serve(
                 };
                 let _ = stream.set_nodelay(true);
                 let service = hyper_util::service::TowerToHyperService::new(router.clone());
-                let acceptor = acceptor.clone();
+                let acceptor = tls.as_ref().map(|tls| {
+                    tokio_rustls::TlsAcceptor::from(tls.server_config(super::tls::Port::Http))
+                });
                 let stopped = stopped.clone();
                 connections.spawn(async move {
                     match acceptor {

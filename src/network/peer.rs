@@ -38,7 +38,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 
 /// Version byte of peer message payloads. 2 since the apply rules of
 /// storage format 3: a node of either side refuses the other's messages, so
@@ -148,13 +148,19 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         // HTTP/2 keepalives end a replication stream whose peer went silent
         // (a stream has no per-message deadline); openraft then opens a new
         // one.
-        let channel = super::tls::peer_endpoint(self.tls.as_ref(), &dial, target).map(|endpoint| {
-            endpoint
+        // With TLS every connection handshakes with the node's TLS settings
+        // current when it opens (they may be reloaded), checking the name
+        // `node-<target>` whatever address is dialled.
+        let channel = Endpoint::from_shared(format!("http://{dial}")).map(|endpoint| {
+            let endpoint = endpoint
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_millis(500))
                 .keep_alive_timeout(Duration::from_millis(1_000))
-                .keep_alive_while_idle(true)
-                .connect_lazy()
+                .keep_alive_while_idle(true);
+            match &self.tls {
+                None => endpoint.connect_lazy(),
+                Some(tls) => tls.peer_channel(endpoint, &dial, target),
+            }
         });
         PeerClient {
             from: self.node_id,

@@ -67,7 +67,9 @@ pub struct NodeOptions {
     /// each link this way). Repeatable.
     #[arg(long = "peer-via", value_name = "ID=HOST:PORT")]
     pub peer_via: Vec<String>,
-    /// Serve Prometheus metrics over HTTP here (`GET /metrics`) [default: off].
+    /// Serve Prometheus metrics here (`GET /metrics`): HTTPS with the
+    /// node's certificate when the node has TLS, plain HTTP otherwise
+    /// [default: off].
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
     /// Serve the HTTP/JSON API here (`/v1/kv/...`, docs/http.md): HTTPS with

@@ -1,6 +1,7 @@
 //! A node: wiring from a validated config to storage, Raft and the gRPC
 //! servers, then cluster initialisation and graceful shutdown. It holds no
-//! logic of its own beyond the order in which things start and stop.
+//! logic of its own beyond the order in which things start and stop (and
+//! the reload of certificates and tokens on SIGHUP).
 
 pub mod config;
 pub mod observability;
@@ -8,11 +9,12 @@ pub mod observability;
 use crate::clock::{ClockTiming, ClusterClock};
 use crate::metrics::NodeMetrics;
 use crate::network::admin_api::AdminApi;
-use crate::network::auth::{AuthLayer, AuthPolicy};
+use crate::network::auth::{AuthLayer, AuthPolicy, SharedPolicy};
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
+use crate::network::tls::{NodeTls, Port};
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::{self, ReadIndex};
 use crate::storage::{
@@ -143,6 +145,10 @@ fn check_data_format(dir: &Path) -> anyhow::Result<()> {
 
 /// Runs a node until `shutdown` completes, then stops it gracefully.
 pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    // SIGHUP reloads the certificates and tokens; without a handler it would
+    // end the process, so it is installed before anything else.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     // Certificates and tokens first: a node that cannot use them writes
     // nothing.
     let (tls, auth) = security(&config)?;
@@ -287,16 +293,19 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let stopped = |mut receiver: tokio::sync::watch::Receiver<bool>| async move {
         let _ = receiver.wait_for(|stop| *stop).await;
     };
-    let peer_server = tokio::spawn(
-        crate::network::tls::server(tls.as_ref().map(|tls| tls.peer_port()))
-            .context("peer port TLS")?
-            .tcp_nodelay(true)
-            .add_service(PeerService::new(raft.clone(), identity.clone()).into_server())
-            .serve_with_incoming_shutdown(
-                incoming(peer_listener),
-                stopped(servers_stopped.clone()),
-            ),
-    );
+    let peer_router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(PeerService::new(raft.clone(), identity.clone()).into_server());
+    let peer_server = match &tls {
+        None => tokio::spawn(peer_router.serve_with_incoming_shutdown(
+            incoming(peer_listener),
+            stopped(servers_stopped.clone()),
+        )),
+        Some(tls) => tokio::spawn(peer_router.serve_with_incoming_shutdown(
+            tls.incoming(peer_listener, Port::Peer),
+            stopped(servers_stopped.clone()),
+        )),
+    };
     let (health, health_service) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
@@ -308,22 +317,25 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .context("building the reflection service")?;
-    let client_server = tokio::spawn(
-        crate::network::tls::server(tls.as_ref().map(|tls| tls.client_port()))
-            .context("client port TLS")?
-            .tcp_nodelay(true)
-            .layer(ClientWireLayer::new(metrics.clone()))
-            .layer(AuthLayer::new(auth))
-            .add_service(client_api.into_server())
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(admin_api.into_server())
-            .serve_with_incoming_shutdown(
-                incoming(client_listener),
-                stopped(servers_stopped.clone()),
-            ),
-    );
+    let client_router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .layer(ClientWireLayer::new(metrics.clone()))
+        .layer(AuthLayer::new(auth.clone()))
+        .add_service(client_api.into_server())
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(admin_api.into_server());
+    let client_server = match &tls {
+        None => tokio::spawn(client_router.serve_with_incoming_shutdown(
+            incoming(client_listener),
+            stopped(servers_stopped.clone()),
+        )),
+        Some(tls) => tokio::spawn(client_router.serve_with_incoming_shutdown(
+            tls.incoming(client_listener, Port::Client),
+            stopped(servers_stopped.clone()),
+        )),
+    };
     let watcher = tokio::spawn(observability::watch(
         config.id,
         raft.clone(),
@@ -338,6 +350,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
                 raft.clone(),
                 state.clone(),
                 metrics.clone(),
+                tls.clone(),
                 stopped(servers_stopped.clone()),
             )
             .await
@@ -352,11 +365,6 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             // through this node's own client port (authentication, leader
             // forwarding): the advertised address, which the certificate
             // names.
-            let tls = config
-                .tls
-                .as_ref()
-                .map(|tls| crate::network::http_api::tls_config(&tls.cert, &tls.key))
-                .transpose()?;
             let api = crate::network::http_api::HttpApi::new(
                 config.advertise_client_addr.clone(),
                 config.tls.as_ref().map(|tls| tls.ca.as_path()),
@@ -366,7 +374,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
                 .with_context(|| format!("binding the HTTP address {addr}"))?;
             Some(tokio::spawn(crate::network::http_api::serve(
                 listener,
-                tls,
+                tls.clone(),
                 api.router(),
                 stopped(servers_stopped.clone()),
             )))
@@ -384,6 +392,14 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         max_pending_proposals = config.max_pending_proposals,
         "node started"
     );
+
+    let reloader = tokio::spawn(reload_on_hangup(
+        hangups,
+        config.id,
+        tls.clone(),
+        auth.clone(),
+        config.token_file.clone(),
+    ));
 
     let bootstrap = if config.initialize {
         initialize(&raft, &config, &identity).await?;
@@ -405,6 +421,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     }
     let _ = stop_servers.send(true);
     watcher.abort();
+    reloader.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = peer_server.await;
         let _ = client_server.await;
@@ -423,13 +440,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
 
 /// The node's TLS material and the client port's authentication policy,
 /// loaded and checked before anything binds.
-fn security(
-    config: &NodeConfig,
-) -> anyhow::Result<(Option<crate::network::tls::NodeTls>, AuthPolicy)> {
+fn security(config: &NodeConfig) -> anyhow::Result<(Option<NodeTls>, SharedPolicy)> {
     let tls = config
         .tls
         .as_ref()
-        .map(crate::network::tls::NodeTls::load)
+        .map(NodeTls::load)
         .transpose()
         .context("loading the TLS certificate, key and CA")?;
     let auth = match &config.token_file {
@@ -437,7 +452,62 @@ fn security(
         None if tls.is_some() => AuthPolicy::certificates_only(),
         None => AuthPolicy::off(),
     };
-    Ok((tls, auth))
+    Ok((tls, SharedPolicy::new(auth)))
+}
+
+/// On every SIGHUP, reads the TLS certificate, key and CA and the token
+/// file again (those the node was started with). Each that reads and
+/// checks cleanly replaces the old for every new connection (TLS) or
+/// request (tokens); one that does not leaves the old in force. Either way
+/// the log says which, and why.
+async fn reload_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    node_id: NodeId,
+    tls: Option<NodeTls>,
+    auth: SharedPolicy,
+    token_file: Option<std::path::PathBuf>,
+) {
+    while hangups.recv().await.is_some() {
+        tracing::info!(node_id, "SIGHUP: reloading certificates and tokens");
+        match &tls {
+            None => tracing::info!(node_id, "no TLS configured: no certificates to reload"),
+            Some(tls) => match tls.reload() {
+                Ok(()) => tracing::info!(
+                    node_id,
+                    cert = %tls.paths().cert.display(),
+                    key = %tls.paths().key.display(),
+                    ca = %tls.paths().ca.display(),
+                    "reloaded the TLS certificate, key and CA: new connections on the client, \
+                     peer and HTTP ports and to peers use them"
+                ),
+                Err(error) => tracing::warn!(
+                    node_id,
+                    %error,
+                    "TLS not reloaded: the previous certificate, key and CA stay in force"
+                ),
+            },
+        }
+        match &token_file {
+            None => tracing::info!(node_id, "no token file configured: no tokens to reload"),
+            Some(path) => match AuthPolicy::load(path, tls.is_some()) {
+                Ok(policy) => {
+                    let summary = policy.summary();
+                    auth.replace(policy);
+                    tracing::info!(
+                        node_id,
+                        path = %path.display(),
+                        grants = %summary,
+                        "reloaded the token file: every request from now on is decided by it"
+                    );
+                }
+                Err(error) => tracing::warn!(
+                    node_id,
+                    %error,
+                    "token file not reloaded: the previous tokens stay in force"
+                ),
+            },
+        }
+    }
 }
 
 /// Initialises Raft membership with the configured members, once: a node

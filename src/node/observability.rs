@@ -1,5 +1,6 @@
 //! How a node shows itself to operators: the Prometheus endpoint (a small
-//! HTTP server answering `GET /metrics`), the gRPC health status and the
+//! HTTP server answering `GET /metrics`, HTTPS when the node has TLS), the
+//! gRPC health status and the
 //! watcher that counts elections and keeps health current. The metrics
 //! themselves live in `crate::metrics`; this module only serves and feeds
 //! them, and changes nothing in Raft or the registry.
@@ -12,6 +13,7 @@
 //! it has lost touch with the leader.
 
 use crate::metrics::{CONTENT_TYPE, NodeMetrics};
+use crate::network::tls::NodeTls;
 use crate::raft_types::{NodeId, Raft};
 use crate::storage::SharedState;
 use axum::extract::State;
@@ -46,12 +48,16 @@ async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
 }
 
 /// Binds `addr` now (so a taken port fails the start) and returns the
-/// server, which serves `GET /metrics` until `shutdown` completes.
+/// server, which serves `GET /metrics` until `shutdown` completes: over
+/// HTTPS with the node's certificate when the node has TLS (no client
+/// certificate asked: a scraper needs only the cluster CA), plain HTTP
+/// otherwise.
 pub async fn metrics_server(
     addr: SocketAddr,
     raft: Raft,
     state: SharedState,
     metrics: Arc<NodeMetrics>,
+    tls: Option<NodeTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<impl Future<Output = std::io::Result<()>>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -63,9 +69,17 @@ pub async fn metrics_server(
             metrics,
         });
     Ok(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
+        match tls {
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            Some(tls) => {
+                crate::network::http_api::serve(listener, Some(tls), app, shutdown).await;
+                Ok(())
+            }
+        }
     })
 }
 

@@ -293,9 +293,20 @@ impl Cluster {
     }
 
     /// `node`'s Prometheus exposition, scraped once (within
-    /// [`STATUS_TIMEOUT`]), or why it could not be.
+    /// [`STATUS_TIMEOUT`]; over HTTPS on a secure cluster), or why it could
+    /// not be.
     pub async fn scrape(&self, node: u64) -> Result<String, String> {
-        super::metrics::scrape(&self.metrics_addr(node), STATUS_TIMEOUT).await
+        match &self.pki {
+            None => super::metrics::scrape(&self.metrics_addr(node), STATUS_TIMEOUT).await,
+            Some(pki) => {
+                super::metrics::scrape_tls(
+                    &self.metrics_addr(node),
+                    &pki.join("ca.pem"),
+                    STATUS_TIMEOUT,
+                )
+                .await
+            }
+        }
     }
 
     /// The pid of `node`'s process, while the harness runs it.
@@ -446,6 +457,12 @@ impl Cluster {
     pub fn resume(&self, node: u64) {
         let child = self.node(node).child();
         signal(child.as_ref().expect("node is running"), Signal::SIGCONT);
+    }
+
+    /// SIGHUPs `node`: it reloads its certificates and token file.
+    pub fn hangup(&self, node: u64) {
+        let child = self.node(node).child();
+        signal(child.as_ref().expect("node is running"), Signal::SIGHUP);
     }
 
     /// SIGTERMs `node` and waits for it to exit (a clean shutdown), returning

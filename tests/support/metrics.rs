@@ -1,6 +1,7 @@
 //! Reading a node's Prometheus endpoint in tests: one plain HTTP/1.1 GET
-//! over a loopback TCP connection, and lookups of samples by name and
-//! labels in the text exposition.
+//! over a loopback TCP connection (or HTTPS trusting the cluster CA, for a
+//! node with TLS), and lookups of samples by name and labels in the text
+//! exposition.
 
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,6 +40,24 @@ pub async fn scrape(addr: &str, timeout: Duration) -> Result<String, String> {
     tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| format!("no metrics from {addr} within {timeout:?}"))?
+}
+
+/// `GET /metrics` from `addr` over HTTPS, trusting the CA in the PEM file
+/// `ca`; the body, or why there is none.
+pub async fn scrape_tls(
+    addr: &str,
+    ca: &std::path::Path,
+    timeout: Duration,
+) -> Result<String, String> {
+    let http = super::http::Http::tls(addr, ca);
+    let work = http.request("GET", "/metrics", &[], b"");
+    let response = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| format!("no metrics from {addr} within {timeout:?}"))??;
+    if response.status != 200 {
+        return Err(format!("not 200: {}", response.status));
+    }
+    String::from_utf8(response.body).map_err(|_| "a non-UTF-8 response".into())
 }
 
 /// The value of the sample `name{labels}` (labels in any order; the sample
