@@ -26,7 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::containers::{ContainerOptions, Containers};
 use crate::proxy::Proxies;
-pub use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
+pub use oncekv_testkit::{agreed_leader, describe, free_ports, log_tail};
 
 /// The members, in order.
 pub const NODES: [u64; 3] = [1, 2, 3];
@@ -92,7 +92,7 @@ impl ClusterOptions {
             ("--heartbeat-ms", self.heartbeat_ms),
             (
                 "--worker-threads",
-                oncekv::local::worker_threads_per_node(3) as u64,
+                oncekv_testkit::worker_threads_per_node(3) as u64,
             ),
             ("--election-timeout-min-ms", self.election_timeout_min_ms),
             ("--election-timeout-max-ms", self.election_timeout_max_ms),

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use oncekv::client::{Client, ClientConfig};
+use oncekv_client::{Client, ClientConfig};
 use oncekv_core::Value;
 use serde::Serialize;
 use tokio::sync::watch;

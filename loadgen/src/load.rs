@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout};
 use tonic::transport::Channel;
 
 use crate::proto::{etcd, oncekv};
-use ::oncekv::local::percentile;
+use oncekv_testkit::percentile;
 
 /// Keys per client: each client cycles over its own keys.
 const KEYS_PER_CLIENT: u64 = 1_000;
