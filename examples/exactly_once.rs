@@ -6,7 +6,7 @@
 //! cargo run --release --example exactly_once
 //! ```
 
-use oncekv::client::{Client, Error};
+use oncekv_client::{Client, Error};
 use oncekv_core::Value;
 
 #[tokio::main]

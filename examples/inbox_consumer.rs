@@ -33,7 +33,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use oncekv::cli::local_cluster::{LocalCluster, Options};
-use oncekv::client::{Client, Error};
+use oncekv_client::{Client, Error};
 use oncekv_core::{Command, CommandResult, Value};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

@@ -4,7 +4,7 @@
 
 mod support;
 
-use oncekv::client::{Client, ClientConfig, Error};
+use oncekv_client::{Client, ClientConfig, Error};
 use oncekv_core::{CommandResult, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -78,7 +78,7 @@ async fn retry_after_leader_death_gets_the_original_response() {
 /// retry is answered from the registry's cache, flagged as a duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempt_observer_sees_a_retry_answered_as_duplicate() {
-    use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig};
+    use oncekv_client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig};
     use std::sync::{Arc, Mutex};
 
     let cluster = Cluster::start_with("observer", &["--fault", "drop-first-execute-reply"]).await;

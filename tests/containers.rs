@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use oncekv::cli::status::query;
-use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
-use oncekv::local::{agreed_leader, describe, free_ports};
+use oncekv_client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
 use oncekv_core::Value;
+use oncekv_testkit::{agreed_leader, describe, free_ports};
 use oncekv_wire::proto::admin_client::AdminClient;
 use oncekv_wire::proto::{ChangeVotersRequest, Member, StateHashRequest, StatusReply};
 use tokio::time::{Instant, sleep};

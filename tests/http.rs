@@ -90,7 +90,7 @@ async fn operations_through_a_follower() {
             json!({"value": {"bytes_base64": "AP8="}}),
         )
         .await);
-    let library = oncekv::client::Client::connect(cluster.client_addrs());
+    let library = oncekv_client::Client::connect(cluster.client_addrs());
     assert_eq!(
         library.get(b"a/\xff").await.expect("library read"),
         Some(Value::Bytes(vec![0, 0xff]))

@@ -8,7 +8,7 @@
 
 mod support;
 
-use oncekv::client::{Client, ClientConfig, Error, KeyedReply};
+use oncekv_client::{Client, ClientConfig, Error, KeyedReply};
 use oncekv_core::{Command, CommandResult, Value};
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, admin_client::AdminClient};

@@ -9,7 +9,7 @@
 
 mod support;
 
-use oncekv::client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
+use oncekv_client::{AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
 use oncekv_core::{Command, CommandResult, Limit, Value};
 use oncekv_wire::proto::{self, Reason};
 use oncekv_wire::status::{REASON_METADATA_KEY, error_detail};

@@ -8,8 +8,8 @@
 
 mod support;
 
-use oncekv::client::{Client, ClientConfig};
-use oncekv::network::credentials::{AuthChannel, CredentialPaths, Credentials};
+use oncekv_client::credentials::{AuthChannel, CredentialPaths, Credentials};
+use oncekv_client::{Client, ClientConfig};
 use oncekv_wire::proto::raft_client::RaftClient;
 use oncekv_wire::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
 use std::time::Duration;

@@ -8,9 +8,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oncekv::network::credentials::{AuthChannel, Credentials};
-use oncekv_wire::proto::{self, Reason, admin_client::AdminClient};
-use oncekv_wire::status::error_detail;
+use oncekv_client::credentials::{AuthChannel, Credentials};
+use oncekv_wire::proto::{self, admin_client::AdminClient};
 use tokio::time::Instant;
 
 /// Deadline of one Admin call.
@@ -30,6 +29,7 @@ pub struct AdminCapabilities {
 pub struct Admin {
     endpoints: Vec<(u64, String)>,
     clients: Vec<AdminClient<AuthChannel>>,
+    credentials: Credentials,
 }
 
 impl Admin {
@@ -50,7 +50,11 @@ impl Admin {
                 ))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Admin { endpoints, clients })
+        Ok(Admin {
+            endpoints,
+            clients,
+            credentials: credentials.clone(),
+        })
     }
 
     fn client(&self, node: u64) -> anyhow::Result<AdminClient<AuthChannel>> {
@@ -146,50 +150,32 @@ impl Admin {
         patch: proto::RegistryConfigPatch,
         timeout: Duration,
     ) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + timeout;
-        let mut target = leader;
-        loop {
-            let mut client = self.client(target)?;
-            let result = within(client.set_config(proto::SetConfigRequest {
-                cluster_id: cluster_id.to_vec(),
-                patch: Some(patch),
-            }))
-            .await;
-            let status = match result {
-                Ok(reply) => return Ok(reply.log_index),
-                Err(status) => status,
-            };
-            let detail = error_detail(&status);
-            let retry = match detail.as_ref().map(|d| d.reason()) {
-                Some(Reason::NotLeader) => {
-                    let hint = detail.map(|d| d.leader_id).unwrap_or(0);
-                    target = if hint != 0 {
-                        hint
-                    } else {
-                        self.next_after(target)
-                    };
-                    true
-                }
-                Some(Reason::Unavailable) | None => {
-                    target = self.next_after(target);
-                    true
-                }
-                Some(_) => false,
-            };
-            if !retry || Instant::now() >= deadline {
-                bail!("Admin.SetConfig: {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn next_after(&self, node: u64) -> u64 {
-        let index = self
+        // The nodes in turn from `leader`, followed by the client
+        // library's one leader-following policy.
+        let first = self
             .endpoints
             .iter()
-            .position(|(id, _)| *id == node)
+            .position(|(id, _)| *id == leader)
             .unwrap_or(0);
-        self.endpoints[(index + 1) % self.endpoints.len()].0
+        let mut endpoints: Vec<String> = self
+            .endpoints
+            .iter()
+            .map(|(_, addr)| addr.clone())
+            .collect();
+        endpoints.rotate_left(first);
+        let cluster = oncekv_client::admin::Admin::new(endpoints, self.credentials.clone());
+        let request = proto::SetConfigRequest {
+            cluster_id: cluster_id.to_vec(),
+            patch: Some(patch),
+        };
+        cluster
+            .on_leader(Instant::now() + timeout, |mut client| {
+                let request = request.clone();
+                async move { client.set_config(request).await }
+            })
+            .await
+            .map(|reply| reply.log_index)
+            .map_err(|error| anyhow::anyhow!("Admin.SetConfig: {}", error.status()))
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use oncekv::network::credentials::Credentials;
+use oncekv_client::credentials::Credentials;
 use oncekv_wire::proto::client_client::ClientClient;
 use oncekv_wire::proto::{StatusReply, StatusRequest};
 use tokio::time::{Instant, sleep};
@@ -30,7 +30,7 @@ use tonic::transport::Channel;
 use crate::containers::{ContainerOptions, Containers};
 use crate::pki::Pki;
 use crate::proxy::Proxies;
-pub use oncekv::local::{agreed_leader, describe, free_ports, log_tail};
+pub use oncekv_testkit::{agreed_leader, describe, free_ports, log_tail};
 
 /// The members, in order.
 pub const NODES: [u64; 3] = [1, 2, 3];
@@ -103,7 +103,7 @@ impl ClusterOptions {
             ("--heartbeat-ms", self.heartbeat_ms),
             (
                 "--worker-threads",
-                oncekv::local::worker_threads_per_node(3) as u64,
+                oncekv_testkit::worker_threads_per_node(3) as u64,
             ),
             ("--election-timeout-min-ms", self.election_timeout_min_ms),
             ("--election-timeout-max-ms", self.election_timeout_max_ms),

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
-use oncekv::network::credentials::{CredentialPaths, Credentials};
+use oncekv_client::credentials::{CredentialPaths, Credentials};
 
 /// The principal of the workload clients (role `client`).
 pub const CLIENT: &str = "jepsen";

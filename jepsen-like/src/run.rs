@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use oncekv::client::{Client, ClientConfig};
+use oncekv_client::{Client, ClientConfig};
 use oncekv_core::Value;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -832,7 +832,7 @@ async fn read_finals(
     cluster: &Cluster,
     statuses: Statuses,
     keys: &[String],
-    credentials: oncekv::network::credentials::Credentials,
+    credentials: oncekv_client::credentials::Credentials,
 ) -> anyhow::Result<(Vec<NodeFinal>, String)> {
     let leader = agreed_leader(&statuses).context("a leader after converging")?;
     let client = Client::with_config(

@@ -12,12 +12,15 @@
 //! the same operations (except which list set a reader reads: the one the
 //! appenders are writing at that moment).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use oncekv::client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
-use oncekv::network::credentials::{AuthChannel, Credentials};
+use oncekv_client::credentials::{AuthChannel, Credentials};
+use oncekv_client::policy::{CallError, Follower};
+use oncekv_client::retry::Backoff;
+use oncekv_client::{AttemptEvent, AttemptObserver, AttemptOutcome, Client, ClientConfig, Error};
 use oncekv_core::{Command, CommandResult, Value};
 use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
 use oncekv_wire::{convert, status::error_detail};
@@ -496,7 +499,7 @@ impl KeyedCall<'_> {
 /// (`None`: its outcome is unknown or it was not sent; send it again).
 fn keyed_completion(
     invoke: &Event,
-    result: Result<oncekv::client::KeyedReply, Error>,
+    result: Result<oncekv_client::KeyedReply, Error>,
 ) -> (Event, Option<KeyedEnd>) {
     let (kind, end) = match &result {
         Ok(_) => (EventType::Ok, Some(KeyedEnd::Acknowledged)),
@@ -601,51 +604,61 @@ enum RawOutcome {
     Unknown(String),
 }
 
+/// The pause between a raw client's attempts that no leader hint sends
+/// elsewhere.
+const RAW_BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(50),
+    cap: Duration::from_millis(50),
+};
+
 /// A minimal raw-protocol client: follows leader hints and retries the
-/// same request on "this attempt" failures until its deadline, nothing
-/// more (no floors or sessions of its own: the lifecycle client sets them).
+/// same request on "this attempt" failures until its deadline — the client
+/// library's one policy (`oncekv_client::policy`) — nothing more (no floors
+/// or sessions of its own: the lifecycle client sets them).
 struct Raw {
-    endpoints: Vec<String>,
-    target: usize,
-    channels: Vec<ClientClient<AuthChannel>>,
+    follower: Follower,
+    channels: Mutex<BTreeMap<String, ClientClient<AuthChannel>>>,
+    credentials: Credentials,
     cluster_id: Vec<u8>,
 }
 
 impl Raw {
     fn new(endpoints: Vec<String>, credentials: &Credentials) -> anyhow::Result<Raw> {
-        let channels = endpoints
-            .iter()
-            .map(|endpoint| {
-                Ok(ClientClient::new(
-                    credentials.wrap(
-                        credentials
-                            .endpoint(endpoint)?
-                            .connect_timeout(Duration::from_secs(1))
-                            .tcp_nodelay(true)
-                            .connect_lazy(),
-                    ),
-                ))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Raw {
-            endpoints,
-            target: 0,
-            channels,
+        let raw = Raw {
+            follower: Follower::new(endpoints.clone(), RAW_BACKOFF),
+            channels: Mutex::new(BTreeMap::new()),
+            credentials: credentials.clone(),
             cluster_id: Vec::new(),
-        })
-    }
-
-    /// Moves to the hinted endpoint, or the next one.
-    fn follow(&mut self, hint: Option<&str>) {
-        match hint.and_then(|hint| self.endpoints.iter().position(|e| e == hint)) {
-            Some(index) => self.target = index,
-            None => self.target = (self.target + 1) % self.endpoints.len(),
+        };
+        for endpoint in &endpoints {
+            raw.channel(endpoint)?;
         }
+        Ok(raw)
     }
 
-    /// Runs `call` on the current target until it is answered or refused
-    /// for good, or `deadline` passes; returns the answer or the last
-    /// status, and the number of attempts.
+    /// The lazily connected client of `endpoint` (one channel each).
+    fn channel(&self, endpoint: &str) -> Result<ClientClient<AuthChannel>, tonic::Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = channels.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let client = ClientClient::new(
+            self.credentials.wrap(
+                self.credentials
+                    .endpoint(endpoint)
+                    .map_err(|error| tonic::Status::invalid_argument(error.to_string()))?
+                    .connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy(),
+            ),
+        );
+        channels.insert(endpoint.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Runs `call` on the leader until it is answered or refused for good,
+    /// or `deadline` passes; returns the answer or the last status, and the
+    /// number of attempts.
     async fn call<T, F, Fut>(
         &mut self,
         deadline: Instant,
@@ -655,50 +668,12 @@ impl Raw {
         F: Fn(ClientClient<AuthChannel>) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let left = deadline.saturating_duration_since(Instant::now());
-            let result = tokio::time::timeout(
-                left.min(ATTEMPT_TIMEOUT),
-                call(self.channels[self.target].clone()),
-            )
-            .await
-            .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
-            let status = match result {
-                Ok(value) => return (Ok(value), attempts),
-                Err(status) => status,
-            };
-            let detail = error_detail(&status);
-            let retry = match detail.as_ref().map(|d| d.reason()) {
-                Some(Reason::NotLeader) => {
-                    let hint = detail.map(|d| d.leader_client_addr).unwrap_or_default();
-                    self.follow(Some(&hint).filter(|h| !h.is_empty()).map(|h| h.as_str()));
-                    true
-                }
-                Some(
-                    Reason::Unavailable | Reason::TooManyOutstanding | Reason::ResourceExhausted,
-                ) => {
-                    self.follow(None);
-                    true
-                }
-                Some(_) => false,
-                None => {
-                    self.follow(None);
-                    matches!(
-                        status.code(),
-                        tonic::Code::Unavailable
-                            | tonic::Code::DeadlineExceeded
-                            | tonic::Code::Cancelled
-                            | tonic::Code::Unknown
-                    )
-                }
-            };
-            if !retry || Instant::now() >= deadline {
-                return (Err(status), attempts);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let connect = |endpoint: &str| self.channel(endpoint);
+        let (result, attempts) = self
+            .follower
+            .call(deadline, ATTEMPT_TIMEOUT, connect, call)
+            .await;
+        (result.map_err(CallError::into_status), attempts)
     }
 
     async fn cluster_id(&mut self) -> anyhow::Result<Vec<u8>> {
@@ -759,7 +734,7 @@ impl Raw {
                 async move { client.execute(request).await.map(|r| r.into_inner()) }
             })
             .await;
-        let node = self.endpoints[self.target].clone();
+        let node = self.follower.target().unwrap_or_default();
         let outcome = match result {
             Ok(reply) => match convert::result_from_proto(reply.result) {
                 Ok(result) => RawOutcome::Answered {
@@ -1067,7 +1042,7 @@ mod tests {
                 intent: KeyedIntent::Retry,
             },
         );
-        let reply = oncekv::client::KeyedReply {
+        let reply = oncekv_client::KeyedReply {
             result: CommandResult::Incremented { value: 9 },
             duplicate: true,
             log_index: 40,

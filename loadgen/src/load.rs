@@ -14,8 +14,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 
 use crate::proto::{etcd, oncekv};
-use ::oncekv::local::percentile;
-use ::oncekv::network::credentials::AuthChannel as Channel;
+use oncekv_client::credentials::AuthChannel as Channel;
+use oncekv_testkit::percentile;
 
 /// Keys per client: each client cycles over its own keys.
 const KEYS_PER_CLIENT: u64 = 1_000;

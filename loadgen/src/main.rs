@@ -11,7 +11,7 @@
 //! Against an oncekv cluster with TLS and authentication (`scripts/cluster.sh
 //! start --tls`), `--ca` (and `--token`, or `--cert`/`--key`) make every
 //! connection TLS with that CA and every call carry those credentials, the
-//! same way the client library does (`oncekv::network::credentials`).
+//! same way the client library does (`oncekv_client::credentials`).
 //!
 //! It must not: send anything to an address that is not loopback (every
 //! endpoint is checked when the arguments are parsed); retry a request (a
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use oncekv::network::credentials::{AuthChannel, CredentialPaths, Credentials};
+use oncekv_client::credentials::{AuthChannel, CredentialPaths, Credentials};
 use tokio::time::{Instant, sleep};
 
 use load::{LoadOptions, Target};

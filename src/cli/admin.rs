@@ -26,8 +26,10 @@
 //! | `hash` | every member's applied index and state hash, and whether they agree |
 //! | `local-get KEY --node ADDR` | the key in that node's applied state (no read index) |
 //!
-//! Retries: a call is retried at the hinted leader on `NOT_LEADER`, and on
-//! another endpoint when a node is unreachable or has no quorum, until
+//! Retries: the client library's one leader-following policy
+//! (`oncekv_client::policy`, through `oncekv_client::admin`): a call is
+//! retried at the hinted leader on `NOT_LEADER`, and on another endpoint
+//! when a node is unreachable or cannot serve this attempt, until
 //! `--timeout-ms`. A change whose outcome is unknown at the deadline exits 3.
 
 use std::collections::BTreeSet;
@@ -40,8 +42,8 @@ use tokio::time::Instant;
 use super::CommonArgs;
 use super::kv::{Failure, Success, print_report, success, value_json, value_lines};
 use super::reach::{self, cause_of};
-use super::status::query;
-use crate::network::credentials::{AuthChannel, Credentials};
+use oncekv_client::credentials::{AuthChannel, Credentials};
+use oncekv_client::policy::{self, CallError, Verdict};
 use oncekv_wire::convert;
 use oncekv_wire::proto::admin_client::AdminClient;
 use oncekv_wire::proto::{self, Member, Reason, StatusReply};
@@ -49,8 +51,10 @@ use oncekv_wire::status::error_detail;
 
 /// Default wait for a new learner to catch up.
 const CATCH_UP_TIMEOUT_MS: u64 = 60_000;
-/// Longest pause between attempts.
+/// Longest pause between rounds of `hash`.
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Longest wait for one node's `Status` while looking for the leader.
+const STATUS_ATTEMPT_MAX: Duration = Duration::from_secs(2);
 /// Least time a call to one named node is given, even past the deadline.
 const ATTEMPT_MIN: Duration = Duration::from_secs(1);
 
@@ -276,32 +280,25 @@ impl NewMember {
     }
 }
 
-/// The cluster as the admin commands see it: endpoints, the leader hint and
-/// the command's deadline.
+/// The cluster as the admin commands see it: its Admin service (the client
+/// library's, following the leader), the endpoints given and the command's
+/// deadline.
 pub(super) struct Admin {
+    cluster: oncekv_client::admin::Admin,
     endpoints: Vec<String>,
     deadline: Instant,
     /// The command's `--timeout-ms` (bounds the probes that explain a
     /// failure).
     timeout: Duration,
-    credentials: Credentials,
-}
-
-/// How one failed attempt is handled.
-enum Retry {
-    /// Try this endpoint next, at once.
-    At(String),
-    /// Try the next endpoint after a pause.
-    Next,
 }
 
 impl Admin {
     fn new(endpoints: Vec<String>, timeout: Duration, credentials: Credentials) -> Admin {
         Admin {
+            cluster: oncekv_client::admin::Admin::new(endpoints.clone(), credentials),
             endpoints,
             deadline: Instant::now() + timeout,
             timeout,
-            credentials,
         }
     }
 
@@ -325,14 +322,9 @@ impl Admin {
     }
 
     fn client(&self, endpoint: &str) -> Result<AdminClient<AuthChannel>, Failure> {
-        let endpoint = endpoint.strip_prefix("http://").unwrap_or(endpoint);
-        let channel = self
-            .credentials
-            .endpoint(endpoint)
-            .map_err(|error| Failure::usage(format!("endpoint {endpoint:?}: {error}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
-        Ok(AdminClient::new(self.credentials.wrap(channel)))
+        self.cluster
+            .node(endpoint)
+            .map_err(|status| Failure::usage(status.message().to_owned()))
     }
 
     /// One call to one node, within the deadline, no retries.
@@ -345,7 +337,10 @@ impl Admin {
         let timeout = self.remaining().max(ATTEMPT_MIN);
         let failure = match tokio::time::timeout(timeout, call(client)).await {
             Ok(Ok(reply)) => return Ok(reply.into_inner()),
-            Ok(Err(status)) if error_detail(&status).is_none() && classify(&status).is_some() => {
+            Ok(Err(status))
+                if error_detail(&status).is_none()
+                    && policy::verdict(&status) != Verdict::Final =>
+            {
                 tracing::debug!(%endpoint, ?status, "the call did not get through");
                 node_unreachable(endpoint, &cause_of(&status).to_string())
             }
@@ -357,104 +352,61 @@ impl Admin {
 
     /// Runs `call` on the leader: follows `NOT_LEADER` hints, moves on from
     /// unreachable nodes, retries until the deadline. With `mutation`, a
-    /// deadline after some attempt reached a node reports an unknown outcome.
+    /// deadline after some attempt may have reached a leader reports an
+    /// unknown outcome.
     pub(super) async fn on_leader<T, F, Fut>(&self, mutation: bool, call: F) -> Result<T, Failure>
     where
         F: Fn(AdminClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut endpoints = self.endpoints.clone();
-        let mut target = 0;
-        let mut pause = Duration::from_millis(50);
-        let mut maybe_applied = false;
-        loop {
-            let endpoint = endpoints[target % endpoints.len()].clone();
-            let client = self.client(&endpoint)?;
-            let status = match tokio::time::timeout(self.remaining(), call(client)).await {
-                Ok(Ok(reply)) => return Ok(reply.into_inner()),
-                Ok(Err(status)) => status,
-                Err(_) => tonic::Status::deadline_exceeded("no answer before the deadline"),
-            };
-            let retry = match classify(&status) {
-                Some(retry) => retry,
-                None => return Err(status_failure(&status)),
-            };
-            maybe_applied |= mutation && sent_and_unanswered(&status);
-            if Instant::now() >= self.deadline {
-                tracing::debug!(?status, maybe_applied, "giving up at the deadline");
-                return Err(if maybe_applied {
-                    Failure::new(
-                        "outcome_unknown",
-                        format!(
-                            "no answer before the deadline ({}): the change may or may not \
-                             have been made",
-                            status.message()
-                        ),
-                    )
-                    .hint(
-                        "check with `oncekv admin members` (or `admin config`) before running \
-                         it again",
-                    )
-                    .unknown()
-                } else if error_detail(&status).is_none() {
-                    // Below our service: why the nodes could not be reached.
-                    self.unreachable(Some(status.message())).await
-                } else {
-                    status_failure(&status)
-                });
-            }
-            match retry {
-                Retry::At(hint) if hint != endpoint => {
-                    target = match endpoints.iter().position(|known| *known == hint) {
-                        Some(index) => index,
-                        None => {
-                            endpoints.push(hint);
-                            endpoints.len() - 1
-                        }
-                    };
-                }
-                _ => {
-                    target += 1;
-                    tokio::time::sleep(pause.min(self.remaining())).await;
-                    pause = (pause * 2).min(BACKOFF_MAX);
-                }
-            }
+        // A malformed endpoint is the caller's to fix, before any call.
+        for endpoint in &self.endpoints {
+            self.client(endpoint)?;
         }
+        let (status, maybe_applied) = match self.cluster.on_leader(self.deadline, call).await {
+            Ok(reply) => return Ok(reply),
+            Err(CallError::Final(status)) => return Err(status_failure(&status)),
+            Err(CallError::GaveUp {
+                status,
+                maybe_applied,
+            }) => (status, mutation && maybe_applied),
+        };
+        tracing::debug!(?status, maybe_applied, "giving up at the deadline");
+        Err(if maybe_applied {
+            Failure::new(
+                "outcome_unknown",
+                format!(
+                    "no answer before the deadline ({}): the change may or may not \
+                     have been made",
+                    status.message()
+                ),
+            )
+            .hint(
+                "check with `oncekv admin members` (or `admin config`) before running \
+                 it again",
+            )
+            .unknown()
+        } else if error_detail(&status).is_none() {
+            // Below our service: why the nodes could not be reached.
+            self.unreachable(Some(status.message())).await
+        } else {
+            status_failure(&status)
+        })
     }
 
-    /// The leader's own `Status` (found through the nodes' leader hints).
+    /// The leader's own `Status` (found through the nodes' leader hints);
+    /// when none is found before the deadline, why, from asking every node.
     pub(super) async fn leader_status(&self) -> Result<StatusReply, Failure> {
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let mut probes: Vec<reach::Probe> = Vec::new();
-            for endpoint in &self.endpoints {
-                // Not shorter than a probe: near the deadline a node that
-                // answers must not look silent in the explanation.
-                let timeout = self
-                    .remaining()
-                    .clamp(reach::PROBE_TIMEOUT_MIN, Duration::from_secs(2));
-                let answer = query(endpoint, timeout).await;
-                match &answer {
-                    Ok(reply) if reply.role == "leader" => return Ok(reply.clone()),
-                    Ok(reply) if !reply.leader_client_addr.is_empty() => {
-                        let hint = reply.leader_client_addr.clone();
-                        let leader = query(&hint, Duration::from_secs(2)).await;
-                        if let Ok(leader) = &leader
-                            && leader.role == "leader"
-                        {
-                            return Ok(leader.clone());
-                        }
-                        probes.push((endpoint.clone(), answer));
-                        probes.push((hint, leader));
-                    }
-                    _ => probes.push((endpoint.clone(), answer)),
-                }
+        match self
+            .cluster
+            .leader_status(self.deadline, STATUS_ATTEMPT_MAX)
+            .await
+        {
+            Ok(reply) => Ok(reply),
+            Err(error) => {
+                tracing::debug!(status = ?error.status(), "no leader found");
+                Err(self.unreachable(None).await)
             }
-            if Instant::now() >= self.deadline {
-                return Err(Failure::unreachable(reach::diagnose(&probes, None)));
-            }
-            tokio::time::sleep(pause.min(self.remaining())).await;
-            pause = (pause * 2).min(BACKOFF_MAX);
         }
     }
 
@@ -468,39 +420,6 @@ impl Admin {
             ));
         }
         Ok(status.cluster_id)
-    }
-}
-
-/// How to go on after a failed attempt; `None` when the failure is final.
-fn classify(status: &tonic::Status) -> Option<Retry> {
-    match error_detail(status) {
-        Some(detail) => match detail.reason() {
-            Reason::NotLeader if !detail.leader_client_addr.is_empty() => {
-                Some(Retry::At(detail.leader_client_addr))
-            }
-            Reason::NotLeader | Reason::Unavailable => Some(Retry::Next),
-            _ => None,
-        },
-        // Below our service: connection refused or reset, a deadline.
-        None => matches!(
-            status.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown
-        )
-        .then_some(Retry::Next),
-    }
-}
-
-/// Whether a failed attempt may have reached a leader that went on with it.
-fn sent_and_unanswered(status: &tonic::Status) -> bool {
-    match error_detail(status) {
-        Some(detail) => detail.reason() == Reason::Unavailable,
-        None => matches!(
-            status.code(),
-            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-        ),
     }
 }
 
@@ -993,7 +912,11 @@ fn agreement(answers: &[Result<proto::StateHashReply, Failure>]) -> Agreement {
 /// Every member's state hash; asked again (until the deadline) while they
 /// are not all at one applied index.
 async fn hash(admin: &Admin) -> Result<Success, Failure> {
-    let nodes: Vec<String> = match admin.leader_status().await {
+    let leader = admin
+        .cluster
+        .leader_status(admin.deadline, STATUS_ATTEMPT_MAX)
+        .await;
+    let nodes: Vec<String> = match leader {
         Ok(status) => status
             .members
             .iter()
@@ -1280,23 +1203,5 @@ mod tests {
             "judged among the nodes that answered (the command still fails)"
         );
         assert_eq!(agreement(&[]), Agreement::Undecided);
-    }
-
-    /// NOT_LEADER with a hint goes there; unreachable nodes are skipped;
-    /// final reasons stop.
-    #[test]
-    fn failures_are_classified() {
-        use oncekv_wire::status::{ErrorReason, reason_status};
-        let hinted = reason_status(ErrorReason::NotLeader {
-            leader_id: Some(2),
-            leader_client_addr: Some("127.0.0.1:7102".into()),
-        });
-        assert!(matches!(classify(&hinted), Some(Retry::At(addr)) if addr == "127.0.0.1:7102"));
-        let refused = tonic::Status::unavailable("connection refused");
-        assert!(matches!(classify(&refused), Some(Retry::Next)));
-        assert!(!sent_and_unanswered(&refused));
-        let invalid = reason_status(ErrorReason::InvalidArgument("bad".into()));
-        assert!(classify(&invalid).is_none());
-        assert!(sent_and_unanswered(&reason_status(ErrorReason::Deadline)));
     }
 }

@@ -7,9 +7,9 @@
 //! `--failover` runs the failover benchmark of `super::failover` instead, on
 //! a fresh local cluster of its own.
 
-use crate::client::{Client, ClientConfig, Error};
-use crate::local::percentile;
+use oncekv_client::{Client, ClientConfig, Error};
 use oncekv_core::{Command, Value};
+use oncekv_testkit::percentile;
 use serde::Serialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -138,7 +138,7 @@ pub async fn run_once(
     endpoints: &[String],
     plain: bool,
     timeout: Duration,
-    credentials: &crate::network::credentials::Credentials,
+    credentials: &oncekv_client::credentials::Credentials,
 ) -> anyhow::Result<Report> {
     let config = ClientConfig {
         call_timeout: timeout,

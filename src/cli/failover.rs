@@ -34,9 +34,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::local_cluster::{self, LocalCluster, NODES, Timing, agreed_leader, describe};
-use crate::client::{Client, ClientConfig, Error};
-use crate::local::percentile;
+use oncekv_client::{Client, ClientConfig, Error};
 use oncekv_core::Value;
+use oncekv_testkit::percentile;
 
 /// The counter the writer increments.
 const KEY: &[u8] = b"failover-counter";

@@ -60,7 +60,7 @@ pub async fn check(
     let endpoint = if endpoint.contains("://") {
         Endpoint::from_shared(endpoint.to_owned())?
     } else {
-        crate::network::credentials::Credentials::process_default().endpoint(endpoint)?
+        oncekv_client::credentials::Credentials::process_default().endpoint(endpoint)?
     };
     let channel = endpoint
         .connect_timeout(timeout)

@@ -97,7 +97,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::client::{Client, ClientConfig, Error, KeyedReply};
+use oncekv_client::{Client, ClientConfig, Error, KeyedReply};
 use oncekv_core::{Command, CommandResult, Value, ValueKind};
 use oncekv_wire::proto::StatusReply;
 

@@ -21,7 +21,7 @@ use tempfile::TempDir;
 use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
 
-pub use crate::local::{agreed_leader, describe, free_ports, log_tail};
+pub use oncekv_testkit::{agreed_leader, describe, free_ports, log_tail};
 use oncekv_wire::proto::client_client::ClientClient;
 use oncekv_wire::proto::{StatusReply, StatusRequest};
 
@@ -361,7 +361,7 @@ impl LocalCluster {
             .arg("--election-timeout-max-ms")
             .arg(self.timing.election_timeout_max_ms.to_string())
             .arg("--worker-threads")
-            .arg(crate::local::worker_threads_per_node(self.nodes.len()).to_string())
+            .arg(oncekv_testkit::worker_threads_per_node(self.nodes.len()).to_string())
             .args(&self.extra_args);
         for peer in &peers {
             command.arg("--peer").arg(peer);

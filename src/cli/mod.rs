@@ -109,11 +109,9 @@ impl CommonArgs {
     /// that `oncekv node`, which refuses client flags, ignores them.)
     pub fn credentials(
         &self,
-    ) -> Result<
-        crate::network::credentials::Credentials,
-        crate::network::credentials::CredentialsError,
-    > {
-        use crate::network::credentials::{CredentialPaths, Credentials};
+    ) -> Result<oncekv_client::credentials::Credentials, oncekv_client::credentials::CredentialsError>
+    {
+        use oncekv_client::credentials::{CredentialPaths, Credentials};
         let flags = CredentialPaths {
             ca: self.ca.clone(),
             cert: self.cert.clone(),
@@ -178,7 +176,7 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
     // What the command line gives is what every helper shows the nodes
     // (a bad setting is reported by the command that uses it).
     if let Ok(credentials) = common.credentials() {
-        crate::network::credentials::Credentials::set_process_default(credentials);
+        oncekv_client::credentials::Credentials::set_process_default(credentials);
     }
     match command {
         Command::Node(_) => {

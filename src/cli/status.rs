@@ -84,7 +84,7 @@ pub async fn status_to(
     json: bool,
     timeout: Duration,
 ) -> std::io::Result<Vec<reach::Probe>> {
-    let credentials = crate::network::credentials::Credentials::process_default();
+    let credentials = oncekv_client::credentials::Credentials::process_default();
     status_with(out, endpoints, json, timeout, &credentials).await
 }
 
@@ -94,7 +94,7 @@ pub async fn status_with(
     endpoints: &[String],
     json: bool,
     timeout: Duration,
-    credentials: &crate::network::credentials::Credentials,
+    credentials: &oncekv_client::credentials::Credentials,
 ) -> std::io::Result<Vec<reach::Probe>> {
     let answers = futures::future::join_all(
         endpoints
@@ -119,7 +119,7 @@ pub async fn status_with(
 /// (`--ca`) or the `ONCEKV_CA` environment variable names the cluster CA
 /// (see [`query_with`], `Credentials::process_default`).
 pub async fn query(endpoint: &str, timeout: Duration) -> Result<StatusReply, QueryError> {
-    let credentials = crate::network::credentials::Credentials::process_default();
+    let credentials = oncekv_client::credentials::Credentials::process_default();
     query_with(endpoint, timeout, &credentials).await
 }
 
@@ -128,7 +128,7 @@ pub async fn query(endpoint: &str, timeout: Duration) -> Result<StatusReply, Que
 pub async fn query_with(
     endpoint: &str,
     timeout: Duration,
-    credentials: &crate::network::credentials::Credentials,
+    credentials: &oncekv_client::credentials::Credentials,
 ) -> Result<StatusReply, QueryError> {
     // The one deadline is the timeout around the whole call: tonic's own
     // timeouts, racing it, would report the same silence as other errors.

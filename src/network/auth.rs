@@ -326,7 +326,7 @@ fn admit<B>(
     if need == Need::Nothing || !policy.enabled {
         return Ok(None);
     }
-    let token = match request.headers().get(super::credentials::AUTHORIZATION_KEY) {
+    let token = match request.headers().get(oncekv_wire::AUTHORIZATION_KEY) {
         None => None,
         Some(value) => Some(
             value

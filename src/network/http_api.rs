@@ -16,14 +16,14 @@
 //! with `Idempotent-Replayed: true`; the key reused with another command is
 //! 422 `KEY_CONFLICT`; a malformed key is 400. `GET` ignores the header.
 
-use crate::client::{Client, ClientConfig, Error as ClientError, KeyedReply};
-use crate::network::credentials::{BearerToken, Credentials};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use oncekv_client::credentials::{BearerToken, Credentials};
+use oncekv_client::{Client, ClientConfig, Error as ClientError, KeyedReply};
 use oncekv_core::{Command, CommandResult, Value, ValueKind};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
@@ -632,7 +632,7 @@ impl HttpApi {
     pub fn new(endpoint: String, ca: Option<&Path>) -> Result<HttpApi, HttpSetupError> {
         let credentials = match ca {
             None => Credentials::none(),
-            Some(ca) => Credentials::load(&crate::network::credentials::CredentialPaths {
+            Some(ca) => Credentials::load(&oncekv_client::credentials::CredentialPaths {
                 ca: Some(ca.to_path_buf()),
                 ..Default::default()
             })

@@ -6,24 +6,13 @@
 //! duplicate / conflict, nor refuse a request before its entry applies
 //! (rule 3).
 
-#[cfg(feature = "server")]
 pub mod admin_api;
-#[cfg(feature = "server")]
 pub mod auth;
-#[cfg(feature = "server")]
 pub mod client_api;
-#[cfg(feature = "server")]
 pub mod client_wire;
-pub mod credentials;
-#[cfg(feature = "server")]
 pub mod faults;
-#[cfg(feature = "server")]
 pub mod http_api;
-#[cfg(feature = "server")]
 pub mod peer;
-#[cfg(feature = "server")]
 pub mod proposer;
-#[cfg(feature = "server")]
 pub mod status;
-#[cfg(feature = "server")]
 pub mod tls;

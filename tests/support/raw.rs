@@ -1,7 +1,11 @@
 //! A raw gRPC test client: exact control of (client id, seq, command), with
 //! leader discovery by following `NOT_LEADER` hints and retrying "this
-//! attempt" failures until a deadline — never changing the request.
+//! attempt" failures until a deadline — the client library's one
+//! leader-following policy (`oncekv_client::policy`) — never changing the
+//! request.
 
+use oncekv_client::policy::{CallError, Follower};
+use oncekv_client::retry::Backoff;
 use oncekv_core::{Command, CommandResult};
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
@@ -44,7 +48,8 @@ pub fn reason(status: &tonic::Status) -> Option<Reason> {
     error_detail(status).map(|detail| detail.reason())
 }
 
-/// Whether a failure is for this attempt only (retry the same request).
+/// Whether a failure is for this attempt only, for tests that assert it
+/// (stricter than the policy, which retries a capacity refusal too).
 pub fn retryable(status: &tonic::Status) -> bool {
     match reason(status) {
         Some(Reason::NotLeader | Reason::Unavailable | Reason::TooManyOutstanding) => true,
@@ -61,20 +66,27 @@ pub fn retryable(status: &tonic::Status) -> bool {
     }
 }
 
+/// The pause between attempts that no leader hint sends elsewhere.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(50),
+    cap: Duration::from_millis(50),
+};
+
 /// A cluster seen through its client addresses.
 #[derive(Clone)]
 pub struct Raw {
     pub addrs: Vec<String>,
     pub cluster_id: Vec<u8>,
-    leader_hint: std::sync::Arc<std::sync::Mutex<usize>>,
+    /// Where the leader was last found; shared by clones.
+    follower: std::sync::Arc<Follower>,
 }
 
 impl Raw {
     pub fn new(addrs: Vec<String>, cluster_id: Vec<u8>) -> Raw {
         Raw {
+            follower: std::sync::Arc::new(Follower::new(addrs.clone(), BACKOFF)),
             addrs,
             cluster_id,
-            leader_hint: Default::default(),
         }
     }
 
@@ -117,34 +129,12 @@ impl Raw {
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
         let until = Instant::now() + deadline;
-        let mut target = *self.leader_hint.lock().unwrap();
-        loop {
-            let client = make(channel(&self.addrs[target]));
-            let error = match call(client).await {
-                Ok(reply) => {
-                    *self.leader_hint.lock().unwrap() = target;
-                    return Ok(reply);
-                }
-                Err(error) => error,
-            };
-            if !retryable(&error) || Instant::now() >= until {
-                return Err(error);
-            }
-            let hinted = error_detail(&error)
-                .filter(|detail| detail.reason() == Reason::NotLeader)
-                .and_then(|detail| {
-                    self.addrs
-                        .iter()
-                        .position(|addr| *addr == detail.leader_client_addr)
-                });
-            match hinted {
-                Some(leader) => target = leader,
-                None => {
-                    target = (target + 1) % self.addrs.len();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+        let connect = |addr: &str| Ok(make(channel(addr)));
+        let (result, _attempts) = self
+            .follower
+            .call(until, Duration::MAX, connect, call)
+            .await;
+        result.map_err(CallError::into_status)
     }
 
     pub async fn register(&self, nonce: u128) -> proto::RegisterReply {

@@ -12,6 +12,9 @@ pub mod convert;
 pub mod proto;
 pub mod status;
 
+/// Metadata key of the bearer token (`authorization: Bearer TOKEN`).
+pub const AUTHORIZATION_KEY: &str = "authorization";
+
 /// Largest client message either side accepts: a value at the hard bound
 /// (`oncekv_core::bounds`) plus room. The client server and the client
 /// library set it as their decoding and encoding limit. A larger request is

@@ -5,9 +5,9 @@
 //! `proto/oncekv.proto`); a registry `Rejection` maps to its reason here and
 //! nowhere else, and so do malformed input and a wrong cluster id. The
 //! server's own failures (Raft's errors) are named as reasons by the server
-//! (`network::status` there); what a client does about a reason is the
-//! client library's. It must not decide whether a request is refused, only
-//! how a refusal is spelled.
+//! (`network::status` there); what a caller does about a reason is the
+//! client library's one policy (`oncekv_client::policy`). It must not
+//! decide whether a request is refused, only how a refusal is spelled.
 
 use crate::convert::{ConvertError, parse_cluster_id};
 use crate::proto::{ErrorDetail, Reason};

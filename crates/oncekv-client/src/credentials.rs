@@ -2,19 +2,17 @@
 //! its own certificate and key (mutual TLS), and a bearer token — and how a
 //! channel to one endpoint is built from them. Shared by the client library
 //! and the CLI; it reads files and the environment it is pointed at, and
-//! never decides what a node accepts (that is `network::auth`).
+//! never decides what a node accepts (that is the server's `network::auth`).
 //!
 //! Environment: `ONCEKV_CA`, `ONCEKV_CERT`, `ONCEKV_KEY` (PEM file paths)
 //! and `ONCEKV_TOKEN` (the token itself).
 
+use oncekv_wire::AUTHORIZATION_KEY;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-/// Metadata key of the bearer token (`authorization: Bearer TOKEN`).
-pub const AUTHORIZATION_KEY: &str = "authorization";
 
 /// A channel that adds the bearer token (if any) to every call.
 pub type AuthChannel = InterceptedService<Channel, BearerToken>;

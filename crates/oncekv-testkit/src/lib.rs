@@ -1,8 +1,10 @@
 //! Helpers for tools that run local clusters of `oncekv node` processes
-//! (the failover bench, the test harness, the jepsen-like harness): free
-//! loopback ports, the leader a set of `Status` replies agrees on, a
-//! one-line-per-node description, and log tails. Plain functions over
-//! `std` and the protocol types, so the client-only build has them too.
+//! (the failover bench, the test harness, the jepsen-like harness) and
+//! load: free loopback ports, the leader a set of `Status` replies agrees
+//! on, a one-line-per-node description, log tails, worker threads per node
+//! and the percentile every load tool reports. Plain functions over `std`
+//! and the wire types: they must not depend on the server, whose nodes the
+//! tools drive only over the wire.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -65,7 +67,7 @@ const PORTS: std::ops::Range<u16> = 20_000..32_768;
 static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
-/// `count` distinct free loopback ports from [`PORTS`], never one this
+/// `count` distinct free loopback ports from `PORTS`, never one this
 /// process handed out before: each checked by binding it, all bound at once,
 /// then released for the nodes to bind. The search starts at a random port so
 /// that concurrent processes (a harness beside a test suite) rarely meet.

@@ -21,23 +21,32 @@
 //! the principal of the client's credentials; without authentication every
 //! caller shares the anonymous principal's keys, so namespace your keys.
 //!
+//! Leader following is the one policy of [`policy`]; [`admin`] is the
+//! client of the operators' `Admin` service on it; [`credentials`] what a
+//! caller shows a node. The crate speaks only the wire (`oncekv-wire`):
+//! it must not depend on the server (no Raft, no storage), and must never
+//! re-send a request under a new session (rule 9).
+//!
 //! ```no_run
-//! # async fn demo() -> Result<(), oncekv::client::Error> {
-//! let client = oncekv::client::Client::connect(["127.0.0.1:7101", "127.0.0.1:7102"]);
+//! # async fn demo() -> Result<(), oncekv_client::Error> {
+//! let client = oncekv_client::Client::connect(["127.0.0.1:7101", "127.0.0.1:7102"]);
 //! let balance = client.increment(b"balance", 5).await?;
 //! client.close().await;
 //! # let _ = balance; Ok(()) }
 //! ```
 
+pub mod admin;
+pub mod credentials;
+pub mod policy;
 pub mod retry;
 pub mod seqs;
 
-use crate::network::credentials::{AuthChannel, Credentials};
+use credentials::{AuthChannel, Credentials};
 use oncekv_core::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
 use oncekv_wire::status::error_detail;
-use rand::Rng;
+use policy::{CallError, Follower, Verdict};
 use retry::Backoff;
 use seqs::Seqs;
 use std::collections::BTreeMap;
@@ -231,15 +240,9 @@ pub struct Client {
 
 struct Inner {
     config: ClientConfig,
-    endpoints: Mutex<Vec<String>>,
     channels: Mutex<BTreeMap<String, ClientClient<AuthChannel>>>,
-    /// Index into `endpoints` of the node believed to lead.
-    leader: Mutex<usize>,
-    /// Where the next try goes when no leader is known: it moves through
-    /// every endpoint in turn, so an announced leader address this client
-    /// cannot reach (a host name inside a container network) never sends it
-    /// back to the same follower forever.
-    rotation: Mutex<usize>,
+    /// The endpoints and the one believed to lead.
+    follower: Follower,
     cluster_id: Mutex<Vec<u8>>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
 }
@@ -272,30 +275,13 @@ enum Attempt<T> {
     Final(tonic::Status),
 }
 
+/// An attempt's answer or failure, by the one policy ([`policy::verdict`]).
 fn classify<T>(result: Result<T, tonic::Status>) -> Attempt<T> {
-    let status = match result {
-        Ok(reply) => return Attempt::Done(reply),
-        Err(status) => status,
-    };
-    match error_detail(&status) {
-        Some(detail) => match detail.reason() {
-            Reason::NotLeader => Attempt::Retry {
-                hint: Some(detail.leader_client_addr).filter(|addr| !addr.is_empty()),
-                status,
-            },
-            Reason::Unavailable | Reason::TooManyOutstanding | Reason::ResourceExhausted => {
-                Attempt::Retry { status, hint: None }
-            }
-            _ => Attempt::Final(status),
-        },
-        // No detail: the attempt failed below the service (connection
-        // refused or reset, a deadline): nothing is known of it.
-        None => match status.code() {
-            tonic::Code::Unavailable
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::Cancelled
-            | tonic::Code::Unknown => Attempt::Retry { status, hint: None },
-            _ => Attempt::Final(status),
+    match result {
+        Ok(reply) => Attempt::Done(reply),
+        Err(status) => match policy::verdict(&status) {
+            Verdict::Retry { hint } => Attempt::Retry { status, hint },
+            Verdict::Final => Attempt::Final(status),
         },
     }
 }
@@ -330,20 +316,19 @@ fn final_error(status: &tonic::Status, seq: u64) -> Error {
     }
 }
 
-/// The error of an idempotent call (no seq) that gave up.
-fn give_up((status, _attempts): (tonic::Status, u32)) -> Error {
-    match classify::<()>(Err(status)) {
-        Attempt::Final(status) => final_error(&status, 0),
+/// The error of an idempotent call (no seq) that failed.
+fn give_up(error: CallError) -> Error {
+    match error {
+        CallError::Final(status) => final_error(&status, 0),
         // A capacity limit that stayed reached until the deadline is said
         // so (the caller backs off), not hidden behind "unavailable".
-        Attempt::Retry { status, .. }
+        CallError::GaveUp { status, .. }
             if error_detail(&status)
                 .is_some_and(|detail| detail.reason() == Reason::ResourceExhausted) =>
         {
             Error::ResourceExhausted(status.message().to_string())
         }
-        Attempt::Retry { status, .. } => Error::Unavailable(status.to_string()),
-        Attempt::Done(()) => Error::Unavailable("no reply".into()),
+        CallError::GaveUp { status, .. } => Error::Unavailable(status.to_string()),
     }
 }
 
@@ -431,13 +416,12 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        let endpoints = endpoints.into_iter().map(Into::into).collect();
         Client {
             inner: Arc::new(Inner {
+                follower: Follower::new(endpoints, config.backoff),
                 config,
-                endpoints: Mutex::new(endpoints.into_iter().map(Into::into).collect()),
                 channels: Mutex::new(BTreeMap::new()),
-                leader: Mutex::new(0),
-                rotation: Mutex::new(0),
                 cluster_id: Mutex::new(Vec::new()),
                 session: tokio::sync::Mutex::new(None),
             }),
@@ -691,7 +675,10 @@ impl Client {
                             fenced: false,
                         });
                     }
-                    self.follow(hint.as_deref(), attempt, deadline).await;
+                    self.inner
+                        .follower
+                        .follow(hint.as_deref(), attempt, deadline)
+                        .await;
                 }
             }
             attempt += 1;
@@ -810,7 +797,10 @@ impl Client {
                     if Instant::now() >= deadline {
                         return Err(unknown(failures.reason()));
                     }
-                    self.follow(hint.as_deref(), attempt, deadline).await;
+                    self.inner
+                        .follower
+                        .follow(hint.as_deref(), attempt, deadline)
+                        .await;
                 }
             }
             attempt += 1;
@@ -855,16 +845,10 @@ impl Client {
     }
 
     fn leader_endpoint(&self) -> Result<String, Error> {
-        let endpoints = self
-            .inner
-            .endpoints
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let leader = *self.inner.leader.lock().unwrap_or_else(|p| p.into_inner());
-        if endpoints.is_empty() {
-            return Err(Error::InvalidArgument("no endpoints given".into()));
-        }
-        Ok(endpoints[leader % endpoints.len()].clone())
+        self.inner
+            .follower
+            .target()
+            .ok_or_else(|| Error::InvalidArgument("no endpoints given".into()))
     }
 
     fn channel(&self, endpoint: &str) -> Result<ClientClient<AuthChannel>, Error> {
@@ -890,88 +874,23 @@ impl Client {
         Ok(client)
     }
 
-    /// After a retryable failure: go where the hint points at once, or try
-    /// the next endpoint after a jittered backoff.
-    async fn follow(&self, hint: Option<&str>, attempt: u32, deadline: Instant) {
-        if self.redirect(hint) {
-            return;
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        #[allow(clippy::disallowed_methods)] // jitter is the client's, not the registry's
-        let unit: f64 = rand::thread_rng().r#gen();
-        tokio::time::sleep(self.inner.config.backoff.delay(attempt, unit, remaining)).await;
-    }
-
-    /// Points the leader cache at the hinted node (adding it if unknown);
-    /// true when that is a new target worth trying at once. Without a hint,
-    /// moves on to the next endpoint and returns false (back off first).
-    fn redirect(&self, hint: Option<&str>) -> bool {
-        let mut endpoints = self
-            .inner
-            .endpoints
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let mut leader = self.inner.leader.lock().unwrap_or_else(|p| p.into_inner());
-        match hint {
-            Some(hint) => {
-                let index = match endpoints.iter().position(|endpoint| endpoint == hint) {
-                    Some(index) => index,
-                    None => {
-                        endpoints.push(hint.to_string());
-                        endpoints.len() - 1
-                    }
-                };
-                let new_target = *leader != index;
-                *leader = index;
-                new_target
-            }
-            None => {
-                let mut rotation = self
-                    .inner
-                    .rotation
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                *rotation = (*rotation + 1) % endpoints.len().max(1);
-                *leader = *rotation;
-                false
-            }
-        }
-    }
-
-    /// Runs an idempotent call on the leader with retries until the call
-    /// timeout; returns the last failure on giving up.
-    async fn on_leader<T, F, Fut>(
-        &self,
-        deadline: Instant,
-        call: F,
-    ) -> Result<T, (tonic::Status, u32)>
+    /// Runs an idempotent call on the leader with retries until
+    /// `deadline` (the one policy: [`Follower::call`]).
+    async fn on_leader<T, F, Fut>(&self, deadline: Instant, call: F) -> Result<T, CallError>
     where
         F: Fn(ClientClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        let mut attempt = 0;
-        loop {
-            let target = self
-                .leader_endpoint()
-                .map_err(|error| (tonic::Status::invalid_argument(error.to_string()), attempt))?;
-            let client = self
-                .channel(&target)
-                .map_err(|error| (tonic::Status::invalid_argument(error.to_string()), attempt))?;
-            let result = tokio::time::timeout(self.attempt_timeout(deadline), call(client))
-                .await
-                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
-            match classify(result) {
-                Attempt::Done(reply) => return Ok(reply),
-                Attempt::Final(status) => return Err((status, attempt)),
-                Attempt::Retry { status, hint } => {
-                    if Instant::now() >= deadline {
-                        return Err((status, attempt));
-                    }
-                    self.follow(hint.as_deref(), attempt, deadline).await;
-                }
-            }
-            attempt += 1;
-        }
+        let connect = |endpoint: &str| {
+            self.channel(endpoint)
+                .map_err(|error| tonic::Status::invalid_argument(error.to_string()))
+        };
+        let attempt_timeout = self.inner.config.attempt_timeout;
+        self.inner
+            .follower
+            .call(deadline, attempt_timeout, connect, call)
+            .await
+            .0
     }
 
     /// The cluster's id, asked of any node once.
@@ -988,24 +907,14 @@ impl Client {
         let status = self
             .on_leader(deadline, |mut client| async move {
                 let status = client.status(proto::StatusRequest {}).await?.into_inner();
-                if status.cluster_id.is_empty() || status.role != "leader" {
+                if status.cluster_id.is_empty() {
                     // Ask the leader: it has applied the bootstrap entry.
-                    let hint = status.leader_client_addr;
-                    let detail = proto::ErrorDetail {
-                        reason: Reason::NotLeader as i32,
-                        leader_client_addr: hint,
-                        ..Default::default()
-                    };
-                    return Err(tonic::Status::with_details(
-                        tonic::Code::Unavailable,
-                        "not the leader",
-                        prost::Message::encode_to_vec(&detail).into(),
-                    ));
+                    return Err(policy::not_leader(status.leader_client_addr));
                 }
-                Ok(status)
+                policy::leader_only(status)
             })
             .await
-            .map_err(|(status, _)| Error::Unavailable(status.to_string()))?;
+            .map_err(|error| Error::Unavailable(error.status().to_string()))?;
         *self
             .inner
             .cluster_id
@@ -1132,8 +1041,8 @@ impl Client {
                 }
                 true
             }
-            Err((status, _)) => {
-                if error_detail(&status)
+            Err(error) => {
+                if error_detail(error.status())
                     .is_some_and(|detail| detail.reason() == Reason::SessionExpired)
                 {
                     session
