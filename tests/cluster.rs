@@ -23,31 +23,6 @@ fn incr(key: &str) -> Command {
     }
 }
 
-/// Waits until every node in `nodes` reports the same applied index (at
-/// least `at_least`) and the same state hash; returns that index.
-async fn wait_converged(cluster: &Cluster, nodes: &[u64], at_least: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut seen = Vec::new();
-        for &node in nodes {
-            if let Ok(status) = cluster.status(node).await {
-                seen.push((status.applied_index, status.state_hash));
-            }
-        }
-        if seen.len() == nodes.len()
-            && seen[0].0 >= at_least
-            && seen.iter().all(|entry| *entry == seen[0])
-        {
-            return seen[0].0;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "replicas did not converge: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// A leader is elected; writes go through it; a follower answers with
 /// `NOT_LEADER` and the leader's client address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +62,7 @@ async fn election_writes_and_not_leader_hint() {
         assert_eq!(status.node_id, node);
         assert_eq!(status.members.len(), 3);
     }
-    wait_converged(&cluster, &[1, 2, 3], 1).await;
+    cluster.wait_converged(&[1, 2, 3], 1).await;
 }
 
 /// Rule 17 end to end: requests of many sessions arriving together share
@@ -221,7 +196,7 @@ async fn kill_all_under_load_loses_nothing_acknowledged() {
             "{key}: the last request is recognised after the restart"
         );
     }
-    wait_converged(&cluster, &[1, 2, 3], 1).await;
+    cluster.wait_converged(&[1, 2, 3], 1).await;
 }
 
 /// A node that was down while the others snapshotted and purged their logs
@@ -249,14 +224,14 @@ async fn lagging_node_catches_up_by_snapshot_and_recognises_retries() {
         raw.execute(CALL_DEADLINE, &request).await.unwrap();
     }
     let others: Vec<u64> = (1..=3).filter(|node| *node != lagging).collect();
-    let index = wait_converged(&cluster, &others, 150).await;
+    let index = cluster.wait_converged(&others, 150).await;
     for &node in &others {
         let status = cluster.status(node).await.unwrap();
         assert!(status.snapshot_index > 0, "node {node} built a snapshot");
         assert!(status.purged_index > 0, "node {node} purged its log");
     }
     cluster.restart(lagging).await;
-    wait_converged(&cluster, &[1, 2, 3], index).await;
+    cluster.wait_converged(&[1, 2, 3], index).await;
     let status = cluster.status(lagging).await.unwrap();
     assert!(
         status.snapshot_index > 0,

@@ -544,31 +544,6 @@ async fn an_exposed_node_without_tls_refuses_to_start() {
     );
 }
 
-/// Waits (up to 90 s) until `nodes` have applied the same index, at least
-/// `at_least`, with equal state hashes; returns that index.
-async fn wait_converged(cluster: &Cluster, nodes: &[u64], at_least: u64) -> u64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut seen = Vec::new();
-        for &node in nodes {
-            if let Ok(status) = cluster.status(node).await {
-                seen.push((status.applied_index, status.state_hash));
-            }
-        }
-        if seen.len() == nodes.len()
-            && seen[0].0 >= at_least
-            && seen.iter().all(|entry| *entry == seen[0])
-        {
-            return seen[0].0;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "replicas {nodes:?} did not converge: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Raft timing of a node that should not win the next election: it stands
 /// only after seconds of silence, so a node with the test timing gets
 /// there first (and collects its vote once its leader lease has run out).
@@ -637,7 +612,7 @@ async fn a_sessions_owner_survives_a_snapshot_install() {
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
     let lagging = NODES.into_iter().find(|node| *node != leader).unwrap();
     // It knows the session already (its owner came to it in a log entry).
-    wait_converged(&cluster, &NODES, 1).await;
+    cluster.wait_converged(&NODES, 1).await;
     cluster.kill(lagging);
 
     for expected in 2..=WRITES {
@@ -647,7 +622,7 @@ async fn a_sessions_owner_survives_a_snapshot_install() {
         );
     }
     let others: Vec<u64> = NODES.into_iter().filter(|n| *n != lagging).collect();
-    let index = wait_converged(&cluster, &others, WRITES as u64).await;
+    let index = cluster.wait_converged(&others, WRITES as u64).await;
     for &node in &others {
         let status = cluster.status(node).await.unwrap();
         assert!(status.snapshot_index > 0, "node {node} built a snapshot");
@@ -742,7 +717,7 @@ async fn a_sessions_owner_survives_a_snapshot_install() {
         lagging,
         "the refusals came from the node that installed the snapshot"
     );
-    wait_converged(&cluster, &NODES, index).await;
+    cluster.wait_converged(&NODES, index).await;
 }
 
 /// How many times `needle` occurs in `node`'s log.

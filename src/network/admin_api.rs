@@ -179,8 +179,9 @@ impl AdminApi {
     }
 }
 
-/// Every node of a Raft membership, in node id order, marked voter or not.
-fn members_to_proto(membership: &Membership<NodeId, NodeInfo>) -> Vec<proto::Member> {
+/// Every node of a Raft membership, in node id order, marked voter or not
+/// (the Admin membership replies and the Client `Status` reply).
+pub(super) fn members_to_proto(membership: &Membership<NodeId, NodeInfo>) -> Vec<proto::Member> {
     membership
         .nodes()
         .map(|(id, node)| proto::Member {

@@ -315,15 +315,7 @@ impl client_server::Client for ClientApi {
             ServerState::Shutdown => "shutdown",
         };
         let membership = metrics.membership_config.membership();
-        let members = membership
-            .nodes()
-            .map(|(id, node)| proto::Member {
-                node_id: *id,
-                peer_addr: node.peer_addr.clone(),
-                client_addr: node.client_addr.clone(),
-                voter: membership.voter_ids().any(|voter| voter == *id),
-            })
-            .collect();
+        let members = super::admin_api::members_to_proto(membership);
         let leader_client_addr = metrics
             .current_leader
             .and_then(|leader| membership.get_node(&leader))

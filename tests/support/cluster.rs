@@ -600,6 +600,33 @@ impl Cluster {
         running.into_iter().zip(replies).collect()
     }
 
+    /// Waits (up to 90 s) until every node in `nodes` reports, through the
+    /// open `Status` RPC, the same applied index (at least `at_least`) and
+    /// the same state hash; returns that index.
+    pub async fn wait_converged(&self, nodes: &[u64], at_least: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let mut seen = Vec::new();
+            for &node in nodes {
+                if let Ok(status) = self.status(node).await {
+                    seen.push((status.applied_index, status.state_hash));
+                }
+            }
+            if seen.len() == nodes.len()
+                && seen[0].0 >= at_least
+                && seen.iter().all(|entry| *entry == seen[0])
+            {
+                return seen[0].0;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{}] replicas {nodes:?} did not converge: {seen:?}",
+                self.name
+            );
+            sleep(POLL_INTERVAL).await;
+        }
+    }
+
     /// Polls every running node's `Status` until `condition` holds, and
     /// returns the statuses that satisfied it. Panics, with the last
     /// statuses, when `timeout` passes or a node process exits by itself.
