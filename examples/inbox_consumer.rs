@@ -32,9 +32,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use oncekv::cli::local_cluster::{LocalCluster, Options};
 use oncekv_client::{Client, Error};
 use oncekv_core::{Command, CommandResult, Value};
+use oncekv_testkit::{LocalCluster, Options};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -76,13 +76,11 @@ async fn main() -> anyhow::Result<()> {
         deliveries.len()
     );
 
-    let cluster = LocalCluster::start(&Options {
-        name: "inbox".to_owned(),
-        server_bin: Some(server_bin()?),
-        ..Options::default()
-    })
-    .await
-    .context("start the local cluster")?;
+    let mut options = Options::new("inbox", server_bin()?);
+    options.worker_threads = Some(oncekv_testkit::worker_threads_per_node(3));
+    let cluster = LocalCluster::start(&options)
+        .await
+        .context("start the local cluster")?;
     println!("cluster at {}", cluster.client_addrs().join(","));
     let client = Client::connect(cluster.client_addrs());
     let counts = Arc::new(Counts::default());

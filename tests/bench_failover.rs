@@ -1,55 +1,42 @@
-//! `oncekv bench --failover` run as a user would run it: it starts its own
-//! local 3-node cluster, kills the leader twice, and reports one sample per
-//! kill and a consistent counter. Kept light (two kills; CI has 2 cores).
+//! The harness's failover benchmark (`oncekv_jepsen::failover`, binary
+//! `failover-bench`) run on this build's `oncekv`: it starts its own local
+//! 3-node cluster, kills the leader twice, and reports one sample per kill
+//! and a consistent counter. Kept light (two kills; CI has 2 cores).
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use serde_json::Value as Json;
-use std::process::Stdio;
 use std::time::Duration;
 
-/// How long the whole run may take before the test gives up on it.
-const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+use oncekv_jepsen::failover::{FailoverOptions, measure_run};
+use oncekv_testkit::Timing;
+
+/// How long the whole run may take before the test gives up on it (the
+/// benchmark has deadlines of its own on every step; this bounds the test
+/// if one of them is wrong). Dropping the run's future drops its cluster,
+/// which kills and reaps every node.
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_bench_reports_one_sample_per_kill() {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncekv"))
-        .args(["bench", "--failover", "--kills", "2", "--json"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run oncekv bench --failover");
-    let pid = Pid::from_raw(i32::try_from(child.id().expect("a running child")).expect("a pid"));
-    let Ok(output) = tokio::time::timeout(RUN_TIMEOUT, child.wait_with_output()).await else {
-        // SIGTERM first: the bench then kills its own nodes on the way out.
-        let _ = kill(pid, Signal::SIGTERM);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let _ = kill(pid, Signal::SIGKILL);
-        panic!("oncekv bench --failover did not exit within {RUN_TIMEOUT:?}");
+    let options = FailoverOptions {
+        server_bin: env!("CARGO_BIN_EXE_oncekv").into(),
+        kills: 2,
+        // The node defaults, as `failover-bench` runs by default.
+        timing: Timing {
+            heartbeat_ms: 30,
+            election_timeout_min_ms: 120,
+            election_timeout_max_ms: 240,
+        },
+        json: true,
+        keep_dir: false,
+        load_clients: 0,
     };
-    let output = output.expect("wait for oncekv bench --failover");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
-    let report: Json = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|error| panic!("stdout is not one JSON object ({error}):\n{stdout}"));
-    assert_eq!(report["kills_done"], 2, "{report}");
-    let samples = report["samples_ms"].as_array().expect("samples_ms");
-    assert_eq!(samples.len(), 2, "{report}");
-    assert!(
-        samples
-            .iter()
-            .all(|ms| ms.as_f64().is_some_and(|ms| ms > 0.0)),
-        "{report}"
-    );
-    assert_eq!(report["consistent"], true, "{report}");
-    assert!(
-        report["writes_acknowledged"].as_u64().unwrap_or(0) > 0,
-        "{report}"
-    );
+    let report = tokio::time::timeout(RUN_TIMEOUT, measure_run(&options))
+        .await
+        .unwrap_or_else(|_| panic!("the failover run did not end within {RUN_TIMEOUT:?}"))
+        .expect("the failover run starts its cluster");
+    assert_eq!(report.aborted, None, "{report:?}");
+    assert_eq!(report.kills_done, 2, "{report:?}");
+    assert_eq!(report.samples_ms.len(), 2, "{report:?}");
+    assert!(report.samples_ms.iter().all(|&ms| ms > 0.0), "{report:?}");
+    assert!(report.consistent, "{report:?}");
+    assert!(report.writes_acknowledged > 0, "{report:?}");
 }

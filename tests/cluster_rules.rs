@@ -81,8 +81,8 @@ async fn rule11_time_without_a_quorum_does_not_count_in_the_same_term() {
         &["--session-ttl-ms", "3000"],
         Timing {
             heartbeat_ms: 100,
-            election_min_ms: 1_000,
-            election_max_ms: 1_500,
+            election_timeout_min_ms: 1_000,
+            election_timeout_max_ms: 1_500,
         },
     )
     .await;
@@ -106,8 +106,8 @@ async fn rule11_time_without_a_quorum_does_not_count_in_the_same_term() {
             follower,
             Timing {
                 heartbeat_ms: 100,
-                election_min_ms: 10_000,
-                election_max_ms: 12_000,
+                election_timeout_min_ms: 10_000,
+                election_timeout_max_ms: 12_000,
             },
         );
         cluster.kill(follower);
@@ -155,8 +155,8 @@ async fn a_restarted_leader_does_not_lead_its_term_again() {
         &["--fault", "lose-term-tail"],
         Timing {
             heartbeat_ms: 100,
-            election_min_ms: 6_000,
-            election_max_ms: 8_000,
+            election_timeout_min_ms: 6_000,
+            election_timeout_max_ms: 8_000,
         },
     )
     .await;

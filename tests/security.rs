@@ -549,8 +549,8 @@ async fn an_exposed_node_without_tls_refuses_to_start() {
 /// there first (and collects its vote once its leader lease has run out).
 const SLOW: Timing = Timing {
     heartbeat_ms: 100,
-    election_min_ms: 2_500,
-    election_max_ms: 3_000,
+    election_timeout_min_ms: 2_500,
+    election_timeout_max_ms: 3_000,
 };
 
 /// Makes `target` the leader: kills whoever else leads and starts it again

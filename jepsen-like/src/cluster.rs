@@ -1,7 +1,8 @@
 //! Control of the harness's throwaway 3-node cluster: start, kill,
 //! pause / resume, restart, partitions of the peer links, statuses. One
 //! interface ([`Cluster`]) over two backends: local processes
-//! ([`Processes`]: SIGKILL, SIGSTOP / SIGCONT, partitions through the
+//! ([`Processes`]: the one local-cluster controller `oncekv_testkit::LocalCluster`
+//! with SIGKILL, SIGSTOP / SIGCONT, and partitions through the
 //! per-link TCP proxies when the server supports `--peer-via`) and
 //! containers ([`Containers`]: `docker kill`, `docker pause`, packet filters
 //! in each node's network namespace). Local processes may run with TLS and
@@ -11,32 +12,22 @@
 //! nothing about faults.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use oncekv_client::credentials::Credentials;
-use oncekv_wire::proto::client_client::ClientClient;
-use oncekv_wire::proto::{StatusReply, StatusRequest};
-use tokio::time::{Instant, sleep};
-use tonic::transport::Channel;
+use oncekv_testkit::{LocalCluster, Options, StatusClient, Statuses, poll_until};
+use oncekv_wire::proto::StatusReply;
 
 use crate::containers::{ContainerOptions, Containers};
 use crate::pki::Pki;
 use crate::proxy::Proxies;
-pub use oncekv_testkit::{agreed_leader, describe, free_ports, log_tail};
+pub use oncekv_testkit::{NODES, agreed_leader, describe, free_ports, log_tail};
 
-/// The members, in order.
-pub const NODES: [u64; 3] = [1, 2, 3];
 /// Deadline of one `Status` call.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
-const POLL: Duration = Duration::from_millis(50);
 
 /// What the server binary under test supports, from its `node --help`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -119,70 +110,45 @@ impl ClusterOptions {
     }
 }
 
-/// A running 3-node cluster of local processes; dropping it kills every
-/// node.
+/// A running 3-node cluster of local processes (the project's one
+/// local-cluster controller, `oncekv_testkit::LocalCluster`), with the
+/// per-link proxies its peer links go through; dropping it kills every node.
 pub struct Processes {
-    options: ClusterOptions,
-    nodes: BTreeMap<u64, Node>,
+    nodes: LocalCluster,
     proxies: Option<Proxies>,
-}
-
-struct Node {
-    id: u64,
-    client_addr: SocketAddr,
-    peer_addr: SocketAddr,
-    data_dir: PathBuf,
-    log_path: PathBuf,
-    /// Locked only briefly, never across an await.
-    process: Mutex<Process>,
-}
-
-#[derive(Default)]
-struct Process {
-    child: Option<Child>,
-    paused: bool,
-}
-
-impl Node {
-    fn process(&self) -> MutexGuard<'_, Process> {
-        self.process.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl Processes {
     /// Starts nodes 1..=3 (node 1 initialises); [`Cluster::start`] waits
     /// for them.
     pub async fn start(options: ClusterOptions) -> anyhow::Result<Processes> {
-        let ports = free_ports(2 * NODES.len()).context("free loopback ports")?;
-        let mut nodes = BTreeMap::new();
-        for (&id, ports) in NODES.iter().zip(ports.chunks(2)) {
-            nodes.insert(
-                id,
-                Node {
-                    id,
-                    client_addr: ports[0],
-                    peer_addr: ports[1],
-                    data_dir: options.dir.join(format!("n{id}")),
-                    log_path: options.dir.join(format!("n{id}.log")),
-                    process: Mutex::default(),
-                },
-            );
-        }
+        let mut local = Options::new("jepsen", &options.server_bin);
+        local.dir = Some(options.dir.clone());
+        local.args = options.node_args();
+        let nodes = LocalCluster::create(&local)?;
         let proxies = if options.proxies {
-            let peers = nodes.iter().map(|(id, n)| (*id, n.peer_addr)).collect();
+            let peers = NODES.iter().map(|&id| (id, nodes.peer_addr(id))).collect();
             Some(Proxies::start(&peers).await?)
         } else {
             None
         };
-        let cluster = Processes {
-            options,
-            nodes,
-            proxies,
-        };
         for id in NODES {
-            cluster.spawn(id)?;
+            let mut args = Vec::new();
+            for other in NODES.into_iter().filter(|&other| other != id) {
+                if let Some(via) = proxies.as_ref().and_then(|p| p.addr(id, other)) {
+                    args.extend(["--peer-via".to_owned(), format!("{other}={via}")]);
+                }
+            }
+            if let Some(pki) = &options.pki {
+                // Peers dial each other through the proxies, by address; the
+                // certificate they check is the one naming `node-<id>`,
+                // which the TCP proxies pass through untouched.
+                args.extend(pki.node_args(id));
+            }
+            nodes.set_node_args(id, args);
         }
-        Ok(cluster)
+        nodes.spawn_all()?;
+        Ok(Processes { nodes, proxies })
     }
 
     pub fn proxies(&self) -> Option<&Proxies> {
@@ -195,189 +161,9 @@ impl Processes {
             .context("partitions need the per-link proxies (a server with --peer-via)")
     }
 
-    pub fn client_addr(&self, node: u64) -> String {
-        self.node(node).client_addr.to_string()
-    }
-
-    /// The client endpoints of all nodes, in node order.
-    pub fn client_addrs(&self) -> Vec<String> {
-        NODES.iter().map(|&id| self.client_addr(id)).collect()
-    }
-
-    /// The node whose client endpoint is `addr`.
-    pub fn node_of(&self, addr: &str) -> Option<u64> {
-        self.nodes
-            .values()
-            .find(|n| n.client_addr.to_string() == addr)
-            .map(|n| n.id)
-    }
-
-    pub fn log_path(&self, node: u64) -> &Path {
-        &self.node(node).log_path
-    }
-
-    /// Started and not killed by us.
-    pub fn is_running(&self, node: u64) -> bool {
-        self.node(node).process().child.is_some()
-    }
-
-    pub fn is_paused(&self, node: u64) -> bool {
-        self.node(node).process().paused
-    }
-
-    /// SIGKILLs `node` and reaps it.
-    pub fn kill(&self, node: u64) -> anyhow::Result<()> {
-        let mut process = self.node(node).process();
-        let mut child = process
-            .child
-            .take()
-            .with_context(|| format!("node {node} is not running"))?;
-        process.paused = false;
-        // SIGKILL also ends a stopped process; an error only means it has
-        // already exited, and wait reaps it either way.
-        let _ = child.kill();
-        child.wait().with_context(|| format!("reap node {node}"))?;
-        Ok(())
-    }
-
-    /// Starts `node` again with the same flags and data directory (it must
-    /// not be running).
-    pub fn restart(&self, node: u64) -> anyhow::Result<()> {
-        self.spawn(node)
-    }
-
-    /// SIGSTOPs `node`.
-    pub fn pause(&self, node: u64) -> anyhow::Result<()> {
-        self.signal(node, Signal::SIGSTOP)?;
-        self.node(node).process().paused = true;
-        Ok(())
-    }
-
-    /// SIGCONTs `node`.
-    pub fn resume(&self, node: u64) -> anyhow::Result<()> {
-        self.signal(node, Signal::SIGCONT)?;
-        self.node(node).process().paused = false;
-        Ok(())
-    }
-
-    fn signal(&self, node: u64, signal: Signal) -> anyhow::Result<()> {
-        let process = self.node(node).process();
-        let child = process
-            .child
-            .as_ref()
-            .with_context(|| format!("node {node} is not running"))?;
-        let pid = Pid::from_raw(i32::try_from(child.id()).context("pid")?);
-        kill(pid, signal).with_context(|| format!("{signal} node {node}"))?;
-        Ok(())
-    }
-
-    /// An error naming a node that exited without being killed by us.
-    pub fn check_alive(&self) -> anyhow::Result<()> {
-        for node in self.nodes.values() {
-            let mut process = node.process();
-            if let Some(child) = process.child.as_mut()
-                && let Some(exit) = child.try_wait().context("poll a node process")?
-            {
-                process.child = None;
-                bail!("node {} exited by itself: {exit}", node.id);
-            }
-        }
-        Ok(())
-    }
-
-    /// The last `lines` lines of every node's log.
-    pub fn log_tails(&self, lines: usize) -> String {
-        self.nodes
-            .values()
-            .map(|node| {
-                format!(
-                    "----- node {} log, last {lines} lines -----\n{}",
-                    node.id,
-                    log_tail(&node.log_path, lines)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    fn node(&self, node: u64) -> &Node {
-        self.nodes
-            .get(&node)
-            .unwrap_or_else(|| panic!("no node {node}; the members are {NODES:?}"))
-    }
-
-    fn spawn(&self, id: u64) -> anyhow::Result<()> {
-        let options = &self.options;
-        let node = self.node(id);
-        let mut process = node.process();
-        if process.child.is_some() {
-            bail!("node {id} is already running");
-        }
-        std::fs::create_dir_all(&node.data_dir)
-            .with_context(|| format!("create {}", node.data_dir.display()))?;
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&node.log_path)
-            .with_context(|| format!("open {}", node.log_path.display()))?;
-        let mut command = Command::new(&options.server_bin);
-        command
-            .arg("node")
-            .args(["--id", &id.to_string()])
-            .args(["--client-addr", &node.client_addr.to_string()])
-            .args(["--peer-addr", &node.peer_addr.to_string()])
-            .arg("--data-dir")
-            .arg(&node.data_dir)
-            .args(options.node_args());
-        for other in self.nodes.values() {
-            command.arg("--peer").arg(format!(
-                "{}={}/{}",
-                other.id, other.peer_addr, other.client_addr
-            ));
-            if let Some(proxies) = &self.proxies
-                && other.id != id
-                && let Some(via) = proxies.addr(id, other.id)
-            {
-                command.arg("--peer-via").arg(format!("{}={via}", other.id));
-            }
-        }
-        if id == 1 {
-            // Ignored once the data directory holds Raft state.
-            command.arg("--initialize");
-        }
-        if let Some(pki) = &options.pki {
-            // Peers dial each other through the proxies, by address; the
-            // certificate they check is the one naming `node-<id>`, which
-            // the TCP proxies pass through untouched.
-            command.args(pki.node_args(id));
-        }
-        if std::env::var_os("RUST_LOG").is_none() {
-            command.env("RUST_LOG", "info");
-        }
-        command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("clone a log handle")?)
-            .stderr(log);
-        process.child = Some(
-            command
-                .spawn()
-                .with_context(|| format!("spawn node {id}"))?,
-        );
-        process.paused = false;
-        Ok(())
-    }
-}
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for node in self.nodes.values() {
-            let mut process = node.process();
-            if let Some(mut child) = process.child.take() {
-                // SIGKILL ends stopped processes too; wait reaps.
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+    /// The node controller itself (kill, pause, restart, logs, ...).
+    pub fn nodes(&self) -> &LocalCluster {
+        &self.nodes
     }
 }
 
@@ -393,11 +179,11 @@ pub enum Backend {
 /// node.
 pub struct Cluster {
     nodes: Nodes,
-    status_clients: BTreeMap<u64, ClientClient<Channel>>,
+    status_clients: BTreeMap<u64, StatusClient>,
 }
 
 enum Nodes {
-    Processes(Processes),
+    Processes(Box<Processes>),
     Containers(Containers),
 }
 
@@ -412,20 +198,19 @@ impl Cluster {
         status_credentials: &Credentials,
     ) -> anyhow::Result<Cluster> {
         let nodes = match backend {
-            Backend::Processes(options) => Nodes::Processes(Processes::start(options).await?),
+            Backend::Processes(options) => {
+                Nodes::Processes(Box::new(Processes::start(options).await?))
+            }
             Backend::Containers(options) => Nodes::Containers(Containers::start(&options).await?),
         };
         let mut status_clients = BTreeMap::new();
         for node in NODES {
             let addr = match &nodes {
-                Nodes::Processes(processes) => processes.client_addr(node),
+                Nodes::Processes(processes) => processes.nodes.client_addr(node),
                 Nodes::Containers(containers) => containers.client_addr(node),
             };
-            let endpoint = status_credentials
-                .endpoint(&addr)?
-                .connect_timeout(STATUS_TIMEOUT)
-                .tcp_nodelay(true);
-            status_clients.insert(node, ClientClient::new(endpoint.connect_lazy()));
+            let client = StatusClient::new(&addr, status_credentials, STATUS_TIMEOUT)?;
+            status_clients.insert(node, client);
         }
         let cluster = Cluster {
             nodes,
@@ -469,7 +254,7 @@ impl Cluster {
 
     pub fn client_addr(&self, node: u64) -> String {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.client_addr(node),
+            Nodes::Processes(processes) => processes.nodes.client_addr(node),
             Nodes::Containers(containers) => containers.client_addr(node),
         }
     }
@@ -482,14 +267,14 @@ impl Cluster {
     /// Started and not killed by us.
     pub fn is_running(&self, node: u64) -> bool {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.is_running(node),
+            Nodes::Processes(processes) => processes.nodes.is_running(node),
             Nodes::Containers(containers) => containers.is_running(node),
         }
     }
 
     pub fn is_paused(&self, node: u64) -> bool {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.is_paused(node),
+            Nodes::Processes(processes) => processes.nodes.is_paused(node),
             Nodes::Containers(containers) => containers.is_paused(node),
         }
     }
@@ -497,7 +282,7 @@ impl Cluster {
     /// Kills `node` (SIGKILL of its process or container).
     pub async fn kill(&self, node: u64) -> anyhow::Result<()> {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.kill(node),
+            Nodes::Processes(processes) => processes.nodes.kill(node),
             Nodes::Containers(containers) => containers.kill(node).await,
         }
     }
@@ -506,7 +291,7 @@ impl Cluster {
     /// running).
     pub async fn restart(&self, node: u64) -> anyhow::Result<()> {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.restart(node),
+            Nodes::Processes(processes) => processes.nodes.spawn(node),
             Nodes::Containers(containers) => containers.restart(node).await,
         }
     }
@@ -514,7 +299,7 @@ impl Cluster {
     /// Freezes `node` (SIGSTOP, or `docker pause`).
     pub async fn pause(&self, node: u64) -> anyhow::Result<()> {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.pause(node),
+            Nodes::Processes(processes) => processes.nodes.pause(node),
             Nodes::Containers(containers) => containers.pause(node).await,
         }
     }
@@ -522,7 +307,7 @@ impl Cluster {
     /// Thaws `node` (SIGCONT, or `docker unpause`).
     pub async fn resume(&self, node: u64) -> anyhow::Result<()> {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.resume(node),
+            Nodes::Processes(processes) => processes.nodes.resume(node),
             Nodes::Containers(containers) => containers.resume(node).await,
         }
     }
@@ -589,7 +374,7 @@ impl Cluster {
     /// An error naming a node that stopped without being killed by us.
     pub async fn check_alive(&self) -> anyhow::Result<()> {
         match &self.nodes {
-            Nodes::Processes(processes) => processes.check_alive(),
+            Nodes::Processes(processes) => processes.nodes.check_alive(),
             Nodes::Containers(containers) => containers.check_alive().await,
         }
     }
@@ -598,7 +383,7 @@ impl Cluster {
     pub fn save_log(&self, node: u64, target: &Path) -> anyhow::Result<()> {
         match &self.nodes {
             Nodes::Processes(processes) => {
-                std::fs::copy(processes.log_path(node), target)
+                std::fs::copy(processes.nodes.log_path(node), target)
                     .with_context(|| format!("copy node {node}'s log"))?;
                 Ok(())
             }
@@ -608,16 +393,11 @@ impl Cluster {
 
     /// `node`'s `Status` within [`STATUS_TIMEOUT`].
     pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
-        let mut client = self
-            .status_clients
+        self.status_clients
             .get(&node)
             .unwrap_or_else(|| panic!("no node {node}; the members are {NODES:?}"))
-            .clone();
-        match tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {})).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
-            Err(_) => Err(format!("no answer within {STATUS_TIMEOUT:?}")),
-        }
+            .status()
+            .await
     }
 
     /// Every running, unpaused node's `Status`, asked concurrently.
@@ -636,23 +416,16 @@ impl Cluster {
         &self,
         timeout: Duration,
         what: &str,
-        condition: impl Fn(&BTreeMap<u64, Result<StatusReply, String>>) -> bool,
-    ) -> anyhow::Result<BTreeMap<u64, Result<StatusReply, String>>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_alive().await?;
-            let statuses = self.statuses().await;
-            if condition(&statuses) {
-                return Ok(statuses);
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "no {what} within {timeout:?}; last statuses:\n{}",
-                    describe(&statuses)
-                );
-            }
-            sleep(POLL).await;
-        }
+        condition: impl Fn(&Statuses) -> bool,
+    ) -> anyhow::Result<Statuses> {
+        poll_until(
+            timeout,
+            what,
+            || self.check_alive(),
+            || self.statuses(),
+            condition,
+        )
+        .await
     }
 
     /// The leader all live nodes agree on, waiting up to `timeout`.

@@ -4,12 +4,15 @@
 //! client library while
 //! a seeded schedule of faults (kills, pauses, partitions, lost replies, a
 //! short session TTL) plays, heals everything, reads every replica back and
-//! checks the history for any violation of exactly-once.
+//! checks the history for any violation of exactly-once. Its failover
+//! benchmark (`failover`, binary `failover-bench`) times leader kills under
+//! load on the same local-cluster controller.
 
 pub mod admin;
 pub mod checker;
 pub mod cluster;
 pub mod containers;
+pub mod failover;
 pub mod faults;
 pub mod history;
 pub mod pki;

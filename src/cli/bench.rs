@@ -4,8 +4,7 @@
 //! etcd comparison of docs/benchmarks.md is measured). Prints throughput and latency
 //! percentiles; `--compare` runs the same load through the plain
 //! (at-least-once, sessionless) path too and prints the registry's cost.
-//! `--failover` runs the failover benchmark of `super::failover` instead, on
-//! a fresh local cluster of its own.
+//! Leader kills are timed by the harness's `failover-bench`, not here.
 
 use oncekv_client::{Client, ClientConfig, Error};
 use oncekv_core::{Command, Value};
@@ -49,41 +48,6 @@ pub struct BenchArgs {
     /// Run the registry path, then the plain path, and print both.
     #[arg(long)]
     pub compare: bool,
-    /// Failover benchmark instead: start a fresh local 3-node cluster,
-    /// SIGKILL its leader --kills times while one probe client writes, and
-    /// time each kill to the probe's next acknowledged write. Takes no
-    /// --endpoints, no --timeout-ms and none of the load options (see
-    /// --load-clients).
-    #[arg(
-        long,
-        conflicts_with_all = ["endpoints", "timeout_ms", "clients", "duration", "pipeline", "mix", "value_size", "plain", "compare"]
-    )]
-    pub failover: bool,
-    /// Leader kills of --failover.
-    #[arg(long, default_value_t = 30, requires = "failover",
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub kills: u32,
-    /// Raft heartbeat of the --failover cluster's nodes.
-    #[arg(long, default_value_t = crate::node::config::HEARTBEAT_MS_DEFAULT, requires = "failover")]
-    pub heartbeat_ms: u64,
-    /// Minimum election timeout of the --failover cluster's nodes.
-    #[arg(long, default_value_t = crate::node::config::ELECTION_TIMEOUT_MIN_MS_DEFAULT, requires = "failover")]
-    pub election_timeout_min_ms: u64,
-    /// Maximum election timeout of the --failover cluster's nodes.
-    #[arg(long, default_value_t = crate::node::config::ELECTION_TIMEOUT_MAX_MS_DEFAULT, requires = "failover")]
-    pub election_timeout_max_ms: u64,
-    /// Keep the --failover cluster's data and node logs (the path is printed
-    /// on stderr).
-    #[arg(long, requires = "failover")]
-    pub keep_cluster_dir: bool,
-    /// Background load of --failover: this many more clients (each its own
-    /// session) write as fast as they can (closed loop, one 64-byte put at a
-    /// time each) throughout the run, so that failover and spurious
-    /// elections are measured under load. The kill -> first acknowledged
-    /// write figure stays the probe's; any client's first acknowledgement
-    /// and the load's puts/s between kills are reported beside it.
-    #[arg(long, default_value_t = 0, requires = "failover")]
-    pub load_clients: usize,
 }
 
 /// The figures of one run.
@@ -251,20 +215,6 @@ impl BenchArgs {
     /// Runs the benchmark with the common flags (`--endpoints`, `--json`,
     /// `--timeout-ms` per request).
     pub async fn run(&self, common: &super::CommonArgs) -> anyhow::Result<()> {
-        if self.failover {
-            return super::failover::run(&super::failover::FailoverOptions {
-                kills: self.kills,
-                timing: super::local_cluster::Timing {
-                    heartbeat_ms: self.heartbeat_ms,
-                    election_timeout_min_ms: self.election_timeout_min_ms,
-                    election_timeout_max_ms: self.election_timeout_max_ms,
-                },
-                json: common.json,
-                keep_dir: self.keep_cluster_dir,
-                load_clients: self.load_clients,
-            })
-            .await;
-        }
         let endpoints = common
             .endpoints()
             .map_err(|failure| anyhow::anyhow!("{}", failure.message()))?;

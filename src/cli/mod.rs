@@ -13,11 +13,9 @@ use crate::node::config::NodeOptions;
 pub mod admin;
 pub mod bench;
 pub mod certs;
-pub mod failover;
 pub mod health;
 pub mod keys;
 pub mod kv;
-pub mod local_cluster;
 pub mod reach;
 pub mod status;
 
@@ -48,9 +46,9 @@ pub enum Command {
     /// Ask one node's gRPC health service: exit 0 when SERVING, 1 otherwise
     /// (--timeout-ms: the call, default 2000).
     Health(health::HealthArgs),
-    /// Closed-loop load against a running cluster: throughput and latency;
-    /// or, with --failover, leader kills on a fresh local cluster of its own
-    /// (--timeout-ms: per request, default 30000).
+    /// Closed-loop load against a running cluster: throughput and latency
+    /// (--timeout-ms: per request, default 30000). Leader-kill timings are
+    /// the harness's `failover-bench` (docs/benchmarks.md).
     Bench(bench::BenchArgs),
     /// Operator commands: membership, sessions, registry config, snapshots,
     /// state hashes, local reads.
@@ -135,8 +133,7 @@ impl Cli {
     }
 
     /// Parses `args` (the program name first), refusing the common flags
-    /// for `node`, which talks to no cluster as a client, and the endpoints
-    /// and deadline for `bench --failover`, which runs its own cluster.
+    /// for `node`, which talks to no cluster as a client.
     pub fn try_parse_checked<I, T>(args: I) -> Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
@@ -150,18 +147,6 @@ impl Cli {
         match &cli.command {
             Command::Node(_) if cli.common != CommonArgs::default() => {
                 conflict("`oncekv node` takes none of --endpoints, --json, --timeout-ms")
-            }
-            // clap checks a global flag's conflicts only where it is given:
-            // before the subcommand, `--endpoints` would slip past
-            // `--failover`'s `conflicts_with`.
-            Command::Bench(bench)
-                if bench.failover
-                    && (!cli.common.endpoints.is_empty() || cli.common.timeout_ms.is_some()) =>
-            {
-                conflict(
-                    "`oncekv bench --failover` starts a cluster of its own: it takes no \
-                     --endpoints and no --timeout-ms",
-                )
             }
             _ => Ok(cli),
         }
@@ -269,8 +254,7 @@ mod tests {
     }
 
     /// `status` and `bench` take the common flags on either side too; `node`
-    /// and `bench --failover` refuse the ones they cannot use, wherever
-    /// given (exit 2).
+    /// refuses them, wherever given (exit 2).
     #[test]
     fn common_flags_per_command() {
         for args in [
@@ -292,13 +276,10 @@ mod tests {
             assert!(matches!(cli.command, Command::Bench(_)), "{args:?}");
             assert_eq!(cli.common.endpoints, ["h:1"], "{args:?}");
         }
-        assert!(parse(&["--json", "bench", "--failover"]).is_ok());
         for bad in [
             &["--json", "node", "--id", "1"][..],
             &["node", "--id", "1", "--endpoints", "h:1"],
-            &["--endpoints", "h:1", "bench", "--failover"],
-            &["bench", "--failover", "--endpoints", "h:1"],
-            &["--timeout-ms", "9", "bench", "--failover"],
+            &["--endpoints", "h:1", "node", "--id", "1"],
         ] {
             let error = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} parsed"));
             assert_eq!(error.exit_code(), 2, "{bad:?}");

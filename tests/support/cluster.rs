@@ -1,29 +1,27 @@
-//! A real 3-node oncekv cluster for integration tests: the `oncekv node`
-//! binary run as three child processes on free loopback ports, each with its
-//! own data directory under one temporary directory. It owns those processes
-//! for the life of the `Cluster` value — every child is SIGKILLed and reaped
-//! when it drops, also when a test panics, and then the tail of every node's
-//! log is printed — and it knows nodes only through their `Status` replies.
+//! A real 3-node oncekv cluster for integration tests: the project's one
+//! local-cluster controller (`oncekv_testkit::LocalCluster`) running the
+//! `oncekv` binary under test, with the suite's Raft timing, metrics and
+//! HTTP ports, optional TLS and authentication, and deadlines generous
+//! enough for a loaded 2-core machine. Every method panics (naming the
+//! cluster) instead of returning an error: a test's failure. Dropping it
+//! kills and reaps every node, and a panicking test prints their log tails.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use oncekv::cli::status::query_with;
+use nix::sys::signal::Signal;
 use oncekv_client::credentials::{CredentialPaths, Credentials};
-use oncekv_testkit::{agreed_leader, describe, free_ports, log_tail};
+use oncekv_testkit::{LocalCluster, Options, agreed_leader};
 use oncekv_wire::proto::StatusReply;
 use oncekv_wire::proto::admin_client::AdminClient;
 use oncekv_wire::proto::client_client::ClientClient;
 use tempfile::TempDir;
 use tokio::time::{Instant, sleep};
 use tonic::transport::{Channel, Endpoint};
+
+pub use oncekv_testkit::{NODES, Timing};
 
 /// Runs `oncekv certs --dir DIR ARGS...`; panics on failure.
 pub fn make_certs(dir: &Path, args: &[&str]) {
@@ -41,8 +39,6 @@ pub fn make_certs(dir: &Path, args: &[&str]) {
     );
 }
 
-/// The members, in order.
-pub const NODES: [u64; 3] = [1, 2, 3];
 /// How long `start` waits for a leader known by all and a cluster id: a
 /// minute was seen to run out once, on a 2-core machine with a load average
 /// of 11 (several builds and a harness run beside the suite).
@@ -53,74 +49,17 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 pub const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a node may take to exit after SIGTERM.
 pub const TERMINATE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Lines of each node's log printed when a test panics.
-const LOG_TAIL_LINES: usize = 60;
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
-
-/// A node's Raft timing, in milliseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timing {
-    pub heartbeat_ms: u64,
-    pub election_min_ms: u64,
-    pub election_max_ms: u64,
-}
-
-impl Timing {
-    /// Raft timing for a loaded 2-core machine (see docs/benchmarks.md, "Raft timing").
-    pub const TESTS: Timing = Timing {
-        heartbeat_ms: 100,
-        election_min_ms: 400,
-        election_max_ms: 800,
-    };
-
-    fn flags(self) -> [String; 6] {
-        [
-            "--heartbeat-ms".into(),
-            self.heartbeat_ms.to_string(),
-            "--election-timeout-min-ms".into(),
-            self.election_min_ms.to_string(),
-            "--election-timeout-max-ms".into(),
-            self.election_max_ms.to_string(),
-        ]
-    }
-}
 
 /// A running 3-node cluster; dropping it kills every node.
 pub struct Cluster {
-    name: String,
-    nodes: BTreeMap<u64, Node>,
-    /// Extra `oncekv node` flags given to every node.
-    extra_args: Vec<String>,
+    nodes: LocalCluster,
     /// With TLS and authentication: the directory `oncekv certs` filled
     /// (node certificates, identities `alice`, `bob` (role client) and
     /// `root` (admin), their tokens and the token file).
     pki: Option<PathBuf>,
-    // Declared last: dropped after the nodes are gone.
+    // Declared last: removed after the nodes are gone.
     dir: TempDir,
-}
-
-struct Node {
-    id: u64,
-    client_addr: SocketAddr,
-    peer_addr: SocketAddr,
-    /// Where the node serves `GET /metrics`.
-    metrics_addr: SocketAddr,
-    /// Where the node serves its HTTP/JSON API (`--http-addr`).
-    http_addr: SocketAddr,
-    data_dir: PathBuf,
-    log_path: PathBuf,
-    /// The Raft timing of its next start.
-    timing: Mutex<Timing>,
-    /// Locked only briefly, never across an await, so every method can take
-    /// `&self` and a test may share the cluster (say, with a nemesis task).
-    child: Mutex<Option<Child>>,
-}
-
-impl Node {
-    fn child(&self) -> MutexGuard<'_, Option<Child>> {
-        // A panic elsewhere must not stop Drop from killing the process.
-        self.child.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl Cluster {
@@ -145,6 +84,72 @@ impl Cluster {
     /// authentication on the client port (see [`Cluster::pki`]).
     pub async fn start_secure(name: &str, extra_args: &[&str]) -> Cluster {
         Cluster::start_full(name, extra_args, Timing::TESTS, true).await
+    }
+
+    async fn start_full(name: &str, extra_args: &[&str], timing: Timing, secure: bool) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("oncekv-{name}-"))
+            .tempdir()
+            .expect("create the cluster's temporary directory");
+        let mut options = Options::new(name, env!("CARGO_BIN_EXE_oncekv"));
+        options.dir = Some(dir.path().to_owned());
+        options.timing = Some(timing);
+        options.args = extra_args.iter().map(|arg| arg.to_string()).collect();
+        options.metrics = true;
+        options.http = true;
+        options.status_timeout = STATUS_TIMEOUT;
+        let pki = secure.then(|| {
+            let pki = dir.path().join("pki");
+            make_certs(
+                &pki,
+                &[
+                    "--node", "1", "--node", "2", "--node", "3", "--node", "4", "--client",
+                    "alice", "--client", "bob", "--admin", "root",
+                ],
+            );
+            // `Status` needs no identity, only the CA.
+            options.status_credentials = Credentials::load(&CredentialPaths {
+                ca: Some(pki.join("ca.pem")),
+                ..CredentialPaths::default()
+            })
+            .expect("load the CA");
+            pki
+        });
+        let nodes = LocalCluster::create(&options)
+            .unwrap_or_else(|error| panic!("[{name}] make the cluster: {error:#}"));
+        let cluster = Cluster { nodes, pki, dir };
+        for id in NODES {
+            cluster.set_node_flags(id);
+        }
+        cluster.expect(cluster.nodes.spawn_all());
+        cluster.expect(cluster.nodes.wait_ready(START_TIMEOUT).await);
+        cluster
+    }
+
+    /// The value of `result`, or a panic naming the cluster and the error.
+    fn expect<T>(&self, result: anyhow::Result<T>) -> T {
+        result.unwrap_or_else(|error| panic!("[{}] {error:#}", self.name()))
+    }
+
+    /// `node`'s own flags: its TLS certificate and the token file on a
+    /// secure cluster.
+    fn set_node_flags(&self, node: u64) {
+        if let Some(pki) = &self.pki {
+            let file = |name: String| pki.join(name).display().to_string();
+            self.nodes.set_node_args(
+                node,
+                vec![
+                    "--tls-cert".into(),
+                    file(format!("node-{node}.pem")),
+                    "--tls-key".into(),
+                    file(format!("node-{node}-key.pem")),
+                    "--tls-ca".into(),
+                    file("ca.pem".into()),
+                    "--token-file".into(),
+                    file("tokens".into()),
+                ],
+            );
+        }
     }
 
     /// The directory of the secure cluster's CA, certificates and tokens:
@@ -180,91 +185,14 @@ impl Cluster {
         Credentials::load(&paths).expect("load credentials")
     }
 
-    /// What the harness shows a node: the CA only (enough for `Status`).
-    fn harness_credentials(&self) -> Credentials {
-        match &self.pki {
-            None => Credentials::none(),
-            Some(pki) => Credentials::load(&CredentialPaths {
-                ca: Some(pki.join("ca.pem")),
-                ..CredentialPaths::default()
-            })
-            .expect("load the CA"),
-        }
-    }
-
-    async fn start_full(name: &str, extra_args: &[&str], timing: Timing, secure: bool) -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("oncekv-{name}-"))
-            .tempdir()
-            .expect("create the cluster's temporary directory");
-        let pki = secure.then(|| {
-            let pki = dir.path().join("pki");
-            make_certs(
-                &pki,
-                &[
-                    "--node", "1", "--node", "2", "--node", "3", "--node", "4", "--client",
-                    "alice", "--client", "bob", "--admin", "root",
-                ],
-            );
-            pki
-        });
-        let ports = free_ports(4 * NODES.len()).expect("free loopback ports");
-        let nodes = NODES
-            .iter()
-            .zip(ports.chunks(4))
-            .map(|(&id, ports)| {
-                let node = Node {
-                    id,
-                    client_addr: ports[0],
-                    peer_addr: ports[1],
-                    metrics_addr: ports[2],
-                    http_addr: ports[3],
-                    data_dir: dir.path().join(format!("n{id}")),
-                    log_path: dir.path().join(format!("n{id}.log")),
-                    timing: Mutex::new(timing),
-                    child: Mutex::new(None),
-                };
-                (id, node)
-            })
-            .collect();
-        let cluster = Cluster {
-            name: name.to_owned(),
-            nodes,
-            extra_args: extra_args.iter().map(|arg| arg.to_string()).collect(),
-            pki,
-            dir,
-        };
-        for id in NODES {
-            cluster.spawn(id);
-        }
-        cluster
-            .wait_until(
-                START_TIMEOUT,
-                "a leader known by all and a cluster id",
-                |statuses| {
-                    let replies: Vec<&StatusReply> =
-                        statuses.values().filter_map(|s| s.as_ref().ok()).collect();
-                    replies.len() == NODES.len()
-                        && replies.iter().all(|reply| !reply.cluster_id.is_empty())
-                        && agreed_leader(statuses).is_some()
-                },
-            )
-            .await;
-        cluster
-    }
-
     /// Sets the Raft timing `node` starts with from now on (a restart).
     pub fn set_timing(&self, node: u64, timing: Timing) {
-        *self
-            .node(node)
-            .timing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = timing;
+        self.nodes.set_timing(node, timing);
     }
 
     /// The cluster's name, as given to `start`.
     pub fn name(&self) -> &str {
-        &self.name
+        self.nodes.name()
     }
 
     /// The temporary directory holding every node's data dir and log.
@@ -274,22 +202,24 @@ impl Cluster {
 
     /// `127.0.0.1:port` of `node`'s client service.
     pub fn client_addr(&self, node: u64) -> String {
-        self.node(node).client_addr.to_string()
+        self.nodes.client_addr(node)
     }
 
     /// `127.0.0.1:port` of `node`'s Raft service.
     pub fn peer_addr(&self, node: u64) -> String {
-        self.node(node).peer_addr.to_string()
+        self.nodes.peer_addr(node).to_string()
     }
 
     /// `127.0.0.1:port` of `node`'s metrics endpoint (`GET /metrics`).
     pub fn metrics_addr(&self, node: u64) -> String {
-        self.node(node).metrics_addr.to_string()
+        let addr = self.nodes.metrics_addr(node).expect("metrics ports");
+        addr.to_string()
     }
 
     /// `127.0.0.1:port` of `node`'s HTTP/JSON API.
     pub fn http_addr(&self, node: u64) -> String {
-        self.node(node).http_addr.to_string()
+        let addr = self.nodes.http_addr(node).expect("HTTP ports");
+        addr.to_string()
     }
 
     /// `node`'s Prometheus exposition, scraped once (within
@@ -311,13 +241,13 @@ impl Cluster {
 
     /// The pid of `node`'s process, while the harness runs it.
     pub fn pid(&self, node: u64) -> Option<u32> {
-        self.node(node).child().as_ref().map(Child::id)
+        self.nodes.pid(node)
     }
 
     /// The client endpoints of all nodes (those added later included), in
     /// node order.
     pub fn client_addrs(&self) -> Vec<String> {
-        self.nodes.keys().map(|&id| self.client_addr(id)).collect()
+        self.nodes.client_addrs()
     }
 
     /// Makes room for a new node `id` (free ports, a data dir under the
@@ -325,20 +255,10 @@ impl Cluster {
     /// drop like the others. Every node started from now on lists it as a
     /// peer, which only matters with `--initialize`.
     pub fn add_node(&mut self, id: u64) {
-        assert!(!self.nodes.contains_key(&id), "node {id} exists already");
-        let ports = free_ports(4).expect("free loopback ports");
-        let node = Node {
-            id,
-            client_addr: ports[0],
-            peer_addr: ports[1],
-            metrics_addr: ports[2],
-            http_addr: ports[3],
-            data_dir: self.dir.path().join(format!("n{id}")),
-            log_path: self.dir.path().join(format!("n{id}.log")),
-            timing: Mutex::new(Timing::TESTS),
-            child: Mutex::new(None),
-        };
-        self.nodes.insert(id, node);
+        let added = self.nodes.add_node(id);
+        self.expect(added);
+        self.nodes.set_timing(id, Timing::TESTS);
+        self.set_node_flags(id);
     }
 
     /// Starts a node made with [`Cluster::add_node`] (never with
@@ -346,7 +266,7 @@ impl Cluster {
     /// answers `Status`.
     pub async fn start_new_node(&self, node: u64) {
         assert_ne!(node, 1, "node 1 initialises the cluster");
-        self.spawn(node);
+        self.expect(self.nodes.spawn(node));
         self.wait_until(
             RESTART_TIMEOUT,
             &format!("node {node} to answer Status"),
@@ -358,52 +278,53 @@ impl Cluster {
     /// A client of `node`'s Admin service (on its client port), connecting
     /// lazily; calls carry no deadline of their own.
     pub fn admin(&self, node: u64) -> AdminClient<Channel> {
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.client_addr(node)))
-            .expect("a loopback address is a valid URI")
-            .connect_timeout(STATUS_TIMEOUT);
-        AdminClient::new(endpoint.connect_lazy())
-    }
-
-    pub fn data_dir(&self, node: u64) -> &Path {
-        &self.node(node).data_dir
-    }
-
-    pub fn log_path(&self, node: u64) -> &Path {
-        &self.node(node).log_path
-    }
-
-    /// Whether the harness has a process for `node` (started and not
-    /// killed or terminated by the harness; it may have exited by itself).
-    pub fn is_running(&self, node: u64) -> bool {
-        self.node(node).child().is_some()
+        AdminClient::new(self.channel(node))
     }
 
     /// A client of `node`'s client service. The channel connects lazily and
     /// reconnects after a restart; calls carry no deadline of their own.
     pub fn client(&self, node: u64) -> ClientClient<Channel> {
+        ClientClient::new(self.channel(node))
+    }
+
+    fn channel(&self, node: u64) -> Channel {
         let endpoint = Endpoint::from_shared(format!("http://{}", self.client_addr(node)))
             .expect("a loopback address is a valid URI")
             .connect_timeout(STATUS_TIMEOUT);
-        ClientClient::new(endpoint.connect_lazy())
+        endpoint.connect_lazy()
+    }
+
+    pub fn data_dir(&self, node: u64) -> &Path {
+        self.nodes.data_dir(node)
+    }
+
+    pub fn log_path(&self, node: u64) -> &Path {
+        self.nodes.log_path(node)
+    }
+
+    /// Whether the harness has a process for `node` (started and not
+    /// killed or terminated by the harness; it may have exited by itself).
+    pub fn is_running(&self, node: u64) -> bool {
+        self.nodes.is_running(node)
     }
 
     /// `node`'s answer to `Status` (within [`STATUS_TIMEOUT`]), or why none
     /// came.
     pub async fn status(&self, node: u64) -> Result<StatusReply, String> {
-        query_with(
-            &self.client_addr(node),
-            STATUS_TIMEOUT,
-            &self.harness_credentials(),
-        )
-        .await
-        .map_err(|error| error.to_string())
+        self.nodes.status(node).await
+    }
+
+    /// Every running node's `Status`, asked concurrently; a node the harness
+    /// does not run is absent.
+    pub async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
+        self.nodes.statuses().await
     }
 
     /// The leader as the running nodes see it now: a node that says it is
     /// leader and that every running node names as leader. `None` while
     /// there is none, or while they disagree (an election, a stale leader).
     pub async fn leader(&self) -> Option<u64> {
-        agreed_leader(&self.statuses().await)
+        self.nodes.leader().await
     }
 
     /// Waits up to `timeout` for [`Cluster::leader`] to name one; panics
@@ -424,7 +345,7 @@ impl Cluster {
     pub async fn wait_for_new_leader(&self, old: u64) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            for &node in self.nodes.keys().filter(|&&node| node != old) {
+            for node in self.nodes.ids().into_iter().filter(|&node| node != old) {
                 if let Ok(status) = self.status(node).await
                     && status.role == "leader"
                 {
@@ -434,7 +355,7 @@ impl Cluster {
             assert!(
                 Instant::now() < deadline,
                 "[{}] no new leader after {old}",
-                self.name
+                self.name()
             );
             sleep(POLL_INTERVAL).await;
         }
@@ -442,162 +363,38 @@ impl Cluster {
 
     /// SIGKILLs `node` and reaps it: a crash, nothing flushed.
     pub fn kill(&self, node: u64) {
-        let mut child = self.take_child(node);
-        signal(&child, Signal::SIGKILL);
-        child.wait().expect("reap a killed node");
+        self.expect(self.nodes.kill(node));
     }
 
     /// SIGSTOPs `node`: alive but silent, like a long pause of its VM.
     pub fn pause(&self, node: u64) {
-        let child = self.node(node).child();
-        signal(child.as_ref().expect("node is running"), Signal::SIGSTOP);
+        self.expect(self.nodes.pause(node));
     }
 
     /// SIGCONTs a paused `node`.
     pub fn resume(&self, node: u64) {
-        let child = self.node(node).child();
-        signal(child.as_ref().expect("node is running"), Signal::SIGCONT);
+        self.expect(self.nodes.resume(node));
     }
 
     /// SIGHUPs `node`: it reloads its certificates and token file.
     pub fn hangup(&self, node: u64) {
-        let child = self.node(node).child();
-        signal(child.as_ref().expect("node is running"), Signal::SIGHUP);
+        self.expect(self.nodes.signal(node, Signal::SIGHUP));
     }
 
     /// SIGTERMs `node` and waits for it to exit (a clean shutdown), returning
     /// its exit status. Panics if it has not exited within
     /// [`TERMINATE_TIMEOUT`] (it is SIGKILLed first).
     pub async fn terminate(&self, node: u64) -> ExitStatus {
-        let mut child = self.take_child(node);
-        signal(&child, Signal::SIGTERM);
-        let deadline = Instant::now() + TERMINATE_TIMEOUT;
-        loop {
-            if let Some(exit) = child.try_wait().expect("poll a terminating node") {
-                return exit;
-            }
-            if Instant::now() >= deadline {
-                signal(&child, Signal::SIGKILL);
-                child.wait().expect("reap a killed node");
-                panic!(
-                    "[{}] node {node} did not exit within {TERMINATE_TIMEOUT:?} of SIGTERM",
-                    self.name
-                );
-            }
-            sleep(POLL_INTERVAL).await;
-        }
+        let exit = self.nodes.terminate(node, TERMINATE_TIMEOUT).await;
+        self.expect(exit)
     }
 
     /// SIGKILLs `node` if the harness runs it, then starts it again with the
     /// same flags and data dir, and waits until it answers `Status` (not
     /// until it has caught up or a leader is known).
     pub async fn restart(&self, node: u64) {
-        if self.is_running(node) {
-            self.kill(node);
-        }
-        self.spawn(node);
-        self.wait_until(
-            RESTART_TIMEOUT,
-            &format!("node {node} to answer Status"),
-            |statuses| statuses.get(&node).is_some_and(Result::is_ok),
-        )
-        .await;
-    }
-
-    fn node(&self, node: u64) -> &Node {
-        self.nodes
-            .get(&node)
-            .unwrap_or_else(|| panic!("no node {node}; the members are {NODES:?}"))
-    }
-
-    fn take_child(&self, node: u64) -> Child {
-        self.node(node)
-            .child()
-            .take()
-            .unwrap_or_else(|| panic!("[{}] node {node} is not running", self.name))
-    }
-
-    /// Starts `node`'s process, stdout and stderr appended to its log.
-    fn spawn(&self, node: u64) {
-        let peers: Vec<String> = self
-            .nodes
-            .values()
-            .map(|n| format!("{}={}/{}", n.id, n.peer_addr, n.client_addr))
-            .collect();
-        let node = self.node(node);
-        let mut child = node.child();
-        assert!(child.is_none(), "node {} is already running", node.id);
-        std::fs::create_dir_all(&node.data_dir).expect("create a node's data dir");
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&node.log_path)
-            .expect("open a node's log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_oncekv"));
-        command
-            .arg("node")
-            .arg("--id")
-            .arg(node.id.to_string())
-            .arg("--client-addr")
-            .arg(node.client_addr.to_string())
-            .arg("--peer-addr")
-            .arg(node.peer_addr.to_string())
-            .arg("--metrics-addr")
-            .arg(node.metrics_addr.to_string())
-            .arg("--http-addr")
-            .arg(node.http_addr.to_string())
-            .arg("--data-dir")
-            .arg(&node.data_dir)
-            .args(
-                node.timing
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .flags(),
-            )
-            .args(&self.extra_args);
-        if let Some(pki) = &self.pki {
-            command
-                .arg("--tls-cert")
-                .arg(pki.join(format!("node-{}.pem", node.id)))
-                .arg("--tls-key")
-                .arg(pki.join(format!("node-{}-key.pem", node.id)))
-                .arg("--tls-ca")
-                .arg(pki.join("ca.pem"))
-                .arg("--token-file")
-                .arg(pki.join("tokens"));
-        }
-        for peer in &peers {
-            command.arg("--peer").arg(peer);
-        }
-        if node.id == 1 {
-            // Ignored by the node once its data dir holds Raft state.
-            command.arg("--initialize");
-        }
-        if std::env::var_os("RUST_LOG").is_none() {
-            command.env("RUST_LOG", "info");
-        }
-        command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone a log file handle"))
-            .stderr(log);
-        *child = Some(
-            command
-                .spawn()
-                .unwrap_or_else(|error| panic!("spawn node {}: {error}", node.id)),
-        );
-    }
-
-    /// Every node's `Status`, asked concurrently; a node the harness does not
-    /// run is absent.
-    pub async fn statuses(&self) -> BTreeMap<u64, Result<StatusReply, String>> {
-        let running: Vec<u64> = self
-            .nodes
-            .keys()
-            .copied()
-            .filter(|&id| self.is_running(id))
-            .collect();
-        let replies = futures::future::join_all(running.iter().map(|&id| self.status(id))).await;
-        running.into_iter().zip(replies).collect()
+        let restarted = self.nodes.restart(node, RESTART_TIMEOUT).await;
+        self.expect(restarted);
     }
 
     /// Waits (up to 90 s) until every node in `nodes` reports, through the
@@ -621,7 +418,7 @@ impl Cluster {
             assert!(
                 Instant::now() < deadline,
                 "[{}] replicas {nodes:?} did not converge: {seen:?}",
-                self.name
+                self.name()
             );
             sleep(POLL_INTERVAL).await;
         }
@@ -636,68 +433,7 @@ impl Cluster {
         what: &str,
         condition: impl Fn(&BTreeMap<u64, Result<StatusReply, String>>) -> bool,
     ) -> BTreeMap<u64, Result<StatusReply, String>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check_alive();
-            let statuses = self.statuses().await;
-            if condition(&statuses) {
-                return statuses;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "[{}] no {what} within {timeout:?}; last statuses:\n{}",
-                    self.name,
-                    describe(&statuses)
-                );
-            }
-            sleep(POLL_INTERVAL).await;
-        }
+        let statuses = self.nodes.wait_until(timeout, what, condition).await;
+        self.expect(statuses)
     }
-
-    /// Panics if a node the harness runs has exited without being told to.
-    fn check_alive(&self) {
-        for node in self.nodes.values() {
-            let mut child = node.child();
-            if let Some(process) = child.as_mut()
-                && let Some(exit) = process.try_wait().expect("poll a node process")
-            {
-                *child = None;
-                drop(child);
-                panic!(
-                    "[{}] node {} exited unexpectedly: {exit}",
-                    self.name, node.id
-                );
-            }
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for node in self.nodes.values() {
-            if let Some(mut child) = node.child().take() {
-                // An error only means it has already exited; wait still reaps.
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        if std::thread::panicking() {
-            for node in self.nodes.values() {
-                eprintln!(
-                    "----- [{}] node {} log ({}), last {LOG_TAIL_LINES} lines -----\n{}",
-                    self.name,
-                    node.id,
-                    node.log_path.display(),
-                    log_tail(&node.log_path, LOG_TAIL_LINES)
-                );
-            }
-        }
-    }
-}
-
-fn signal(child: &Child, signal: Signal) {
-    let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid fits in i32"));
-    // ESRCH cannot happen: the child is not reaped yet, so its pid is ours
-    // even if it has exited.
-    kill(pid, signal).unwrap_or_else(|error| panic!("send {signal} to pid {pid}: {error}"));
 }

@@ -1,10 +1,11 @@
-//! Helpers for tools that run local clusters of `oncekv node` processes
-//! (the failover bench, the test harness, the jepsen-like harness) and
-//! load: free loopback ports, the leader a set of `Status` replies agrees
-//! on, a one-line-per-node description, log tails, worker threads per node
-//! and the percentile every load tool reports. Plain functions over `std`
-//! and the wire types: they must not depend on the server, whose nodes the
-//! tools drive only over the wire.
+//! What the tools that run local clusters of `oncekv node` processes
+//! share (the test suite, the jepsen-like harness and its failover
+//! benchmark, the examples, the load generator): the one local-cluster
+//! controller ([`LocalCluster`], in `local`), free loopback ports, the
+//! leader a set of `Status` replies agrees on, a one-line-per-node
+//! description, log tails, worker threads per node and the percentile every
+//! load tool reports. It must not depend on the server, whose nodes the
+//! tools drive only over the wire and by signals.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -12,6 +13,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 
 use oncekv_wire::proto::StatusReply;
+
+pub mod local;
+pub use local::{LocalCluster, NODES, Options, StatusClient, Statuses, Timing, poll_until};
 
 /// `--worker-threads` for each of `nodes` nodes sharing this machine: their
 /// share of its cores, at least one. Each node defaulting to one thread per

@@ -1,6 +1,8 @@
-//! `oncekv bench --failover`: how long writes stop when the leader crashes.
+//! The failover benchmark (`failover-bench`, `scripts/jepsen.sh failover`):
+//! how long writes stop when the leader crashes.
 //!
-//! Starts its own fresh local 3-node cluster ([`LocalCluster`]), runs one
+//! Starts its own fresh local 3-node cluster ([`LocalCluster`], the
+//! project's one local-cluster controller) of the given `oncekv` binary, runs one
 //! closed-loop probe writer (a [`Client`] incrementing one counter, recording
 //! when every acknowledgement arrived) and, with `--load-clients N`, N more
 //! closed-loop load writers (each its own [`Client`] and session, 64-byte
@@ -33,10 +35,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout_at};
 
-use super::local_cluster::{self, LocalCluster, NODES, Timing, agreed_leader, describe};
 use oncekv_client::{Client, ClientConfig, Error};
 use oncekv_core::Value;
 use oncekv_testkit::percentile;
+use oncekv_testkit::{LocalCluster, NODES, Options, Timing, agreed_leader, describe};
 
 /// The counter the writer increments.
 const KEY: &[u8] = b"failover-counter";
@@ -66,6 +68,8 @@ const LOAD_VALUE_BYTES: usize = 64;
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct FailoverOptions {
+    /// The `oncekv` binary the nodes run (a release build for figures).
+    pub server_bin: std::path::PathBuf,
     pub kills: u32,
     pub timing: Timing,
     pub json: bool,
@@ -252,6 +256,21 @@ pub struct FailoverReport {
 /// Runs the failover benchmark, prints its report, and fails when the run
 /// was cut short or the counter is inconsistent.
 pub async fn run(options: &FailoverOptions) -> anyhow::Result<()> {
+    let report = measure_run(options).await?;
+    print(&report, options.json)?;
+    if let Some(reason) = &report.aborted {
+        bail!("failover run cut short: {reason}");
+    }
+    if !report.consistent {
+        bail!("the counter is inconsistent with the acknowledged writes");
+    }
+    Ok(())
+}
+
+/// Starts the cluster, measures, and returns the report (a run cut short
+/// says why in it, with the nodes' log tails on stderr); an error when the
+/// options are invalid, the cluster does not start, or on interrupt.
+pub async fn measure_run(options: &FailoverOptions) -> anyhow::Result<FailoverReport> {
     let timing = options.timing;
     if timing.heartbeat_ms == 0
         || timing.heartbeat_ms >= timing.election_timeout_min_ms
@@ -266,12 +285,10 @@ pub async fn run(options: &FailoverOptions) -> anyhow::Result<()> {
     // SIGKILLed and reaped) on its way out, also while it starts.
     let interrupt = interrupted();
     tokio::pin!(interrupt);
-    let cluster_options = local_cluster::Options {
-        name: "failover".to_owned(),
-        timing,
-        keep_dir: options.keep_dir,
-        ..local_cluster::Options::default()
-    };
+    let mut cluster_options = Options::new("failover", &options.server_bin);
+    cluster_options.timing = Some(timing);
+    cluster_options.keep_dir = options.keep_dir;
+    cluster_options.worker_threads = Some(oncekv_testkit::worker_threads_per_node(NODES.len()));
     let cluster = tokio::select! {
         cluster = LocalCluster::start(&cluster_options) => cluster.context("start the local cluster")?,
         () = &mut interrupt => bail!("interrupted"),
@@ -280,18 +297,10 @@ pub async fn run(options: &FailoverOptions) -> anyhow::Result<()> {
         report = measure(&cluster, options) => report,
         () = &mut interrupt => bail!("interrupted"),
     };
-    print(&report, options.json)?;
     if report.aborted.is_some() {
         eprintln!("{}", cluster.log_tails(LOG_TAIL_LINES));
     }
-    drop(cluster);
-    if let Some(reason) = &report.aborted {
-        bail!("failover run cut short: {reason}");
-    }
-    if !report.consistent {
-        bail!("the counter is inconsistent with the acknowledged writes");
-    }
-    Ok(())
+    Ok(report)
 }
 
 /// Resolves on ctrl-c or SIGTERM.
@@ -524,7 +533,7 @@ async fn kill_loop(
     mut acks: watch::Receiver<usize>,
     kills: &mut Vec<Kill>,
 ) -> anyhow::Result<()> {
-    let timing = cluster.timing();
+    let timing = options.timing;
     // No new leader can acknowledge a write sooner than this after a kill:
     // a follower's election timer (at least the minimum timeout) started at
     // most one heartbeat before the kill. An acknowledgement sooner than half
