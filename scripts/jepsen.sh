@@ -8,6 +8,9 @@
 #   scripts/jepsen.sh containers [SECONDS]             a run (default 60 s) against three containers with real kills,
 #                                                      pauses and partitions, then the same against the image of the
 #                                                      server that skips dedup: valid, then INVALID (needs Docker, root)
+#   scripts/jepsen.sh failover [KILLS] [LOAD] [FLAGS]  the failover benchmark (failover-bench): KILLS leader kills
+#                                                      (default 20) under LOAD closed-loop writers (default 32) on the
+#                                                      release build; more failover-bench flags may follow
 #
 # --tls (smoke, ci-smoke, long): the cluster runs with TLS on the client and
 # peer ports and authentication on the client port (jepsen-like --tls:
@@ -16,7 +19,8 @@
 #
 # Every run writes history.jsonl, results.json and report.html under
 # target/jepsen/. Exit status: 0 when every run came out as required
-# (smoke and long: valid; broken: invalid), 1 otherwise.
+# (smoke and long: valid; broken: invalid), 1 otherwise (failover: 0 when
+# every kill was measured and the counter is consistent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -189,8 +193,18 @@ case ${1:-} in
             --image "$broken_image" --seed 1 --duration "$duration" --leader-kills "$kills" --quiet
         print_summary
         ;;
+    failover)
+        [ -z "$suffix" ] || { echo "jepsen.sh: --tls is for smoke, ci-smoke and long" >&2; exit 2; }
+        kills=${2:-20}
+        load=${3:-32}
+        shift $(($# < 3 ? $# : 3))
+        cargo build --release --bin oncekv
+        cargo build --release -p oncekv-jepsen --bin failover-bench
+        target/release/failover-bench --server-bin target/release/oncekv \
+            --kills "$kills" --load-clients "$load" "$@"
+        ;;
     *)
-        sed -n '2,20p' "$0"
+        sed -n '2,23p' "$0"
         exit 2
         ;;
 esac

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use oncekv_client::credentials::Credentials;
-use oncekv_testkit::{LocalCluster, Options, StatusClient, Statuses, poll_until};
+use oncekv_testkit::{LocalCluster, Options, StatusClient, Statuses, Timing, ask_all, poll_until};
 use oncekv_wire::proto::StatusReply;
 
 use crate::containers::{ContainerOptions, Containers};
@@ -70,9 +70,8 @@ pub struct ClusterOptions {
     pub server_bin: PathBuf,
     /// Where data directories and logs go.
     pub dir: PathBuf,
-    pub heartbeat_ms: u64,
-    pub election_timeout_min_ms: u64,
-    pub election_timeout_max_ms: u64,
+    /// Raft timing of every node.
+    pub timing: Timing,
     pub snapshot_every_entries: u64,
     pub logs_kept_after_snapshot: u64,
     pub session_ttl_ms: u64,
@@ -90,21 +89,20 @@ impl ClusterOptions {
     /// addresses: Raft timing, snapshots, session TTL, worker threads, the
     /// extra flags.
     pub fn node_args(&self) -> Vec<String> {
-        let mut args: Vec<String> = [
-            ("--heartbeat-ms", self.heartbeat_ms),
+        let mut args = self.timing.flags();
+        let more = [
             (
                 "--worker-threads",
                 oncekv_testkit::worker_threads_per_node(3) as u64,
             ),
-            ("--election-timeout-min-ms", self.election_timeout_min_ms),
-            ("--election-timeout-max-ms", self.election_timeout_max_ms),
             ("--snapshot-every-entries", self.snapshot_every_entries),
             ("--logs-kept-after-snapshot", self.logs_kept_after_snapshot),
             ("--session-ttl-ms", self.session_ttl_ms),
-        ]
-        .into_iter()
-        .flat_map(|(flag, value)| [flag.to_owned(), value.to_string()])
-        .collect();
+        ];
+        args.extend(
+            more.into_iter()
+                .flat_map(|(flag, value)| [flag.to_owned(), value.to_string()]),
+        );
         args.extend(self.extra_args.iter().cloned());
         args
     }
@@ -406,8 +404,7 @@ impl Cluster {
             .into_iter()
             .filter(|&id| self.is_running(id) && !self.is_paused(id))
             .collect();
-        let replies = futures::future::join_all(live.iter().map(|&id| self.status(id))).await;
-        live.into_iter().zip(replies).collect()
+        ask_all(live, |id| self.status(id)).await
     }
 
     /// Polls the live nodes' `Status` until `condition` holds; an error

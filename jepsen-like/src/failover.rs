@@ -533,13 +533,7 @@ async fn kill_loop(
     mut acks: watch::Receiver<usize>,
     kills: &mut Vec<Kill>,
 ) -> anyhow::Result<()> {
-    let timing = options.timing;
-    // No new leader can acknowledge a write sooner than this after a kill:
-    // a follower's election timer (at least the minimum timeout) started at
-    // most one heartbeat before the kill. An acknowledgement sooner than half
-    // of it is a reply the killed leader sent just before dying.
-    let new_leader_floor =
-        Duration::from_millis(timing.election_timeout_min_ms - timing.heartbeat_ms) / 2;
+    let new_leader_floor = options.timing.new_leader_floor();
     let mut flowing_since = Instant::now();
     for number in 1..=options.kills {
         let leader = wait_ready(cluster, log, flowing_since)

@@ -20,3 +20,28 @@ pub mod proxy;
 pub mod report;
 pub mod run;
 pub mod workload;
+
+/// The Raft timing flags of both binaries (`jepsen-like`, `failover-bench`):
+/// the node's own defaults unless given.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct TimingArgs {
+    /// Raft heartbeat of every node, in milliseconds.
+    #[arg(long, default_value_t = 30)]
+    pub heartbeat_ms: u64,
+    /// Minimum election timeout of every node, in milliseconds.
+    #[arg(long, default_value_t = 120)]
+    pub election_timeout_min_ms: u64,
+    /// Maximum election timeout of every node, in milliseconds.
+    #[arg(long, default_value_t = 240)]
+    pub election_timeout_max_ms: u64,
+}
+
+impl TimingArgs {
+    pub fn timing(self) -> oncekv_testkit::Timing {
+        oncekv_testkit::Timing {
+            heartbeat_ms: self.heartbeat_ms,
+            election_timeout_min_ms: self.election_timeout_min_ms,
+            election_timeout_max_ms: self.election_timeout_max_ms,
+        }
+    }
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use oncekv_jepsen::TimingArgs;
 use oncekv_jepsen::run::{RunOptions, run};
 
 #[derive(Parser, Debug)]
@@ -48,13 +49,8 @@ struct Args {
     /// Keep the cluster's data directories and logs.
     #[arg(long)]
     keep_cluster_dir: bool,
-    /// Raft timing of every node (the node defaults, `node::config`).
-    #[arg(long, default_value_t = 30)]
-    heartbeat_ms: u64,
-    #[arg(long, default_value_t = 120)]
-    election_timeout_min_ms: u64,
-    #[arg(long, default_value_t = 240)]
-    election_timeout_max_ms: u64,
+    #[command(flatten)]
+    timing: TimingArgs,
     /// Small, so that restarts load snapshots and lagging nodes install them.
     #[arg(long, default_value_t = 200)]
     snapshot_every_entries: u64,
@@ -102,9 +98,7 @@ fn main() {
             .out
             .unwrap_or_else(|| PathBuf::from(format!("target/jepsen/seed-{}", args.seed))),
         keep_cluster_dir: args.keep_cluster_dir,
-        heartbeat_ms: args.heartbeat_ms,
-        election_timeout_min_ms: args.election_timeout_min_ms,
-        election_timeout_max_ms: args.election_timeout_max_ms,
+        timing: args.timing.timing(),
         snapshot_every_entries: args.snapshot_every_entries,
         logs_kept_after_snapshot: args.logs_kept_after_snapshot,
         session_ttl_ms: args.session_ttl_ms,

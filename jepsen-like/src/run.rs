@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use oncekv_client::{Client, ClientConfig};
 use oncekv_core::Value;
+use oncekv_testkit::Timing;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -44,9 +45,8 @@ pub struct RunOptions {
     pub server_bin: PathBuf,
     pub out_dir: PathBuf,
     pub keep_cluster_dir: bool,
-    pub heartbeat_ms: u64,
-    pub election_timeout_min_ms: u64,
-    pub election_timeout_max_ms: u64,
+    /// Raft timing of every node.
+    pub timing: Timing,
     pub snapshot_every_entries: u64,
     pub logs_kept_after_snapshot: u64,
     pub session_ttl_ms: u64,
@@ -88,16 +88,6 @@ pub struct Results {
     /// How the final state was read.
     pub final_read: String,
     pub finals: Vec<NodeFinal>,
-}
-
-/// No ack this soon after a kill comes from a new leader.
-fn new_leader_floor(options: &RunOptions) -> Duration {
-    Duration::from_millis(
-        options
-            .election_timeout_min_ms
-            .saturating_sub(options.heartbeat_ms)
-            / 2,
-    )
 }
 
 /// Runs the harness; returns the verdict (after writing every output).
@@ -147,9 +137,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
     let process_options = ClusterOptions {
         server_bin: options.server_bin.clone(),
         dir: dir.path().to_path_buf(),
-        heartbeat_ms: options.heartbeat_ms,
-        election_timeout_min_ms: options.election_timeout_min_ms,
-        election_timeout_max_ms: options.election_timeout_max_ms,
+        timing: options.timing,
         snapshot_every_entries: options.snapshot_every_entries,
         logs_kept_after_snapshot: options.logs_kept_after_snapshot,
         session_ttl_ms: options.session_ttl_ms,
@@ -206,7 +194,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         duration: options.duration,
         leader_kills: options.leader_kills,
         kinds: kinds.clone(),
-        election_timeout_max: Duration::from_millis(options.election_timeout_max_ms),
+        election_timeout_max: Duration::from_millis(options.timing.election_timeout_max_ms),
     });
     if !options.quiet {
         eprintln!(
@@ -958,7 +946,7 @@ fn finish(
         &events,
         &exercise,
         driven.workload_end_ns,
-        u64::try_from(new_leader_floor(options).as_nanos()).unwrap_or(0),
+        u64::try_from(options.timing.new_leader_floor().as_nanos()).unwrap_or(0),
     );
     let summary = report::summary(&figures, &findings, &exercise, verdict);
     println!("{summary}");

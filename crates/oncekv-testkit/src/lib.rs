@@ -15,7 +15,9 @@ use std::path::Path;
 use oncekv_wire::proto::StatusReply;
 
 pub mod local;
-pub use local::{LocalCluster, NODES, Options, StatusClient, Statuses, Timing, poll_until};
+pub use local::{
+    LocalCluster, NODES, Options, StatusClient, Statuses, Timing, ask_all, poll_until,
+};
 
 /// `--worker-threads` for each of `nodes` nodes sharing this machine: their
 /// share of its cores, at least one. Each node defaulting to one thread per

@@ -57,6 +57,19 @@ impl Timing {
         election_timeout_max_ms: 800,
     };
 
+    /// No new leader can acknowledge a write sooner than this after the
+    /// old one died: a follower's election timer (at least the minimum
+    /// timeout) started at most one heartbeat before the death. An
+    /// acknowledgement sooner than half of it is a reply the dead leader
+    /// sent just before dying.
+    pub fn new_leader_floor(self) -> Duration {
+        Duration::from_millis(
+            self.election_timeout_min_ms
+                .saturating_sub(self.heartbeat_ms)
+                / 2,
+        )
+    }
+
     /// The `oncekv node` flags that set this timing.
     pub fn flags(self) -> Vec<String> {
         [
@@ -533,15 +546,14 @@ impl LocalCluster {
             .copied()
             .filter(|&id| self.is_running(id))
             .collect();
-        let replies = futures::future::join_all(running.iter().map(|&id| async move {
+        ask_all(running, |id| async move {
             if self.is_paused(id) {
                 Err("paused (SIGSTOP)".to_owned())
             } else {
                 self.status(id).await
             }
-        }))
-        .await;
-        running.into_iter().zip(replies).collect()
+        })
+        .await
     }
 
     /// The leader as the running nodes see it now (see [`agreed_leader`]).
@@ -678,6 +690,16 @@ impl StatusClient {
             Err(_) => Err(format!("no answer within {:?}", self.timeout)),
         }
     }
+}
+
+/// Asks every node of `nodes` its status concurrently with `status`.
+pub async fn ask_all<F, Fut>(nodes: Vec<u64>, status: F) -> Statuses
+where
+    F: Fn(u64) -> Fut,
+    Fut: Future<Output = Result<StatusReply, String>>,
+{
+    let replies = futures::future::join_all(nodes.iter().map(|&id| status(id))).await;
+    nodes.into_iter().zip(replies).collect()
 }
 
 /// Polls `statuses` until `condition` holds and returns them: before each

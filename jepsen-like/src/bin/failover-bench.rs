@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use oncekv_jepsen::TimingArgs;
 use oncekv_jepsen::failover::{FailoverOptions, run};
-use oncekv_testkit::Timing;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -21,15 +21,8 @@ struct Args {
     /// The oncekv binary the nodes run (a release build for figures).
     #[arg(long, default_value = "target/release/oncekv")]
     server_bin: PathBuf,
-    /// Raft heartbeat of every node (the node defaults, `node::config`).
-    #[arg(long, default_value_t = 30)]
-    heartbeat_ms: u64,
-    /// Minimum election timeout of every node.
-    #[arg(long, default_value_t = 120)]
-    election_timeout_min_ms: u64,
-    /// Maximum election timeout of every node.
-    #[arg(long, default_value_t = 240)]
-    election_timeout_max_ms: u64,
+    #[command(flatten)]
+    timing: TimingArgs,
     /// This many more clients (each its own session) write as fast as they
     /// can (closed loop, one 64-byte put at a time each) throughout the run,
     /// so that failover and spurious elections are measured under load. The
@@ -57,11 +50,7 @@ async fn main() {
     let options = FailoverOptions {
         server_bin: args.server_bin,
         kills: args.kills,
-        timing: Timing {
-            heartbeat_ms: args.heartbeat_ms,
-            election_timeout_min_ms: args.election_timeout_min_ms,
-            election_timeout_max_ms: args.election_timeout_max_ms,
-        },
+        timing: args.timing.timing(),
         json: args.json,
         keep_dir: args.keep_cluster_dir,
         load_clients: args.load_clients,
