@@ -1,4 +1,4 @@
-//! Idempotency keys in the registry core (DESIGN.md rules 18 and 19): one
+//! Idempotency keys in the registry core (docs/rules.md, rules 18 and 19): one
 //! or more tests per property, each written so that breaking it fails the
 //! test, and a property test against a plain reference model.
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use oncekv_client::{Client, ClientConfig};
 use oncekv_core::Value;
-use oncekv_testkit::Timing;
+use oncekv_testkit::{Statuses, Timing};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -102,62 +102,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         .prefix("oncekv-jepsen-")
         .tempdir()
         .context("create the cluster's temporary directory")?;
-    let pki = if options.tls {
-        if options.container_image.is_some() {
-            bail!("--tls runs local processes only (not with containers)");
-        }
-        if !capabilities.tls {
-            bail!(
-                "{} has no TLS (--tls-cert, --token-file): cannot run with --tls",
-                options.server_bin.display()
-            );
-        }
-        Some(Pki::make(
-            &options.server_bin,
-            &dir.path().join("pki"),
-            &NODES,
-        )?)
-    } else {
-        None
-    };
-    let credentials = Arc::new(match &pki {
-        Some(pki) => RunCredentials::of(pki)?,
-        None => RunCredentials::none(),
-    });
-    let mut extra_args = Vec::new();
-    if capabilities.fault_flag {
-        // Every node process drops the reply to its first new execute: a
-        // lost reply after every restart too, so that clients retry
-        // requests that were applied.
-        extra_args.extend([
-            "--fault".to_string(),
-            "drop-first-execute-reply".to_string(),
-        ]);
-    }
-    let process_options = ClusterOptions {
-        server_bin: options.server_bin.clone(),
-        dir: dir.path().to_path_buf(),
-        timing: options.timing,
-        snapshot_every_entries: options.snapshot_every_entries,
-        logs_kept_after_snapshot: options.logs_kept_after_snapshot,
-        session_ttl_ms: options.session_ttl_ms,
-        proxies: capabilities.peer_via,
-        extra_args,
-        pki,
-    };
-    let backend = match &options.container_image {
-        Some(image) => Backend::Containers(ContainerOptions {
-            image: image.clone(),
-            node_args: process_options.node_args(),
-        }),
-        None => Backend::Processes(process_options),
-    };
-    // Containers start slower (and the engine may be busy).
-    let cluster = Arc::new(
-        Cluster::start(backend, Duration::from_secs(90), &credentials.status)
-            .await
-            .context("start the cluster")?,
-    );
+    let (cluster, credentials) = start_cluster(options, capabilities, dir.path()).await?;
     let partitions = cluster.partitions();
     if !options.quiet {
         eprintln!(
@@ -172,43 +117,9 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
             }
         );
     }
-    let admin = Admin::new(
-        NODES
-            .iter()
-            .map(|&node| (node, cluster.client_addr(node)))
-            .collect(),
-        &credentials.admin,
-    )?;
-    let admin_capabilities = admin.probe(NODES[0]).await?;
-    let kinds: Vec<FaultKind> = FaultKind::ALL
-        .into_iter()
-        .filter(|kind| supported(*kind, partitions.is_some(), admin_capabilities))
-        .collect();
-    let kinds_unsupported: Vec<String> = FaultKind::ALL
-        .into_iter()
-        .filter(|kind| !kinds.contains(kind))
-        .map(|kind| kind.name().to_string())
-        .collect();
-    let schedule = faults::schedule(&ScheduleOptions {
-        seed: options.seed,
-        duration: options.duration,
-        leader_kills: options.leader_kills,
-        kinds: kinds.clone(),
-        election_timeout_max: Duration::from_millis(options.timing.election_timeout_max_ms),
-    });
-    if !options.quiet {
-        eprintln!(
-            "seed {}: {} faults planned ({} leader kills); unsupported by this server: {}",
-            options.seed,
-            schedule.len(),
-            options.leader_kills,
-            if kinds_unsupported.is_empty() {
-                "none".to_string()
-            } else {
-                kinds_unsupported.join(", ")
-            }
-        );
-    }
+    let (admin, admin_capabilities) = probe_admin(&cluster, &credentials).await?;
+    let (schedule, kinds_unsupported) =
+        plan_faults(options, partitions.is_some(), admin_capabilities);
     let tools = Tools {
         admin: admin_capabilities.admin.then_some(admin),
         inject_fault: admin_capabilities.inject_fault,
@@ -241,6 +152,124 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<Verdict> {
         eprintln!("kept the cluster's data and logs in {}", kept.display());
     }
     Ok(verdict)
+}
+
+/// Starts the cluster of the run's backend in `dir`: local processes of
+/// `options.server_bin` (with the per-link proxies, TLS and the lost-reply
+/// fault where the server supports them) or containers of its image.
+async fn start_cluster(
+    options: &RunOptions,
+    capabilities: Capabilities,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Arc<Cluster>, Arc<RunCredentials>)> {
+    let pki = if options.tls {
+        if options.container_image.is_some() {
+            bail!("--tls runs local processes only (not with containers)");
+        }
+        if !capabilities.tls {
+            bail!(
+                "{} has no TLS (--tls-cert, --token-file): cannot run with --tls",
+                options.server_bin.display()
+            );
+        }
+        Some(Pki::make(&options.server_bin, &dir.join("pki"), &NODES)?)
+    } else {
+        None
+    };
+    let credentials = Arc::new(match &pki {
+        Some(pki) => RunCredentials::of(pki)?,
+        None => RunCredentials::none(),
+    });
+    let mut extra_args = Vec::new();
+    if capabilities.fault_flag {
+        // Every node process drops the reply to its first new execute: a
+        // lost reply after every restart too, so that clients retry
+        // requests that were applied.
+        extra_args.extend([
+            "--fault".to_string(),
+            "drop-first-execute-reply".to_string(),
+        ]);
+    }
+    let process_options = ClusterOptions {
+        server_bin: options.server_bin.clone(),
+        dir: dir.to_path_buf(),
+        timing: options.timing,
+        snapshot_every_entries: options.snapshot_every_entries,
+        logs_kept_after_snapshot: options.logs_kept_after_snapshot,
+        session_ttl_ms: options.session_ttl_ms,
+        proxies: capabilities.peer_via,
+        extra_args,
+        pki,
+    };
+    let backend = match &options.container_image {
+        Some(image) => Backend::Containers(ContainerOptions {
+            image: image.clone(),
+            node_args: process_options.node_args(),
+        }),
+        None => Backend::Processes(process_options),
+    };
+    // Containers start slower (and the engine may be busy).
+    let cluster = Arc::new(
+        Cluster::start(backend, Duration::from_secs(90), &credentials.status)
+            .await
+            .context("start the cluster")?,
+    );
+    Ok((cluster, credentials))
+}
+
+/// The Admin service of the cluster and what the server offers through it.
+async fn probe_admin(
+    cluster: &Cluster,
+    credentials: &RunCredentials,
+) -> anyhow::Result<(Admin, AdminCapabilities)> {
+    let admin = Admin::new(
+        NODES
+            .iter()
+            .map(|&node| (node, cluster.client_addr(node)))
+            .collect(),
+        &credentials.admin,
+    )?;
+    let admin_capabilities = admin.probe(NODES[0]).await?;
+    Ok((admin, admin_capabilities))
+}
+
+/// The seeded fault schedule of the kinds this cluster can play, and the
+/// names of those it cannot (announced unless quiet).
+fn plan_faults(
+    options: &RunOptions,
+    partitions: bool,
+    admin_capabilities: AdminCapabilities,
+) -> (Vec<PlannedFault>, Vec<String>) {
+    let kinds: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|kind| supported(*kind, partitions, admin_capabilities))
+        .collect();
+    let kinds_unsupported: Vec<String> = FaultKind::ALL
+        .into_iter()
+        .filter(|kind| !kinds.contains(kind))
+        .map(|kind| kind.name().to_string())
+        .collect();
+    let schedule = faults::schedule(&ScheduleOptions {
+        seed: options.seed,
+        duration: options.duration,
+        leader_kills: options.leader_kills,
+        kinds: kinds.clone(),
+        election_timeout_max: Duration::from_millis(options.timing.election_timeout_max_ms),
+    });
+    if !options.quiet {
+        eprintln!(
+            "seed {}: {} faults planned ({} leader kills); unsupported by this server: {}",
+            options.seed,
+            schedule.len(),
+            options.leader_kills,
+            if kinds_unsupported.is_empty() {
+                "none".to_string()
+            } else {
+                kinds_unsupported.join(", ")
+            }
+        );
+    }
+    (schedule, kinds_unsupported)
 }
 
 fn supported(kind: FaultKind, partitions: bool, admin: AdminCapabilities) -> bool {
@@ -329,43 +358,7 @@ async fn drive(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let faults_done = Arc::new(AtomicU64::new(0));
 
-    // Clients: appenders, incrementers, readers, one lifecycle client and
-    // the keyed producers.
-    let mut clients = Vec::new();
-    let mut number = 0;
-    for _ in 0..options.appenders {
-        number += 1;
-        clients.push(tokio::spawn(workload::run_client(
-            context.clone(),
-            number,
-            Role::Appender,
-        )));
-    }
-    for _ in 0..options.incrementers {
-        number += 1;
-        clients.push(tokio::spawn(workload::run_client(
-            context.clone(),
-            number,
-            Role::Incrementer,
-        )));
-    }
-    for _ in 0..options.readers {
-        number += 1;
-        clients.push(tokio::spawn(workload::run_reader(context.clone(), number)));
-    }
-    number += 1;
-    clients.push(tokio::spawn(workload::run_lifecycle(
-        context.clone(),
-        number,
-    )));
-    for _ in 0..options.keyed_producers {
-        number += 1;
-        clients.push(tokio::spawn(workload::run_keyed_producer(
-            context.clone(),
-            number,
-        )));
-    }
-
+    let clients = spawn_clients(options, &context);
     let monitor = tokio::spawn(monitor(
         cluster.clone(),
         recorder.clone(),
@@ -414,19 +407,7 @@ async fn drive(
         Ok(skipped) => (skipped, None),
         Err(error) => (0, Some(error)),
     };
-    // Clients finish their current call (bounded by its deadline).
-    let deadline = Instant::now() + workload::CALL_TIMEOUT + Duration::from_secs(10);
-    for mut client in clients {
-        if tokio::time::timeout_at(deadline, &mut client)
-            .await
-            .is_err()
-        {
-            // Stopped here: its open operation stays without a completion,
-            // which the checker counts as unknown.
-            client.abort();
-            eprintln!("a client did not stop in time; its open operation stays unknown");
-        }
-    }
+    join_clients(clients).await;
     let _ = monitor.await;
     if let Some(progress) = progress {
         let _ = progress.await;
@@ -441,27 +422,7 @@ async fn drive(
     sleep(Duration::from_secs(2)).await;
     let mut statuses = converge(cluster).await?;
     if let Some(admin) = &tools.admin {
-        // Rule 13: a node rebuilt from its snapshot must be
-        // indistinguishable from one that replayed the log. Each node in
-        // turn writes a snapshot of the final state, is SIGKILLed and
-        // restarted from it, and must converge to the same state hash.
-        for (op_id, node) in (schedule.len() as u64 + 1..).zip(NODES) {
-            let invoke = Event::invoke(
-                0,
-                Process::Nemesis,
-                op_id,
-                Op::Fault {
-                    kind: "restart-from-snapshot".to_string(),
-                    nodes: vec![node],
-                },
-            );
-            admin.trigger_snapshot(node).await?;
-            recorder.record(invoke.clone());
-            cluster.kill(node).await?;
-            cluster.restart(node).await?;
-            statuses = converge(cluster).await?;
-            recorder.record(Event::complete(&invoke, EventType::Info, 0));
-        }
+        statuses = restart_each_from_snapshot(cluster, admin, &recorder, schedule.len()).await?;
     }
     let keys = workload::keys_of(&recorder.snapshot());
     let (finals, final_read) = match &tools.admin {
@@ -475,6 +436,85 @@ async fn drive(
         finals,
         final_read,
     })
+}
+
+/// Starts the clients: appenders, incrementers, readers, one lifecycle
+/// client and the keyed producers, numbered from 1 in that order.
+fn spawn_clients(options: &RunOptions, context: &Context) -> Vec<tokio::task::JoinHandle<u64>> {
+    let mut clients = Vec::new();
+    let mut number = 0;
+    let mut next = || {
+        number += 1;
+        number
+    };
+    for _ in 0..options.appenders {
+        let run = workload::run_client(context.clone(), next(), Role::Appender);
+        clients.push(tokio::spawn(run));
+    }
+    for _ in 0..options.incrementers {
+        let run = workload::run_client(context.clone(), next(), Role::Incrementer);
+        clients.push(tokio::spawn(run));
+    }
+    for _ in 0..options.readers {
+        clients.push(tokio::spawn(workload::run_reader(context.clone(), next())));
+    }
+    clients.push(tokio::spawn(workload::run_lifecycle(
+        context.clone(),
+        next(),
+    )));
+    for _ in 0..options.keyed_producers {
+        let run = workload::run_keyed_producer(context.clone(), next());
+        clients.push(tokio::spawn(run));
+    }
+    clients
+}
+
+/// Lets every stopped client finish its current call (bounded by its
+/// deadline); one that does not is aborted, and its open operation stays
+/// without a completion, which the checker counts as unknown.
+async fn join_clients(clients: Vec<tokio::task::JoinHandle<u64>>) {
+    let deadline = Instant::now() + workload::CALL_TIMEOUT + Duration::from_secs(10);
+    for mut client in clients {
+        if tokio::time::timeout_at(deadline, &mut client)
+            .await
+            .is_err()
+        {
+            client.abort();
+            eprintln!("a client did not stop in time; its open operation stays unknown");
+        }
+    }
+}
+
+/// Rule 13: a node rebuilt from its snapshot must be indistinguishable
+/// from one that replayed the log. Each node in turn writes a snapshot of
+/// the final state, is SIGKILLed and restarted from it, and must converge
+/// to the same state hash; recorded as nemesis operations numbered after
+/// the schedule's `planned` faults. Returns the last converged statuses.
+async fn restart_each_from_snapshot(
+    cluster: &Cluster,
+    admin: &Admin,
+    recorder: &Recorder,
+    planned: usize,
+) -> anyhow::Result<Statuses> {
+    let mut statuses = BTreeMap::new();
+    for (op_id, node) in (planned as u64 + 1..).zip(NODES) {
+        let invoke = Event::invoke(
+            0,
+            Process::Nemesis,
+            op_id,
+            Op::Fault {
+                kind: "restart-from-snapshot".to_string(),
+                nodes: vec![node],
+            },
+        );
+        admin.trigger_snapshot(node).await?;
+        recorder.record(invoke.clone());
+        cluster.kill(node).await?;
+        cluster.restart(node).await?;
+        statuses = converge(cluster).await?;
+        recorder.record(Event::complete(&invoke, EventType::Info, 0));
+    }
+    Ok(statuses)
 }
 
 /// Plays the schedule; returns how many planned faults were skipped
@@ -607,43 +647,56 @@ async fn inject(
         }
         FaultKind::ShortTtl => {
             recorder.record(invoke.clone());
-            let admin = admin()?;
-            let original = admin.get_config(leader).await?;
-            let cluster_id = cluster
-                .status(leader)
-                .await
-                .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
-                .cluster_id;
-            let ttl_only = |session_ttl_ms| oncekv_wire::proto::RegistryConfigPatch {
-                session_ttl_ms: Some(session_ttl_ms),
-                ..Default::default()
-            };
-            admin
-                .set_config(
-                    leader,
-                    &cluster_id,
-                    ttl_only(SHORT_TTL_MS),
-                    Duration::from_secs(30),
-                )
-                .await?;
-            // Announced once in force (the lifecycle client idles out the
-            // short TTL only while it is), and its end announced before the
-            // restore is proposed: a session idle under the short TTL for
-            // as long as the announcement stands did expire.
-            ttl.send_replace(Duration::from_millis(SHORT_TTL_MS));
-            sleep(planned.duration).await;
-            ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
-            admin
-                .set_config(
-                    leader,
-                    &cluster_id,
-                    ttl_only(original.session_ttl_ms),
-                    Duration::from_secs(30),
-                )
-                .await?;
+            short_ttl_phase(cluster, admin()?, ttl, leader, planned.duration).await?;
         }
     }
     recorder.record(Event::complete(&invoke, EventType::Info, 0));
+    Ok(())
+}
+
+/// The short-TTL phase: the registry's session TTL set to
+/// [`SHORT_TTL_MS`] through the log for `duration`, then restored; the
+/// workload's announced TTL follows.
+async fn short_ttl_phase(
+    cluster: &Cluster,
+    admin: &Admin,
+    ttl: &watch::Sender<Duration>,
+    leader: u64,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let original = admin.get_config(leader).await?;
+    let cluster_id = cluster
+        .status(leader)
+        .await
+        .map_err(|error| anyhow::anyhow!("status of node {leader}: {error}"))?
+        .cluster_id;
+    let ttl_only = |session_ttl_ms| oncekv_wire::proto::RegistryConfigPatch {
+        session_ttl_ms: Some(session_ttl_ms),
+        ..Default::default()
+    };
+    admin
+        .set_config(
+            leader,
+            &cluster_id,
+            ttl_only(SHORT_TTL_MS),
+            Duration::from_secs(30),
+        )
+        .await?;
+    // Announced once in force (the lifecycle client idles out the
+    // short TTL only while it is), and its end announced before the
+    // restore is proposed: a session idle under the short TTL for
+    // as long as the announcement stands did expire.
+    ttl.send_replace(Duration::from_millis(SHORT_TTL_MS));
+    sleep(duration).await;
+    ttl.send_replace(Duration::from_millis(original.session_ttl_ms));
+    admin
+        .set_config(
+            leader,
+            &cluster_id,
+            ttl_only(original.session_ttl_ms),
+            Duration::from_secs(30),
+        )
+        .await?;
     Ok(())
 }
 
@@ -779,8 +832,6 @@ async fn progress(
         );
     }
 }
-
-type Statuses = BTreeMap<u64, Result<oncekv_wire::proto::StatusReply, String>>;
 
 /// Waits until all three nodes answer with a leader they agree on and the
 /// same applied index, twice in a row half a second apart.
