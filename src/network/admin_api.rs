@@ -16,7 +16,7 @@ use super::faults::FaultControl;
 use super::proposer::Proposer;
 use super::status::{membership_status, not_leader};
 use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
-use crate::storage::SharedState;
+use crate::shared::SharedState;
 use oncekv_core::{ClientId, ClusterId, Op, Outcome};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert;

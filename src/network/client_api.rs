@@ -15,7 +15,7 @@ use super::proposer::Proposer;
 use super::status::read_status;
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::ReadIndex;
-use crate::storage::SharedState;
+use crate::shared::SharedState;
 use oncekv_core::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert::{self, cluster_id_bytes};

@@ -17,9 +17,8 @@ use crate::network::proposer::Proposer;
 use crate::network::tls::{NodeTls, Port};
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::{self, ReadIndex};
-use crate::storage::{
-    ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore, replace_file_durably,
-};
+use crate::shared::{ClusterIdentity, SharedState, replace_file_durably};
+use crate::storage::{SegmentLogStore, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use oncekv_core::{ClusterId, Entry, Op, Outcome};
