@@ -24,7 +24,7 @@
 
 use crate::raft_types::{NodeId, NodeInfo, Raft};
 use crate::read_index::ReadIndex;
-use crate::storage::SharedState;
+use crate::shared::SharedState;
 use futures::FutureExt;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{LinearizableReadError, RaftError};

@@ -8,4 +8,5 @@ pub mod network;
 pub mod node;
 pub mod raft_types;
 pub mod read_index;
+pub mod shared;
 pub mod storage;

@@ -107,10 +107,12 @@ fn latency_histogram() -> Histogram {
 }
 
 impl NodeMetrics {
+    /// Every metric of node `node_id`, registered under `oncekv_` in the
+    /// order of the exposition: the applied state, the client path, Raft,
+    /// snapshots and the state hash, then the build and the process.
     pub fn new(node_id: NodeId) -> NodeMetrics {
-        let mut registry = prometheus_client::registry::Registry::with_prefix("oncekv");
-        let metrics = NodeMetrics {
-            registry: Default::default(),
+        let mut metrics = NodeMetrics {
+            registry: prometheus_client::registry::Registry::with_prefix("oncekv"),
             registry_outcomes: Family::default(),
             sessions_expired: Counter::default(),
             idempotency_keys_expired: Counter::default(),
@@ -146,158 +148,188 @@ impl NodeMetrics {
             process_threads: Gauge::default(),
             process_start_time: Gauge::default(),
         };
-        let r = &mut registry;
-        r.register(
+        metrics.register_applied();
+        metrics.register_client_path();
+        metrics.register_raft();
+        metrics.register_snapshots_and_hash();
+        metrics.register_build_and_process(node_id);
+        metrics
+    }
+
+    /// What is counted where entries are applied, and sized from the
+    /// applied state: outcomes, expiries, live sessions and keys, cached
+    /// responses, apply work.
+    fn register_applied(&mut self) {
+        self.registry.register(
             "registry_outcomes",
             "Registry entries applied on this replica, by operation (register, execute, execute_plain, execute_keyed, keep_alive, unregister, forget_key, set_config, bootstrap) and outcome (applied, duplicate, conflict, discarded, expired, wrong_cluster, rejected_by_limit, limit_exceeded, too_many_outstanding, invalid, permission_denied, not_bootstrapped); the same on every replica at the same applied index. For execute_keyed: applied (executed), duplicate (answered from the key's record), conflict (KEY_CONFLICT), rejected_by_limit (a capacity limit), limit_exceeded (a limit the request breaks)",
-            metrics.registry_outcomes.clone(),
+            self.registry_outcomes.clone(),
         );
-        r.register(
+        self.registry.register(
             "sessions_expired",
             "Sessions removed for idleness (TTL in cluster time) on this replica",
-            metrics.sessions_expired.clone(),
+            self.sessions_expired.clone(),
         );
-        r.register(
+        self.registry.register(
             "idempotency_keys_expired",
             "Idempotency keys removed because their TTL passed (cluster time) on this replica",
-            metrics.idempotency_keys_expired.clone(),
+            self.idempotency_keys_expired.clone(),
         );
-        r.register(
+        self.registry.register(
             "idempotency_keys_live",
             "Live idempotency keys in the applied state, all principals",
-            metrics.idempotency_keys_live.clone(),
+            self.idempotency_keys_live.clone(),
         );
-        r.register_with_unit(
+        self.registry.register_with_unit(
             "idempotency_keys_cached",
             "Size of the idempotency key records as idempotency_cached_bytes_max counts it",
             Unit::Bytes,
-            metrics.idempotency_keys_cached_bytes.clone(),
+            self.idempotency_keys_cached_bytes.clone(),
         );
-        r.register(
+        self.registry.register(
             "sessions_live",
             "Live sessions in the applied state",
-            metrics.sessions_live.clone(),
+            self.sessions_live.clone(),
         );
-        r.register(
+        self.registry.register(
             "cached_responses",
             "Responses cached for retries, all sessions",
-            metrics.cached_responses.clone(),
+            self.cached_responses.clone(),
         );
-        r.register_with_unit(
+        self.registry.register_with_unit(
             "cached_responses",
             "Size of the cached responses as the registry limits count it, all sessions",
             Unit::Bytes,
-            metrics.cached_bytes.clone(),
+            self.cached_bytes.clone(),
         );
-        r.register(
+        self.registry.register(
             "entries_applied",
             "Log entries applied to the state machine (blank and membership entries included)",
-            metrics.entries_applied.clone(),
+            self.entries_applied.clone(),
         );
-        r.register_with_unit(
+        self.registry.register_with_unit(
             "apply_batch_duration",
             "Time the state machine takes to apply one batch of committed entries",
             Unit::Seconds,
-            metrics.apply_batch_duration.clone(),
+            self.apply_batch_duration.clone(),
         );
-        r.register_with_unit(
+    }
+
+    /// The client path of this node: proposals (their time and batching),
+    /// replies, admission control.
+    fn register_client_path(&mut self) {
+        self.registry.register_with_unit(
             "proposal_duration",
             "Time from proposing a client request on this node to its applied outcome (commit and apply), successful proposals only",
             Unit::Seconds,
-            metrics.proposal_duration.clone(),
+            self.proposal_duration.clone(),
         );
-        r.register(
+        self.registry.register(
             "proposal_batch_requests",
             "Requests carried by each log entry this node proposed and saw applied (rule 17: requests that arrive while earlier entries are in flight share one entry)",
-            metrics.proposal_batch_requests.clone(),
+            self.proposal_batch_requests.clone(),
         );
-        r.register(
+        self.registry.register(
             "client_replies",
             "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, limit_exceeded, permission_denied, unauthenticated, other)",
-            metrics.client_replies.clone(),
+            self.client_replies.clone(),
         );
-        r.register(
+        self.registry.register(
             "overloaded",
             "Client requests refused with UNAVAILABLE because --max-pending-proposals proposals were already pending",
-            metrics.overloaded.clone(),
+            self.overloaded.clone(),
         );
-        r.register(
+        self.registry.register(
             "pending_proposals",
             "Client proposals this node has handed to Raft and not yet seen answered (or timed out)",
-            metrics.pending_proposals.clone(),
+            self.pending_proposals.clone(),
         );
-        r.register(
+        self.registry.register(
             "max_pending_proposals",
             "The --max-pending-proposals bound of admission control",
-            metrics.max_pending_proposals.clone(),
+            self.max_pending_proposals.clone(),
         );
-        r.register("raft_term", "Current Raft term", metrics.term.clone());
-        r.register(
+    }
+
+    /// Raft as this node sees it: term, leader, elections and log indexes.
+    fn register_raft(&mut self) {
+        self.registry
+            .register("raft_term", "Current Raft term", self.term.clone());
+        self.registry.register(
             "raft_leader_id",
             "Node id of the leader this node knows, 0 when none",
-            metrics.leader_id.clone(),
+            self.leader_id.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_is_leader",
             "1 when this node is the leader, else 0",
-            metrics.is_leader.clone(),
+            self.is_leader.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_term_changes",
             "Term changes this node has seen (each is an election somewhere in the cluster)",
-            metrics.term_changes.clone(),
+            self.term_changes.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_became_leader",
             "Times this node became leader",
-            metrics.became_leader.clone(),
+            self.became_leader.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_commit_index",
             "Highest log index this node knows to be committed",
-            metrics.commit_index.clone(),
+            self.commit_index.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_applied_index",
             "Log index of the last entry applied to the state machine",
-            metrics.applied_index.clone(),
+            self.applied_index.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_last_log_index",
             "Index of the last entry in this node's log",
-            metrics.last_log_index.clone(),
+            self.last_log_index.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_snapshot_index",
             "Log index covered by this node's current snapshot",
-            metrics.snapshot_index.clone(),
+            self.snapshot_index.clone(),
         );
-        r.register(
+        self.registry.register(
             "raft_purged_index",
             "Log index up to which this node's log is purged",
-            metrics.purged_index.clone(),
+            self.purged_index.clone(),
         );
-        r.register(
+    }
+
+    /// Snapshots built and installed, and the state hash replicas compare.
+    fn register_snapshots_and_hash(&mut self) {
+        self.registry.register(
             "snapshots_built",
             "Snapshots this node built from its own state",
-            metrics.snapshots_built.clone(),
+            self.snapshots_built.clone(),
         );
-        r.register(
+        self.registry.register(
             "snapshots_installed",
             "Snapshots this node installed from a leader",
-            metrics.snapshots_installed.clone(),
+            self.snapshots_installed.clone(),
         );
-        r.register(
+        self.registry.register(
             "state_hash_info",
             "The state hash (hex BLAKE3 of the canonical state) at the applied index, as labels; value 1",
-            metrics.state_hash_info.clone(),
+            self.state_hash_info.clone(),
         );
-        r.register(
+        self.registry.register(
             "state_hash_prefix",
             "First 48 bits of the state hash as a number: equal on replicas at equal applied indexes",
-            metrics.state_hash_prefix.clone(),
+            self.state_hash_prefix.clone(),
         );
-        r.register(
+    }
+
+    /// Build information and the node process (memory, descriptors,
+    /// threads, and its start time, read from the wall clock once, here).
+    fn register_build_and_process(&mut self, node_id: NodeId) {
+        self.registry.register(
             "build",
             "Build information: crate version and node id",
             Info::new(BuildLabels {
@@ -305,40 +337,35 @@ impl NodeMetrics {
                 node_id: node_id.to_string(),
             }),
         );
-        r.register_with_unit(
+        self.registry.register_with_unit(
             "process_resident_memory",
             "Resident memory of the node process (Linux /proc; 0 elsewhere)",
             Unit::Bytes,
-            metrics.process_resident_memory.clone(),
+            self.process_resident_memory.clone(),
         );
-        r.register(
+        self.registry.register(
             "process_open_fds",
             "Open file descriptors of the node process (Linux /proc; 0 elsewhere)",
-            metrics.process_open_fds.clone(),
+            self.process_open_fds.clone(),
         );
-        r.register(
+        self.registry.register(
             "process_threads",
             "Threads of the node process (Linux /proc; 0 elsewhere)",
-            metrics.process_threads.clone(),
+            self.process_threads.clone(),
         );
-        r.register_with_unit(
+        self.registry.register_with_unit(
             "process_start_time",
             "Start time of the node process, Unix time",
             Unit::Seconds,
-            metrics.process_start_time.clone(),
+            self.process_start_time.clone(),
         );
         #[allow(clippy::disallowed_methods)] // wall clock for an operator, not the registry
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
-        metrics.process_start_time.set(saturating_i64(started));
-        NodeMetrics {
-            registry,
-            ..metrics
-        }
+        self.process_start_time.set(saturating_i64(started));
     }
 
-    /// Records the admission bound, for dashboards.
     pub fn set_max_pending_proposals(&self, bound: usize) {
         self.max_pending_proposals
             .set(i64::try_from(bound).unwrap_or(i64::MAX));

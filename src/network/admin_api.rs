@@ -14,14 +14,16 @@
 
 use super::faults::FaultControl;
 use super::proposer::Proposer;
-use super::status::{membership_status, not_leader};
+use super::status::{
+    faults_not_built, learner_behind, membership_status, not_leader, required_cluster,
+};
 use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
-use crate::storage::SharedState;
-use oncekv_core::{ClientId, ClusterId, Op, Outcome};
+use crate::shared::SharedState;
+use oncekv_core::{ClientId, Op, Outcome};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, admin_server};
-use oncekv_wire::status::{self, ErrorReason, convert_status, invalid, reason_status, rejected};
+use oncekv_wire::status::{ErrorReason, convert_status, invalid, reason_status, rejected};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{ChangeMembers, Membership, ServerState};
 use std::collections::BTreeSet;
@@ -76,12 +78,6 @@ impl AdminApi {
         admin_server::AdminServer::new(self)
             .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
-    }
-
-    /// The cluster id a mutation names: required, and refused at once when it
-    /// is not this node's (it can never become right).
-    fn required_cluster(&self, bytes: &[u8]) -> Result<ClusterId, Status> {
-        status::required_cluster(self.state.cluster_id(), bytes)
     }
 
     /// Proposes `op` through the shared proposer (stamp, admission,
@@ -170,12 +166,9 @@ impl AdminApi {
                 }
             }
         };
-        tokio::time::timeout(timeout, wait).await.map_err(|_| {
-            Status::deadline_exceeded(format!(
-                "node {node_id} is a learner but has not caught up to index {log_index} \
-                 within {timeout:?}; it keeps catching up"
-            ))
-        })?
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| learner_behind(node_id, log_index, timeout))?
     }
 }
 
@@ -212,7 +205,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::AddLearnerRequest>,
     ) -> Result<Response<proto::AddLearnerReply>, Status> {
         let request = request.into_inner();
-        self.required_cluster(&request.cluster_id)?;
+        required_cluster(&self.state, &request.cluster_id)?;
         if request.node_id == 0 {
             return Err(invalid("node id 0 is reserved"));
         }
@@ -272,7 +265,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::ChangeVotersRequest>,
     ) -> Result<Response<proto::ChangeVotersReply>, Status> {
         let request = request.into_inner();
-        self.required_cluster(&request.cluster_id)?;
+        required_cluster(&self.state, &request.cluster_id)?;
         let voters: BTreeSet<NodeId> = request.voters.iter().copied().collect();
         if voters.is_empty() {
             return Err(invalid("the voter set must not be empty"));
@@ -330,7 +323,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::RemoveNodeRequest>,
     ) -> Result<Response<proto::RemoveNodeReply>, Status> {
         let request = request.into_inner();
-        self.required_cluster(&request.cluster_id)?;
+        required_cluster(&self.state, &request.cluster_id)?;
         let node_id = request.node_id;
         let membership = self.leader_membership()?;
         if membership.get_node(&node_id).is_none() {
@@ -390,7 +383,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::ExpireSessionRequest>,
     ) -> Result<Response<proto::ExpireSessionReply>, Status> {
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         // The operator's override of ownership (rule 19): no principal.
         let op = Op::Unregister {
             cluster_id,
@@ -429,7 +422,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::SetConfigRequest>,
     ) -> Result<Response<proto::SetConfigReply>, Status> {
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let keyed = request
             .patch
             .as_ref()
@@ -515,7 +508,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::ForgetKeyRequest>,
     ) -> Result<Response<proto::ForgetKeyReply>, Status> {
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let principal = convert::principal_from_proto(request.principal).map_err(convert_status)?;
         let key =
             convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
@@ -612,9 +605,7 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::InjectFaultRequest>,
     ) -> Result<Response<proto::InjectFaultReply>, Status> {
         if !cfg!(feature = "fault-injection") {
-            return Err(Status::unimplemented(
-                "fault injection needs a node built with the fault-injection feature",
-            ));
+            return Err(faults_not_built());
         }
         let count = u64::from(request.into_inner().drop_execute_replies);
         let pending = self.faults.add_execute_reply_drops(count);

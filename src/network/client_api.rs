@@ -12,15 +12,15 @@
 use super::auth::principal_of;
 use super::faults::FaultControl;
 use super::proposer::Proposer;
-use super::status::read_status;
+use super::status::{check_cluster, read_status, required_cluster};
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::ReadIndex;
-use crate::storage::SharedState;
-use oncekv_core::{ClientId, ClusterId, Execute, Nonce, Op, Outcome, Registration};
+use crate::shared::SharedState;
+use oncekv_core::{ClientId, Execute, Nonce, Op, Outcome, Registration};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert::{self, cluster_id_bytes};
 use oncekv_wire::proto::{self, client_server};
-use oncekv_wire::status::{self, ErrorReason, convert_status, invalid, reason_status, rejected};
+use oncekv_wire::status::{ErrorReason, convert_status, invalid, reason_status, rejected};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use std::time::Duration;
@@ -63,16 +63,6 @@ impl ClientApi {
         client_server::ClientServer::new(self)
             .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
-    }
-
-    /// The cluster id a request names; an id other than ours is refused at
-    /// once, since it can never become right.
-    fn check_cluster(&self, bytes: &[u8], required: bool) -> Result<Option<ClusterId>, Status> {
-        status::check_cluster(self.state.cluster_id(), bytes, required)
-    }
-
-    fn required_cluster(&self, bytes: &[u8]) -> Result<ClusterId, Status> {
-        status::required_cluster(self.state.cluster_id(), bytes)
     }
 
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
@@ -119,7 +109,7 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::RegisterReply>, Status> {
         let principal = principal_of(&request);
         let request = request.into_inner();
-        let cluster_id = self.check_cluster(&request.cluster_id, false)?;
+        let cluster_id = check_cluster(&self.state, &request.cluster_id, false)?;
         let nonce = parse_nonce(&request.nonce)?;
         let op = Op::Register {
             cluster_id,
@@ -146,7 +136,7 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::ExecuteReply>, Status> {
         let principal = principal_of(&request);
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
         let execute = Execute {
             cluster_id,
@@ -182,7 +172,7 @@ impl client_server::Client for ClientApi {
         request: Request<proto::ExecutePlainRequest>,
     ) -> Result<Response<proto::ExecuteReply>, Status> {
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
         let (outcome, log_index) = self
             .propose(Op::ExecutePlain {
@@ -200,7 +190,7 @@ impl client_server::Client for ClientApi {
         // The key's namespace: whoever the auth layer says is calling.
         let principal = principal_of(&request);
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let key =
             convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
@@ -226,7 +216,7 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::KeepAliveReply>, Status> {
         let principal = principal_of(&request);
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let op = Op::KeepAlive {
             cluster_id,
             client_id: ClientId(request.client_id),
@@ -256,7 +246,7 @@ impl client_server::Client for ClientApi {
     ) -> Result<Response<proto::UnregisterReply>, Status> {
         let principal = principal_of(&request);
         let request = request.into_inner();
-        let cluster_id = self.required_cluster(&request.cluster_id)?;
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
         let op = Op::Unregister {
             cluster_id,
             client_id: ClientId(request.client_id),
@@ -273,7 +263,7 @@ impl client_server::Client for ClientApi {
         request: Request<proto::ReadRequest>,
     ) -> Result<Response<proto::ReadReply>, Status> {
         let request = request.into_inner();
-        self.required_cluster(&request.cluster_id)?;
+        required_cluster(&self.state, &request.cluster_id)?;
         convert::check_key(&request.key).map_err(convert_status)?;
         // DELIBERATELY BROKEN when built with `broken-stale-reads` (a
         // fault-injection build for the jepsen-like harness only, to prove

@@ -11,7 +11,7 @@
 
 use super::tls::PeerClaim;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
-use crate::storage::ClusterIdentity;
+use crate::shared::ClusterIdentity;
 use futures::{Stream, StreamExt};
 use oncekv_core::codec;
 use oncekv_wire::convert::{cluster_id_bytes, parse_cluster_id};

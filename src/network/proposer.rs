@@ -14,7 +14,7 @@
 //! load, the costs of an entry (its append, fsyncs, replication and apply
 //! call) are paid once per batch instead of once per request.
 
-use super::status::{clock_status, write_status};
+use super::status::{clock_status, outcomes_miscounted, write_status};
 use crate::clock::ClusterClock;
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{Raft, TypeConfig};
@@ -358,7 +358,7 @@ async fn propose_batch(
                 outcomes = outcomes.len(),
                 "an entry applied with a different number of outcomes than requests"
             );
-            let status = Status::internal("an entry applied with a wrong number of outcomes");
+            let status = outcomes_miscounted();
             for (reply, _pending) in waiters {
                 let _ = reply.send(Err(status.clone()));
             }

@@ -1,16 +1,44 @@
 //! The server's failures named as wire reasons: what openraft's errors and
 //! the cluster clock's mean for a caller (`NOT_LEADER` with the leader's
 //! hint, `UNAVAILABLE` for this attempt, `INVALID_ARGUMENT` for a change the
-//! membership rules out). How a reason is spelled on the wire, and every
-//! other failure (registry refusals, malformed input, a wrong cluster), is
-//! `oncekv_wire::status`; this module must not spell a status itself.
+//! membership rules out), and the cluster id a request names checked
+//! against the one this node applied. How a reason is spelled on the wire,
+//! and every other failure (registry refusals, malformed input, a wrong
+//! cluster), is `oncekv_wire::status`; this module must not spell a reason's
+//! status itself. The services (`client_api`, `admin_api`, `proposer`)
+//! build no status of their own: they call this module or
+//! `oncekv_wire::status`. The only statuses spelled here directly carry no
+//! reason: a learner that has not caught up yet, a fault hook this build
+//! lacks and an entry that applied with the wrong number of outcomes.
 
 use crate::clock::ClockError;
-use crate::raft_types::TypeConfig;
-use oncekv_wire::status::{ErrorReason, invalid, reason_status};
+use crate::raft_types::{NodeId, TypeConfig};
+use crate::shared::SharedState;
+use oncekv_core::ClusterId;
+use oncekv_wire::status::{self, ErrorReason, invalid, reason_status};
 use openraft::RaftMetrics;
 use openraft::error::{ChangeMembershipError, ClientWriteError, LinearizableReadError, RaftError};
+use std::time::Duration;
 use tonic::Status;
+
+/// The cluster id a request names (empty when the caller does not know it
+/// yet; `required` when the request must name it), checked against the one
+/// this node applied: an id other than ours is refused at once with
+/// `WRONG_CLUSTER`, since it can never become right (rule 16). See
+/// [`oncekv_wire::status::check_cluster`].
+pub fn check_cluster(
+    state: &SharedState,
+    bytes: &[u8],
+    required: bool,
+) -> Result<Option<ClusterId>, Status> {
+    status::check_cluster(state.cluster_id(), bytes, required)
+}
+
+/// [`check_cluster`] for a request that must name the cluster (every
+/// mutation but `Register`).
+pub fn required_cluster(state: &SharedState, bytes: &[u8]) -> Result<ClusterId, Status> {
+    status::required_cluster(state.cluster_id(), bytes)
+}
 
 /// The cluster clock could not stamp: not the leader, or not yet able to.
 pub fn clock_status(error: ClockError) -> Status {
@@ -78,4 +106,24 @@ pub fn not_leader(metrics: &RaftMetrics<TypeConfig>) -> Status {
         leader_id: metrics.current_leader,
         leader_client_addr,
     })
+}
+
+/// A new learner that has not caught up within `timeout` (`AddLearner`): it
+/// stays a learner and keeps catching up; no reason, only the deadline.
+pub fn learner_behind(node_id: NodeId, log_index: u64, timeout: Duration) -> Status {
+    Status::deadline_exceeded(format!(
+        "node {node_id} is a learner but has not caught up to index {log_index} \
+         within {timeout:?}; it keeps catching up"
+    ))
+}
+
+/// `InjectFault` on a node built without the `fault-injection` feature.
+pub fn faults_not_built() -> Status {
+    Status::unimplemented("fault injection needs a node built with the fault-injection feature")
+}
+
+/// An entry that applied with another number of outcomes than it carried
+/// requests: a bug, never a refusal.
+pub fn outcomes_miscounted() -> Status {
+    Status::internal("an entry applied with a wrong number of outcomes")
 }

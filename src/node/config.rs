@@ -286,6 +286,11 @@ fn advertised(
     }
 }
 
+/// A duration in milliseconds: the flag, else the file, else `default`.
+fn millis(flag: Option<u64>, file: Option<u64>, default: u64) -> Duration {
+    Duration::from_millis(flag.or(file).unwrap_or(default))
+}
+
 fn read_file(path: &Path) -> Result<NodeOptions, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::File {
         path: path.to_path_buf(),
@@ -297,9 +302,106 @@ fn read_file(path: &Path) -> Result<NodeOptions, ConfigError> {
     })
 }
 
+/// `flags` when it lists any, else `file`: a repeated option given on the
+/// command line replaces the file's list whole.
+fn flags_or_file<'a>(flags: &'a [String], file: &'a [String]) -> &'a [String] {
+    if flags.is_empty() { file } else { flags }
+}
+
+/// The `--peer` members, each once.
+fn parse_members(specs: &[String]) -> Result<BTreeMap<NodeId, NodeInfo>, ConfigError> {
+    let mut members = BTreeMap::new();
+    for spec in specs {
+        let (member, info) = parse_peer(spec)?;
+        if members.insert(member, info).is_some() {
+            return Err(ConfigError::Invalid(format!("node {member} listed twice")));
+        }
+    }
+    Ok(members)
+}
+
+/// Without TLS (and so without authentication) a node binds to loopback
+/// only, unless told `--insecure`.
+fn refuse_exposed_binds(
+    binds: impl IntoIterator<Item = (&'static str, SocketAddr)>,
+) -> Result<(), ConfigError> {
+    for (flag, addr) in binds {
+        if !addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "--{flag} {addr} is not a loopback address, and this node has no TLS \
+                 and no authentication: anyone who can reach it could read and \
+                 change every key and session, or join and take over the cluster. \
+                 Configure TLS (--tls-cert, --tls-key, --tls-ca; authentication comes \
+                 with it), bind to 127.0.0.1, or pass --insecure (insecure = true in the \
+                 config file) to accept that on a private network you trust"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What the membership records of this node (its `--peer` entry, if any)
+/// must be what it announces.
+fn check_own_member(
+    members: &BTreeMap<NodeId, NodeInfo>,
+    id: NodeId,
+    advertise_peer_addr: &str,
+    advertise_client_addr: &str,
+) -> Result<(), ConfigError> {
+    let Some(me) = members.get(&id) else {
+        return Ok(());
+    };
+    if !same_addr(&me.peer_addr, advertise_peer_addr) {
+        return Err(ConfigError::Invalid(format!(
+            "--peer for node {id} names peer address {} but this node announces \
+             {advertise_peer_addr} (--advertise-peer-addr, else --peer-addr)",
+            me.peer_addr
+        )));
+    }
+    if !same_addr(&me.client_addr, advertise_client_addr) {
+        return Err(ConfigError::Invalid(format!(
+            "--peer for node {id} names client address {} but this node announces \
+             {advertise_client_addr} (--advertise-client-addr, else --client-addr)",
+            me.client_addr
+        )));
+    }
+    Ok(())
+}
+
+/// The `--peer-via` dial overrides: each node once, never this one.
+fn parse_dial_overrides(
+    specs: &[String],
+    id: NodeId,
+) -> Result<BTreeMap<NodeId, String>, ConfigError> {
+    let mut peer_via = BTreeMap::new();
+    for spec in specs {
+        let (node, addr) = parse_peer_via(spec)?;
+        if node == id {
+            return Err(ConfigError::Invalid(format!(
+                "--peer-via names this node ({id}); a node never dials itself"
+            )));
+        }
+        if peer_via.insert(node, addr).is_some() {
+            return Err(ConfigError::Invalid(format!(
+                "--peer-via for node {node} given twice"
+            )));
+        }
+    }
+    Ok(peer_via)
+}
+
+/// Raft's timing: heartbeat, then the election timeout's bounds.
+struct RaftTiming {
+    heartbeat: Duration,
+    election_timeout_min: Duration,
+    election_timeout_max: Duration,
+}
+
 impl NodeOptions {
     /// Merges the flags over the optional file and the defaults, and
-    /// validates the result.
+    /// validates the result. The checks run in a fixed order, so a
+    /// configuration with several faults is always refused for the same
+    /// one.
     pub fn resolve(self) -> Result<NodeConfig, ConfigError> {
         let file = match &self.config {
             Some(path) => read_file(path)?,
@@ -319,36 +421,11 @@ impl NodeOptions {
             .clone()
             .or(file.data_dir.clone())
             .ok_or(ConfigError::Missing("data-dir"))?;
-        let specs = if self.peers.is_empty() {
-            &file.peers
-        } else {
-            &self.peers
-        };
-        let mut members = BTreeMap::new();
-        for spec in specs {
-            let (member, info) = parse_peer(spec)?;
-            if members.insert(member, info).is_some() {
-                return Err(ConfigError::Invalid(format!("node {member} listed twice")));
-            }
-        }
+        let members = parse_members(flags_or_file(&self.peers, &file.peers))?;
         if id == 0 {
             return Err(ConfigError::Invalid("node id 0 is reserved".into()));
         }
-        let tls = match (
-            self.tls_cert.clone().or(file.tls_cert.clone()),
-            self.tls_key.clone().or(file.tls_key.clone()),
-            self.tls_ca.clone().or(file.tls_ca.clone()),
-        ) {
-            (None, None, None) => None,
-            (Some(cert), Some(key), Some(ca)) => {
-                Some(crate::network::tls::TlsPaths { cert, key, ca })
-            }
-            _ => {
-                return Err(ConfigError::Invalid(
-                    "TLS needs all of --tls-cert, --tls-key and --tls-ca".into(),
-                ));
-            }
-        };
+        let tls = self.tls_paths(&file)?;
         let token_file = self.token_file.clone().or(file.token_file.clone());
         // TLS on both ports brings authentication on the client port (client
         // certificates of the cluster CA, tokens if a file is given) and
@@ -356,21 +433,11 @@ impl NodeOptions {
         let http_addr = self.http_addr.or(file.http_addr);
         if tls.is_none() && !(self.insecure || file.insecure) {
             let http = http_addr.map(|addr| ("http-addr", addr));
-            for (flag, addr) in [("client-addr", client_addr), ("peer-addr", peer_addr)]
-                .into_iter()
-                .chain(http)
-            {
-                if !addr.ip().is_loopback() {
-                    return Err(ConfigError::Invalid(format!(
-                        "--{flag} {addr} is not a loopback address, and this node has no TLS \
-                         and no authentication: anyone who can reach it could read and \
-                         change every key and session, or join and take over the cluster. \
-                         Configure TLS (--tls-cert, --tls-key, --tls-ca; authentication comes \
-                         with it), bind to 127.0.0.1, or pass --insecure (insecure = true in the \
-                         config file) to accept that on a private network you trust"
-                    )));
-                }
-            }
+            refuse_exposed_binds(
+                [("client-addr", client_addr), ("peer-addr", peer_addr)]
+                    .into_iter()
+                    .chain(http),
+            )?;
         }
         let advertise_client_addr = advertised(
             "advertise-client-addr",
@@ -386,102 +453,18 @@ impl NodeOptions {
                 .or(file.advertise_peer_addr.clone()),
             peer_addr,
         )?;
-        // What the membership records of this node is what it announces.
-        if let Some(me) = members.get(&id) {
-            if !same_addr(&me.peer_addr, &advertise_peer_addr) {
-                return Err(ConfigError::Invalid(format!(
-                    "--peer for node {id} names peer address {} but this node announces \
-                     {advertise_peer_addr} (--advertise-peer-addr, else --peer-addr)",
-                    me.peer_addr
-                )));
-            }
-            if !same_addr(&me.client_addr, &advertise_client_addr) {
-                return Err(ConfigError::Invalid(format!(
-                    "--peer for node {id} names client address {} but this node announces \
-                     {advertise_client_addr} (--advertise-client-addr, else --client-addr)",
-                    me.client_addr
-                )));
-            }
-        }
-        let via_specs = if self.peer_via.is_empty() {
-            &file.peer_via
-        } else {
-            &self.peer_via
-        };
-        let mut peer_via = BTreeMap::new();
-        for spec in via_specs {
-            let (node, addr) = parse_peer_via(spec)?;
-            if node == id {
-                return Err(ConfigError::Invalid(format!(
-                    "--peer-via names this node ({id}); a node never dials itself"
-                )));
-            }
-            if peer_via.insert(node, addr).is_some() {
-                return Err(ConfigError::Invalid(format!(
-                    "--peer-via for node {node} given twice"
-                )));
-            }
-        }
+        check_own_member(&members, id, &advertise_peer_addr, &advertise_client_addr)?;
+        let peer_via = parse_dial_overrides(flags_or_file(&self.peer_via, &file.peer_via), id)?;
         let metrics_addr = self.metrics_addr.or(file.metrics_addr);
-        let max_pending_proposals = self
-            .max_pending_proposals
-            .or(file.max_pending_proposals)
-            .unwrap_or(DEFAULT_MAX_PENDING_PROPOSALS);
-        if max_pending_proposals == 0 || max_pending_proposals > MAX_PENDING_PROPOSALS_MAX {
-            return Err(ConfigError::Invalid(format!(
-                "max_pending_proposals must be in 1..={MAX_PENDING_PROPOSALS_MAX}"
-            )));
-        }
-        let worker_threads = self.worker_threads.or(file.worker_threads);
-        if worker_threads.is_some_and(|threads| !(1..=WORKER_THREADS_MAX).contains(&threads)) {
-            return Err(ConfigError::Invalid(format!(
-                "worker_threads must be in 1..={WORKER_THREADS_MAX}"
-            )));
-        }
+        let (max_pending_proposals, worker_threads) = self.load_bounds(&file)?;
         let initialize = self.initialize || file.initialize;
         if initialize && !members.contains_key(&id) {
             return Err(ConfigError::Invalid(
                 "--initialize needs --peer entries including this node".into(),
             ));
         }
-        let millis = |flag: Option<u64>, file: Option<u64>, default: u64| {
-            Duration::from_millis(flag.or(file).unwrap_or(default))
-        };
-        let heartbeat = millis(self.heartbeat_ms, file.heartbeat_ms, HEARTBEAT_MS_DEFAULT);
-        let election_timeout_min = millis(
-            self.election_timeout_min_ms,
-            file.election_timeout_min_ms,
-            ELECTION_TIMEOUT_MIN_MS_DEFAULT,
-        );
-        let election_timeout_max = millis(
-            self.election_timeout_max_ms,
-            file.election_timeout_max_ms,
-            ELECTION_TIMEOUT_MAX_MS_DEFAULT,
-        );
-        if heartbeat.is_zero()
-            || heartbeat >= election_timeout_min
-            || election_timeout_min >= election_timeout_max
-        {
-            return Err(ConfigError::Invalid(
-                "need 0 < heartbeat < election timeout min < election timeout max".into(),
-            ));
-        }
-        let defaults = RegistryConfig::default();
-        let initial_registry = RegistryConfig {
-            session_ttl_ms: self
-                .session_ttl_ms
-                .or(file.session_ttl_ms)
-                .unwrap_or(defaults.session_ttl_ms),
-            window: self.window.or(file.window).unwrap_or(defaults.window),
-            sessions_max: self
-                .sessions_max
-                .or(file.sessions_max)
-                .unwrap_or(defaults.sessions_max),
-            ..defaults
-        };
-        initial_registry
-            .validate()
-            .map_err(|error| ConfigError::Invalid(error.to_string()))?;
+        let timing = self.raft_timing(&file)?;
+        let initial_registry = self.initial_registry(&file)?;
         let snapshot_every_entries = self
             .snapshot_every_entries
             .or(file.snapshot_every_entries)
@@ -505,9 +488,9 @@ impl NodeOptions {
             data_dir,
             members,
             initialize,
-            heartbeat,
-            election_timeout_min,
-            election_timeout_max,
+            heartbeat: timing.heartbeat,
+            election_timeout_min: timing.election_timeout_min,
+            election_timeout_max: timing.election_timeout_max,
             request_timeout: millis(self.request_timeout_ms, file.request_timeout_ms, 5_000),
             snapshot_every_entries,
             logs_kept_after_snapshot: self
@@ -519,6 +502,95 @@ impl NodeOptions {
             tls,
             token_file,
         })
+    }
+
+    /// The TLS files: all three, or none.
+    fn tls_paths(
+        &self,
+        file: &NodeOptions,
+    ) -> Result<Option<crate::network::tls::TlsPaths>, ConfigError> {
+        match (
+            self.tls_cert.clone().or(file.tls_cert.clone()),
+            self.tls_key.clone().or(file.tls_key.clone()),
+            self.tls_ca.clone().or(file.tls_ca.clone()),
+        ) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => {
+                Ok(Some(crate::network::tls::TlsPaths { cert, key, ca }))
+            }
+            _ => Err(ConfigError::Invalid(
+                "TLS needs all of --tls-cert, --tls-key and --tls-ca".into(),
+            )),
+        }
+    }
+
+    /// The bounds of the node's load: proposals in flight (admission
+    /// control) and the async runtime's threads.
+    fn load_bounds(&self, file: &NodeOptions) -> Result<(usize, Option<usize>), ConfigError> {
+        let max_pending_proposals = self
+            .max_pending_proposals
+            .or(file.max_pending_proposals)
+            .unwrap_or(DEFAULT_MAX_PENDING_PROPOSALS);
+        if max_pending_proposals == 0 || max_pending_proposals > MAX_PENDING_PROPOSALS_MAX {
+            return Err(ConfigError::Invalid(format!(
+                "max_pending_proposals must be in 1..={MAX_PENDING_PROPOSALS_MAX}"
+            )));
+        }
+        let worker_threads = self.worker_threads.or(file.worker_threads);
+        if worker_threads.is_some_and(|threads| !(1..=WORKER_THREADS_MAX).contains(&threads)) {
+            return Err(ConfigError::Invalid(format!(
+                "worker_threads must be in 1..={WORKER_THREADS_MAX}"
+            )));
+        }
+        Ok((max_pending_proposals, worker_threads))
+    }
+
+    /// Heartbeat and election timeout, each strictly below the next.
+    fn raft_timing(&self, file: &NodeOptions) -> Result<RaftTiming, ConfigError> {
+        let timing = RaftTiming {
+            heartbeat: millis(self.heartbeat_ms, file.heartbeat_ms, HEARTBEAT_MS_DEFAULT),
+            election_timeout_min: millis(
+                self.election_timeout_min_ms,
+                file.election_timeout_min_ms,
+                ELECTION_TIMEOUT_MIN_MS_DEFAULT,
+            ),
+            election_timeout_max: millis(
+                self.election_timeout_max_ms,
+                file.election_timeout_max_ms,
+                ELECTION_TIMEOUT_MAX_MS_DEFAULT,
+            ),
+        };
+        if timing.heartbeat.is_zero()
+            || timing.heartbeat >= timing.election_timeout_min
+            || timing.election_timeout_min >= timing.election_timeout_max
+        {
+            return Err(ConfigError::Invalid(
+                "need 0 < heartbeat < election timeout min < election timeout max".into(),
+            ));
+        }
+        Ok(timing)
+    }
+
+    /// The registry config proposed at initialisation, validated as the
+    /// core would.
+    fn initial_registry(&self, file: &NodeOptions) -> Result<RegistryConfig, ConfigError> {
+        let defaults = RegistryConfig::default();
+        let initial_registry = RegistryConfig {
+            session_ttl_ms: self
+                .session_ttl_ms
+                .or(file.session_ttl_ms)
+                .unwrap_or(defaults.session_ttl_ms),
+            window: self.window.or(file.window).unwrap_or(defaults.window),
+            sessions_max: self
+                .sessions_max
+                .or(file.sessions_max)
+                .unwrap_or(defaults.sessions_max),
+            ..defaults
+        };
+        initial_registry
+            .validate()
+            .map_err(|error| ConfigError::Invalid(error.to_string()))?;
+        Ok(initial_registry)
     }
 
     #[cfg(feature = "fault-injection")]

@@ -15,11 +15,10 @@ use crate::network::client_wire::ClientWireLayer;
 use crate::network::peer::{PeerNetwork, PeerService};
 use crate::network::proposer::Proposer;
 use crate::network::tls::{NodeTls, Port};
-use crate::raft_types::{NodeId, Raft};
+use crate::raft_types::{NodeId, Raft, TypeConfig};
 use crate::read_index::{self, ReadIndex};
-use crate::storage::{
-    ClusterIdentity, SegmentLogStore, SharedState, StateMachineStore, replace_file_durably,
-};
+use crate::shared::{ClusterIdentity, SharedState, replace_file_durably};
+use crate::storage::{SegmentLogStore, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use oncekv_core::{ClusterId, Entry, Op, Outcome};
@@ -29,6 +28,7 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use tonic_health::server::HealthReporter;
 
 /// Most entries in one append message. Large entries can make a full
 /// batch exceed the peer payload limit; the peer client then splits it (see
@@ -154,6 +154,99 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let (tls, auth) = security(&config)?;
     claim_data_dir(&config.data_dir, config.id)?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
+    let (mut log_store, state_machine, identity) = open_storage(&config, &metrics).await?;
+    let state = state_machine.state();
+
+    let raft_config = raft_config(&config)?;
+    let network = PeerNetwork::new(config.id, identity.clone())
+        .with_dial_overrides(config.peer_via.clone())
+        .with_tls(tls.clone());
+    let restored = read_index::restored_from(config.id, &mut log_store)
+        .await
+        .context("reading the Raft log state")?;
+    let raft = Raft::new(
+        config.id,
+        Arc::new(raft_config),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .context("starting Raft")?;
+
+    let read_index = ReadIndex::new(raft.clone(), restored);
+    let clock = Arc::new(ClusterClock::new(
+        raft.clone(),
+        state.clone(),
+        read_index.clone(),
+        ClockTiming {
+            sample_every: config.heartbeat,
+            quorum_gap: config.election_timeout_min,
+        },
+    ));
+    let (stop_servers, servers_stopped) = tokio::sync::watch::channel(false);
+    let node = Wiring {
+        config: &config,
+        raft: raft.clone(),
+        state: state.clone(),
+        identity: identity.clone(),
+        metrics,
+        tls,
+        auth,
+        stop: servers_stopped,
+    };
+    let (servers, watcher) = node.serve(read_index, clock.clone()).await?;
+
+    let reloader = tokio::spawn(reload_on_hangup(
+        hangups,
+        config.id,
+        node.tls.clone(),
+        node.auth.clone(),
+        config.token_file.clone(),
+    ));
+
+    let bootstrap = if config.initialize {
+        initialize(&raft, &config, &identity).await?;
+        Some(tokio::spawn(ensure_bootstrapped(
+            raft.clone(),
+            state,
+            identity,
+            config.clone(),
+            clock,
+        )))
+    } else {
+        None
+    };
+
+    shutdown.await;
+    tracing::info!(node_id = config.id, "shutting down");
+    if let Some(task) = bootstrap {
+        task.abort();
+    }
+    let _ = stop_servers.send(true);
+    watcher.abort();
+    reloader.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        for server in servers {
+            let _ = server.await;
+        }
+    })
+    .await;
+    raft.shutdown().await.ok();
+    tracing::info!(node_id = config.id, "stopped");
+    Ok(())
+}
+
+/// Opens the Raft log and the snapshots, refuses a log purged beyond the
+/// newest snapshot, and reads the cluster id (adopting the applied one).
+async fn open_storage(
+    config: &NodeConfig,
+    metrics: &Arc<NodeMetrics>,
+) -> anyhow::Result<(
+    SegmentLogStore<TypeConfig>,
+    StateMachineStore,
+    ClusterIdentity,
+)> {
     let mut log_store =
         SegmentLogStore::open(config.data_dir.join("wal")).context("opening the Raft log")?;
     log_store.report_commit_index(metrics.commit_index.clone());
@@ -195,9 +288,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             .adopt(applied)
             .context("the applied state names another cluster than the id file")?;
     }
-    let state = state_machine.state();
+    Ok((log_store, state_machine, identity))
+}
 
-    let raft_config = openraft::Config {
+/// openraft's configuration from the node's: timing and snapshot policy
+/// as configured, and the choices below fixed.
+fn raft_config(config: &NodeConfig) -> anyhow::Result<openraft::Config> {
+    openraft::Config {
         cluster_name: "oncekv".into(),
         heartbeat_interval: config.heartbeat.as_millis() as u64,
         election_timeout_min: config.election_timeout_min.as_millis() as u64,
@@ -233,209 +330,212 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         ..openraft::Config::default()
     }
     .validate()
-    .context("Raft configuration")?;
-    let network =
-        PeerNetwork::new(config.id, identity.clone()).with_dial_overrides(config.peer_via.clone());
-    let network = network.with_tls(tls.clone());
-    let restored = read_index::restored_from(config.id, &mut log_store)
-        .await
-        .context("reading the Raft log state")?;
-    let raft = Raft::new(
-        config.id,
-        Arc::new(raft_config),
-        network,
-        log_store,
-        state_machine,
-    )
-    .await
-    .context("starting Raft")?;
+    .context("Raft configuration")
+}
 
-    let read_index = ReadIndex::new(raft.clone(), restored);
-    let clock = Arc::new(ClusterClock::new(
-        raft.clone(),
-        state.clone(),
-        read_index.clone(),
-        ClockTiming {
-            sample_every: config.heartbeat,
-            quorum_gap: config.election_timeout_min,
-        },
-    ));
-    let proposer = Proposer::new(
-        raft.clone(),
-        clock.clone(),
-        config.request_timeout,
-        config.max_pending_proposals,
-        metrics.clone(),
-    );
-    let admin_api = AdminApi::new(
-        config.id,
-        raft.clone(),
-        state.clone(),
-        proposer.clone(),
-        config.faults.clone(),
-    );
-    let client_api = ClientApi::new(
-        config.id,
-        raft.clone(),
-        state.clone(),
-        proposer,
-        read_index,
-        config.request_timeout,
-        config.faults.clone(),
-    );
-    let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
-        .await
-        .with_context(|| format!("binding the peer address {}", config.peer_addr))?;
-    let client_listener = tokio::net::TcpListener::bind(config.client_addr)
-        .await
-        .with_context(|| format!("binding the client address {}", config.client_addr))?;
-    let (stop_servers, servers_stopped) = tokio::sync::watch::channel(false);
-    let stopped = |mut receiver: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = receiver.wait_for(|stop| *stop).await;
-    };
-    let peer_router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(PeerService::new(raft.clone(), identity.clone()).into_server());
-    let peer_server = match &tls {
-        None => tokio::spawn(peer_router.serve_with_incoming_shutdown(
-            incoming(peer_listener),
-            stopped(servers_stopped.clone()),
-        )),
-        Some(tls) => tokio::spawn(peer_router.serve_with_incoming_shutdown(
-            tls.incoming(peer_listener, Port::Peer),
-            stopped(servers_stopped.clone()),
-        )),
-    };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .context("building the reflection service")?;
-    let client_router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .layer(ClientWireLayer::new(metrics.clone()))
-        .layer(AuthLayer::new(auth.clone()))
-        .add_service(client_api.into_server())
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(admin_api.into_server());
-    let client_server = match &tls {
-        None => tokio::spawn(client_router.serve_with_incoming_shutdown(
-            incoming(client_listener),
-            stopped(servers_stopped.clone()),
-        )),
-        Some(tls) => tokio::spawn(client_router.serve_with_incoming_shutdown(
-            tls.incoming(client_listener, Port::Client),
-            stopped(servers_stopped.clone()),
-        )),
-    };
-    let watcher = tokio::spawn(observability::watch(
-        config.id,
-        raft.clone(),
-        state.clone(),
-        metrics.clone(),
-        health,
-    ));
-    let metrics_server = match config.metrics_addr {
-        Some(addr) => {
-            let server = observability::metrics_server(
-                addr,
-                raft.clone(),
-                state.clone(),
-                metrics.clone(),
-                tls.clone(),
-                stopped(servers_stopped.clone()),
-            )
+/// What a started node's servers are built from: Raft, the applied state,
+/// the cluster identity, metrics, TLS and authentication, and the signal
+/// that stops them.
+struct Wiring<'a> {
+    config: &'a NodeConfig,
+    raft: Raft,
+    state: SharedState,
+    identity: ClusterIdentity,
+    metrics: Arc<NodeMetrics>,
+    tls: Option<NodeTls>,
+    auth: SharedPolicy,
+    /// Turns `true` when the servers are to stop.
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A spawned server; its result is of no further interest once it runs.
+type ServerTask = tokio::task::JoinHandle<()>;
+
+impl Wiring<'_> {
+    /// Builds the services, binds every configured address and spawns the
+    /// servers (peer, client, then metrics and HTTP when configured, the
+    /// order they are awaited in at shutdown) and the health watcher; the
+    /// node has started once it returns.
+    async fn serve(
+        &self,
+        read_index: ReadIndex,
+        clock: Arc<ClusterClock>,
+    ) -> anyhow::Result<(Vec<ServerTask>, ServerTask)> {
+        let config = self.config;
+        let proposer = Proposer::new(
+            self.raft.clone(),
+            clock,
+            config.request_timeout,
+            config.max_pending_proposals,
+            self.metrics.clone(),
+        );
+        let admin_api = AdminApi::new(
+            config.id,
+            self.raft.clone(),
+            self.state.clone(),
+            proposer.clone(),
+            config.faults.clone(),
+        );
+        let client_api = ClientApi::new(
+            config.id,
+            self.raft.clone(),
+            self.state.clone(),
+            proposer,
+            read_index,
+            config.request_timeout,
+            config.faults.clone(),
+        );
+        let peer_listener = tokio::net::TcpListener::bind(config.peer_addr)
             .await
-            .with_context(|| format!("binding the metrics address {addr}"))?;
-            Some(tokio::spawn(server))
+            .with_context(|| format!("binding the peer address {}", config.peer_addr))?;
+        let client_listener = tokio::net::TcpListener::bind(config.client_addr)
+            .await
+            .with_context(|| format!("binding the client address {}", config.client_addr))?;
+        let mut servers = vec![self.serve_peers(peer_listener)];
+        let (health, client_server) = self.serve_clients(client_listener, client_api, admin_api)?;
+        servers.push(client_server);
+        let watcher = tokio::spawn(observability::watch(
+            config.id,
+            self.raft.clone(),
+            self.state.clone(),
+            self.metrics.clone(),
+            health,
+        ));
+        if let Some(addr) = config.metrics_addr {
+            servers.push(self.serve_metrics(addr).await?);
         }
-        None => None,
-    };
-    let http_server = match config.http_addr {
-        Some(addr) => {
-            // HTTPS with the node's certificate when it has TLS. Requests go
-            // through this node's own client port (authentication, leader
-            // forwarding): the advertised address, which the certificate
-            // names.
-            let api = crate::network::http_api::HttpApi::new(
-                config.advertise_client_addr.clone(),
-                config.tls.as_ref().map(|tls| tls.ca.as_path()),
-            )?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the HTTP address {addr}"))?;
-            Some(tokio::spawn(crate::network::http_api::serve(
-                listener,
-                tls.clone(),
-                api.router(),
-                stopped(servers_stopped.clone()),
-            )))
+        if let Some(addr) = config.http_addr {
+            servers.push(self.serve_http(addr).await?);
         }
-        None => None,
-    };
-    tracing::info!(
-        node_id = config.id,
-        client_addr = %config.client_addr,
-        peer_addr = %config.peer_addr,
-        advertise_client_addr = %config.advertise_client_addr,
-        advertise_peer_addr = %config.advertise_peer_addr,
-        metrics_addr = ?config.metrics_addr,
-        http_addr = ?config.http_addr,
-        max_pending_proposals = config.max_pending_proposals,
-        "node started"
-    );
-
-    let reloader = tokio::spawn(reload_on_hangup(
-        hangups,
-        config.id,
-        tls.clone(),
-        auth.clone(),
-        config.token_file.clone(),
-    ));
-
-    let bootstrap = if config.initialize {
-        initialize(&raft, &config, &identity).await?;
-        Some(tokio::spawn(ensure_bootstrapped(
-            raft.clone(),
-            state.clone(),
-            identity.clone(),
-            config.clone(),
-            clock.clone(),
-        )))
-    } else {
-        None
-    };
-
-    shutdown.await;
-    tracing::info!(node_id = config.id, "shutting down");
-    if let Some(task) = bootstrap {
-        task.abort();
+        tracing::info!(
+            node_id = config.id,
+            client_addr = %config.client_addr,
+            peer_addr = %config.peer_addr,
+            advertise_client_addr = %config.advertise_client_addr,
+            advertise_peer_addr = %config.advertise_peer_addr,
+            metrics_addr = ?config.metrics_addr,
+            http_addr = ?config.http_addr,
+            max_pending_proposals = config.max_pending_proposals,
+            "node started"
+        );
+        Ok((servers, watcher))
     }
-    let _ = stop_servers.send(true);
-    watcher.abort();
-    reloader.abort();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = peer_server.await;
-        let _ = client_server.await;
-        if let Some(server) = metrics_server {
-            let _ = server.await;
+
+    /// Completes once the servers are to stop.
+    fn stopped(&self) -> impl Future<Output = ()> + use<> {
+        let mut stop = self.stop.clone();
+        async move {
+            let _ = stop.wait_for(|stop| *stop).await;
         }
-        if let Some(server) = http_server {
-            let _ = server.await;
+    }
+
+    /// The peer port: Raft's RPCs, tagged with the cluster id.
+    fn serve_peers(&self, listener: tokio::net::TcpListener) -> ServerTask {
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(PeerService::new(self.raft.clone(), self.identity.clone()).into_server());
+        let stopped = self.stopped();
+        match &self.tls {
+            None => tokio::spawn(async move {
+                let _ = router
+                    .serve_with_incoming_shutdown(incoming(listener), stopped)
+                    .await;
+            }),
+            Some(tls) => {
+                let incoming = tls.incoming(listener, Port::Peer);
+                tokio::spawn(async move {
+                    let _ = router.serve_with_incoming_shutdown(incoming, stopped).await;
+                })
+            }
         }
-    })
-    .await;
-    raft.shutdown().await.ok();
-    tracing::info!(node_id = config.id, "stopped");
-    Ok(())
+    }
+
+    /// The client port: the `Client` and `Admin` services behind the wire
+    /// layer (reply counts, oversized requests) and authentication, with
+    /// gRPC health and reflection. Returns the health reporter with it.
+    fn serve_clients(
+        &self,
+        listener: tokio::net::TcpListener,
+        client_api: ClientApi,
+        admin_api: AdminApi,
+    ) -> anyhow::Result<(HealthReporter, ServerTask)> {
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building the reflection service")?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(oncekv_wire::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .context("building the reflection service")?;
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .layer(ClientWireLayer::new(self.metrics.clone()))
+            .layer(AuthLayer::new(self.auth.clone()))
+            .add_service(client_api.into_server())
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(admin_api.into_server());
+        let stopped = self.stopped();
+        let server = match &self.tls {
+            None => tokio::spawn(async move {
+                let _ = router
+                    .serve_with_incoming_shutdown(incoming(listener), stopped)
+                    .await;
+            }),
+            Some(tls) => {
+                let incoming = tls.incoming(listener, Port::Client);
+                tokio::spawn(async move {
+                    let _ = router.serve_with_incoming_shutdown(incoming, stopped).await;
+                })
+            }
+        };
+        Ok((health, server))
+    }
+
+    /// `GET /metrics` on `addr`.
+    async fn serve_metrics(&self, addr: std::net::SocketAddr) -> anyhow::Result<ServerTask> {
+        let server = observability::metrics_server(
+            addr,
+            self.raft.clone(),
+            self.state.clone(),
+            self.metrics.clone(),
+            self.tls.clone(),
+            self.stopped(),
+        )
+        .await
+        .with_context(|| format!("binding the metrics address {addr}"))?;
+        Ok(tokio::spawn(async move {
+            let _ = server.await;
+        }))
+    }
+
+    /// The HTTP/JSON API on `addr`: HTTPS with the node's certificate when
+    /// it has TLS. Requests go through this node's own client port
+    /// (authentication, leader forwarding): the advertised address, which
+    /// the certificate names.
+    async fn serve_http(&self, addr: std::net::SocketAddr) -> anyhow::Result<ServerTask> {
+        let config = self.config;
+        let api = crate::network::http_api::HttpApi::new(
+            config.advertise_client_addr.clone(),
+            config.tls.as_ref().map(|tls| tls.ca.as_path()),
+        )?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the HTTP address {addr}"))?;
+        let server = crate::network::http_api::serve(
+            listener,
+            self.tls.clone(),
+            api.router(),
+            self.stopped(),
+        );
+        Ok(tokio::spawn(async move {
+            let _ = server.await;
+        }))
+    }
 }
 
 /// The node's TLS material and the client port's authentication policy,

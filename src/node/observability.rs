@@ -15,7 +15,7 @@
 use crate::metrics::{CONTENT_TYPE, NodeMetrics};
 use crate::network::tls::NodeTls;
 use crate::raft_types::{NodeId, Raft};
-use crate::storage::SharedState;
+use crate::shared::SharedState;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;

@@ -266,25 +266,11 @@ where
     C::Entry: Clone + DeserializeOwned,
 {
     let segments = list_segments(dir)?;
-    let mut replay = Replay::<C> {
-        memory: MemoryLog::default(),
-        vote: None,
-        committed: None,
-    };
-    let mut sealed = VecDeque::new();
-    let mut last = None;
-    for (position, (sequence, path)) in segments.iter().enumerate() {
-        let is_last = position + 1 == segments.len();
-        let scanned = replay_segment(&mut replay, *sequence, path, is_last)?;
-        if is_last {
-            last = Some((*sequence, path.clone(), scanned));
-        } else {
-            sealed.push_back(SealedSegment {
-                path: path.clone(),
-                last_index: scanned.last_index,
-            });
-        }
-    }
+    let Replayed {
+        replay,
+        sealed,
+        last,
+    } = replay_segments::<C>(&segments)?;
     let meta_frames = meta_frames(&replay)?;
     let active = match last {
         None => {
@@ -292,41 +278,7 @@ where
             create_segment(dir, 1, segment_bytes, &head).map_err(io_error(dir))?
         }
         Some((sequence, path, scanned)) => {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(io_error(&path))?;
-            if scanned.torn {
-                // Zero what follows the last good record (cut, then grow
-                // back: the kernel supplies zeros), so that nothing of the
-                // torn write can ever be read as a record after new ones are
-                // written over its start.
-                let end = scanned.end_offset as u64;
-                let dropped_bytes = file
-                    .metadata()
-                    .map_err(io_error(&path))?
-                    .len()
-                    .saturating_sub(end);
-                file.set_len(end)
-                    .and_then(|()| file.set_len(segment_bytes.max(end)))
-                    .and_then(|()| file.sync_all())
-                    .map_err(io_error(&path))?;
-                tracing::warn!(
-                    path = %path.display(),
-                    offset = end,
-                    dropped_bytes,
-                    "dropped the torn tail of the last segment (a write never acknowledged)"
-                );
-            }
-            ActiveSegment {
-                sequence,
-                path,
-                file,
-                offset: scanned.end_offset as u64,
-                head_end: format::SEGMENT_HEADER_BYTES as u64,
-                last_index: scanned.last_index,
-            }
+            reopen_last_segment(sequence, path, &scanned, segment_bytes)?
         }
     };
     // The lock and every segment file are in place: make their names durable
@@ -354,6 +306,92 @@ where
             #[cfg(test)]
             synced: Default::default(),
         },
+    })
+}
+
+/// Every segment of the directory, replayed.
+struct Replayed<C: RaftTypeConfig> {
+    replay: Replay<C>,
+    /// Every segment but the last.
+    sealed: VecDeque<SealedSegment>,
+    /// The last one, to write on: its sequence number, path and scan.
+    last: Option<(u64, PathBuf, Scanned)>,
+}
+
+/// Replays `segments` in order: the log, vote and committed id they hold,
+/// every segment but the last as sealed, and the last one to write on.
+fn replay_segments<C>(segments: &[(u64, PathBuf)]) -> Result<Replayed<C>, SegmentLogError>
+where
+    C: RaftTypeConfig,
+    C::Entry: Clone + DeserializeOwned,
+{
+    let mut replay = Replay::<C> {
+        memory: MemoryLog::default(),
+        vote: None,
+        committed: None,
+    };
+    let mut sealed = VecDeque::new();
+    let mut last = None;
+    for (position, (sequence, path)) in segments.iter().enumerate() {
+        let is_last = position + 1 == segments.len();
+        let scanned = replay_segment(&mut replay, *sequence, path, is_last)?;
+        if is_last {
+            last = Some((*sequence, path.clone(), scanned));
+        } else {
+            sealed.push_back(SealedSegment {
+                path: path.clone(),
+                last_index: scanned.last_index,
+            });
+        }
+    }
+    Ok(Replayed {
+        replay,
+        sealed,
+        last,
+    })
+}
+
+/// Opens the last segment for writing after its last good record, first
+/// cutting off a torn tail.
+fn reopen_last_segment(
+    sequence: u64,
+    path: PathBuf,
+    scanned: &Scanned,
+    segment_bytes: u64,
+) -> Result<ActiveSegment, SegmentLogError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_error(&path))?;
+    if scanned.torn {
+        // Zero what follows the last good record (cut, then grow back: the
+        // kernel supplies zeros), so that nothing of the torn write can ever
+        // be read as a record after new ones are written over its start.
+        let end = scanned.end_offset as u64;
+        let dropped_bytes = file
+            .metadata()
+            .map_err(io_error(&path))?
+            .len()
+            .saturating_sub(end);
+        file.set_len(end)
+            .and_then(|()| file.set_len(segment_bytes.max(end)))
+            .and_then(|()| file.sync_all())
+            .map_err(io_error(&path))?;
+        tracing::warn!(
+            path = %path.display(),
+            offset = end,
+            dropped_bytes,
+            "dropped the torn tail of the last segment (a write never acknowledged)"
+        );
+    }
+    Ok(ActiveSegment {
+        sequence,
+        path,
+        file,
+        offset: scanned.end_offset as u64,
+        head_end: format::SEGMENT_HEADER_BYTES as u64,
+        last_index: scanned.last_index,
     })
 }
 

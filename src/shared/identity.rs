@@ -5,6 +5,12 @@
 //! of another cluster — or without an id, once one is known — are refused,
 //! so a node of a wiped and re-created cluster can never exchange log
 //! entries with the new one.
+//!
+//! The peer service (network) checks it and the node (wiring) creates it;
+//! neither owns it, and it must not depend on `network` or `storage`. It
+//! also holds the one way the data directory's small records are written
+//! ([`replace_file_durably`]: this file, and the node's `node_id` and
+//! `format` files).
 
 use oncekv_core::ClusterId;
 use std::fs;
@@ -78,8 +84,22 @@ impl ClusterIdentity {
             path: self.path.clone(),
             source,
         };
-        super::replace_file_durably(&self.path, format!("{id}\n").as_bytes()).map_err(io)
+        replace_file_durably(&self.path, format!("{id}\n").as_bytes()).map_err(io)
     }
+}
+
+/// Replaces the small file at `path` with `bytes` durably: a temporary file
+/// beside it, fsync, rename, directory fsync. A crash leaves the old
+/// content or the new one, never a mix.
+pub fn replace_file_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    fs::write(&temporary, bytes)?;
+    fs::File::open(&temporary)?.sync_all()?;
+    fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

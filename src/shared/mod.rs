@@ -1,0 +1,17 @@
+//! What the storage adapter and the network adapter share, owned by
+//! neither: the applied state (`applied`: the registry as this node applied
+//! it, its cluster id and state hash; written by the state machine only,
+//! read by the services, the cluster clock and observability) and the
+//! node's cluster identity (`identity`: the id file the peer service checks
+//! and adopts, and the durable replacement of the data directory's small
+//! records).
+//!
+//! This module must not depend on `network` or `storage` (both depend on
+//! it); `tests/adapter_direction.rs` fails if it, or either adapter, names
+//! the other.
+
+pub mod applied;
+pub mod identity;
+
+pub use applied::{AppliedState, SharedState};
+pub use identity::{ClusterIdentity, IdentityError, replace_file_durably};
