@@ -419,26 +419,14 @@ impl Failure {
         self
     }
 
-    /// The failure of a client call on `key`. An `unavailable` one is then
-    /// [`Failure::explained`] by the caller.
+    /// The failure of a client call on `key`: the library's error by its
+    /// own name ([`Error::kind`]) and words, with what to do and the exit
+    /// code. An `unavailable` one is then [`Failure::explained`] by the
+    /// caller.
     fn from_client(error: &Error, key: &str) -> Failure {
         tracing::debug!(error = ?error, key, "the client call failed");
-        let kind = match error {
-            Error::OutcomeUnknown { .. } => "outcome_unknown",
-            Error::Unavailable(_) => "unavailable",
-            Error::SessionExpired => "session_expired",
-            Error::WrongCluster { .. } => "wrong_cluster",
-            Error::SeqConflict { .. } => "seq_conflict",
-            Error::ResponseDiscarded { .. } => "response_discarded",
-            Error::InvalidArgument(_) => "invalid_argument",
-            Error::Unauthenticated(_) => "unauthenticated",
-            Error::PermissionDenied(_) => "permission_denied",
-            Error::ResourceExhausted(_) => "resource_exhausted",
-            Error::LimitExceeded { .. } => "limit_exceeded",
-            Error::KeyConflict { .. } => "key_conflict",
-            Error::KeyOutcomeUnknown { .. } => "outcome_unknown",
-        };
-        let failure = Failure::new(kind, plain_reason(&error.to_string())).with("key", json!(key));
+        let failure =
+            Failure::new(error.kind(), plain_reason(&error.to_string())).with("key", json!(key));
         match error {
             Error::LimitExceeded {
                 limit,
