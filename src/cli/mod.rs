@@ -13,13 +13,15 @@ use crate::node::config::NodeOptions;
 pub mod admin;
 pub mod bench;
 pub mod certs;
+mod common;
 pub mod failover;
 pub mod health;
-pub mod keys;
 pub mod kv;
 pub mod local_cluster;
+pub mod output;
 pub mod reach;
 pub mod status;
+mod values;
 
 /// The `oncekv` binary's arguments.
 #[derive(Debug, clap::Parser)]
@@ -27,7 +29,7 @@ pub mod status;
     name = "oncekv",
     version,
     about = "Exactly-once key-value service on Raft",
-    after_help = kv::EXIT_CODES_HELP
+    after_help = output::EXIT_CODES_HELP
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -171,7 +173,7 @@ impl Cli {
 /// Runs every command but `node`; returns the process's exit code. A
 /// command's error is printed here, on stderr, on one line (`bench` and
 /// `status`; the key-value and admin commands print their own, see
-/// [`kv`]).
+/// [`output`]).
 pub async fn run(command: Command, common: CommonArgs) -> i32 {
     // What the command line gives is what every helper shows the nodes
     // (a bad setting is reported by the command that uses it).
@@ -181,30 +183,30 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
     match command {
         Command::Node(_) => {
             eprintln!("error: `oncekv node` runs in main");
-            kv::EXIT_USAGE
+            output::EXIT_USAGE
         }
         Command::Status => status::run(&common).await,
         Command::Health(args) => {
             if args.run(common.timeout_ms).await {
-                kv::EXIT_OK
+                output::EXIT_OK
             } else {
-                kv::EXIT_FAILED
+                output::EXIT_FAILED
             }
         }
         Command::Bench(args) => match args.run(&common).await {
-            Ok(()) => kv::EXIT_OK,
+            Ok(()) => output::EXIT_OK,
             Err(error) => {
                 tracing::debug!(error = ?error, "bench failed");
                 eprintln!("error: {error:#}");
-                kv::EXIT_FAILED
+                output::EXIT_FAILED
             }
         },
         Command::Admin(args) => args.run(&common).await,
         Command::Certs(args) => match args.run() {
-            Ok(()) => kv::EXIT_OK,
+            Ok(()) => output::EXIT_OK,
             Err(error) => {
                 eprintln!("error: {error:#}");
-                kv::EXIT_FAILED
+                output::EXIT_FAILED
             }
         },
         Command::Kv(command) => command.run(&common).await,
