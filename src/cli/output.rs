@@ -15,10 +15,14 @@
 //! With `--json` the result is one JSON object on one line of stdout, with
 //! `"ok"` telling success from failure: `{"ok":true,…}` with the command's
 //! fields, or `{"ok":false,"error":"…","kind":"unavailable","outcome":"none"}`
-//! on a failure: `kind` names the error (`not_found`, `unavailable`,
+//! on a failure: `kind` names the error — a refusal or a client library
+//! error by the library's own name ([`Error::kind`]: `unavailable`,
 //! `outcome_unknown`, `session_expired`, `wrong_cluster`, `seq_conflict`,
-//! `response_discarded`, `invalid_argument`, `resource_exhausted`,
-//! `overflow`, `wrong_type`, `key_conflict`), and `outcome` is `"none"` (the
+//! `response_discarded`, `invalid_argument`, `unauthenticated`,
+//! `permission_denied`, `resource_exhausted`, `limit_exceeded`,
+//! `key_conflict`), else what the CLI found itself (`not_found`,
+//! `overflow`, `wrong_type`; `admin hash`'s `hash_mismatch`,
+//! `incomplete`, `undecided`) — and `outcome` is `"none"` (the
 //! command had no effect) or `"unknown"` (it may have had one; then `"seq"`
 //! and `"fenced"` are given too). `"hint"` says what to do, when there is
 //! advice; an `unavailable` failure also has `"nodes"`: what each endpoint

@@ -2,7 +2,9 @@
 //! library's `Admin` service (following the leader by the library's one
 //! policy), the endpoints given and the command's deadline. It owns turning
 //! a call's failure into the CLI's [`Failure`]: a refusal named by its
-//! reason, a call that did not get through explained by asking every
+//! reason as the client library names it
+//! ([`oncekv_client::Error::from_reason`]), a call that did not get through
+//! explained by asking every
 //! endpoint ([`crate::cli::reach`]), and an unknown outcome of a change at
 //! the deadline (exit 3). It composes nothing: the groups' modules do.
 
@@ -14,8 +16,8 @@ use tokio::time::Instant;
 
 use oncekv_client::credentials::{AuthChannel, Credentials};
 use oncekv_client::policy::{self, CallError, Verdict};
+use oncekv_wire::proto::StatusReply;
 use oncekv_wire::proto::admin_client::AdminClient;
-use oncekv_wire::proto::{Reason, StatusReply};
 use oncekv_wire::status::error_detail;
 
 use crate::cli::output::Failure;
@@ -203,14 +205,14 @@ fn node_unreachable(endpoint: &str, cause: &str) -> Failure {
     )
 }
 
-/// A final failure from the cluster, named like the key-value commands'.
+/// A failure the cluster answered: a refusal named by its reason as the
+/// client library names it ([`oncekv_client::Error::from_reason`], the one
+/// mapping of a wire reason to a kind, which the key-value commands print
+/// too); a status without a reason (from below the service) by its gRPC
+/// code. The text is the node's own.
 fn status_failure(status: &tonic::Status) -> Failure {
-    let kind = match error_detail(status).map(|detail| detail.reason()) {
-        Some(Reason::SessionExpired) => "session_expired",
-        Some(Reason::WrongCluster) => "wrong_cluster",
-        Some(Reason::InvalidArgument) => "invalid_argument",
-        Some(Reason::ResourceExhausted) => "resource_exhausted",
-        Some(_) => "unavailable",
+    let kind = match oncekv_client::Error::from_reason(status, 0) {
+        Some(error) => error.kind(),
         None => match status.code() {
             tonic::Code::InvalidArgument => "invalid_argument",
             tonic::Code::Unimplemented => "unimplemented",
@@ -218,4 +220,68 @@ fn status_failure(status: &tonic::Status) -> Failure {
         },
     };
     Failure::new(kind, status.message().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncekv_core::Limit;
+    use oncekv_wire::status::{ErrorReason, reason_status};
+
+    /// A refusal is named as the client library names its reason (the
+    /// key-value commands' kinds), with the node's own words; a status
+    /// without a reason by its code.
+    #[test]
+    fn refusals_are_named_by_the_client_library() {
+        let cases = [
+            (
+                reason_status(ErrorReason::SessionExpired),
+                "session_expired",
+            ),
+            (
+                reason_status(ErrorReason::WrongCluster(oncekv_core::ClusterId(7))),
+                "wrong_cluster",
+            ),
+            (
+                reason_status(ErrorReason::InvalidArgument("bad".into())),
+                "invalid_argument",
+            ),
+            (
+                reason_status(ErrorReason::ResourceExhausted(Limit::Sessions)),
+                "resource_exhausted",
+            ),
+            (
+                reason_status(ErrorReason::NotLeader {
+                    leader_id: None,
+                    leader_client_addr: None,
+                }),
+                "unavailable",
+            ),
+            (
+                reason_status(ErrorReason::Unavailable("no quorum".into())),
+                "unavailable",
+            ),
+            (
+                reason_status(ErrorReason::PermissionDenied(
+                    "principal p lacks role admin".into(),
+                )),
+                "permission_denied",
+            ),
+            (
+                reason_status(ErrorReason::Unauthenticated("unknown bearer token".into())),
+                "unauthenticated",
+            ),
+            (tonic::Status::invalid_argument("bad"), "invalid_argument"),
+            (
+                tonic::Status::unimplemented("no such call"),
+                "unimplemented",
+            ),
+            (tonic::Status::internal("oops"), "unavailable"),
+        ];
+        for (status, kind) in cases {
+            let failure = status_failure(&status);
+            assert_eq!(failure.kind(), kind, "{status:?}");
+            assert_eq!(failure.message(), status.message(), "{status:?}");
+        }
+    }
 }
