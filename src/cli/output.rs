@@ -1,12 +1,12 @@
 //! How the CLI's cluster commands (the key-value and admin ones) report:
-//! a [`Success`] (plain lines, or the fields of one JSON object) or a
-//! [`Failure`] (a kind, one line of what happened, one of what to do, and
-//! whether the command may have taken effect), printed by [`print_report`],
+//! a `Success` (plain lines, or the fields of one JSON object) or a
+//! `Failure` (a kind, one line of what happened, one of what to do, and
+//! whether the command may have taken effect), printed by `print_report`,
 //! and the process exit codes. A client library error becomes a failure in
-//! [`Failure::from_client`]: its name is the library's own
+//! `Failure::from_client`: its name is the library's own
 //! ([`oncekv_client::Error::kind`]) and its text the library's Display;
 //! this module only adds the hint, the exit code and the JSON fields. It
-//! must not talk to the cluster (but for [`Failure::explained`], which asks
+//! must not talk to the cluster (but for `Failure::explained`, which asks
 //! [`super::reach`] why a call did not get through) and decides no
 //! command's result.
 //!

@@ -3,7 +3,7 @@
 //! composing the multi-step changes from single Admin RPCs — `promote` is
 //! "voters + ID", `replace` is add-learner, wait until caught up, "voters −
 //! dead + new", remove dead — each step run on the leader by
-//! [`Admin::on_leader`] (a change whose outcome is unknown at the deadline
+//! `Admin::on_leader` (a change whose outcome is unknown at the deadline
 //! exits 3). Whether a change is safe is the cluster's to decide.
 
 use std::collections::BTreeSet;

@@ -35,7 +35,7 @@
 //! This module holds the subcommands' parser and dispatch; each group is
 //! its own module ([`membership`], [`sessions`], [`config`], [`keys`],
 //! [`state`]) with its arguments, its calls and its presentation, on the
-//! cluster client of [`cluster`].
+//! cluster client of `cluster`.
 
 mod cluster;
 pub mod config;

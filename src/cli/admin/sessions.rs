@@ -2,7 +2,7 @@
 //! sessions as the leader's applied state holds them (listed page by page),
 //! one session's floor, cache and activity, and ending a session through
 //! the log (its client then gets `SESSION_EXPIRED`). It owns the
-//! presentation; the leader and retries are [`Admin`]'s.
+//! presentation; the leader and retries are `Admin`'s.
 
 use serde_json::{Value as Json, json};
 

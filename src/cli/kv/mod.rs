@@ -3,9 +3,9 @@
 //! [`Client`], runs one call through it — exactly once, with the library's
 //! retries until the `--timeout-ms` deadline — and closes the client, which
 //! unregisters its session, so CLI calls leave no sessions behind.
-//! `sessions` only asks every node for its `Status` ([`sessions`]). The
-//! arguments and their parsing are [`args`]'s, the printing of an answer
-//! [`answer`]'s, and failures, JSON and exit codes the CLI's common
+//! `sessions` only asks every node for its `Status` (module `sessions`). The
+//! arguments and their parsing are `args`'s, the printing of an answer
+//! `answer`'s, and failures, JSON and exit codes the CLI's common
 //! [`super::output`]; this module only makes the call.
 //!
 //! # Commands

@@ -3,7 +3,8 @@
 //! the live keys, showing one key's record, forgetting one through the log.
 //! It owns the arguments (a key as UTF-8 text, or hex with `--hex`) and the
 //! presentation; finding the leader, retries and errors are
-//! [`super::cluster`]'s, how a record prints [`record`]'s, and the cluster decides everything else.
+//! `super::cluster`'s, how a record prints `record`'s, and the cluster
+//! decides everything else.
 //!
 //! | command | does |
 //! | --- | --- |
