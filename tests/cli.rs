@@ -1,4 +1,4 @@
-//! The key-value commands of the `oncekv` binary (`src/cli/kv.rs`) run as a
+//! The key-value commands of the `oncekv` binary (`src/cli/kv/`) run as a
 //! user would run them — one process per command — against a real 3-node
 //! cluster: plain and JSON output, exit codes, a definite failure when no
 //! node can be reached or no leader is elected, and an unknown outcome

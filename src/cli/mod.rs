@@ -1,8 +1,10 @@
 //! The `oncekv` command line for people: [`Cli`] is the whole binary's
 //! argument parser (`main.rs` parses, runs `oncekv node` itself and hands
-//! every other command to [`run`]), and each submodule owns one
-//! subcommand's talking to the cluster and its presentation (plain text or
-//! JSON). The flags every cluster command shares ([`CommonArgs`]: endpoints,
+//! every other command to [`run`]). Each command has its module (`kv/`
+//! for the key-value verbs, `admin/` with a file per group, `status`,
+//! `health`, `bench`, `certs`) holding its arguments and its talking to
+//! the cluster; what they print and how they exit is one library
+//! (`output`, `values`), and why a cluster cannot be reached is `reach`. The flags every cluster command shares ([`CommonArgs`]: endpoints,
 //! `--json`, `--timeout-ms`) are global: they go before or after the
 //! subcommand. Errors are one line of what happened and one of what to do
 //! ([`reach`]); details go to tracing (`RUST_LOG=debug`). Nothing here
@@ -13,11 +15,13 @@ use crate::node::config::NodeOptions;
 pub mod admin;
 pub mod bench;
 pub mod certs;
+mod common;
 pub mod health;
-pub mod keys;
 pub mod kv;
+pub mod output;
 pub mod reach;
 pub mod status;
+mod values;
 
 /// The `oncekv` binary's arguments.
 #[derive(Debug, clap::Parser)]
@@ -25,7 +29,7 @@ pub mod status;
     name = "oncekv",
     version,
     about = "Exactly-once key-value service on Raft",
-    after_help = kv::EXIT_CODES_HELP
+    after_help = output::EXIT_CODES_HELP
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -156,7 +160,7 @@ impl Cli {
 /// Runs every command but `node`; returns the process's exit code. A
 /// command's error is printed here, on stderr, on one line (`bench` and
 /// `status`; the key-value and admin commands print their own, see
-/// [`kv`]).
+/// [`output`]).
 pub async fn run(command: Command, common: CommonArgs) -> i32 {
     // What the command line gives is what every helper shows the nodes
     // (a bad setting is reported by the command that uses it).
@@ -166,30 +170,30 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
     match command {
         Command::Node(_) => {
             eprintln!("error: `oncekv node` runs in main");
-            kv::EXIT_USAGE
+            output::EXIT_USAGE
         }
         Command::Status => status::run(&common).await,
         Command::Health(args) => {
             if args.run(common.timeout_ms).await {
-                kv::EXIT_OK
+                output::EXIT_OK
             } else {
-                kv::EXIT_FAILED
+                output::EXIT_FAILED
             }
         }
         Command::Bench(args) => match args.run(&common).await {
-            Ok(()) => kv::EXIT_OK,
+            Ok(()) => output::EXIT_OK,
             Err(error) => {
                 tracing::debug!(error = ?error, "bench failed");
                 eprintln!("error: {error:#}");
-                kv::EXIT_FAILED
+                output::EXIT_FAILED
             }
         },
         Command::Admin(args) => args.run(&common).await,
         Command::Certs(args) => match args.run() {
-            Ok(()) => kv::EXIT_OK,
+            Ok(()) => output::EXIT_OK,
             Err(error) => {
                 eprintln!("error: {error:#}");
-                kv::EXIT_FAILED
+                output::EXIT_FAILED
             }
         },
         Command::Kv(command) => command.run(&common).await,

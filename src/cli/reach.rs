@@ -137,89 +137,122 @@ pub fn diagnose(probes: &[Probe], detail: Option<&str>) -> Diagnosis {
         .collect();
     let unreachable = unreachable_groups(probes);
     let (message, hint) = if answered.is_empty() {
-        let message = match unreachable.as_slice() {
-            [(endpoints, cause)] => {
-                format!("cannot reach the cluster at {endpoints}: {cause}")
-            }
-            groups => format!("cannot reach the cluster: {}", join_groups(groups)),
-        };
-        let hint = if unreachable
-            .iter()
-            .all(|(_, cause)| *cause == Cause::UnknownHost.to_string())
-        {
-            "check the host names in --endpoints (HOST:PORT,...)"
-        } else {
-            START_HINT
-        };
-        (message, hint.to_owned())
+        nothing_answered(&unreachable)
     } else if let Some((endpoint, leader)) =
         answered.iter().find(|(_, reply)| reply.role == "leader")
     {
-        let detail = detail.map(plain_reason).filter(|detail| !detail.is_empty());
-        (
-            format!(
-                "the cluster did not answer in time{}; its leader is node {} at {endpoint}",
-                detail.map(|d| format!(" ({d})")).unwrap_or_default(),
-                leader.node_id,
-            ),
-            "the cluster may be overloaded or changing leader: retry, or allow more time \
-             with --timeout-ms"
-                .to_owned(),
-        )
+        slow_leader(endpoint, leader, detail)
     } else if answered
         .iter()
         .all(|(_, reply)| reply.cluster_id.is_empty() && reply.leader_id == 0)
     {
-        (
-            format!(
-                "the cluster is not initialised: {} answer but know no cluster{}",
-                answered_list(&answered),
-                unreachable_suffix(&unreachable),
-            ),
-            "start one node with --initialize and every member's --peer (`scripts/cluster.sh \
-             start` does), or point --endpoints at an initialised cluster"
-                .to_owned(),
-        )
+        not_initialised(&answered, &unreachable)
     } else if let Some(hint) = answered
         .iter()
         .map(|(_, reply)| reply)
         .find(|reply| !reply.leader_client_addr.is_empty())
     {
-        let said = probes
-            .iter()
-            .find(|(endpoint, _)| *endpoint == hint.leader_client_addr)
-            .map(|(_, answer)| match answer {
-                Err(error) => error.to_string(),
-                Ok(reply) => format!("it answers as {}", reply.role),
-            })
-            .unwrap_or_else(|| "it was not asked".to_owned());
-        (
-            format!(
-                "the nodes name node {} at {} as leader, but {said}",
-                hint.leader_id, hint.leader_client_addr
-            ),
-            "it may have just stopped (a new leader takes a second or two: retry), or its \
-             announced client address is not reachable from here (see `oncekv status`)"
-                .to_owned(),
-        )
+        unreachable_leader(probes, hint)
     } else {
-        (
-            format!(
-                "the cluster has no leader: {} answer{}",
-                answered_list(&answered),
-                unreachable_suffix(&unreachable),
-            ),
-            "an election may be under way, or too few voters are up for a majority: check \
-             `oncekv status`, start the stopped nodes (`scripts/cluster.sh start` for the \
-             local cluster) and retry"
-                .to_owned(),
-        )
+        no_leader(&answered, &unreachable)
     };
     Diagnosis {
         message,
         hint,
         nodes,
     }
+}
+
+/// No endpoint answered: (what happened, what to do).
+fn nothing_answered(unreachable: &[(String, String)]) -> (String, String) {
+    let message = match unreachable {
+        [(endpoints, cause)] => {
+            format!("cannot reach the cluster at {endpoints}: {cause}")
+        }
+        groups => format!("cannot reach the cluster: {}", join_groups(groups)),
+    };
+    let hint = if unreachable
+        .iter()
+        .all(|(_, cause)| *cause == Cause::UnknownHost.to_string())
+    {
+        "check the host names in --endpoints (HOST:PORT,...)"
+    } else {
+        START_HINT
+    };
+    (message, hint.to_owned())
+}
+
+/// The leader (at `endpoint`) answers its `Status`, but the call did not
+/// get through in time (`detail`: what the call saw).
+fn slow_leader(endpoint: &str, leader: &StatusReply, detail: Option<&str>) -> (String, String) {
+    let detail = detail.map(plain_reason).filter(|detail| !detail.is_empty());
+    (
+        format!(
+            "the cluster did not answer in time{}; its leader is node {} at {endpoint}",
+            detail.map(|d| format!(" ({d})")).unwrap_or_default(),
+            leader.node_id,
+        ),
+        "the cluster may be overloaded or changing leader: retry, or allow more time \
+         with --timeout-ms"
+            .to_owned(),
+    )
+}
+
+/// Nodes answer, but none knows a cluster.
+fn not_initialised(
+    answered: &[(&str, &StatusReply)],
+    unreachable: &[(String, String)],
+) -> (String, String) {
+    (
+        format!(
+            "the cluster is not initialised: {} answer but know no cluster{}",
+            answered_list(answered),
+            unreachable_suffix(unreachable),
+        ),
+        "start one node with --initialize and every member's --peer (`scripts/cluster.sh \
+         start` does), or point --endpoints at an initialised cluster"
+            .to_owned(),
+    )
+}
+
+/// The nodes name a leader (`hint` is a reply naming it) that did not
+/// answer as one.
+fn unreachable_leader(probes: &[&Probe], hint: &StatusReply) -> (String, String) {
+    let said = probes
+        .iter()
+        .find(|(endpoint, _)| *endpoint == hint.leader_client_addr)
+        .map(|(_, answer)| match answer {
+            Err(error) => error.to_string(),
+            Ok(reply) => format!("it answers as {}", reply.role),
+        })
+        .unwrap_or_else(|| "it was not asked".to_owned());
+    (
+        format!(
+            "the nodes name node {} at {} as leader, but {said}",
+            hint.leader_id, hint.leader_client_addr
+        ),
+        "it may have just stopped (a new leader takes a second or two: retry), or its \
+         announced client address is not reachable from here (see `oncekv status`)"
+            .to_owned(),
+    )
+}
+
+/// Nodes of a cluster answer, and none knows a leader.
+fn no_leader(
+    answered: &[(&str, &StatusReply)],
+    unreachable: &[(String, String)],
+) -> (String, String) {
+    (
+        format!(
+            "the cluster has no leader: {} answer{}",
+            answered_list(answered),
+            unreachable_suffix(unreachable),
+        ),
+        "an election may be under way, or too few voters are up for a majority: check \
+         `oncekv status`, start the stopped nodes (`scripts/cluster.sh start` for the \
+         local cluster) and retry"
+            .to_owned(),
+    )
 }
 
 /// The unreachable endpoints, grouped by cause (in order of first mention).

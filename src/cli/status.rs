@@ -12,7 +12,7 @@ use serde::Serialize;
 use tonic::transport::Endpoint;
 
 use super::CommonArgs;
-use super::kv::{EXIT_FAILED, EXIT_OK};
+use super::output::{EXIT_FAILED, EXIT_OK, EXIT_USAGE};
 use super::reach::{self, Cause, cause_of};
 use oncekv_wire::proto::client_client::ClientClient;
 use oncekv_wire::proto::{Member, StatusReply, StatusRequest};
@@ -33,7 +33,7 @@ pub async fn run(common: &CommonArgs) -> i32 {
         Ok(credentials) => credentials,
         Err(error) => {
             eprintln!("error: {error}");
-            return super::kv::EXIT_USAGE;
+            return EXIT_USAGE;
         }
     };
     let stdout = std::io::stdout();

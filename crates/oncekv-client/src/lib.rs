@@ -130,6 +130,73 @@ pub enum Error {
     KeyOutcomeUnknown { key: String, reason: String },
 }
 
+impl Error {
+    /// The error's stable name: the names the CLI's `--json` output gives
+    /// in its `kind` field (scripts match on them, so they never change).
+    /// Both unknown outcomes, a session's and a key's, are
+    /// `outcome_unknown`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::OutcomeUnknown { .. } | Error::KeyOutcomeUnknown { .. } => "outcome_unknown",
+            Error::Unavailable(_) => "unavailable",
+            Error::SessionExpired => "session_expired",
+            Error::WrongCluster { .. } => "wrong_cluster",
+            Error::SeqConflict { .. } => "seq_conflict",
+            Error::ResponseDiscarded { .. } => "response_discarded",
+            Error::InvalidArgument(_) => "invalid_argument",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::PermissionDenied(_) => "permission_denied",
+            Error::ResourceExhausted(_) => "resource_exhausted",
+            Error::LimitExceeded { .. } => "limit_exceeded",
+            Error::KeyConflict { .. } => "key_conflict",
+        }
+    }
+
+    /// The one mapping of a cluster's refusal to an error: the reason in
+    /// `status`'s detail (as `oncekv_wire::status` spells it), for the
+    /// request numbered `seq` (0 when it has none). A "this attempt" reason
+    /// (not the leader, cannot serve now, beyond the window) is
+    /// [`Error::Unavailable`], a capacity limit [`Error::ResourceExhausted`],
+    /// and `KEY_CONFLICT` an [`Error::KeyConflict`] naming no key (the
+    /// caller knows it). `None` when the status carries no reason: it failed
+    /// below the service (a transport failure, say), and what that means is
+    /// the caller's to say.
+    pub fn from_reason(status: &tonic::Status, seq: u64) -> Option<Error> {
+        let detail = error_detail(status)?;
+        let message = || status.message().to_string();
+        Some(match detail.reason() {
+            // (`Unspecified` never arrives: `error_detail` drops it.)
+            Reason::Unspecified
+            | Reason::NotLeader
+            | Reason::Unavailable
+            | Reason::TooManyOutstanding => Error::Unavailable(message()),
+            Reason::ResourceExhausted => Error::ResourceExhausted(message()),
+            Reason::SessionExpired => Error::SessionExpired,
+            Reason::WrongCluster => Error::WrongCluster {
+                expected: hex(&detail.expected_cluster_id),
+            },
+            Reason::SeqConflict => Error::SeqConflict { seq },
+            Reason::ResponseDiscarded => Error::ResponseDiscarded {
+                seq,
+                floor: detail.floor,
+            },
+            Reason::InvalidArgument => Error::InvalidArgument(message()),
+            Reason::LimitExceeded => match Limit::from_name(&detail.limit) {
+                Some(limit) => Error::LimitExceeded {
+                    limit,
+                    max: detail.limit_max,
+                    requested: detail.limit_requested,
+                },
+                // A limit this build does not know: still final.
+                None => Error::InvalidArgument(message()),
+            },
+            Reason::PermissionDenied => Error::PermissionDenied(message()),
+            Reason::Unauthenticated => Error::Unauthenticated(message()),
+            Reason::KeyConflict => Error::KeyConflict { key: String::new() },
+        })
+    }
+}
+
 impl From<LimitExceeded> for Error {
     fn from(exceeded: LimitExceeded) -> Error {
         Error::LimitExceeded {
@@ -286,34 +353,12 @@ fn classify<T>(result: Result<T, tonic::Status>) -> Attempt<T> {
     }
 }
 
+/// A final refusal of the request numbered `seq` (0 when none): its
+/// reason's error ([`Error::from_reason`]); with no reason, the status's own
+/// words as an invalid argument.
 fn final_error(status: &tonic::Status, seq: u64) -> Error {
-    let detail = error_detail(status);
-    match detail.as_ref().map(|detail| detail.reason()) {
-        Some(Reason::LimitExceeded) => {
-            let detail = detail.unwrap_or_default();
-            match Limit::from_name(&detail.limit) {
-                Some(limit) => Error::LimitExceeded {
-                    limit,
-                    max: detail.limit_max,
-                    requested: detail.limit_requested,
-                },
-                // A limit this build does not know: still final.
-                None => Error::InvalidArgument(status.message().to_string()),
-            }
-        }
-        Some(Reason::SessionExpired) => Error::SessionExpired,
-        Some(Reason::WrongCluster) => Error::WrongCluster {
-            expected: hex(&detail.map(|d| d.expected_cluster_id).unwrap_or_default()),
-        },
-        Some(Reason::SeqConflict) => Error::SeqConflict { seq },
-        Some(Reason::ResponseDiscarded) => Error::ResponseDiscarded {
-            seq,
-            floor: detail.map_or(0, |d| d.floor),
-        },
-        Some(Reason::Unauthenticated) => Error::Unauthenticated(status.message().to_string()),
-        Some(Reason::PermissionDenied) => Error::PermissionDenied(status.message().to_string()),
-        _ => Error::InvalidArgument(status.message().to_string()),
-    }
+    Error::from_reason(status, seq)
+        .unwrap_or_else(|| Error::InvalidArgument(status.message().to_string()))
 }
 
 /// The error of an idempotent call (no seq) that failed.
@@ -322,13 +367,10 @@ fn give_up(error: CallError) -> Error {
         CallError::Final(status) => final_error(&status, 0),
         // A capacity limit that stayed reached until the deadline is said
         // so (the caller backs off), not hidden behind "unavailable".
-        CallError::GaveUp { status, .. }
-            if error_detail(&status)
-                .is_some_and(|detail| detail.reason() == Reason::ResourceExhausted) =>
-        {
-            Error::ResourceExhausted(status.message().to_string())
-        }
-        CallError::GaveUp { status, .. } => Error::Unavailable(status.to_string()),
+        CallError::GaveUp { status, .. } => match Error::from_reason(&status, 0) {
+            Some(exhausted @ Error::ResourceExhausted(_)) => exhausted,
+            _ => Error::Unavailable(status.to_string()),
+        },
     }
 }
 
@@ -637,7 +679,7 @@ impl Client {
                     );
                 }
                 Attempt::Final(status) => {
-                    if error_detail(&status).is_none() {
+                    let Some(error) = Error::from_reason(&status, seq) else {
                         // Refused below the registry (a transport or server
                         // fault, no reason of ours): this attempt may have
                         // reached the log, so nothing definite is known.
@@ -646,8 +688,7 @@ impl Client {
                             reason: format!("{:?}: {}", status.code(), status.message()),
                             fenced: false,
                         });
-                    }
-                    let error = final_error(&status, seq);
+                    };
                     if error == Error::SessionExpired {
                         session
                             .expired
@@ -776,20 +817,14 @@ impl Client {
                     });
                 }
                 Attempt::Final(status) => {
-                    let Some(detail) = error_detail(&status) else {
+                    return Err(match Error::from_reason(&status, 0) {
                         // Refused below the registry: this attempt may have
                         // reached the log.
-                        return Err(unknown(format!(
-                            "{:?}: {}",
-                            status.code(),
-                            status.message()
-                        )));
-                    };
-                    return Err(match detail.reason() {
-                        Reason::KeyConflict => Error::KeyConflict {
+                        None => unknown(format!("{:?}: {}", status.code(), status.message())),
+                        Some(Error::KeyConflict { .. }) => Error::KeyConflict {
                             key: key.to_string(),
                         },
-                        _ => final_error(&status, 0),
+                        Some(error) => error,
                     });
                 }
                 Attempt::Retry { status, hint } => {
@@ -1176,6 +1211,156 @@ mod tests {
                 max: 256,
                 requested: 300
             }
+        );
+    }
+
+    /// Every error has its stable name, the CLI's `--json` `kind`.
+    #[test]
+    fn every_error_has_its_stable_kind() {
+        let cases = [
+            (
+                Error::OutcomeUnknown {
+                    seq: 1,
+                    reason: "deadline".into(),
+                    fenced: true,
+                },
+                "outcome_unknown",
+            ),
+            (Error::Unavailable("x".into()), "unavailable"),
+            (Error::SessionExpired, "session_expired"),
+            (
+                Error::WrongCluster {
+                    expected: "ab".into(),
+                },
+                "wrong_cluster",
+            ),
+            (Error::SeqConflict { seq: 1 }, "seq_conflict"),
+            (
+                Error::ResponseDiscarded { seq: 1, floor: 2 },
+                "response_discarded",
+            ),
+            (Error::InvalidArgument("x".into()), "invalid_argument"),
+            (Error::Unauthenticated("x".into()), "unauthenticated"),
+            (Error::PermissionDenied("x".into()), "permission_denied"),
+            (Error::ResourceExhausted("x".into()), "resource_exhausted"),
+            (
+                Error::LimitExceeded {
+                    limit: Limit::ValueBytes,
+                    max: 1,
+                    requested: 2,
+                },
+                "limit_exceeded",
+            ),
+            (Error::KeyConflict { key: "k".into() }, "key_conflict"),
+            (
+                Error::KeyOutcomeUnknown {
+                    key: "k".into(),
+                    reason: "deadline".into(),
+                },
+                "outcome_unknown",
+            ),
+        ];
+        // No wildcard: a new variant does not compile until it is numbered
+        // here, and then the coverage check asks for its case above.
+        let variant = |error: &Error| match error {
+            Error::OutcomeUnknown { .. } => 0,
+            Error::Unavailable(_) => 1,
+            Error::SessionExpired => 2,
+            Error::WrongCluster { .. } => 3,
+            Error::SeqConflict { .. } => 4,
+            Error::ResponseDiscarded { .. } => 5,
+            Error::InvalidArgument(_) => 6,
+            Error::Unauthenticated(_) => 7,
+            Error::PermissionDenied(_) => 8,
+            Error::ResourceExhausted(_) => 9,
+            Error::LimitExceeded { .. } => 10,
+            Error::KeyConflict { .. } => 11,
+            Error::KeyOutcomeUnknown { .. } => 12,
+        };
+        let covered: std::collections::BTreeSet<usize> =
+            cases.iter().map(|(error, _)| variant(error)).collect();
+        assert_eq!(covered, (0..13).collect(), "every variant has a case");
+        for (error, kind) in &cases {
+            assert_eq!(error.kind(), *kind, "{error:?}");
+        }
+    }
+
+    /// Every wire reason maps to one error (its detail kept); a status
+    /// without a reason is the caller's to judge.
+    #[test]
+    fn every_reason_maps_to_one_error() {
+        let kind_of = |reason: ErrorReason| {
+            Error::from_reason(&reason_status(reason), 7).map(|error| error.kind())
+        };
+        let cases = [
+            (
+                ErrorReason::NotLeader {
+                    leader_id: None,
+                    leader_client_addr: None,
+                },
+                "unavailable",
+            ),
+            (ErrorReason::Unavailable("no quorum".into()), "unavailable"),
+            (ErrorReason::Deadline, "unavailable"),
+            (
+                ErrorReason::TooManyOutstanding {
+                    floor: 1,
+                    window: 4,
+                },
+                "unavailable",
+            ),
+            (
+                ErrorReason::ResourceExhausted(Limit::Keys),
+                "resource_exhausted",
+            ),
+            (ErrorReason::SessionExpired, "session_expired"),
+            (
+                ErrorReason::WrongCluster(oncekv_core::ClusterId(0xab)),
+                "wrong_cluster",
+            ),
+            (ErrorReason::SeqConflict, "seq_conflict"),
+            (ErrorReason::KeyConflict, "key_conflict"),
+            (
+                ErrorReason::ResponseDiscarded { floor: 9 },
+                "response_discarded",
+            ),
+            (
+                ErrorReason::InvalidArgument("bad".into()),
+                "invalid_argument",
+            ),
+            (
+                ErrorReason::LimitExceeded(LimitExceeded {
+                    limit: Limit::KeyBytes,
+                    max: 4,
+                    requested: 5,
+                }),
+                "limit_exceeded",
+            ),
+            (
+                ErrorReason::Unauthenticated("who".into()),
+                "unauthenticated",
+            ),
+            (
+                ErrorReason::PermissionDenied("role".into()),
+                "permission_denied",
+            ),
+        ];
+        for (reason, kind) in cases {
+            assert_eq!(kind_of(reason.clone()), Some(kind), "{reason:?}");
+        }
+        let discarded = reason_status(ErrorReason::ResponseDiscarded { floor: 9 });
+        assert_eq!(
+            Error::from_reason(&discarded, 7),
+            Some(Error::ResponseDiscarded { seq: 7, floor: 9 })
+        );
+        let denied = reason_status(ErrorReason::PermissionDenied("role".into()));
+        assert_eq!(
+            Error::from_reason(&denied, 0),
+            Some(Error::PermissionDenied("role".into()))
+        );
+        assert_eq!(
+            Error::from_reason(&tonic::Status::unavailable("tcp connect error"), 1),
+            None
         );
     }
 
