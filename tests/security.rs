@@ -9,6 +9,8 @@
 mod support;
 
 use oncekv_client::credentials::{AuthChannel, CredentialPaths, Credentials};
+use oncekv_client::policy::{CallError, Follower};
+use oncekv_client::retry::Backoff;
 use oncekv_client::{Client, ClientConfig};
 use oncekv_wire::proto::raft_client::RaftClient;
 use oncekv_wire::proto::{self, Reason, admin_client::AdminClient, client_client::ClientClient};
@@ -18,6 +20,12 @@ use support::cluster::{Cluster, NODES, Timing, make_certs};
 use support::metrics::counter;
 use support::raw::reason;
 use tonic::Code;
+
+/// Pause between tries of [`on_leader`].
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(50),
+    cap: Duration::from_millis(50),
+};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -58,10 +66,10 @@ fn assert_refused<T: std::fmt::Debug>(
     assert_eq!(reason(&status), Some(wire), "{what}: {status:?}");
 }
 
-/// Calls the leader's `Client` service with `credentials`, again on another
-/// node while the answer is NOT_LEADER or UNAVAILABLE (a leader change
-/// under a loaded machine), for up to a minute; returns the first other
-/// answer.
+/// Calls the leader's `Client` service with `credentials` by the client
+/// library's one leader-following policy (hints followed, NOT_LEADER and
+/// UNAVAILABLE tried again elsewhere), for up to a minute; returns the
+/// first other answer.
 async fn on_leader<T, F, Fut>(
     cluster: &Cluster,
     credentials: &Credentials,
@@ -71,22 +79,11 @@ where
     F: Fn(ClientClient<AuthChannel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    let follower = Follower::new(cluster.client_addrs(), BACKOFF);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
-        let answer = call(client_of(credentials, &cluster.client_addr(leader))).await;
-        let again = match &answer {
-            Err(status) => matches!(
-                reason(status),
-                Some(Reason::NotLeader | Reason::Unavailable)
-            ),
-            Ok(_) => false,
-        };
-        if !again || tokio::time::Instant::now() > deadline {
-            return answer;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let connect = |addr: &str| Ok(client_of(credentials, addr));
+    let (answer, _attempts) = follower.call(deadline, Duration::MAX, connect, call).await;
+    answer.map_err(CallError::into_status)
 }
 
 fn register_request(nonce: u128) -> proto::RegisterRequest {

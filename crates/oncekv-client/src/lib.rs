@@ -342,6 +342,36 @@ enum Attempt<T> {
     Final(tonic::Status),
 }
 
+/// What a refusal for good of attempt number `attempt` of `seq` means to
+/// the caller. A refusal without a registry reason (a transport or server
+/// fault) may have followed an attempt that reached the log: unknown. So
+/// may a session expiry after an earlier attempt; an expiry marks the
+/// session expired either way.
+fn final_execute_error(session: &Session, status: &tonic::Status, seq: u64, attempt: u32) -> Error {
+    let Some(error) = Error::from_reason(status, seq) else {
+        return Error::OutcomeUnknown {
+            seq,
+            reason: format!("{:?}: {}", status.code(), status.message()),
+            fenced: false,
+        };
+    };
+    if error != Error::SessionExpired {
+        return error;
+    }
+    session
+        .expired
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    if attempt == 0 {
+        Error::SessionExpired
+    } else {
+        Error::OutcomeUnknown {
+            seq,
+            reason: "session expired".into(),
+            fenced: false,
+        }
+    }
+}
+
 /// An attempt's answer or failure, by the one policy ([`policy::verdict`]).
 fn classify<T>(result: Result<T, tonic::Status>) -> Attempt<T> {
     match result {
@@ -636,38 +666,10 @@ impl Client {
                 first_outstanding_seq: session.first_outstanding(),
                 command: Some(proto_command.clone()),
             };
-            session.sent();
-            let target = self.leader_endpoint()?;
-            let mut client = self.channel(&target)?;
-            let mut call = tonic::Request::new(request);
-            call.set_timeout(self.attempt_timeout(deadline));
-            tracing::trace!(attempt, endpoint = %target, "attempt");
-            let observe = |outcome: AttemptOutcome| {
-                if let Some(observer) = &self.inner.config.observer {
-                    (observer.0)(&AttemptEvent {
-                        client_id: session.client_id,
-                        seq,
-                        attempt,
-                        endpoint: target.clone(),
-                        outcome,
-                    });
-                }
-            };
-            observe(AttemptOutcome::Started);
-            let answer = classify(client.execute(call).await);
-            observe(match &answer {
-                Attempt::Done(reply) => AttemptOutcome::Answered {
-                    duplicate: reply.get_ref().duplicate,
-                    log_index: reply.get_ref().log_index,
-                },
-                Attempt::Retry { status, .. } => AttemptOutcome::Retry {
-                    reason: status_reason(status),
-                },
-                Attempt::Final(status) => AttemptOutcome::Final {
-                    reason: status_reason(status),
-                },
-            });
-            match answer {
+            match self
+                .execute_attempt(session, request, attempt, deadline)
+                .await?
+            {
                 Attempt::Done(reply) => {
                     // Executed, but the answer is unreadable: unknown to us.
                     return convert::result_from_proto(reply.into_inner().result).map_err(
@@ -679,33 +681,7 @@ impl Client {
                     );
                 }
                 Attempt::Final(status) => {
-                    let Some(error) = Error::from_reason(&status, seq) else {
-                        // Refused below the registry (a transport or server
-                        // fault, no reason of ours): this attempt may have
-                        // reached the log, so nothing definite is known.
-                        return Err(Error::OutcomeUnknown {
-                            seq,
-                            reason: format!("{:?}: {}", status.code(), status.message()),
-                            fenced: false,
-                        });
-                    };
-                    if error == Error::SessionExpired {
-                        session
-                            .expired
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
-                        // An earlier attempt may have executed before the
-                        // session expired: the outcome is unknown.
-                        return Err(if attempt == 0 {
-                            Error::SessionExpired
-                        } else {
-                            Error::OutcomeUnknown {
-                                seq,
-                                reason: "session expired".into(),
-                                fenced: false,
-                            }
-                        });
-                    }
-                    return Err(error);
+                    return Err(final_execute_error(session, &status, seq, attempt));
                 }
                 Attempt::Retry { status, hint } => {
                     failures.note(&status);
@@ -724,6 +700,52 @@ impl Client {
             }
             attempt += 1;
         }
+    }
+
+    /// Sends attempt number `attempt` of `request` to the leader as we
+    /// know it, within its share of `deadline`, tells the observer (if
+    /// any) that it started and how it ended, and classifies the answer by
+    /// the one policy.
+    async fn execute_attempt(
+        &self,
+        session: &Session,
+        request: proto::ExecuteRequest,
+        attempt: u32,
+        deadline: Instant,
+    ) -> Result<Attempt<tonic::Response<proto::ExecuteReply>>, Error> {
+        let seq = request.seq;
+        session.sent();
+        let target = self.leader_endpoint()?;
+        let mut client = self.channel(&target)?;
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(self.attempt_timeout(deadline));
+        tracing::trace!(attempt, endpoint = %target, "attempt");
+        let observe = |outcome: AttemptOutcome| {
+            if let Some(observer) = &self.inner.config.observer {
+                (observer.0)(&AttemptEvent {
+                    client_id: session.client_id,
+                    seq,
+                    attempt,
+                    endpoint: target.clone(),
+                    outcome,
+                });
+            }
+        };
+        observe(AttemptOutcome::Started);
+        let answer = classify(client.execute(call).await);
+        observe(match &answer {
+            Attempt::Done(reply) => AttemptOutcome::Answered {
+                duplicate: reply.get_ref().duplicate,
+                log_index: reply.get_ref().log_index,
+            },
+            Attempt::Retry { status, .. } => AttemptOutcome::Retry {
+                reason: status_reason(status),
+            },
+            Attempt::Final(status) => AttemptOutcome::Final {
+                reason: status_reason(status),
+            },
+        });
+        Ok(answer)
     }
 
     /// Executes `command` with no session: AT-LEAST-ONCE. Retried on "this

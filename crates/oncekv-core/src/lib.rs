@@ -735,21 +735,7 @@ impl Registry {
         self.check_cluster(Some(cluster_id))?;
         let keyed = self.keyed_config;
         // Step 2: the key itself.
-        if key.0.is_empty() {
-            return Err(Rejection::InvalidArgument(
-                InvalidArgument::EmptyIdempotencyKey,
-            ));
-        }
-        if key.0.len() as u64 > keyed.idempotency_key_bytes_max {
-            return Err(Rejection::LimitExceeded {
-                exceeded: LimitExceeded {
-                    limit: Limit::IdempotencyKeyBytes,
-                    max: keyed.idempotency_key_bytes_max,
-                    requested: key.0.len() as u64,
-                },
-                duplicate: false,
-            });
-        }
+        check_idempotency_key(key, &keyed)?;
         // Step 3: a record of the key.
         let id: KeyId = (principal.clone(), key.clone());
         let fingerprint = fingerprint::fingerprint(command);
@@ -773,34 +759,7 @@ impl Registry {
             };
         }
         // Step 4: limits, before any effect.
-        check_key(command)?;
-        let config = self.config;
-        let planned = match self.kv.plan(command, &config) {
-            Ok(plan) => Ok(plan),
-            Err(Refusal::Exceeded(exceeded)) => Err(exceeded),
-            Err(Refusal::Exhausted(limit)) => return Err(Rejection::ResourceExhausted(limit)),
-        };
-        // A record that would not fit even in an empty store can never be
-        // kept: a limit of the request (given the data), like the rest.
-        let planned = match planned {
-            Ok(plan) => {
-                let size = key_record_size_bytes(principal, key, plan.result.cached_size_bytes());
-                if size > keyed.idempotency_cached_bytes_max {
-                    Err(LimitExceeded {
-                        limit: Limit::IdempotencyCachedBytes,
-                        max: keyed.idempotency_cached_bytes_max,
-                        requested: size,
-                    })
-                } else {
-                    Ok(plan)
-                }
-            }
-            other => other,
-        };
-        let (response, effect) = match planned {
-            Ok(plan) => (Ok(plan.result), Some(plan.effect)),
-            Err(exceeded) => (Err(exceeded), None),
-        };
+        let (response, effect) = self.plan_keyed(command, principal, key)?;
         if self.keys.len() as u64 >= keyed.idempotency_keys_max {
             return Err(Rejection::ResourceExhausted(Limit::IdempotencyKeys));
         }
@@ -823,6 +782,37 @@ impl Registry {
             self.kv.apply(command.key(), effect);
         }
         Ok(answer(response, false))
+    }
+
+    /// A keyed command's response and effect, its limits checked (step 4 of
+    /// a keyed request): a command that breaks a limit by itself, or whose
+    /// record would not fit even in an empty key store (a limit of the
+    /// request, given the data, like the rest), has that refusal as its
+    /// recorded response and no effect; a capacity limit reached is a
+    /// rejection, recorded nowhere.
+    fn plan_keyed(
+        &self,
+        command: &Command,
+        principal: &Principal,
+        key: &IdempotencyKey,
+    ) -> Result<(Result<CommandResult, LimitExceeded>, Option<kv::Effect>), Rejection> {
+        check_key(command)?;
+        let plan = match self.kv.plan(command, &self.config) {
+            Ok(plan) => plan,
+            Err(Refusal::Exceeded(exceeded)) => return Ok((Err(exceeded), None)),
+            Err(Refusal::Exhausted(limit)) => return Err(Rejection::ResourceExhausted(limit)),
+        };
+        let max = self.keyed_config.idempotency_cached_bytes_max;
+        let size = key_record_size_bytes(principal, key, plan.result.cached_size_bytes());
+        if size > max {
+            let exceeded = LimitExceeded {
+                limit: Limit::IdempotencyCachedBytes,
+                max,
+                requested: size,
+            };
+            return Ok((Err(exceeded), None));
+        }
+        Ok((Ok(plan.result), Some(plan.effect)))
     }
 
     /// An operator's removal of a key's record, through the log.
@@ -875,6 +865,27 @@ fn check_floor_bound(
                 bound_seq,
             },
         ));
+    }
+    Ok(())
+}
+
+/// Step 2 of a keyed request: an idempotency key is not empty and within
+/// its configured length.
+fn check_idempotency_key(key: &IdempotencyKey, keyed: &KeyedConfig) -> Result<(), Rejection> {
+    if key.0.is_empty() {
+        return Err(Rejection::InvalidArgument(
+            InvalidArgument::EmptyIdempotencyKey,
+        ));
+    }
+    if key.0.len() as u64 > keyed.idempotency_key_bytes_max {
+        return Err(Rejection::LimitExceeded {
+            exceeded: LimitExceeded {
+                limit: Limit::IdempotencyKeyBytes,
+                max: keyed.idempotency_key_bytes_max,
+                requested: key.0.len() as u64,
+            },
+            duplicate: false,
+        });
     }
     Ok(())
 }
