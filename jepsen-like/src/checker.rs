@@ -397,6 +397,9 @@ fn check_lists(
     }
 }
 
+/// One replica's copy of one list key against every append to it: each
+/// value once, only values appended, every acknowledged one present at the
+/// length it was acknowledged with, in real-time and per-client order.
 fn check_list(
     node: u64,
     key: &str,
@@ -404,6 +407,35 @@ fn check_list(
     written: &BTreeMap<&str, Written>,
     findings: &mut Findings,
 ) {
+    let duplicated = check_list_phantoms(node, key, list, written, findings);
+    // Positions of the first occurrence (a duplicate's later copy is
+    // already counted).
+    let mut first_positions: BTreeMap<&str, usize> = BTreeMap::new();
+    for (position, value) in list.iter().enumerate() {
+        first_positions.entry(value.as_str()).or_insert(position);
+    }
+    for value in &duplicated {
+        findings.safety.duplicated += 1;
+        let count = list.iter().filter(|v| v.as_str() == *value).count();
+        findings.problem(format!(
+            "node {node}: {value} appears {count} times in {key:?}"
+        ));
+    }
+    check_list_acknowledged(node, key, written, &first_positions, findings);
+    check_list_real_time_order(node, key, written, &first_positions, findings);
+    check_list_client_order(node, key, written, &first_positions, findings);
+}
+
+/// *Phantoms* in one list: values never appended, or whose every request
+/// failed (each value's first copy only); returns the values present more
+/// than once.
+fn check_list_phantoms<'l>(
+    node: u64,
+    key: &str,
+    list: &'l [String],
+    written: &BTreeMap<&str, Written>,
+    findings: &mut Findings,
+) -> BTreeSet<&'l str> {
     let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
     let mut duplicated = BTreeSet::new();
     for (position, value) in list.iter().enumerate() {
@@ -423,19 +455,18 @@ fn check_list(
             ));
         }
     }
-    // Positions of the first occurrence (a duplicate's later copy is
-    // already counted).
-    let mut first_positions: BTreeMap<&str, usize> = BTreeMap::new();
-    for (position, value) in list.iter().enumerate() {
-        first_positions.entry(value.as_str()).or_insert(position);
-    }
-    for value in &duplicated {
-        findings.safety.duplicated += 1;
-        let count = list.iter().filter(|v| v.as_str() == *value).count();
-        findings.problem(format!(
-            "node {node}: {value} appears {count} times in {key:?}"
-        ));
-    }
+    duplicated
+}
+
+/// *Lost* acknowledged appends, and *reply mismatches*: an acknowledged
+/// length that is not the value's position + 1.
+fn check_list_acknowledged(
+    node: u64,
+    key: &str,
+    written: &BTreeMap<&str, Written>,
+    first_positions: &BTreeMap<&str, usize>,
+    findings: &mut Findings,
+) {
     for (value, record) in written {
         let position = first_positions.get(value).copied();
         if record.acked_ns.is_some() && position.is_none() {
@@ -457,7 +488,17 @@ fn check_list(
             }
         }
     }
-    // Real-time order of acknowledged appends (any clients).
+}
+
+/// *Order violations* in real time (any clients): an append acknowledged
+/// before another began must precede it.
+fn check_list_real_time_order(
+    node: u64,
+    key: &str,
+    written: &BTreeMap<&str, Written>,
+    first_positions: &BTreeMap<&str, usize>,
+    findings: &mut Findings,
+) {
     let items: Vec<OrderItem> = written
         .iter()
         .map(|(value, record)| OrderItem {
@@ -474,7 +515,17 @@ fn check_list(
             "node {node}: {b} precedes {a} in {key:?}, but {a} was acknowledged before {b} began"
         ));
     }
-    // Per-client order: any completion of an earlier request of the same client.
+}
+
+/// *Order violations* per client: any completion of an earlier request of
+/// the same client must precede its later ones.
+fn check_list_client_order(
+    node: u64,
+    key: &str,
+    written: &BTreeMap<&str, Written>,
+    first_positions: &BTreeMap<&str, usize>,
+    findings: &mut Findings,
+) {
     let items: Vec<OrderItem> = written
         .iter()
         .map(|(value, record)| OrderItem {
@@ -586,18 +637,47 @@ fn keyed_groups<'a>(
     groups
 }
 
+/// The keyed workload's checks: each key's answers, then the keyed lists
+/// and counters every replica holds against what the keys carried.
 fn check_keyed(
     operations: &[Operation],
     reads: &[(u64, &BTreeMap<String, FinalValue>)],
     findings: &mut Findings,
 ) {
     let groups = keyed_groups(operations, findings);
-    let mut lists: BTreeMap<&str, BTreeMap<&str, KeyedValue>> = BTreeMap::new();
-    // (counter key, the key's operation as one, delta, returned value)
-    let mut counted: Vec<(&str, Operation, i64, Option<i64>)> = Vec::new();
-    let mut unknown_deltas: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for (idempotency_key, group) in &groups {
         check_keyed_answers(idempotency_key, group, findings);
+    }
+    let writes = KeyedWrites::of(&groups);
+    check_keyed_lists(&writes.lists, reads, findings);
+    check_keyed_counters(&writes, reads, findings);
+}
+
+/// What the keys carried, by data key.
+#[derive(Default)]
+struct KeyedWrites<'a> {
+    /// Each keyed list's values (those of conflicting commands included).
+    lists: BTreeMap<&'a str, BTreeMap<&'a str, KeyedValue<'a>>>,
+    /// Each acknowledged increment once: (counter key, the key's operation
+    /// as one, delta, returned value).
+    counted: Vec<(&'a str, Operation, i64, Option<i64>)>,
+    /// The deltas of increments whose keys were never acknowledged but may
+    /// have executed.
+    unknown_deltas: BTreeMap<&'a str, Vec<i64>>,
+}
+
+impl<'a> KeyedWrites<'a> {
+    fn of(groups: &BTreeMap<&'a str, KeyedGroup<'a>>) -> KeyedWrites<'a> {
+        let mut writes = KeyedWrites::default();
+        for (idempotency_key, group) in groups {
+            writes.add_conflicts(idempotency_key, group);
+            writes.add_target(idempotency_key, group);
+        }
+        writes
+    }
+
+    /// The values of a key's conflicting appends: they must never appear.
+    fn add_conflicts(&mut self, idempotency_key: &'a str, group: &KeyedGroup<'a>) {
         for conflict in &group.conflicts {
             if let Op::Keyed {
                 key,
@@ -605,7 +685,7 @@ fn check_keyed(
                 ..
             } = &conflict.op
             {
-                lists.entry(key).or_default().insert(
+                self.lists.entry(key).or_default().insert(
                     value,
                     KeyedValue {
                         idempotency_key,
@@ -617,8 +697,13 @@ fn check_keyed(
                 );
             }
         }
+    }
+
+    /// The key's own command: its list value, or its increment (counted
+    /// once from its earliest invoke and first answer, or unknown).
+    fn add_target(&mut self, idempotency_key: &'a str, group: &KeyedGroup<'a>) {
         let Some((key, command)) = group.target else {
-            continue;
+            return;
         };
         match command {
             KeyedCommand::Append { value } => {
@@ -629,7 +714,7 @@ fn check_keyed(
                         _ => None,
                     })
                     .collect();
-                lists.entry(key).or_default().insert(
+                self.lists.entry(key).or_default().insert(
                     value,
                     KeyedValue {
                         idempotency_key,
@@ -650,17 +735,25 @@ fn check_keyed(
                         };
                         let mut whole = call.clone();
                         whole.invoke_ns = group.invoke_ns();
-                        counted.push((key, whole, *delta, returned));
+                        self.counted.push((key, whole, *delta, returned));
                     }
                     None if group.unknown() => {
-                        unknown_deltas.entry(key).or_default().push(*delta);
+                        self.unknown_deltas.entry(key).or_default().push(*delta);
                     }
                     None => {}
                 }
             }
         }
     }
-    for (key, values) in &lists {
+}
+
+/// Every replica's keyed lists against the values the keys carried.
+fn check_keyed_lists(
+    lists: &BTreeMap<&str, BTreeMap<&str, KeyedValue>>,
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
+    for (key, values) in lists {
         for (node, final_values) in reads {
             let list: &[String] = match final_values.get(*key) {
                 Some(FinalValue::List(list)) => list,
@@ -676,34 +769,28 @@ fn check_keyed(
             check_keyed_list(*node, key, list, values, findings);
         }
     }
-    // The keyed counters, through the session workload's counter checks.
+}
+
+/// *Keyed counter violations*: the keyed counters, through the session
+/// workload's counter checks, counted and described as keyed.
+fn check_keyed_counters(
+    writes: &KeyedWrites,
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
     let mut counters: BTreeMap<&str, Counter> = BTreeMap::new();
-    for (key, operation, delta, returned) in &counted {
+    for (key, operation, delta, returned) in &writes.counted {
         counters
             .entry(key)
             .or_default()
             .acked
             .push((operation, *delta, *returned));
     }
-    for (key, deltas) in &unknown_deltas {
+    for (key, deltas) in &writes.unknown_deltas {
         counters.entry(key).or_default().unknown.extend(deltas);
     }
     let mut scratch = Findings::default();
-    for (key, counter) in &counters {
-        check_returned_values(key, counter, &mut scratch);
-        for (node, values) in reads {
-            let final_value = match values.get(*key) {
-                Some(FinalValue::Int(value)) => *value,
-                None | Some(FinalValue::Absent) => 0,
-                Some(other) => {
-                    scratch.safety.counter_violations += 1;
-                    scratch.problem(format!("node {node}: counter {key:?} holds {other:?}"));
-                    continue;
-                }
-            };
-            check_final_counter(*node, key, counter, final_value, &mut scratch);
-        }
-    }
+    check_counter_values(&counters, reads, &mut scratch);
     findings.safety.keyed_counter_violations +=
         scratch.safety.counter_violations + scratch.safety.order_violations;
     for problem in scratch.problems {
@@ -934,7 +1021,16 @@ fn check_counters(
             EventType::Fail => {}
         }
     }
-    for (key, counter) in &counters {
+    check_counter_values(&counters, reads, findings);
+}
+
+/// Each counter's returned values, and its final value on every replica.
+fn check_counter_values(
+    counters: &BTreeMap<&str, Counter>,
+    reads: &[(u64, &BTreeMap<String, FinalValue>)],
+    findings: &mut Findings,
+) {
+    for (key, counter) in counters {
         check_returned_values(key, counter, findings);
         for (node, values) in reads {
             let final_value = match values.get(*key) {
@@ -1145,6 +1241,23 @@ impl<'a> ListIndex<'a> {
         complete_ns: u64,
         final_list: Option<&[String]>,
     ) -> Vec<String> {
+        let (mut issues, seen, acked_before) = self.element_issues(list, invoke_ns, complete_ns);
+        issues.extend(self.stale_issue(&seen, acked_before, invoke_ns));
+        if let Some(final_list) = final_list {
+            issues.extend(prefix_issue(list, final_list));
+        }
+        issues
+    }
+
+    /// What is wrong with the elements themselves (the first of each kind:
+    /// twice, never appended, only failed, from the future); also the
+    /// elements seen and how many were acknowledged before the read began.
+    fn element_issues<'l>(
+        &self,
+        list: &'l [String],
+        invoke_ns: u64,
+        complete_ns: u64,
+    ) -> (Vec<String>, BTreeSet<&'l str>, usize) {
         let mut issues = Vec::new();
         let mut seen: BTreeSet<&str> = BTreeSet::new();
         let mut acked_before = 0usize;
@@ -1185,41 +1298,51 @@ impl<'a> ListIndex<'a> {
                 ns(at)
             ));
         }
-        let expected = self.acked.partition_point(|(at, _)| *at < invoke_ns);
-        if acked_before < expected {
-            let missing: Vec<&(u64, &str)> = self.acked[..expected]
-                .iter()
-                .filter(|(_, value)| !seen.contains(value))
-                .collect();
-            if let Some((at, value)) = missing.first() {
-                issues.push(format!(
-                    "is stale: misses {value}, acknowledged at {} before the read began \
-                     ({} acknowledged appends missing in all)",
-                    ns(*at),
-                    missing.len()
-                ));
-            }
-        }
-        if let Some(final_list) = final_list {
-            let differs = list
-                .iter()
-                .zip(final_list)
-                .position(|(a, b)| a != b)
-                .or((list.len() > final_list.len()).then_some(final_list.len()));
-            if let Some(position) = differs {
-                issues.push(format!(
-                    "is no prefix of the final list: position {} holds {} where the final \
-                     list holds {}",
-                    position + 1,
-                    list[position],
-                    final_list
-                        .get(position)
-                        .map_or("nothing", |value| value.as_str())
-                ));
-            }
-        }
-        issues
+        (issues, seen, acked_before)
     }
+
+    /// Stale: some append acknowledged before the read began is missing
+    /// (`acked_before` of them were seen).
+    fn stale_issue(
+        &self,
+        seen: &BTreeSet<&str>,
+        acked_before: usize,
+        invoke_ns: u64,
+    ) -> Option<String> {
+        let expected = self.acked.partition_point(|(at, _)| *at < invoke_ns);
+        if acked_before >= expected {
+            return None;
+        }
+        let missing: Vec<&(u64, &str)> = self.acked[..expected]
+            .iter()
+            .filter(|(_, value)| !seen.contains(value))
+            .collect();
+        let (at, value) = missing.first()?;
+        Some(format!(
+            "is stale: misses {value}, acknowledged at {} before the read began \
+             ({} acknowledged appends missing in all)",
+            ns(*at),
+            missing.len()
+        ))
+    }
+}
+
+/// The read `list` must be a prefix of the list the replicas hold at the end.
+fn prefix_issue(list: &[String], final_list: &[String]) -> Option<String> {
+    let position = list
+        .iter()
+        .zip(final_list)
+        .position(|(a, b)| a != b)
+        .or((list.len() > final_list.len()).then_some(final_list.len()))?;
+    Some(format!(
+        "is no prefix of the final list: position {} holds {} where the final \
+         list holds {}",
+        position + 1,
+        list[position],
+        final_list
+            .get(position)
+            .map_or("nothing", |value| value.as_str())
+    ))
 }
 
 /// The increments of one counter key, sorted for the read bounds.
@@ -1357,26 +1480,16 @@ fn ns(at: u64) -> String {
     format!("{:.3} s", at as f64 / 1e9)
 }
 
+/// *Read violations*: every answered read against the writes of its key
+/// and the final state, then against the reads before it; at most one
+/// violation per read.
 fn check_reads(
     operations: &[Operation],
     lists: &ListWrites,
     final_values: Option<&BTreeMap<String, FinalValue>>,
     findings: &mut Findings,
 ) {
-    let list_indexes: BTreeMap<&str, ListIndex> = lists
-        .iter()
-        .map(|(key, written)| (*key, ListIndex::new(written)))
-        .collect();
-    let mut increments: BTreeMap<&str, Vec<(&Operation, i64)>> = BTreeMap::new();
-    for operation in operations {
-        if let Op::Increment { key, delta } = &operation.op {
-            increments.entry(key).or_default().push((operation, *delta));
-        }
-    }
-    let counter_indexes: BTreeMap<&str, CounterIndex> = increments
-        .iter()
-        .map(|(key, increments)| (*key, CounterIndex::new(increments)))
-        .collect();
+    let indexes = ReadIndexes::new(operations, lists);
     // Each process's last successful list read of each key, to rebuild the
     // next one from.
     let mut previous: BTreeMap<(Process, &str), Vec<String>> = BTreeMap::new();
@@ -1395,24 +1508,8 @@ fn check_reads(
         let list = previous
             .entry((operation.process, key.as_str()))
             .or_default();
-        let found = match &done.reply {
-            Some(Reply::ReadList { shared, tail }) => {
-                if let Err(error) = history::rebuild_list_read(list, *shared, tail) {
-                    findings.safety.malformed += 1;
-                    findings.problem(format!(
-                        "malformed history: {:?} op {}: {error}",
-                        operation.process, operation.op_id
-                    ));
-                    continue;
-                }
-                Found::List(list)
-            }
-            Some(Reply::ReadInt { value }) => Found::Int(*value),
-            Some(Reply::ReadAbsent) => {
-                list.clear();
-                Found::Absent
-            }
-            other => Found::Other(format!("{other:?}")),
+        let Some(found) = found(operation, done, list, findings) else {
+            continue;
         };
         let (invoke_ns, complete_ns) = (operation.invoke_ns, done.time_ns);
         // The list the replicas hold at the end (absent: empty).
@@ -1420,11 +1517,104 @@ fn check_reads(
             Some(FinalValue::List(list)) => list.as_slice(),
             _ => &[],
         });
-        let (measure, issues) = match (
-            list_indexes.get(key.as_str()),
-            counter_indexes.get(key.as_str()),
-            &found,
-        ) {
+        let (measure, issues) = indexes.judge(key, &found, invoke_ns, complete_ns, final_list);
+        records.push(ReadRecord {
+            process: operation.process,
+            op_id: operation.op_id,
+            key,
+            invoke_ns,
+            complete_ns,
+            measure,
+            issues,
+        });
+    }
+    check_reads_in_real_time(&mut records);
+    for record in &records {
+        if record.issues.is_empty() {
+            continue;
+        }
+        findings.safety.read_violations += 1;
+        findings.problem(format!(
+            "read of {:?} by {:?} op {} ({} – {}) {}",
+            record.key,
+            record.process,
+            record.op_id,
+            ns(record.invoke_ns),
+            ns(record.complete_ns),
+            record.issues.join("; ")
+        ));
+    }
+}
+
+/// What an answered read found, rebuilt from its reply and `list`, the
+/// same process's previous read of the key (updated); `None`, counted as
+/// malformed, when a list read cannot be rebuilt.
+fn found<'l>(
+    operation: &Operation,
+    done: &Event,
+    list: &'l mut Vec<String>,
+    findings: &mut Findings,
+) -> Option<Found<'l>> {
+    Some(match &done.reply {
+        Some(Reply::ReadList { shared, tail }) => {
+            if let Err(error) = history::rebuild_list_read(list, *shared, tail) {
+                findings.safety.malformed += 1;
+                findings.problem(format!(
+                    "malformed history: {:?} op {}: {error}",
+                    operation.process, operation.op_id
+                ));
+                return None;
+            }
+            Found::List(list)
+        }
+        Some(Reply::ReadInt { value }) => Found::Int(*value),
+        Some(Reply::ReadAbsent) => {
+            list.clear();
+            Found::Absent
+        }
+        other => Found::Other(format!("{other:?}")),
+    })
+}
+
+/// The writes of every key, indexed for checking reads of it.
+struct ReadIndexes<'a> {
+    lists: BTreeMap<&'a str, ListIndex<'a>>,
+    counters: BTreeMap<&'a str, CounterIndex>,
+}
+
+impl<'a> ReadIndexes<'a> {
+    fn new(operations: &'a [Operation], lists: &'a ListWrites) -> ReadIndexes<'a> {
+        let list_indexes: BTreeMap<&str, ListIndex> = lists
+            .iter()
+            .map(|(key, written)| (*key, ListIndex::new(written)))
+            .collect();
+        let mut increments: BTreeMap<&str, Vec<(&Operation, i64)>> = BTreeMap::new();
+        for operation in operations {
+            if let Op::Increment { key, delta } = &operation.op {
+                increments.entry(key).or_default().push((operation, *delta));
+            }
+        }
+        let counter_indexes: BTreeMap<&str, CounterIndex> = increments
+            .iter()
+            .map(|(key, increments)| (*key, CounterIndex::new(increments)))
+            .collect();
+        ReadIndexes {
+            lists: list_indexes,
+            counters: counter_indexes,
+        }
+    }
+
+    /// What later reads of `key` must not fall below, and what is wrong
+    /// with `found`, read between `invoke_ns` and `complete_ns`.
+    fn judge(
+        &self,
+        key: &str,
+        found: &Found,
+        invoke_ns: u64,
+        complete_ns: u64,
+        final_list: Option<&[String]>,
+    ) -> (Option<i64>, Vec<String>) {
+        match (self.lists.get(key), self.counters.get(key), found) {
             (Some(index), _, Found::List(list)) => (
                 Some(list.len() as i64),
                 index.check(list, invoke_ns, complete_ns, final_list),
@@ -1453,32 +1643,7 @@ fn check_reads(
                     found.describe()
                 )],
             ),
-        };
-        records.push(ReadRecord {
-            process: operation.process,
-            op_id: operation.op_id,
-            key,
-            invoke_ns,
-            complete_ns,
-            measure,
-            issues,
-        });
-    }
-    check_reads_in_real_time(&mut records);
-    for record in &records {
-        if record.issues.is_empty() {
-            continue;
         }
-        findings.safety.read_violations += 1;
-        findings.problem(format!(
-            "read of {:?} by {:?} op {} ({} – {}) {}",
-            record.key,
-            record.process,
-            record.op_id,
-            ns(record.invoke_ns),
-            ns(record.complete_ns),
-            record.issues.join("; ")
-        ));
     }
 }
 
@@ -1558,6 +1723,31 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
         ..Exercise::default()
     };
     let operations = history::pair(events).unwrap_or_default();
+    let (kills, changes) = leader_kills_and_changes(events);
+    result.leader_kills = kills.len() as u64;
+    // The session workload's writes only: a read changes nothing a retry
+    // could duplicate, and keyed calls have figures of their own.
+    let acked: Vec<&Operation> = operations
+        .iter()
+        .filter(|o| {
+            matches!(o.process, Process::Client(_))
+                && !matches!(o.op, Op::Read { .. } | Op::Keyed { .. })
+                && o.outcome() == EventType::Ok
+        })
+        .collect();
+    for kill in &kills {
+        if !acked.iter().any(|o| o.invoke_ns > *kill) {
+            result.kills_without_ack += 1;
+        }
+    }
+    count_acknowledged_writes(&mut result, &acked, &changes);
+    result.missing = not_exercised(&result, planned_leader_kills, &operations);
+    result
+}
+
+/// The times of the leader kills, and of every leader change (a kill, or
+/// a new leader seen by the monitor after its first sighting), sorted.
+fn leader_kills_and_changes(events: &[Event]) -> (Vec<u64>, Vec<u64>) {
     let mut kills = Vec::new();
     let mut changes = Vec::new();
     // The monitor's first sighting is the initial leader, not a change.
@@ -1576,23 +1766,13 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
         }
     }
     changes.sort_unstable();
-    result.leader_kills = kills.len() as u64;
-    // The session workload's writes only: a read changes nothing a retry
-    // could duplicate, and keyed calls have figures of their own.
-    let acked: Vec<&Operation> = operations
-        .iter()
-        .filter(|o| {
-            matches!(o.process, Process::Client(_))
-                && !matches!(o.op, Op::Read { .. } | Op::Keyed { .. })
-                && o.outcome() == EventType::Ok
-        })
-        .collect();
-    for kill in &kills {
-        if !acked.iter().any(|o| o.invoke_ns > *kill) {
-            result.kills_without_ack += 1;
-        }
-    }
-    for operation in &acked {
+    (kills, changes)
+}
+
+/// Counts the acknowledged writes answered as duplicates, retried, and
+/// spanning a leader change (of `changes`, sorted).
+fn count_acknowledged_writes(result: &mut Exercise, acked: &[&Operation], changes: &[u64]) {
+    for operation in acked {
         let done = operation.completion.as_ref().expect("ok has a completion");
         if done.duplicate {
             result.duplicates += 1;
@@ -1612,14 +1792,23 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
             }
         }
     }
+}
+
+/// Why the run counted in `result` is not conclusive (empty: it is).
+fn not_exercised(
+    result: &Exercise,
+    planned_leader_kills: u64,
+    operations: &[Operation],
+) -> Vec<String> {
+    let mut missing = Vec::new();
     if result.leader_kills < planned_leader_kills {
-        result.missing.push(format!(
+        missing.push(format!(
             "only {} of {planned_leader_kills} planned leader kills happened",
             result.leader_kills
         ));
     }
     if result.kills_without_ack > 0 {
-        result.missing.push(format!(
+        missing.push(format!(
             "{} leader kills were not followed by an acknowledged operation",
             result.kills_without_ack
         ));
@@ -1630,14 +1819,12 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
         .filter(|o| matches!(o.op, Op::Keyed { .. }))
         .collect();
     if !keyed.is_empty() && !keyed.iter().any(|o| o.outcome() == EventType::Ok) {
-        result.missing.push("no keyed call was acknowledged".into());
+        missing.push("no keyed call was acknowledged".into());
     }
     if result.duplicates_after_leader_change == 0 {
-        result
-            .missing
-            .push("no retry after a leader change was answered as a duplicate".into());
+        missing.push("no retry after a leader change was answered as a duplicate".into());
     }
-    result
+    missing
 }
 
 /// The run's verdict.
