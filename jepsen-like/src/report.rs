@@ -7,10 +7,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Verdict};
+use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Safety, Verdict};
 use crate::history::{self, Event, EventType, Expect, KeyedIntent, Op, Process};
 use crate::workload::KEY_CONFLICT;
 
@@ -165,62 +166,15 @@ pub fn figures(
         .iter()
         .filter(|o| matches!(o.process, Process::Client(_)) && !is_read(o) && !is_keyed(o))
         .collect();
-    let keys_of = |counters: bool| -> std::collections::BTreeSet<&str> {
-        operations
-            .iter()
-            .filter_map(|o| match &o.op {
-                Op::Increment { key, .. } if counters => Some(key.as_str()),
-                Op::Append { key, .. } | Op::Lifecycle { key, .. } if !counters => {
-                    Some(key.as_str())
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    let (counter_keys, list_keys) = (keys_of(true), keys_of(false));
-    let reads_ok: Vec<&str> = operations
-        .iter()
-        .filter_map(|o| match &o.op {
-            Op::Read { key } if o.outcome() == EventType::Ok => Some(key.as_str()),
-            _ => None,
-        })
-        .collect();
-    let reads_of = |keys: &std::collections::BTreeSet<&str>| {
-        reads_ok.iter().filter(|key| keys.contains(*key)).count() as u64
-    };
+    let reads = ReadCounts::of(&operations);
     let count = |kind: EventType| client_ops.iter().filter(|o| o.outcome() == kind).count() as u64;
-    let retries = client_ops
-        .iter()
-        .filter_map(|o| o.completion.as_ref())
-        .map(|c| u64::from(c.attempts.saturating_sub(1)))
-        .sum();
     let faults = fault_windows(events);
-    let mut faults_by_kind = BTreeMap::new();
-    for fault in &faults {
-        *faults_by_kind.entry(fault.kind.clone()).or_insert(0) += 1;
-    }
     let mut acks: Vec<u64> = client_ops
         .iter()
         .filter(|o| o.outcome() == EventType::Ok)
         .map(|o| o.complete_ns())
         .collect();
     acks.sort_unstable();
-    let mut samples: Vec<f64> = faults
-        .iter()
-        .filter(|f| LEADER_KILL_KINDS.contains(&f.kind.as_str()))
-        .filter_map(|f| {
-            let kill_ns = (f.start_s * 1e9) as u64;
-            let from = acks.partition_point(|t| *t < kill_ns + new_leader_floor_ns);
-            acks.get(from).map(|t| (t - kill_ns) as f64 / 1e6)
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    let kill_to_first_ack = Recovery {
-        median_ms: percentile(&samples, 0.5),
-        p99_ms: percentile(&samples, 0.99),
-        max_ms: percentile(&samples, 1.0),
-        samples_ms: samples,
-    };
     Figures {
         seed,
         duration_s: seconds(workload_end_ns),
@@ -229,20 +183,12 @@ pub fn figures(
         ok: count(EventType::Ok),
         fail: count(EventType::Fail),
         info: count(EventType::Info),
-        fail_expected: client_ops
+        fail_expected: refusals_provoked(&client_ops),
+        retries: client_ops
             .iter()
-            .filter(|o| {
-                o.outcome() == EventType::Fail
-                    && matches!(
-                        o.op,
-                        Op::Lifecycle {
-                            expect: Expect::Discarded | Expect::Conflict | Expect::Expired,
-                            ..
-                        }
-                    )
-            })
-            .count() as u64,
-        retries,
+            .filter_map(|o| o.completion.as_ref())
+            .map(|c| u64::from(c.attempts.saturating_sub(1)))
+            .sum(),
         duplicates: exercise.duplicates,
         acks_after_leader_change: exercise.acks_after_leader_change,
         duplicates_after_leader_change: exercise.duplicates_after_leader_change,
@@ -250,18 +196,112 @@ pub fn figures(
             .iter()
             .filter(|e| matches!(e.op, Op::LeaderChange { .. }))
             .count() as u64,
-        faults_by_kind,
+        faults_by_kind: faults_by_kind(&faults),
         throughput: throughput(&acks, &faults, seconds(workload_end_ns)),
+        kill_to_first_ack: kill_to_first_ack(&faults, &acks, new_leader_floor_ns),
         faults,
-        kill_to_first_ack,
-        reads_ok: reads_ok.len() as u64,
-        reads_ok_of_lists: reads_of(&list_keys),
-        reads_ok_of_counters: reads_of(&counter_keys),
-        reads_failed: operations
-            .iter()
-            .filter(|o| is_read(o) && o.outcome() != EventType::Ok)
-            .count() as u64,
+        reads_ok: reads.ok,
+        reads_ok_of_lists: reads.ok_of_lists,
+        reads_ok_of_counters: reads.ok_of_counters,
+        reads_failed: reads.failed,
         keyed: keyed_figures(&operations),
+    }
+}
+
+/// The reads answered (of list keys, of counter keys) and failed.
+struct ReadCounts {
+    ok: u64,
+    ok_of_lists: u64,
+    ok_of_counters: u64,
+    failed: u64,
+}
+
+impl ReadCounts {
+    fn of(operations: &[history::Operation]) -> ReadCounts {
+        let keys_of = |counters: bool| -> std::collections::BTreeSet<&str> {
+            operations
+                .iter()
+                .filter_map(|o| match &o.op {
+                    Op::Increment { key, .. } if counters => Some(key.as_str()),
+                    Op::Append { key, .. } | Op::Lifecycle { key, .. } if !counters => {
+                        Some(key.as_str())
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let (counter_keys, list_keys) = (keys_of(true), keys_of(false));
+        let reads_ok: Vec<&str> = operations
+            .iter()
+            .filter_map(|o| match &o.op {
+                Op::Read { key } if o.outcome() == EventType::Ok => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        let reads_of = |keys: &std::collections::BTreeSet<&str>| {
+            reads_ok.iter().filter(|key| keys.contains(*key)).count() as u64
+        };
+        ReadCounts {
+            ok: reads_ok.len() as u64,
+            ok_of_lists: reads_of(&list_keys),
+            ok_of_counters: reads_of(&counter_keys),
+            failed: operations
+                .iter()
+                .filter(|o| is_read(o) && o.outcome() != EventType::Ok)
+                .count() as u64,
+        }
+    }
+}
+
+/// The failed writes that were the lifecycle client's point (discarded,
+/// conflicting, expired).
+fn refusals_provoked(client_ops: &[&history::Operation]) -> u64 {
+    client_ops
+        .iter()
+        .filter(|o| {
+            o.outcome() == EventType::Fail
+                && matches!(
+                    o.op,
+                    Op::Lifecycle {
+                        expect: Expect::Discarded | Expect::Conflict | Expect::Expired,
+                        ..
+                    }
+                )
+        })
+        .count() as u64
+}
+
+/// How many faults of each kind ran.
+fn faults_by_kind(faults: &[FaultWindow]) -> BTreeMap<String, u64> {
+    let mut by_kind = BTreeMap::new();
+    for fault in faults {
+        *by_kind.entry(fault.kind.clone()).or_insert(0) += 1;
+    }
+    by_kind
+}
+
+/// Each leader kill to the first write acknowledged (`acks_ns`, sorted) at
+/// least `new_leader_floor_ns` after it.
+fn kill_to_first_ack(
+    faults: &[FaultWindow],
+    acks_ns: &[u64],
+    new_leader_floor_ns: u64,
+) -> Recovery {
+    let mut samples: Vec<f64> = faults
+        .iter()
+        .filter(|f| LEADER_KILL_KINDS.contains(&f.kind.as_str()))
+        .filter_map(|f| {
+            let kill_ns = (f.start_s * 1e9) as u64;
+            let from = acks_ns.partition_point(|t| *t < kill_ns + new_leader_floor_ns);
+            acks_ns.get(from).map(|t| (t - kill_ns) as f64 / 1e6)
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    Recovery {
+        median_ms: percentile(&samples, 0.5),
+        p99_ms: percentile(&samples, 0.99),
+        max_ms: percentile(&samples, 1.0),
+        samples_ms: samples,
     }
 }
 
@@ -389,8 +429,23 @@ pub fn summary(
     verdict: Verdict,
 ) -> String {
     let mut out = String::new();
-    let f = figures;
-    let s = &findings.safety;
+    write_writes(&mut out, figures);
+    write_faults(&mut out, figures);
+    write_reads_and_keyed(&mut out, figures, &findings.safety);
+    let t = &figures.throughput;
+    let _ = writeln!(
+        out,
+        "throughput (acknowledged writes/s): before faults {:.0}, during faults {:.0}, between faults {:.0}, after faults {:.0}",
+        t.before, t.during, t.between, t.after
+    );
+    write_safety(&mut out, findings);
+    write_verdict(&mut out, exercise, verdict);
+    out
+}
+
+/// The summary's run and writes lines: seed, the session workload's
+/// writes, the leader changes.
+fn write_writes(out: &mut String, f: &Figures) {
     let _ = writeln!(
         out,
         "seed {}  duration {:.1} s  clients {}",
@@ -406,6 +461,11 @@ pub fn summary(
         "leader changes seen: {}; acknowledgements after a leader change: {} ({} of them duplicates of a retried request)",
         f.leader_changes, f.acks_after_leader_change, f.duplicates_after_leader_change
     );
+}
+
+/// The summary's fault lines: the faults by kind, and the leader kills'
+/// recovery.
+fn write_faults(out: &mut String, f: &Figures) {
     let kinds: Vec<String> = f
         .faults_by_kind
         .iter()
@@ -430,6 +490,10 @@ pub fn summary(
         r.p99_ms,
         r.max_ms
     );
+}
+
+/// The summary's reads line and keyed line, each with its violations.
+fn write_reads_and_keyed(out: &mut String, f: &Figures, s: &Safety) {
     let _ = writeln!(
         out,
         "reads: {} ok ({} of lists, {} of counters), {} failed; read violations {}",
@@ -454,12 +518,12 @@ pub fn summary(
         k.conflicts_refused,
         s.keyed()
     );
-    let t = &f.throughput;
-    let _ = writeln!(
-        out,
-        "throughput (acknowledged writes/s): before faults {:.0}, during faults {:.0}, between faults {:.0}, after faults {:.0}",
-        t.before, t.during, t.between, t.after
-    );
+}
+
+/// The summary's safety lines: every counter, the replicas read, the
+/// first problems.
+fn write_safety(out: &mut String, findings: &Findings) {
+    let s = &findings.safety;
     let _ = writeln!(
         out,
         "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, read violations {}, keyed duplicated {}, keyed lost {}, keyed phantom {}, keyed reply mismatches {}, keyed conflicts applied {}, keyed counter violations {}, divergence {}{}",
@@ -492,6 +556,11 @@ pub fn summary(
     for problem in findings.problems.iter().take(10) {
         let _ = writeln!(out, "  problem: {problem}");
     }
+}
+
+/// The summary's end: what the run did not exercise, and the verdict (no
+/// newline after it).
+fn write_verdict(out: &mut String, exercise: &Exercise, verdict: Verdict) {
     for missing in &exercise.missing {
         let _ = writeln!(out, "  not exercised: {missing}");
     }
@@ -504,7 +573,6 @@ pub fn summary(
             Verdict::Unknown => "UNKNOWN (the run did not exercise enough)",
         }
     );
-    out
 }
 
 /// Per-bucket series for the plots.
@@ -579,11 +647,24 @@ fn colour_of(kind: &str, kinds: &[String]) -> RGBColor {
     FAULT_COLOURS[index % FAULT_COLOURS.len()]
 }
 
-/// Draws one time chart: fault windows shaded, leader changes marked,
-/// then the given lines.
 /// One plotted line: its legend, colour and (x, y) points.
 type Line<'a> = (&'a str, RGBColor, &'a [(f64, f64)]);
 
+/// A time chart being drawn: seconds across, the (scaled) value up.
+type TimeChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// `y` as drawn: log10 (from [`LOG_FLOOR`] up) with `log_scale`.
+fn scaled(y: f64, log_scale: bool) -> f64 {
+    if log_scale {
+        y.max(LOG_FLOOR).log10()
+    } else {
+        y
+    }
+}
+
+/// Draws one time chart: fault windows shaded, leader changes marked,
+/// then the given lines.
 /// With `log_scale`, y values are drawn as log10 (from [`LOG_FLOOR`] up)
 /// and labelled with their real values.
 #[allow(clippy::too_many_arguments)]
@@ -597,15 +678,8 @@ fn chart(
     leader_changes: &[(f64, u64)],
     lines: &[Line<'_>],
 ) -> Result<String, String> {
-    let scale = |y: f64| {
-        if log_scale {
-            y.max(LOG_FLOOR).log10()
-        } else {
-            y
-        }
-    };
-    let (y_low, y_high) = if log_scale {
-        (LOG_FLOOR.log10(), scale(y_max.max(10.0)))
+    let y_range = if log_scale {
+        (LOG_FLOOR.log10(), scaled(y_max.max(10.0), log_scale))
     } else {
         (0.0, y_max.max(1.0))
     };
@@ -618,7 +692,7 @@ fn chart(
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(64)
-            .build_cartesian_2d(0f64..end_s.max(1.0), y_low..y_high)
+            .build_cartesian_2d(0f64..end_s.max(1.0), y_range.0..y_range.1)
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
@@ -635,59 +709,9 @@ fn chart(
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| e.to_string())?;
-        let kinds: Vec<String> = {
-            let mut kinds: Vec<String> = faults.iter().map(|f| f.kind.clone()).collect();
-            kinds.sort();
-            kinds.dedup();
-            kinds
-        };
-        let top = y_high;
-        let bottom = y_low;
-        for fault in faults {
-            let end = fault.end_s.unwrap_or(end_s);
-            let colour = colour_of(&fault.kind, &kinds);
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(fault.start_s, bottom), (end, top)],
-                    colour.mix(0.6).filled(),
-                )))
-                .map_err(|e| e.to_string())?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    fault.kind.clone(),
-                    (fault.start_s, top - (top - bottom) * 0.03),
-                    ("sans-serif", 11).into_font(),
-                )))
-                .map_err(|e| e.to_string())?;
-        }
-        for (at, leader) in leader_changes {
-            chart
-                .draw_series(LineSeries::new(
-                    [(*at, bottom), (*at, top)],
-                    BLACK.mix(0.5).stroke_width(1),
-                ))
-                .map_err(|e| e.to_string())?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    format!("n{leader}"),
-                    (*at, top - (top - bottom) * 0.1),
-                    ("sans-serif", 10).into_font(),
-                )))
-                .map_err(|e| e.to_string())?;
-        }
-        for (name, colour, points) in lines {
-            let colour = *colour;
-            chart
-                .draw_series(LineSeries::new(
-                    points.iter().map(|&(x, y)| (x, scale(y))),
-                    colour.stroke_width(2),
-                ))
-                .map_err(|e| e.to_string())?
-                .label(*name)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 18, y)], colour.stroke_width(2))
-                });
-        }
+        draw_faults(&mut chart, faults, end_s, y_range)?;
+        draw_leader_changes(&mut chart, leader_changes, y_range)?;
+        draw_lines(&mut chart, lines, log_scale)?;
         chart
             .configure_series_labels()
             .background_style(WHITE.mix(0.85))
@@ -698,6 +722,81 @@ fn chart(
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
+}
+
+/// Shades each fault window over the whole height (`bottom`, `top`), in
+/// its kind's colour, labelled with its kind.
+fn draw_faults(
+    chart: &mut TimeChart,
+    faults: &[FaultWindow],
+    end_s: f64,
+    (bottom, top): (f64, f64),
+) -> Result<(), String> {
+    let kinds: Vec<String> = {
+        let mut kinds: Vec<String> = faults.iter().map(|f| f.kind.clone()).collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    };
+    for fault in faults {
+        let end = fault.end_s.unwrap_or(end_s);
+        let colour = colour_of(&fault.kind, &kinds);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(fault.start_s, bottom), (end, top)],
+                colour.mix(0.6).filled(),
+            )))
+            .map_err(|e| e.to_string())?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                fault.kind.clone(),
+                (fault.start_s, top - (top - bottom) * 0.03),
+                ("sans-serif", 11).into_font(),
+            )))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Marks each leader change with a vertical line labelled with the new
+/// leader's node.
+fn draw_leader_changes(
+    chart: &mut TimeChart,
+    leader_changes: &[(f64, u64)],
+    (bottom, top): (f64, f64),
+) -> Result<(), String> {
+    for (at, leader) in leader_changes {
+        chart
+            .draw_series(LineSeries::new(
+                [(*at, bottom), (*at, top)],
+                BLACK.mix(0.5).stroke_width(1),
+            ))
+            .map_err(|e| e.to_string())?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("n{leader}"),
+                (*at, top - (top - bottom) * 0.1),
+                ("sans-serif", 10).into_font(),
+            )))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Draws the lines, each with its legend entry.
+fn draw_lines(chart: &mut TimeChart, lines: &[Line<'_>], log_scale: bool) -> Result<(), String> {
+    for (name, colour, points) in lines {
+        let colour = *colour;
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|&(x, y)| (x, scaled(y, log_scale))),
+                colour.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], colour.stroke_width(2)));
+    }
+    Ok(())
 }
 
 fn escape(text: &str) -> String {
@@ -713,8 +812,42 @@ pub fn html(
     summary: &str,
     verdict: Verdict,
 ) -> Result<String, String> {
-    // The charts cover the workload; faults after it (the final restarts)
-    // are in the table only.
+    let (throughput, latency) = charts(events, figures)?;
+    let rows = fault_rows(&figures.faults);
+    let colour = match verdict {
+        Verdict::Valid => "#2e7d32",
+        Verdict::Invalid => "#c62828",
+        Verdict::Unknown => "#ef6c00",
+    };
+    Ok(format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>oncekv jepsen-like run, seed {seed}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
+pre {{ background: #f5f5f5; padding: 1em; white-space: pre-wrap; }}
+.verdict {{ color: white; background: {colour}; padding: 0.3em 0.8em; border-radius: 4px; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; }}
+</style></head><body>
+<h1>oncekv jepsen-like run, seed {seed} <span class="verdict">{verdict:?}</span></h1>
+<p>Shaded: fault windows (labelled by kind). Vertical lines: a new leader seen by the monitor (labelled with its node).</p>
+{throughput}
+{latency}
+<h2>Figures</h2>
+<pre>{summary}</pre>
+<h2>Faults</h2>
+<table><tr><th>kind</th><th>nodes</th><th>start (s)</th><th>healed (s)</th></tr>
+{rows}</table>
+</body></html>
+"#,
+        seed = figures.seed,
+        summary = escape(summary),
+    ))
+}
+
+/// The two charts of the report, throughput and latency, over the
+/// workload: faults after it (the final restarts) are in the table only.
+fn charts(events: &[Event], figures: &Figures) -> Result<(String, String), String> {
     let end_s = figures.duration_s;
     let series = series(events, end_s);
     let leader_changes: Vec<(f64, u64)> = events
@@ -762,8 +895,13 @@ pub fn html(
             ("max", RGBColor(211, 47, 47), &series.max_ms),
         ],
     )?;
+    Ok((throughput, latency))
+}
+
+/// The faults table's rows, one per fault (those after the workload too).
+fn fault_rows(faults: &[FaultWindow]) -> String {
     let mut rows = String::new();
-    for fault in &figures.faults {
+    for fault in faults {
         let _ = writeln!(
             rows,
             "<tr><td>{}</td><td>{:?}</td><td>{:.2}</td><td>{}</td></tr>",
@@ -775,35 +913,7 @@ pub fn html(
                 .map_or("never".to_string(), |end| format!("{end:.2}")),
         );
     }
-    let colour = match verdict {
-        Verdict::Valid => "#2e7d32",
-        Verdict::Invalid => "#c62828",
-        Verdict::Unknown => "#ef6c00",
-    };
-    Ok(format!(
-        r#"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>oncekv jepsen-like run, seed {seed}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
-pre {{ background: #f5f5f5; padding: 1em; white-space: pre-wrap; }}
-.verdict {{ color: white; background: {colour}; padding: 0.3em 0.8em; border-radius: 4px; }}
-table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; }}
-</style></head><body>
-<h1>oncekv jepsen-like run, seed {seed} <span class="verdict">{verdict:?}</span></h1>
-<p>Shaded: fault windows (labelled by kind). Vertical lines: a new leader seen by the monitor (labelled with its node).</p>
-{throughput}
-{latency}
-<h2>Figures</h2>
-<pre>{summary}</pre>
-<h2>Faults</h2>
-<table><tr><th>kind</th><th>nodes</th><th>start (s)</th><th>healed (s)</th></tr>
-{rows}</table>
-</body></html>
-"#,
-        seed = figures.seed,
-        summary = escape(summary),
-    ))
+    rows
 }
 
 #[cfg(test)]
