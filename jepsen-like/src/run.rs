@@ -295,6 +295,15 @@ struct Tools {
     inject_fault: bool,
 }
 
+impl Tools {
+    /// The Admin service, for a fault that needs it.
+    fn admin(&self) -> anyhow::Result<&Admin> {
+        self.admin
+            .as_ref()
+            .context("this fault needs the Admin service")
+    }
+}
+
 /// Replies a leader loses just before it is killed, so that the requests
 /// behind them are retried at the next leader.
 const DROPS_BEFORE_KILL: u32 = 2;
@@ -328,6 +337,9 @@ struct Seen {
     term: u64,
 }
 
+/// The workload phase: the clients, the monitor and the progress line run
+/// while the nemesis plays the schedule; then the clients stop, every
+/// fault is healed, and the replicas are settled and read.
 async fn drive(
     options: &RunOptions,
     cluster: &Arc<Cluster>,
@@ -359,13 +371,14 @@ async fn drive(
     let faults_done = Arc::new(AtomicU64::new(0));
 
     let clients = spawn_clients(options, &context);
-    let monitor = tokio::spawn(monitor(
+    // The leader monitor, then the progress line (unless quiet).
+    let mut watchers = vec![tokio::spawn(monitor(
         cluster.clone(),
         recorder.clone(),
         seen.clone(),
         stop_rx.clone(),
-    ));
-    let progress = (!options.quiet).then(|| {
+    ))];
+    watchers.extend((!options.quiet).then(|| {
         tokio::spawn(progress(
             recorder.clone(),
             counts.clone(),
@@ -374,7 +387,7 @@ async fn drive(
             schedule.len() as u64,
             stop_rx.clone(),
         ))
-    });
+    }));
 
     // The nemesis runs the schedule; the workload lasts the requested
     // duration, or until the nemesis is done and the cluster has served
@@ -390,45 +403,17 @@ async fn drive(
         &faults_done,
     )
     .await;
-    // After the last fault the cluster must serve requests again for a
-    // while (a kill at the end is then followed by acknowledgements).
-    let end = options.duration.max(recorder.elapsed() + AFTER_LAST_FAULT);
-    sleep(end.saturating_sub(recorder.elapsed())).await;
-    let acked = counts.ok.load(Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while counts.ok.load(Ordering::Relaxed) < acked + 5 && Instant::now() < deadline {
-        sleep(Duration::from_millis(50)).await;
-    }
-    let workload_end_ns = recorder.now_ns();
-    let _ = stop_tx.send(true);
-    // Heal whatever may still be broken (an error mid-fault).
-    heal_everything(cluster, tools, original_config).await;
-    let (skipped, nemesis_error) = match nemesis_result {
-        Ok(skipped) => (skipped, None),
-        Err(error) => (0, Some(error)),
+    let workload_end_ns = workload_end(options, &recorder, &counts).await;
+    stop_and_heal(&stop_tx, cluster, tools, original_config, clients, watchers).await;
+    let skipped = match nemesis_result {
+        Ok(skipped) => skipped,
+        Err(error) => return Err(error.context("the nemesis failed")),
     };
-    join_clients(clients).await;
-    let _ = monitor.await;
-    if let Some(progress) = progress {
-        let _ = progress.await;
-    }
-    if let Some(error) = nemesis_error {
-        return Err(error.context("the nemesis failed"));
-    }
     if !options.quiet {
         eprintln!("workload stopped; waiting for the replicas to converge");
     }
-    // Quiet period, then wait for every replica to apply the same index.
-    sleep(Duration::from_secs(2)).await;
-    let mut statuses = converge(cluster).await?;
-    if let Some(admin) = &tools.admin {
-        statuses = restart_each_from_snapshot(cluster, admin, &recorder, schedule.len()).await?;
-    }
-    let keys = workload::keys_of(&recorder.snapshot());
-    let (finals, final_read) = match &tools.admin {
-        Some(admin) => read_finals_local(admin, &keys).await?,
-        None => read_finals(cluster, statuses, &keys, credentials.client(0)).await?,
-    };
+    let (finals, final_read) =
+        settle_and_read(cluster, tools, &recorder, schedule.len(), credentials).await?;
     Ok(Driven {
         recorder,
         workload_end_ns,
@@ -436,6 +421,61 @@ async fn drive(
         finals,
         final_read,
     })
+}
+
+/// Waits, once the nemesis is done, until the workload may end: after the
+/// requested duration, and after the last fault the cluster must serve
+/// requests again for a while (a kill at the end is then followed by
+/// acknowledgements); returns the end, in the recorder's time.
+async fn workload_end(options: &RunOptions, recorder: &Recorder, counts: &Counts) -> u64 {
+    let end = options.duration.max(recorder.elapsed() + AFTER_LAST_FAULT);
+    sleep(end.saturating_sub(recorder.elapsed())).await;
+    let acked = counts.ok.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counts.ok.load(Ordering::Relaxed) < acked + 5 && Instant::now() < deadline {
+        sleep(Duration::from_millis(50)).await;
+    }
+    recorder.now_ns()
+}
+
+/// Stops the clients, heals whatever may still be broken (an error
+/// mid-fault), then waits for the clients and the watchers to end.
+async fn stop_and_heal(
+    stop: &watch::Sender<bool>,
+    cluster: &Cluster,
+    tools: &Tools,
+    original_config: Option<oncekv_wire::proto::RegistryConfig>,
+    clients: Vec<tokio::task::JoinHandle<u64>>,
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+) {
+    let _ = stop.send(true);
+    heal_everything(cluster, tools, original_config).await;
+    join_clients(clients).await;
+    for watcher in watchers {
+        let _ = watcher.await;
+    }
+}
+
+/// After the workload: a quiet period, every replica at the same applied
+/// index (each restarted from its snapshot when the Admin service is
+/// there), then every replica's final state, and how it was read.
+async fn settle_and_read(
+    cluster: &Cluster,
+    tools: &Tools,
+    recorder: &Recorder,
+    planned: usize,
+    credentials: &RunCredentials,
+) -> anyhow::Result<(Vec<NodeFinal>, String)> {
+    sleep(Duration::from_secs(2)).await;
+    let mut statuses = converge(cluster).await?;
+    if let Some(admin) = &tools.admin {
+        statuses = restart_each_from_snapshot(cluster, admin, recorder, planned).await?;
+    }
+    let keys = workload::keys_of(&recorder.snapshot());
+    match &tools.admin {
+        Some(admin) => read_finals_local(admin, &keys).await,
+        None => read_finals(cluster, statuses, &keys, credentials.client(0)).await,
+    }
 }
 
 /// Starts the clients: appenders, incrementers, readers, one lifecycle
@@ -567,50 +607,88 @@ async fn inject(
     recorder: &Recorder,
 ) -> anyhow::Result<()> {
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await?;
-    let followers: Vec<u64> = NODES.into_iter().filter(|n| *n != leader).collect();
-    let follower = followers[planned.pick as usize % followers.len()];
-    let nodes = match planned.kind {
-        FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::IsolateLeader => vec![leader],
-        FaultKind::KillRandom => vec![NODES[planned.pick as usize % NODES.len()]],
-        FaultKind::KillAll => NODES.to_vec(),
-        FaultKind::IsolateFollower => vec![follower],
-        FaultKind::Bridge | FaultKind::OneWay => vec![leader, follower],
-        FaultKind::DropReply | FaultKind::ShortTtl => vec![leader],
-    };
+    let targets = Targets::of(planned, leader);
     let invoke = Event::invoke(
         0,
         Process::Nemesis,
         op_id,
         Op::Fault {
             kind: planned.kind.name().to_string(),
-            nodes: nodes.clone(),
+            nodes: targets.nodes.clone(),
         },
     );
-    let admin = || {
-        tools
-            .admin
-            .as_ref()
-            .context("this fault needs the Admin service")
-    };
     if planned.kind == FaultKind::KillLeader && tools.inject_fault {
         // The leader loses a few replies first: their requests are applied,
         // and their clients' retries reach the next leader. (Before the
         // fault's invoke: the window starts at the kill.)
-        admin()?.drop_replies(leader, DROPS_BEFORE_KILL).await?;
+        tools
+            .admin()?
+            .drop_replies(leader, DROPS_BEFORE_KILL)
+            .await?;
         sleep(Duration::from_millis(300)).await;
     }
-    // The invoke is recorded once the fault is in force: a `docker kill`
-    // or an `iptables` rule takes tens to hundreds of milliseconds to land,
-    // and what the old leader acknowledged meanwhile must not count as
-    // "after the kill".
+    play(cluster, tools, ttl, planned, &targets, &invoke, recorder).await?;
+    recorder.record(Event::complete(&invoke, EventType::Info, 0));
+    Ok(())
+}
+
+/// The nodes one fault hits, given the leader when it starts.
+struct Targets {
+    leader: u64,
+    /// The follower `pick` chose (isolated, or cut off from the leader).
+    follower: u64,
+    nodes: Vec<u64>,
+}
+
+impl Targets {
+    fn of(planned: &PlannedFault, leader: u64) -> Targets {
+        let followers: Vec<u64> = NODES.into_iter().filter(|n| *n != leader).collect();
+        let follower = followers[planned.pick as usize % followers.len()];
+        let nodes = match planned.kind {
+            FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::IsolateLeader => {
+                vec![leader]
+            }
+            FaultKind::KillRandom => vec![NODES[planned.pick as usize % NODES.len()]],
+            FaultKind::KillAll => NODES.to_vec(),
+            FaultKind::IsolateFollower => vec![follower],
+            FaultKind::Bridge | FaultKind::OneWay => vec![leader, follower],
+            FaultKind::DropReply | FaultKind::ShortTtl => vec![leader],
+        };
+        Targets {
+            leader,
+            follower,
+            nodes,
+        }
+    }
+}
+
+/// Puts the fault in force, records its `invoke`, waits its duration and
+/// heals it. The invoke is recorded once the fault is in force: a `docker
+/// kill` or an `iptables` rule takes tens to hundreds of milliseconds to
+/// land, and what the old leader acknowledged meanwhile must not count as
+/// "after the kill".
+async fn play(
+    cluster: &Cluster,
+    tools: &Tools,
+    ttl: &watch::Sender<Duration>,
+    planned: &PlannedFault,
+    targets: &Targets,
+    invoke: &Event,
+    recorder: &Recorder,
+) -> anyhow::Result<()> {
+    let Targets {
+        leader,
+        follower,
+        ref nodes,
+    } = *targets;
     match planned.kind {
         FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::KillAll => {
-            for node in &nodes {
+            for node in nodes {
                 cluster.kill(*node).await?;
             }
             recorder.record(invoke.clone());
             sleep(planned.duration).await;
-            for node in &nodes {
+            for node in nodes {
                 cluster.restart(*node).await?;
             }
         }
@@ -640,17 +718,16 @@ async fn inject(
         }
         FaultKind::DropReply => {
             recorder.record(invoke.clone());
-            admin()?.drop_replies(leader, planned.count).await?;
+            tools.admin()?.drop_replies(leader, planned.count).await?;
             // The clients retry at the same leader after their attempt
             // timeout and get the original replies as duplicates.
             sleep(planned.duration).await;
         }
         FaultKind::ShortTtl => {
             recorder.record(invoke.clone());
-            short_ttl_phase(cluster, admin()?, ttl, leader, planned.duration).await?;
+            short_ttl_phase(cluster, tools.admin()?, ttl, leader, planned.duration).await?;
         }
     }
-    recorder.record(Event::complete(&invoke, EventType::Info, 0));
     Ok(())
 }
 
