@@ -256,20 +256,7 @@ pub const READ_PAUSE_MAX: Duration = Duration::from_millis(10);
 /// follower without the read index) gets asked.
 pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     let mut rng = context.rng(client_number);
-    let mut endpoints = context.endpoints.clone();
-    if !endpoints.is_empty() {
-        let turn = (client_number % endpoints.len() as u64) as usize;
-        endpoints.rotate_left(turn);
-    }
-    let client = Client::with_config(
-        endpoints,
-        ClientConfig {
-            call_timeout: CALL_TIMEOUT,
-            attempt_timeout: ATTEMPT_TIMEOUT,
-            credentials: context.credentials(client_number),
-            ..ClientConfig::default()
-        },
-    );
+    let client = reader_client(&context, client_number);
     let process = Process::Client(client_number);
     // The last list each key was read as, to record the next read of it
     // as a difference (`Reply::ReadList`).
@@ -277,52 +264,11 @@ pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     let mut op_id = 0;
     while !context.stopped() {
         op_id += 1;
-        let pick = rng.gen_range(0..(COUNTER_KEYS.len() as u64 + HOT_LISTS));
-        let key = match COUNTER_KEYS.get(pick as usize) {
-            Some(counter) => counter.to_string(),
-            None => format!(
-                "list-{}-{}",
-                context.list_epoch.load(Ordering::Relaxed),
-                pick - COUNTER_KEYS.len() as u64
-            ),
-        };
+        let key = read_key(&context, &mut rng);
         let invoke = Event::invoke(0, process, op_id, Op::Read { key: key.clone() });
         context.recorder.record(invoke.clone());
         let result = client.get(key.as_bytes()).await;
-        let done = match result {
-            Ok(value) => {
-                let mut done = Event::complete(&invoke, EventType::Ok, 0);
-                done.reply = Some(match value {
-                    None => {
-                        last.remove(&key);
-                        Reply::ReadAbsent
-                    }
-                    Some(Value::Int(value)) => Reply::ReadInt { value },
-                    Some(Value::List(items)) => {
-                        let list: Vec<String> = items
-                            .iter()
-                            .map(|item| String::from_utf8_lossy(item).into_owned())
-                            .collect();
-                        let previous = last.entry(key.clone()).or_default();
-                        let reply = history::list_read_reply(previous, &list);
-                        *previous = list;
-                        reply
-                    }
-                    Some(Value::Bytes(bytes)) => Reply::Other {
-                        text: format!("bytes {bytes:?}"),
-                    },
-                });
-                context.counts.reads_ok.fetch_add(1, Ordering::Relaxed);
-                done
-            }
-            Err(error) => {
-                // A read changes nothing: a failed one is simply failed.
-                let mut done = Event::complete(&invoke, EventType::Fail, 0);
-                done.error = Some(error.to_string());
-                context.counts.reads_failed.fetch_add(1, Ordering::Relaxed);
-                done
-            }
-        };
+        let done = read_completion(&context, &invoke, &key, result, &mut last);
         let failed = done.kind != EventType::Ok;
         context.recorder.record(done);
         let pause = if failed {
@@ -334,6 +280,84 @@ pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     }
     client.close().await;
     op_id
+}
+
+/// A reader's client, its endpoint list rotated by its number.
+fn reader_client(context: &Context, client_number: u64) -> Client {
+    let mut endpoints = context.endpoints.clone();
+    if !endpoints.is_empty() {
+        let turn = (client_number % endpoints.len() as u64) as usize;
+        endpoints.rotate_left(turn);
+    }
+    Client::with_config(
+        endpoints,
+        ClientConfig {
+            call_timeout: CALL_TIMEOUT,
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            credentials: context.credentials(client_number),
+            ..ClientConfig::default()
+        },
+    )
+}
+
+/// The key of a reader's next read, drawn from its RNG: a counter, or one
+/// of the hot lists of the appenders' current epoch.
+fn read_key(context: &Context, rng: &mut ChaCha8Rng) -> String {
+    let pick = rng.gen_range(0..(COUNTER_KEYS.len() as u64 + HOT_LISTS));
+    match COUNTER_KEYS.get(pick as usize) {
+        Some(counter) => counter.to_string(),
+        None => format!(
+            "list-{}-{}",
+            context.list_epoch.load(Ordering::Relaxed),
+            pick - COUNTER_KEYS.len() as u64
+        ),
+    }
+}
+
+/// The completion of the read `invoke` of `key`, counted: a list found
+/// is recorded as a difference from `last`, the key's previous list (then
+/// updated; forgotten when the key is absent).
+fn read_completion(
+    context: &Context,
+    invoke: &Event,
+    key: &str,
+    result: Result<Option<Value>, Error>,
+    last: &mut BTreeMap<String, Vec<String>>,
+) -> Event {
+    match result {
+        Ok(value) => {
+            let mut done = Event::complete(invoke, EventType::Ok, 0);
+            done.reply = Some(match value {
+                None => {
+                    last.remove(key);
+                    Reply::ReadAbsent
+                }
+                Some(Value::Int(value)) => Reply::ReadInt { value },
+                Some(Value::List(items)) => {
+                    let list: Vec<String> = items
+                        .iter()
+                        .map(|item| String::from_utf8_lossy(item).into_owned())
+                        .collect();
+                    let previous = last.entry(key.to_string()).or_default();
+                    let reply = history::list_read_reply(previous, &list);
+                    *previous = list;
+                    reply
+                }
+                Some(Value::Bytes(bytes)) => Reply::Other {
+                    text: format!("bytes {bytes:?}"),
+                },
+            });
+            context.counts.reads_ok.fetch_add(1, Ordering::Relaxed);
+            done
+        }
+        Err(error) => {
+            // A read changes nothing: a failed one is simply failed.
+            let mut done = Event::complete(invoke, EventType::Fail, 0);
+            done.error = Some(error.to_string());
+            context.counts.reads_failed.fetch_add(1, Ordering::Relaxed);
+            done
+        }
+    }
 }
 
 /// How a keyed operation (all the calls of one key and command) ended.
@@ -789,40 +813,12 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let mut step = |expect: Expect, value: String| {
-            op_id += 1;
-            (op_id, expect, value)
+        let plan = lifecycle_plan(client_number, &mut op_id);
+        let Some(on_track) =
+            send_lifecycle_plan(&context, &mut raw, process, session, plan, &mut rng).await
+        else {
+            return op_id;
         };
-        let first = step(Expect::Applied, String::new());
-        let v1 = format!("c{client_number}-s{}", first.0);
-        let second = step(Expect::Duplicate, v1.clone());
-        let third = step(Expect::Applied, String::new());
-        let v2 = format!("c{client_number}-s{}", third.0);
-        let fourth = step(Expect::Discarded, v1.clone());
-        let fifth = step(Expect::Conflict, String::new());
-        let v3 = format!("c{client_number}-s{}", fifth.0);
-        // (seq, first outstanding seq, value, expectation, op id)
-        let plan = [
-            (1, 1, v1.clone(), Expect::Applied, first.0),
-            (1, 1, v1.clone(), Expect::Duplicate, second.0),
-            (2, 2, v2, Expect::Applied, third.0),
-            (1, 1, v1, Expect::Discarded, fourth.0),
-            (2, 2, v3, Expect::Conflict, fifth.0),
-        ];
-        let mut on_track = true;
-        for (seq, floor, value, expect, id) in plan {
-            if context.stopped() {
-                return op_id;
-            }
-            on_track = lifecycle_request(
-                &context, &mut raw, process, id, session, seq, floor, &value, expect,
-            )
-            .await;
-            if !on_track {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(rng.gen_range(20..100))).await;
-        }
         // Expiry: every cycle while the TTL is short (the short-TTL
         // phase); without such a phase, every fourth cycle, as idling then
         // takes two whole TTLs.
@@ -831,37 +827,122 @@ pub async fn run_lifecycle(context: Context, client_number: u64) -> u64 {
         let ttl = *ttl_watch.borrow_and_update();
         let idle_out = ttl <= SHORT_TTL || (!context.short_ttl_phase && cycle % 4 == 1);
         if on_track && idle_out && !context.stopped() {
-            // Idle past the TTL in cluster time (the leader's clock runs
-            // while it leads, idle or not).
-            let mut stop = context.stop.clone();
-            tokio::select! {
-                () = tokio::time::sleep(ttl * 2 + Duration::from_millis(500)) => {}
-                _ = stop.wait_for(|stop| *stop) => return op_id,
-            }
-            // The TTL changed while idling (the short-TTL phase ended; the
-            // runner announces that before it proposes the change): the
-            // session may never have been idle past the TTL in force, so
-            // its expiry is not certain and nothing is asked of it.
-            if ttl_watch.has_changed().unwrap_or(true) {
-                continue;
-            }
-            op_id += 1;
-            let value = format!("c{client_number}-s{op_id}");
-            lifecycle_request(
+            let went_on = expire_session(
                 &context,
                 &mut raw,
-                process,
-                op_id,
+                client_number,
                 session,
-                3,
-                3,
-                &value,
-                Expect::Expired,
+                ttl_watch,
+                ttl,
+                &mut op_id,
             )
             .await;
+            if !went_on {
+                return op_id;
+            }
         }
     }
     op_id
+}
+
+/// One planned lifecycle request: (seq, first outstanding seq, value,
+/// expectation, op id).
+type LifecycleStep = (u64, u64, String, Expect, u64);
+
+/// One lifecycle cycle's requests, numbered on from `op_id`: an append
+/// applied, its duplicate, a second append applied, the first again below
+/// the floor (discarded), and another value with the second's seq (a
+/// conflict).
+fn lifecycle_plan(client_number: u64, op_id: &mut u64) -> [LifecycleStep; 5] {
+    let mut step = |expect: Expect, value: String| {
+        *op_id += 1;
+        (*op_id, expect, value)
+    };
+    let first = step(Expect::Applied, String::new());
+    let v1 = format!("c{client_number}-s{}", first.0);
+    let second = step(Expect::Duplicate, v1.clone());
+    let third = step(Expect::Applied, String::new());
+    let v2 = format!("c{client_number}-s{}", third.0);
+    let fourth = step(Expect::Discarded, v1.clone());
+    let fifth = step(Expect::Conflict, String::new());
+    let v3 = format!("c{client_number}-s{}", fifth.0);
+    [
+        (1, 1, v1.clone(), Expect::Applied, first.0),
+        (1, 1, v1.clone(), Expect::Duplicate, second.0),
+        (2, 2, v2, Expect::Applied, third.0),
+        (1, 1, v1, Expect::Discarded, fourth.0),
+        (2, 2, v3, Expect::Conflict, fifth.0),
+    ]
+}
+
+/// Sends a cycle's `plan` in order, a short random pause after each
+/// request, until one's outcome is not the expected one; `None` when told
+/// to stop, else whether every request went as expected.
+async fn send_lifecycle_plan(
+    context: &Context,
+    raw: &mut Raw,
+    process: Process,
+    session: u64,
+    plan: [LifecycleStep; 5],
+    rng: &mut ChaCha8Rng,
+) -> Option<bool> {
+    let mut on_track = true;
+    for (seq, floor, value, expect, id) in plan {
+        if context.stopped() {
+            return None;
+        }
+        on_track = lifecycle_request(
+            context, raw, process, id, session, seq, floor, &value, expect,
+        )
+        .await;
+        if !on_track {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..100))).await;
+    }
+    Some(on_track)
+}
+
+/// Idles `session` past `ttl`, the TTL `ttl_watch` last announced (in
+/// cluster time: the leader's clock runs while it leads, idle or not),
+/// then sends a request that must be refused as expired, numbered on from
+/// `op_id`; false when told to stop while idling.
+async fn expire_session(
+    context: &Context,
+    raw: &mut Raw,
+    client_number: u64,
+    session: u64,
+    ttl_watch: watch::Receiver<Duration>,
+    ttl: Duration,
+    op_id: &mut u64,
+) -> bool {
+    let mut stop = context.stop.clone();
+    tokio::select! {
+        () = tokio::time::sleep(ttl * 2 + Duration::from_millis(500)) => {}
+        _ = stop.wait_for(|stop| *stop) => return false,
+    }
+    // The TTL changed while idling (the short-TTL phase ended; the
+    // runner announces that before it proposes the change): the
+    // session may never have been idle past the TTL in force, so
+    // its expiry is not certain and nothing is asked of it.
+    if ttl_watch.has_changed().unwrap_or(true) {
+        return true;
+    }
+    *op_id += 1;
+    let value = format!("c{client_number}-s{op_id}");
+    lifecycle_request(
+        context,
+        raw,
+        Process::Client(client_number),
+        *op_id,
+        session,
+        3,
+        3,
+        &value,
+        Expect::Expired,
+    )
+    .await;
+    true
 }
 
 /// Sends one lifecycle request and records it; true when the outcome was
