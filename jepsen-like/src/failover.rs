@@ -318,6 +318,9 @@ async fn interrupted() {
     }
 }
 
+/// The benchmark on a started cluster: the probe writer and the load
+/// writers run while the killer kills leaders and every node's term is
+/// watched; then the writers stop and the counter is read back.
 async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverReport {
     let started = Instant::now();
     let client = Client::with_config(
@@ -330,14 +333,7 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
     let log: SharedLog = Arc::default();
     let (acks_tx, acks_rx) = watch::channel(0usize);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let initial_term = cluster
-        .statuses()
-        .await
-        .values()
-        .filter_map(|status| status.as_ref().ok())
-        .map(|reply| reply.term)
-        .max()
-        .unwrap_or(0);
+    let initial_term = highest_term(cluster).await;
 
     let mut writer = AbortOnDrop(tokio::spawn(write_loop(
         client.clone(),
@@ -371,34 +367,9 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
         },
         watch_terms(cluster, initial_term, stop_rx),
     );
-    // The writer finishes its current call (bounded by its call timeout).
-    let writer_ended = timeout_at(
-        Instant::now() + CALL_TIMEOUT + Duration::from_secs(5),
-        &mut writer.0,
-    )
-    .await;
-    let mut aborted = aborted;
-    if writer_ended.is_err() && aborted.is_none() {
-        aborted = Some("the writer did not stop".to_owned());
-    }
-    // Load writers stop after their current call, like the writer.
-    let loaders_ended = timeout_at(
-        Instant::now() + CALL_TIMEOUT + Duration::from_secs(5),
-        futures::future::join_all(loaders.iter_mut().map(|loader| &mut loader.0)),
-    )
-    .await;
-    if loaders_ended.is_err() && aborted.is_none() {
-        aborted = Some("the load writers did not stop".to_owned());
-    }
-    let final_value = if aborted.is_none() {
-        read_counter(cluster).await
-    } else {
-        // Best effort: the cluster may be unusable.
-        tokio::time::timeout(Duration::from_secs(15), read_counter(cluster))
-            .await
-            .ok()
-            .flatten()
-    };
+    let not_stopped = join_writers(&mut writer, &mut loaders).await;
+    let aborted = aborted.or(not_stopped);
+    let final_value = final_counter(cluster, aborted.is_none()).await;
     client.close().await;
     lock(&log).load_acknowledged = load.acknowledged();
     report(
@@ -410,6 +381,56 @@ async fn measure(cluster: &LocalCluster, options: &FailoverOptions) -> FailoverR
         final_value,
         aborted,
     )
+}
+
+/// The highest term any node reports (0 if none answers).
+async fn highest_term(cluster: &LocalCluster) -> u64 {
+    cluster
+        .statuses()
+        .await
+        .values()
+        .filter_map(|status| status.as_ref().ok())
+        .map(|reply| reply.term)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Lets the stopped writer, then the load writers, finish their current
+/// call (bounded by the call timeout); says which did not stop in time.
+async fn join_writers(
+    writer: &mut AbortOnDrop<()>,
+    loaders: &mut [AbortOnDrop<()>],
+) -> Option<String> {
+    let writer_ended = timeout_at(
+        Instant::now() + CALL_TIMEOUT + Duration::from_secs(5),
+        &mut writer.0,
+    )
+    .await;
+    let loaders_ended = timeout_at(
+        Instant::now() + CALL_TIMEOUT + Duration::from_secs(5),
+        futures::future::join_all(loaders.iter_mut().map(|loader| &mut loader.0)),
+    )
+    .await;
+    if writer_ended.is_err() {
+        Some("the writer did not stop".to_owned())
+    } else if loaders_ended.is_err() {
+        Some("the load writers did not stop".to_owned())
+    } else {
+        None
+    }
+}
+
+/// The counter read back after the run; best effort (bounded) when the
+/// run did not end `cleanly`: the cluster may be unusable.
+async fn final_counter(cluster: &LocalCluster, cleanly: bool) -> Option<i64> {
+    if cleanly {
+        read_counter(cluster).await
+    } else {
+        tokio::time::timeout(Duration::from_secs(15), read_counter(cluster))
+            .await
+            .ok()
+            .flatten()
+    }
 }
 
 /// Aborts the spawned task if it is still running when dropped.
@@ -732,6 +753,8 @@ async fn read_counter(cluster: &LocalCluster) -> Option<i64> {
     }
 }
 
+/// The run's figures from what the killer, the term watcher and the
+/// writers recorded.
 fn report(
     options: &FailoverOptions,
     started: Instant,
@@ -741,64 +764,19 @@ fn report(
     final_value: Option<i64>,
     aborted: Option<String>,
 ) -> FailoverReport {
-    let sorted_micros = |first: fn(&Kill) -> Option<Instant>| {
-        let mut micros: Vec<u32> = kills
-            .iter()
-            .filter_map(|kill| first(kill).map(|ack| ack - kill.at))
-            .map(|delay| delay.as_micros().min(u128::from(u32::MAX)) as u32)
-            .collect();
-        micros.sort_unstable();
-        micros
-    };
-    let micros = sorted_micros(|kill| kill.first_ack);
-    let any_micros = sorted_micros(|kill| kill.first_any_ack);
+    let micros = kill_delays_micros(kills, |kill| kill.first_ack);
+    let any_micros = kill_delays_micros(kills, |kill| kill.first_any_ack);
     let end = Instant::now();
     let (load_puts_between_kills, load_time_between_kills) =
         between_kills(kills, log.load_acknowledged, started, end);
     let (after_kills, spurious) = attribute(kills, increases, Instant::now());
-    let seconds = |at: Instant| at.saturating_duration_since(started).as_secs_f64();
-    let spurious_elections = spurious
-        .iter()
-        .map(|increase| SpuriousElection {
-            at_s: seconds(increase.at),
-            node: increase.node,
-            from_term: increase.from,
-            to_term: increase.to,
-            since_last_kill_s: kills
-                .iter()
-                .rev()
-                .find(|kill| kill.at <= increase.at)
-                .map(|kill| (increase.at - kill.at).as_secs_f64()),
-        })
-        .collect::<Vec<_>>();
-    let acknowledged = log.acks.len() as u64;
-    let rising = log
-        .acks
-        .windows(2)
-        .all(|pair| pair[0].value < pair[1].value);
-    let consistent = rising
-        && final_value.is_some_and(|value| {
-            let value = u64::try_from(value).unwrap_or(u64::MAX);
-            acknowledged <= value && value <= acknowledged + log.unknown
-        });
     FailoverReport {
         mode: "failover",
         timing: options.timing,
         kills_requested: options.kills,
         kills_done: kills.len() as u32,
         samples_ms: micros.iter().map(|&m| f64::from(m) / 1e3).collect(),
-        per_kill: kills
-            .iter()
-            .map(|kill| KillSample {
-                node: kill.node,
-                first_ack_ms: kill
-                    .first_ack
-                    .map(|ack| (ack - kill.at).as_secs_f64() * 1e3),
-                first_ack_any_client_ms: kill
-                    .first_any_ack
-                    .map(|ack| (ack - kill.at).as_secs_f64() * 1e3),
-            })
-            .collect(),
+        per_kill: kill_samples(kills),
         median_ms: percentile(&micros, 0.50),
         p99_ms: percentile(&micros, 0.99),
         max_ms: percentile(&micros, 1.0),
@@ -807,8 +785,8 @@ fn report(
         any_client_max_ms: percentile(&any_micros, 1.0),
         elections_after_kills: after_kills,
         elections_not_caused_by_kill: spurious.iter().map(|i| i.to - i.from).sum(),
-        spurious_elections,
-        writes_acknowledged: acknowledged,
+        spurious_elections: spurious_elections(started, kills, &spurious),
+        writes_acknowledged: log.acks.len() as u64,
         load_clients: options.load_clients,
         load_writes_per_second: log.load_acknowledged as f64
             / (end - started).as_secs_f64().max(f64::MIN_POSITIVE),
@@ -818,10 +796,81 @@ fn report(
         writes_unknown: log.unknown,
         writes_failed: log.failed,
         final_value,
-        consistent,
-        seconds: seconds(end),
+        consistent: consistent(log, final_value),
+        seconds: seconds_since(started, end),
         aborted,
     }
+}
+
+/// Seconds from `started` to `at`.
+fn seconds_since(started: Instant, at: Instant) -> f64 {
+    at.saturating_duration_since(started).as_secs_f64()
+}
+
+/// Each kill → its `first` acknowledgement (kills without one left out),
+/// in microseconds, sorted.
+fn kill_delays_micros(kills: &[Kill], first: fn(&Kill) -> Option<Instant>) -> Vec<u32> {
+    let mut micros: Vec<u32> = kills
+        .iter()
+        .filter_map(|kill| first(kill).map(|ack| ack - kill.at))
+        .map(|delay| delay.as_micros().min(u128::from(u32::MAX)) as u32)
+        .collect();
+    micros.sort_unstable();
+    micros
+}
+
+/// Every kill in order, with its delays in milliseconds.
+fn kill_samples(kills: &[Kill]) -> Vec<KillSample> {
+    kills
+        .iter()
+        .map(|kill| KillSample {
+            node: kill.node,
+            first_ack_ms: kill
+                .first_ack
+                .map(|ack| (ack - kill.at).as_secs_f64() * 1e3),
+            first_ack_any_client_ms: kill
+                .first_any_ack
+                .map(|ack| (ack - kill.at).as_secs_f64() * 1e3),
+        })
+        .collect()
+}
+
+/// The `spurious` term increases as reported, each with the time since
+/// the latest kill before it.
+fn spurious_elections(
+    started: Instant,
+    kills: &[Kill],
+    spurious: &[TermIncrease],
+) -> Vec<SpuriousElection> {
+    spurious
+        .iter()
+        .map(|increase| SpuriousElection {
+            at_s: seconds_since(started, increase.at),
+            node: increase.node,
+            from_term: increase.from,
+            to_term: increase.to,
+            since_last_kill_s: kills
+                .iter()
+                .rev()
+                .find(|kill| kill.at <= increase.at)
+                .map(|kill| (increase.at - kill.at).as_secs_f64()),
+        })
+        .collect()
+}
+
+/// Exactly once: the acknowledged values rose strictly, and the final
+/// value lies in [acknowledged, acknowledged + unknown].
+fn consistent(log: &WriterLog, final_value: Option<i64>) -> bool {
+    let acknowledged = log.acks.len() as u64;
+    let rising = log
+        .acks
+        .windows(2)
+        .all(|pair| pair[0].value < pair[1].value);
+    rising
+        && final_value.is_some_and(|value| {
+            let value = u64::try_from(value).unwrap_or(u64::MAX);
+            acknowledged <= value && value <= acknowledged + log.unknown
+        })
 }
 
 /// The load writers' acknowledged puts outside every kill's window (the
@@ -864,11 +913,23 @@ fn attribute(kills: &[Kill], increases: &[TermIncrease], end: Instant) -> (u64, 
     (caused, spurious)
 }
 
+/// Prints the report: one JSON line, or the text lines.
 fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string(report)?);
         return Ok(());
     }
+    print_kill_times(report);
+    print_elections(report);
+    print_writes(report);
+    if let Some(reason) = &report.aborted {
+        println!("aborted: {reason}");
+    }
+    Ok(())
+}
+
+/// The kills and their kill → first acknowledgement figures.
+fn print_kill_times(report: &FailoverReport) {
     let timing = report.timing;
     println!(
         "failover: {} of {} leader kills (SIGKILL) in {:.1} s; heartbeat {} ms, election timeout {}-{} ms",
@@ -895,6 +956,10 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
         .map(|ms| format!("{ms:.1}"))
         .collect();
     println!("probe samples (ms, sorted): {}", samples.join(" "));
+}
+
+/// The elections, and each spurious one.
+fn print_elections(report: &FailoverReport) {
     println!(
         "elections: {} within kill windows, {} not caused by a kill",
         report.elections_after_kills, report.elections_not_caused_by_kill
@@ -912,6 +977,10 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
                 .unwrap_or_default()
         );
     }
+}
+
+/// The probe writer's writes and the counter, then the background load.
+fn print_writes(report: &FailoverReport) {
     println!(
         "writes: {} acknowledged, {} unknown, {} failed; counter {}: {}",
         report.writes_acknowledged,
@@ -940,10 +1009,6 @@ fn print(report: &FailoverReport, json: bool) -> anyhow::Result<()> {
             report.load_writes_per_second
         );
     }
-    if let Some(reason) = &report.aborted {
-        println!("aborted: {reason}");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
