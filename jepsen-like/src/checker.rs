@@ -667,6 +667,7 @@ struct KeyedWrites<'a> {
 }
 
 impl<'a> KeyedWrites<'a> {
+    /// What the keys of `groups` carried, key by key.
     fn of(groups: &BTreeMap<&'a str, KeyedGroup<'a>>) -> KeyedWrites<'a> {
         let mut writes = KeyedWrites::default();
         for (idempotency_key, group) in groups {
@@ -1583,6 +1584,7 @@ struct ReadIndexes<'a> {
 }
 
 impl<'a> ReadIndexes<'a> {
+    /// The list writes' and the increments' indexes, by key.
     fn new(operations: &'a [Operation], lists: &'a ListWrites) -> ReadIndexes<'a> {
         let list_indexes: BTreeMap<&str, ListIndex> = lists
             .iter()

@@ -217,6 +217,8 @@ struct ReadCounts {
 }
 
 impl ReadCounts {
+    /// Counts the reads among `operations` (list and counter keys as
+    /// their writes make them).
     fn of(operations: &[history::Operation]) -> ReadCounts {
         let keys_of = |counters: bool| -> std::collections::BTreeSet<&str> {
             operations

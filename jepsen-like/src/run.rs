@@ -641,6 +641,8 @@ struct Targets {
 }
 
 impl Targets {
+    /// `planned`'s nodes: its kind's, `pick` choosing the follower or the
+    /// random node.
     fn of(planned: &PlannedFault, leader: u64) -> Targets {
         let followers: Vec<u64> = NODES.into_iter().filter(|n| *n != leader).collect();
         let follower = followers[planned.pick as usize % followers.len()];
