@@ -132,8 +132,11 @@ case ${1:-} in
         # double the time of CI on two cores. Slower nodes (tens of times
         # fewer operations), the same faults, checks and exit codes.
         # One build of both binaries with the test command's package and
-        # feature selection, so that little recompiles.
-        cargo build --workspace --features fault-injection --bins
+        # feature selection, so that little recompiles. `--tests` too: the
+        # test command unifies features with the dev-dependencies (tokio's
+        # test-util, say), and a build without them would compile tokio,
+        # tonic, openraft and the workspace again (over a minute on 2 cores).
+        cargo build --workspace --features fault-injection --bins --tests
         harness=target/debug/jepsen-like
         run "ci-smoke$suffix" 0 target/debug/oncekv --seed 1 --duration 45 --leader-kills 3 --quiet "${tls[@]+"${tls[@]}"}"
         print_summary

@@ -381,19 +381,26 @@ fn check_lists(
 ) {
     for (key, written) in keys {
         for (node, values) in reads {
-            let list: &[String] = match values.get(*key) {
-                Some(FinalValue::List(list)) => list,
-                None | Some(FinalValue::Absent) => &[],
-                Some(other) => {
+            match final_list(values.get(*key)) {
+                Ok(list) => check_list(*node, key, list, written, findings),
+                Err(other) => {
                     findings.safety.phantom += 1;
                     findings.problem(format!(
                         "node {node}: key {key:?} holds {other:?}, not a list"
                     ));
-                    continue;
                 }
-            };
-            check_list(*node, key, list, written, findings);
+            }
         }
+    }
+}
+
+/// A replica's final value of a list key: its elements (none when absent),
+/// or the value of another kind it holds instead.
+fn final_list(value: Option<&FinalValue>) -> Result<&[String], &FinalValue> {
+    match value {
+        Some(FinalValue::List(list)) => Ok(list),
+        None | Some(FinalValue::Absent) => Ok(&[]),
+        Some(other) => Err(other),
     }
 }
 
@@ -756,18 +763,15 @@ fn check_keyed_lists(
 ) {
     for (key, values) in lists {
         for (node, final_values) in reads {
-            let list: &[String] = match final_values.get(*key) {
-                Some(FinalValue::List(list)) => list,
-                None | Some(FinalValue::Absent) => &[],
-                Some(other) => {
+            match final_list(final_values.get(*key)) {
+                Ok(list) => check_keyed_list(*node, key, list, values, findings),
+                Err(other) => {
                     findings.safety.keyed_phantom += 1;
                     findings.problem(format!(
                         "node {node}: keyed list {key:?} holds {other:?}, not a list"
                     ));
-                    continue;
                 }
-            };
-            check_keyed_list(*node, key, list, values, findings);
+            }
         }
     }
 }
