@@ -2131,6 +2131,29 @@ mod tests {
         assert!(problem.contains("back in time"), "{problem}");
     }
 
+    /// An absent read forgets the reader's previous list, as the workload
+    /// does: a later reply that claims to share elements with it cannot be
+    /// rebuilt, and is malformed.
+    #[test]
+    fn a_list_read_after_an_absent_one_shares_nothing() {
+        let (mut h, finals) = valid();
+        h.read_list(9, 1, 12, 14, &["c1-s1"])
+            .read(9, 2, "k", 15, 16, Reply::ReadAbsent)
+            .read(
+                9,
+                3,
+                "k",
+                17,
+                18,
+                Reply::ReadList {
+                    shared: 1,
+                    tail: vec![],
+                },
+            );
+        let findings = check(&h.events, &finals);
+        assert_eq!(findings.safety.malformed, 1, "{findings:#?}");
+    }
+
     #[test]
     fn counter_reads_outside_their_bounds_are_caught() {
         // Before 99 no increment had begun: nothing to see.
