@@ -698,21 +698,15 @@ async fn wait_first_ack(
 /// reported it once `node` answered).
 async fn wait_caught_up(cluster: &LocalCluster, node: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    let target = loop {
-        let statuses = cluster.statuses().await;
-        if let Some(leader) = agreed_leader(&statuses)
-            && let Some(Ok(reply)) = statuses.get(&leader)
-        {
-            break reply.applied_index;
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "no agreed leader within {CATCH_UP_TIMEOUT:?}; statuses:\n{}",
-                describe(&statuses)
-            );
-        }
-        sleep(POLL).await;
-    };
+    let statuses = cluster
+        .wait_until(CATCH_UP_TIMEOUT, "an agreed leader", |statuses| {
+            agreed_leader(statuses).is_some()
+        })
+        .await?;
+    let target = agreed_leader(&statuses)
+        .and_then(|leader| statuses.get(&leader)?.as_ref().ok())
+        .map(|reply| reply.applied_index)
+        .context("the leader's applied index")?;
     let left = deadline.saturating_duration_since(Instant::now());
     cluster
         .wait_until(

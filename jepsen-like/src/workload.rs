@@ -256,7 +256,7 @@ pub const READ_PAUSE_MAX: Duration = Duration::from_millis(10);
 /// follower without the read index) gets asked.
 pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     let mut rng = context.rng(client_number);
-    let client = reader_client(&context, client_number);
+    let client = rotated_client(&context, client_number);
     let process = Process::Client(client_number);
     // The last list each key was read as, to record the next read of it
     // as a difference (`Reply::ReadList`).
@@ -282,8 +282,9 @@ pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     op_id
 }
 
-/// A reader's client, its endpoint list rotated by its number.
-fn reader_client(context: &Context, client_number: u64) -> Client {
+/// A client (of a reader or a keyed producer) whose endpoint list is
+/// rotated by its number, so that such clients start at different nodes.
+fn rotated_client(context: &Context, client_number: u64) -> Client {
     let mut endpoints = context.endpoints.clone();
     if !endpoints.is_empty() {
         let turn = (client_number % endpoints.len() as u64) as usize;
@@ -383,20 +384,7 @@ enum KeyedEnd {
 /// `KEY_CONFLICT` and never appear.
 pub async fn run_keyed_producer(context: Context, client_number: u64) -> u64 {
     let mut rng = context.rng(client_number);
-    let mut endpoints = context.endpoints.clone();
-    if !endpoints.is_empty() {
-        let turn = (client_number % endpoints.len() as u64) as usize;
-        endpoints.rotate_left(turn);
-    }
-    let client = Client::with_config(
-        endpoints,
-        ClientConfig {
-            call_timeout: CALL_TIMEOUT,
-            attempt_timeout: ATTEMPT_TIMEOUT,
-            credentials: context.credentials(client_number),
-            ..ClientConfig::default()
-        },
-    );
+    let client = rotated_client(&context, client_number);
     let process = Process::Client(client_number);
     let mut op_id = 0u64;
     let mut n = 0u64;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use oncekv_client::credentials::{CredentialPaths, Credentials};
-use oncekv_testkit::{LocalCluster, Options, agreed_leader};
+use oncekv_testkit::{LocalCluster, Options};
 use oncekv_wire::proto::StatusReply;
 use oncekv_wire::proto::admin_client::AdminClient;
 use oncekv_wire::proto::client_client::ClientClient;
@@ -330,14 +330,8 @@ impl Cluster {
     /// Waits up to `timeout` for [`Cluster::leader`] to name one; panics
     /// with every node's status otherwise.
     pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
-        let statuses = self
-            .wait_until(
-                timeout,
-                "a leader agreed by all running nodes",
-                |statuses| agreed_leader(statuses).is_some(),
-            )
-            .await;
-        agreed_leader(&statuses).expect("the condition just held")
+        let leader = self.nodes.wait_for_leader(timeout).await;
+        self.expect(leader)
     }
 
     /// Waits (up to a minute) until a node other than `old` says it leads;

@@ -323,14 +323,6 @@ impl LocalCluster {
             .collect()
     }
 
-    /// The node whose client endpoint is `addr`.
-    pub fn node_of(&self, addr: &str) -> Option<u64> {
-        self.nodes
-            .values()
-            .find(|n| n.client_addr.to_string() == addr)
-            .map(|n| n.id)
-    }
-
     /// `127.0.0.1:port` of `node`'s peer service.
     pub fn peer_addr(&self, node: u64) -> SocketAddr {
         self.node(node).peer_addr
