@@ -8,7 +8,7 @@
 //! Every metric is documented in docs/operating.md ("Metrics and dashboard").
 
 use crate::raft_types::{NodeId, TypeConfig};
-use oncekv_core::{Entry, Limit, Op, Outcome, Registry, Rejection};
+use oncekv_core::{ClaimAnswer, Entry, Limit, Op, Outcome, Registry, Rejection};
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -36,6 +36,12 @@ pub struct ReplyLabels {
     pub result: &'static str,
 }
 
+/// One claim event applied, by kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimEventLabels {
+    pub event: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateHashLabels {
     hash: String,
@@ -56,6 +62,7 @@ pub struct NodeMetrics {
     pub registry_outcomes: Family<OutcomeLabels, Counter>,
     pub sessions_expired: Counter,
     pub idempotency_keys_expired: Counter,
+    pub claim_events: Family<ClaimEventLabels, Counter>,
     pub apply_batch_duration: Histogram,
     pub entries_applied: Counter,
     pub snapshots_built: Counter,
@@ -75,6 +82,8 @@ pub struct NodeMetrics {
     sessions_live: Gauge,
     idempotency_keys_live: Gauge,
     idempotency_keys_cached_bytes: Gauge,
+    claims_live: Gauge,
+    claims_held: Gauge,
     cached_responses: Gauge,
     cached_bytes: Gauge,
     term: Gauge,
@@ -116,6 +125,7 @@ impl NodeMetrics {
             registry_outcomes: Family::default(),
             sessions_expired: Counter::default(),
             idempotency_keys_expired: Counter::default(),
+            claim_events: Family::default(),
             apply_batch_duration: latency_histogram(),
             entries_applied: Counter::default(),
             snapshots_built: Counter::default(),
@@ -131,6 +141,8 @@ impl NodeMetrics {
             sessions_live: Gauge::default(),
             idempotency_keys_live: Gauge::default(),
             idempotency_keys_cached_bytes: Gauge::default(),
+            claims_live: Gauge::default(),
+            claims_held: Gauge::default(),
             cached_responses: Gauge::default(),
             cached_bytes: Gauge::default(),
             term: Gauge::default(),
@@ -185,6 +197,21 @@ impl NodeMetrics {
             "Size of the idempotency key records as idempotency_cached_bytes_max counts it",
             Unit::Bytes,
             self.idempotency_keys_cached_bytes.clone(),
+        );
+        self.registry.register(
+            "claim_events",
+            "Claim requests applied on this replica, by event: won (a first holder), taken_over (a holder after an earlier one, whose lease ran out or who released), in_progress (answered with another holder's live lease), replayed (answered with the recorded result), completed, released, fenced (a complete, extend or release of a fence that no longer holds the key: FENCED), conflict (KEY_CONFLICT)",
+            self.claim_events.clone(),
+        );
+        self.registry.register(
+            "claims_live",
+            "Live claim records in the applied state (held, released or completed), all principals",
+            self.claims_live.clone(),
+        );
+        self.registry.register(
+            "claims_held",
+            "Claim records whose key is held now (their lease may have run out without a takeover yet)",
+            self.claims_held.clone(),
         );
         self.registry.register(
             "sessions_live",
@@ -397,6 +424,11 @@ impl NodeMetrics {
         }
         let (mut registered, mut unregistered) = (0usize, 0usize);
         for (op, outcome) in entry.ops.iter().zip(outcomes) {
+            if let Some(event) = claim_event(op, outcome) {
+                self.claim_events
+                    .get_or_create(&ClaimEventLabels { event })
+                    .inc();
+            }
             self.registry_outcomes
                 .get_or_create(&OutcomeLabels {
                     op: op_label(op),
@@ -445,6 +477,9 @@ impl NodeMetrics {
             .set(saturating_i64(registry.key_count() as u64));
         self.idempotency_keys_cached_bytes
             .set(saturating_i64(registry.keyed_cached_bytes()));
+        self.claims_live
+            .set(saturating_i64(registry.claim_count() as u64));
+        self.claims_held.set(saturating_i64(registry.claims_held()));
         self.cached_responses.set(saturating_i64(responses));
         self.cached_bytes.set(saturating_i64(bytes));
         self.state_hash_info.clear();
@@ -522,6 +557,36 @@ fn makes_key_record(outcome: &Outcome) -> bool {
     }
 }
 
+/// The claim event an applied claim request was, if any.
+fn claim_event(op: &Op, outcome: &Outcome) -> Option<&'static str> {
+    let claim_op = matches!(
+        op,
+        Op::Claim(_) | Op::CompleteClaim { .. } | Op::ReleaseClaim { .. } | Op::ExtendClaim { .. }
+    );
+    if !claim_op {
+        return None;
+    }
+    Some(match outcome {
+        Outcome::Claimed(ClaimAnswer::Won {
+            duplicate: false,
+            attempt: 1,
+            ..
+        }) => "won",
+        Outcome::Claimed(ClaimAnswer::Won {
+            duplicate: false, ..
+        }) => "taken_over",
+        Outcome::Claimed(ClaimAnswer::InProgress { .. }) => "in_progress",
+        Outcome::Claimed(ClaimAnswer::Completed { .. }) => "replayed",
+        Outcome::ClaimCompleted {
+            duplicate: false, ..
+        } => "completed",
+        Outcome::ClaimReleased { duplicate: false } => "released",
+        Outcome::Rejected(Rejection::Fenced { .. }) => "fenced",
+        Outcome::Rejected(Rejection::KeyConflict) => "conflict",
+        _ => return None,
+    })
+}
+
 /// The `op` label of a registry entry.
 pub fn op_label(op: &Op) -> &'static str {
     match op {
@@ -534,7 +599,12 @@ pub fn op_label(op: &Op) -> &'static str {
         Op::ExecutePlain { .. } => "execute_plain",
         Op::ExecuteKeyed { .. } => "execute_keyed",
         Op::ForgetKey { .. } => "forget_key",
-        Op::PatchConfigs { .. } => "set_config",
+        Op::PatchConfigs { .. } | Op::PatchAllConfigs { .. } => "set_config",
+        Op::Claim(_) => "claim",
+        Op::CompleteClaim { .. } => "complete_claim",
+        Op::ReleaseClaim { .. } => "release_claim",
+        Op::ExtendClaim { .. } => "extend_claim",
+        Op::ForgetClaim { .. } => "forget_claim",
     }
 }
 
@@ -548,7 +618,16 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
         }
         | Outcome::Rejected(Rejection::LimitExceeded {
             duplicate: true, ..
-        }) => "duplicate",
+        })
+        | Outcome::Claimed(ClaimAnswer::Won {
+            duplicate: true, ..
+        })
+        | Outcome::Claimed(ClaimAnswer::Completed { .. })
+        | Outcome::ClaimCompleted {
+            duplicate: true, ..
+        }
+        | Outcome::ClaimReleased { duplicate: true } => "duplicate",
+        Outcome::Claimed(ClaimAnswer::InProgress { .. }) => "in_progress",
         Outcome::Bootstrapped { .. }
         | Outcome::Registered(_)
         | Outcome::Executed { .. }
@@ -556,7 +635,13 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
         | Outcome::Unregistered
         | Outcome::ConfigSet(_)
         | Outcome::ConfigsSet { .. }
-        | Outcome::KeyForgotten { .. } => "applied",
+        | Outcome::KeyForgotten { .. }
+        | Outcome::Claimed(ClaimAnswer::Won { .. })
+        | Outcome::ClaimCompleted { .. }
+        | Outcome::ClaimReleased { .. }
+        | Outcome::ClaimExtended { .. }
+        | Outcome::ClaimForgotten { .. }
+        | Outcome::AllConfigsSet { .. } => "applied",
         Outcome::Rejected(rejection) => match rejection {
             Rejection::SessionExpired => "expired",
             Rejection::WrongCluster { .. } => "wrong_cluster",
@@ -568,6 +653,7 @@ pub fn outcome_label(outcome: &Outcome) -> &'static str {
             Rejection::InvalidArgument(_) => "invalid",
             Rejection::PermissionDenied => "permission_denied",
             Rejection::NotBootstrapped => "not_bootstrapped",
+            Rejection::Fenced { .. } => "fenced",
         },
     }
 }

@@ -564,7 +564,8 @@ pub fn completion(
                 | Error::Unauthenticated(_)
                 | Error::PermissionDenied(_)
                 | Error::LimitExceeded { .. }
-                | Error::KeyConflict { .. } => EventType::Fail,
+                | Error::KeyConflict { .. }
+                | Error::Fenced { .. } => EventType::Fail,
             };
             (kind, None, Some(error.to_string()))
         }

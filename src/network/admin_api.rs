@@ -410,9 +410,12 @@ impl admin_server::Admin for AdminApi {
         let applied = self.state.read();
         let registry = &applied.registry;
         Ok(Response::new(proto::GetConfigReply {
-            config: registry
-                .cluster_id()
-                .map(|_| convert::configs_to_proto(registry.config(), registry.keyed_config())),
+            config: registry.cluster_id().map(|_| {
+                let mut config =
+                    convert::configs_to_proto(registry.config(), registry.keyed_config());
+                convert::claim_config_into_proto(registry.claim_config(), &mut config);
+                config
+            }),
             applied_index: registry.applied_index(),
         }))
     }
@@ -428,30 +431,115 @@ impl admin_server::Admin for AdminApi {
             .as_ref()
             .map(convert::keyed_config_patch_from_proto)
             .unwrap_or_default();
+        let claims = request
+            .patch
+            .as_ref()
+            .map(convert::claim_config_patch_from_proto)
+            .unwrap_or_default();
         let patch = convert::config_patch_from_proto(request.patch).map_err(convert_status)?;
         // A fact of the request alone. Whether the patched configs are
         // valid depends on the configs in force when the entry applies: the
         // core decides that, in log order, on every replica alike.
-        if patch.is_empty() && keyed.is_empty() {
+        if patch.is_empty() && keyed.is_empty() && claims.is_empty() {
             return Err(invalid("the config patch sets no field"));
         }
-        let op = Op::PatchConfigs {
+        let op = Op::PatchAllConfigs {
             cluster_id,
             patch,
             keyed,
+            claims,
         };
         match self.propose(op).await? {
-            (Outcome::ConfigsSet { config, keyed }, log_index) => {
+            (
+                Outcome::AllConfigsSet {
+                    config,
+                    keyed,
+                    claims,
+                },
+                log_index,
+            ) => {
                 tracing::info!(
                     log_index,
                     session_ttl_ms = config.session_ttl_ms,
                     window = config.window,
                     idempotency_key_ttl_ms = keyed.idempotency_key_ttl_ms,
+                    claim_ttl_ms = claims.claim_ttl_ms,
                     "registry config set"
                 );
+                let mut wire = convert::configs_to_proto(&config, &keyed);
+                convert::claim_config_into_proto(&claims, &mut wire);
                 Ok(Response::new(proto::SetConfigReply {
                     log_index,
-                    config: Some(convert::configs_to_proto(&config, &keyed)),
+                    config: Some(wire),
+                }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn list_claims(
+        &self,
+        request: Request<proto::ListClaimsRequest>,
+    ) -> Result<Response<proto::ListClaimsReply>, Status> {
+        let request = request.into_inner();
+        let limit = match request.limit as usize {
+            0 => KEYS_PAGE_DEFAULT,
+            limit => limit.min(KEYS_PAGE_MAX),
+        };
+        let principal =
+            convert::principal_from_proto(request.after_principal).map_err(convert_status)?;
+        if request.after_key.len() as u64 > oncekv_core::bounds::CLAIM_KEY_BYTES_MAX {
+            return Err(invalid("after_key is longer than any claim key"));
+        }
+        let after_key = oncekv_core::IdempotencyKey(request.after_key);
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        let (claims, more) = registry.claims_after(&principal, &after_key, limit);
+        Ok(Response::new(proto::ListClaimsReply {
+            claims: claims.iter().map(convert::claim_to_proto).collect(),
+            applied_index: registry.applied_index(),
+            more,
+            cluster_time_ms: registry.cluster_time_ms(),
+        }))
+    }
+
+    async fn get_claim(
+        &self,
+        request: Request<proto::GetClaimRequest>,
+    ) -> Result<Response<proto::GetClaimReply>, Status> {
+        let request = request.into_inner();
+        let principal = convert::principal_from_proto(request.principal).map_err(convert_status)?;
+        let key = convert::claim_key_from_proto(request.key).map_err(convert_status)?;
+        let applied = self.state.read();
+        let registry = &applied.registry;
+        Ok(Response::new(proto::GetClaimReply {
+            claim: registry
+                .claim_record(&principal, &key)
+                .map(|view| convert::claim_to_proto(&view)),
+            applied_index: registry.applied_index(),
+            cluster_time_ms: registry.cluster_time_ms(),
+        }))
+    }
+
+    async fn forget_claim(
+        &self,
+        request: Request<proto::ForgetClaimRequest>,
+    ) -> Result<Response<proto::ForgetClaimReply>, Status> {
+        let request = request.into_inner();
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
+        let principal = convert::principal_from_proto(request.principal).map_err(convert_status)?;
+        let key = convert::claim_key_from_proto(request.key).map_err(convert_status)?;
+        let op = Op::ForgetClaim {
+            cluster_id,
+            principal: principal.clone(),
+            key,
+        };
+        match self.propose(op).await? {
+            (Outcome::ClaimForgotten { existed }, log_index) => {
+                tracing::info!(log_index, existed, %principal, "claim forgotten by an operator");
+                Ok(Response::new(proto::ForgetClaimReply {
+                    log_index,
+                    existed,
                 }))
             }
             (other, _) => Err(rejected(other)),

@@ -16,7 +16,7 @@ use super::status::{check_cluster, read_status, required_cluster};
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::ReadIndex;
 use crate::shared::SharedState;
-use oncekv_core::{ClientId, Execute, Nonce, Op, Outcome, Registration};
+use oncekv_core::{Claim, ClientId, Execute, IdempotencyKey, Nonce, Op, Outcome, Registration};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert::{self, cluster_id_bytes};
 use oncekv_wire::proto::{self, client_server};
@@ -67,6 +67,37 @@ impl ClientApi {
 
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
         self.proposer.propose(op).await
+    }
+
+    /// Test-only (fault injection): a reply that made a change is dropped,
+    /// as if the network lost it; the caller's retry must be answered from
+    /// the record.
+    async fn maybe_drop_reply(&self, changed: bool, log_index: u64, what: &'static str) {
+        if changed && self.faults.take_execute_reply_drop() {
+            tracing::warn!(log_index, what, "fault injection: dropping the reply");
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The cluster, principal and key of a claim request that names a
+    /// fence (complete, release, extend).
+    fn fenced_request<T>(
+        &self,
+        request: &Request<T>,
+        cluster_id: &[u8],
+        key: Vec<u8>,
+    ) -> Result<
+        (
+            oncekv_core::ClusterId,
+            oncekv_core::Principal,
+            IdempotencyKey,
+        ),
+        Status,
+    > {
+        let principal = principal_of(request);
+        let cluster_id = required_cluster(&self.state, cluster_id)?;
+        let key = convert::claim_key_from_proto(key).map_err(convert_status)?;
+        Ok((cluster_id, principal, key))
     }
 }
 
@@ -208,6 +239,137 @@ impl client_server::Client for ClientApi {
             std::future::pending::<()>().await;
         }
         Ok(Response::new(reply))
+    }
+
+    async fn claim(
+        &self,
+        request: Request<proto::ClaimRequest>,
+    ) -> Result<Response<proto::ClaimReply>, Status> {
+        let principal = principal_of(&request);
+        let request = request.into_inner();
+        let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
+        let op = Op::Claim(Claim {
+            cluster_id,
+            principal,
+            key: convert::claim_key_from_proto(request.key).map_err(convert_status)?,
+            fingerprint: convert::claim_fingerprint_from_proto(&request.fingerprint)
+                .map_err(convert_status)?,
+            lease_ms: request.lease_ms,
+            claim_id: convert::claim_id_from_proto(&request.claim_id).map_err(convert_status)?,
+        });
+        match self.propose(op).await? {
+            (Outcome::Claimed(answer), log_index) => {
+                let won = matches!(
+                    answer,
+                    oncekv_core::ClaimAnswer::Won {
+                        duplicate: false,
+                        ..
+                    }
+                );
+                self.maybe_drop_reply(won, log_index, "claim").await;
+                Ok(Response::new(convert::claim_answer_to_proto(
+                    &answer, log_index,
+                )))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn complete_claim(
+        &self,
+        request: Request<proto::CompleteClaimRequest>,
+    ) -> Result<Response<proto::CompleteClaimReply>, Status> {
+        let (cluster_id, principal, key) = {
+            let inner = request.get_ref();
+            self.fenced_request(&request, &inner.cluster_id, inner.key.clone())?
+        };
+        let request = request.into_inner();
+        let result = convert::claim_result_from_proto(request.result).map_err(convert_status)?;
+        let op = Op::CompleteClaim {
+            cluster_id,
+            principal,
+            key,
+            fence: request.fence,
+            result,
+        };
+        match self.propose(op).await? {
+            (
+                Outcome::ClaimCompleted {
+                    completed_ms,
+                    duplicate,
+                    ..
+                },
+                log_index,
+            ) => {
+                self.maybe_drop_reply(!duplicate, log_index, "complete claim")
+                    .await;
+                Ok(Response::new(proto::CompleteClaimReply {
+                    completed_ms,
+                    duplicate,
+                    log_index,
+                }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn release_claim(
+        &self,
+        request: Request<proto::ReleaseClaimRequest>,
+    ) -> Result<Response<proto::ReleaseClaimReply>, Status> {
+        let (cluster_id, principal, key) = {
+            let inner = request.get_ref();
+            self.fenced_request(&request, &inner.cluster_id, inner.key.clone())?
+        };
+        let op = Op::ReleaseClaim {
+            cluster_id,
+            principal,
+            key,
+            fence: request.get_ref().fence,
+        };
+        match self.propose(op).await? {
+            (Outcome::ClaimReleased { duplicate }, log_index) => {
+                self.maybe_drop_reply(!duplicate, log_index, "release claim")
+                    .await;
+                Ok(Response::new(proto::ReleaseClaimReply {
+                    duplicate,
+                    log_index,
+                }))
+            }
+            (other, _) => Err(rejected(other)),
+        }
+    }
+
+    async fn extend_claim(
+        &self,
+        request: Request<proto::ExtendClaimRequest>,
+    ) -> Result<Response<proto::ExtendClaimReply>, Status> {
+        let (cluster_id, principal, key) = {
+            let inner = request.get_ref();
+            self.fenced_request(&request, &inner.cluster_id, inner.key.clone())?
+        };
+        let op = Op::ExtendClaim {
+            cluster_id,
+            principal,
+            key,
+            fence: request.get_ref().fence,
+            lease_ms: request.get_ref().lease_ms,
+        };
+        match self.propose(op).await? {
+            (
+                Outcome::ClaimExtended {
+                    lease_deadline_ms,
+                    cluster_time_ms,
+                },
+                log_index,
+            ) => Ok(Response::new(proto::ExtendClaimReply {
+                lease_deadline_ms,
+                cluster_time_ms,
+                lease_ms_left: lease_deadline_ms.saturating_sub(cluster_time_ms),
+                log_index,
+            })),
+            (other, _) => Err(rejected(other)),
+        }
     }
 
     async fn keep_alive(

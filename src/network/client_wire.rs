@@ -83,6 +83,10 @@ fn method_label(path: &str) -> Option<&'static str> {
         "Client/Unregister" => "Unregister",
         "Client/Read" => "Read",
         "Client/Status" => "Status",
+        "Client/Claim" => "Claim",
+        "Client/CompleteClaim" => "CompleteClaim",
+        "Client/ReleaseClaim" => "ReleaseClaim",
+        "Client/ExtendClaim" => "ExtendClaim",
         _ => "other",
     })
 }
@@ -149,6 +153,7 @@ fn reason_label(reason: Reason) -> &'static str {
         Reason::PermissionDenied => "permission_denied",
         Reason::Unauthenticated => "unauthenticated",
         Reason::KeyConflict => "key_conflict",
+        Reason::Fenced => "fenced",
     }
 }
 

@@ -165,6 +165,10 @@ pub fn client_error(error: ClientError) -> HttpError {
         ClientError::PermissionDenied(_) => {
             HttpError::new(StatusCode::FORBIDDEN, "PERMISSION_DENIED", message)
         }
+        ClientError::Fenced { current_fence } => {
+            HttpError::new(StatusCode::CONFLICT, "FENCED", message)
+                .with("current_fence", Json::from(current_fence))
+        }
         ClientError::ResourceExhausted(_) => {
             HttpError::new(StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message)
         }

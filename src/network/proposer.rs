@@ -190,7 +190,17 @@ fn op_size_bytes(op: &Op) -> usize {
             principal,
             ..
         } => command_bytes(command) + key.0.len() + principal.0.len(),
-        Op::ForgetKey { key, principal, .. } => key.0.len() + principal.0.len(),
+        Op::ForgetKey { key, principal, .. }
+        | Op::ForgetClaim { key, principal, .. }
+        | Op::ReleaseClaim { key, principal, .. }
+        | Op::ExtendClaim { key, principal, .. } => key.0.len() + principal.0.len(),
+        Op::Claim(claim) => claim.key.0.len() + claim.principal.0.len(),
+        Op::CompleteClaim {
+            key,
+            principal,
+            result,
+            ..
+        } => key.0.len() + principal.0.len() + result.len(),
         _ => 0,
     })
 }

@@ -128,6 +128,14 @@ pub enum Error {
         "outcome unknown for idempotency key {key:?}: {reason}; retry with the same key and command to learn it"
     )]
     KeyOutcomeUnknown { key: String, reason: String },
+    /// A claim's complete, extend or release: this holder's fence no
+    /// longer holds the key (a later claim took over after its lease ran
+    /// out, or it had released it). Nothing was recorded. Final for this
+    /// holder: stop — the new holder owns the effect.
+    #[error(
+        "fenced: this holder's fence no longer holds the key (its fence is now {current_fence}); nothing was recorded"
+    )]
+    Fenced { current_fence: u64 },
 }
 
 impl Error {
@@ -149,6 +157,7 @@ impl Error {
             Error::ResourceExhausted(_) => "resource_exhausted",
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::KeyConflict { .. } => "key_conflict",
+            Error::Fenced { .. } => "fenced",
         }
     }
 
@@ -193,6 +202,9 @@ impl Error {
             Reason::PermissionDenied => Error::PermissionDenied(message()),
             Reason::Unauthenticated => Error::Unauthenticated(message()),
             Reason::KeyConflict => Error::KeyConflict { key: String::new() },
+            Reason::Fenced => Error::Fenced {
+                current_fence: detail.current_fence,
+            },
         })
     }
 }

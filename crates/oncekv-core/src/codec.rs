@@ -17,11 +17,15 @@ pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 /// in every session request and applies ownership (rule 19) and the floor's
 /// bound (rule 7); version 5 adds requests after every earlier one
 /// (idempotency keys, rule 18), so a version 4 body decodes and applies
-/// exactly as before and is still read. Older versions are refused: they
+/// exactly as before and is still read; version 6 adds claims (rule 20)
+/// after every earlier request the same way, so versions 4 and 5 are still
+/// read (a build that knows only 5 refuses a version 6 entry by its version
+/// byte, never by misreading it). Older versions are refused: they
 /// were decided under other rules (storage formats 4 and 5 refuse their
 /// data directories).
-pub const ENTRY_FORMAT_VERSION: u8 = 5;
-/// The previous entry format, still read (see [`ENTRY_FORMAT_VERSION`]).
+pub const ENTRY_FORMAT_VERSION: u8 = 6;
+/// The previous entry formats, still read (see [`ENTRY_FORMAT_VERSION`]).
+pub const ENTRY_FORMAT_VERSION_5: u8 = 5;
 pub const ENTRY_FORMAT_VERSION_4: u8 = 4;
 
 #[derive(Debug, thiserror::Error)]
@@ -87,11 +91,12 @@ pub fn encode_entry(entry: &super::Entry) -> Vec<u8> {
     encode_versioned(ENTRY_FORMAT_VERSION, entry)
 }
 
-/// Decodes a registry log entry of format 4 or 5; hostile bytes give an
+/// Decodes a registry log entry of format 4, 5 or 6; hostile bytes give an
 /// error, never a panic.
 pub fn decode_entry(bytes: &[u8]) -> Result<super::Entry, CodecError> {
     match bytes.first() {
         Some(&ENTRY_FORMAT_VERSION_4) => decode_versioned(ENTRY_FORMAT_VERSION_4, bytes),
+        Some(&ENTRY_FORMAT_VERSION_5) => decode_versioned(ENTRY_FORMAT_VERSION_5, bytes),
         _ => decode_versioned(ENTRY_FORMAT_VERSION, bytes),
     }
 }

@@ -18,6 +18,11 @@
 //! A byte string is its length as u64 LE followed by its bytes. A value is a
 //! tag (`0x01` bytes, `0x02` int as i64 LE, `0x03` list: count as u64 LE then
 //! each element as a byte string) followed by its payload.
+//!
+//! A claim's fingerprint (rule 20) is the caller's own description of the
+//! effect (any bytes: a request body's hash, "charge order 42 EUR 10"),
+//! hashed the same way under the domain `"oncekv claim fingerprint v1\0"`:
+//! the first 16 bytes, little-endian, of BLAKE3(domain ‖ bytes).
 
 use super::types::{Command, Fingerprint, Value};
 
@@ -62,6 +67,20 @@ pub fn fingerprint(command: &Command) -> Fingerprint {
             value(&mut hasher, new);
         }
     }
+    let digest = hasher.finalize();
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest.as_bytes()[..16]);
+    Fingerprint(u128::from_le_bytes(first))
+}
+
+const CLAIM_DOMAIN: &[u8] = b"oncekv claim fingerprint v1\0";
+
+/// Computes the fingerprint of a claim from the caller's description of
+/// its effect.
+pub fn claim_fingerprint(description: &[u8]) -> Fingerprint {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(CLAIM_DOMAIN);
+    hasher.update(description);
     let digest = hasher.finalize();
     let mut first = [0u8; 16];
     first.copy_from_slice(&digest.as_bytes()[..16]);

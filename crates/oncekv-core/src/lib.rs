@@ -67,6 +67,7 @@
 //! concurrent copies of one key both reach the log, the first executes and
 //! the second is answered from its record.
 
+mod claims;
 pub mod codec;
 pub mod fingerprint;
 mod keyed;
@@ -75,10 +76,12 @@ mod session;
 pub mod snapshot;
 pub mod types;
 
+pub use claims::{ClaimRecord, ClaimState, ClaimView};
 pub use keyed::{KeyId, KeyRecord};
 pub use session::CachedResponse;
 pub use types::*;
 
+use claims::ClaimStore;
 use imbl::{OrdMap, OrdSet};
 use keyed::KeyStore;
 use kv::{KvStore, Refusal};
@@ -109,6 +112,13 @@ pub struct Registry {
     keyed_config: KeyedConfig,
     /// Records of idempotency keys, by (principal, key).
     keys: KeyStore,
+    /// TTL and limits of claims (rule 20).
+    claim_config: ClaimConfig,
+    /// Records of claims, by (principal, key).
+    claims: ClaimStore,
+    /// The largest fencing token ever issued: fences only grow, for every
+    /// key, even across a record's expiry or an operator's forget.
+    last_fence: u64,
 }
 
 /// A read-only view of one idempotency key's record, for operators.
@@ -345,7 +355,47 @@ impl Registry {
                 cluster_id,
                 patch,
                 keyed,
-            } => self.patch_configs(*cluster_id, patch, keyed),
+            } => self
+                .patch_configs(*cluster_id, patch, keyed, &ClaimConfigPatch::default())
+                .map(|(config, keyed, _)| Outcome::ConfigsSet { config, keyed }),
+            Op::PatchAllConfigs {
+                cluster_id,
+                patch,
+                keyed,
+                claims,
+            } => self.patch_configs(*cluster_id, patch, keyed, claims).map(
+                |(config, keyed, claims)| Outcome::AllConfigsSet {
+                    config,
+                    keyed,
+                    claims,
+                },
+            ),
+            Op::Claim(claim) => self.claim(log_index, claim),
+            Op::CompleteClaim {
+                cluster_id,
+                principal,
+                key,
+                fence,
+                result,
+            } => self.complete_claim(*cluster_id, principal, key, *fence, result),
+            Op::ReleaseClaim {
+                cluster_id,
+                principal,
+                key,
+                fence,
+            } => self.release_claim(*cluster_id, principal, key, *fence),
+            Op::ExtendClaim {
+                cluster_id,
+                principal,
+                key,
+                fence,
+                lease_ms,
+            } => self.extend_claim(*cluster_id, principal, key, *fence, *lease_ms),
+            Op::ForgetClaim {
+                cluster_id,
+                principal,
+                key,
+            } => self.forget_claim(*cluster_id, principal, key),
         };
         result.unwrap_or_else(Outcome::Rejected)
     }
@@ -375,6 +425,8 @@ impl Registry {
             self.cluster_time_ms,
             self.keyed_config.idempotency_key_ttl_ms,
         );
+        self.claims
+            .expire(self.cluster_time_ms, self.claim_config.claim_ttl_ms);
     }
 
     fn remove_session(&mut self, client_id: ClientId) -> bool {
@@ -424,7 +476,16 @@ impl Registry {
                 .check_invariants()
                 .map_err(|why| format!("session {}: {why}", client_id.0))?;
         }
-        self.keys.check_invariants()
+        self.keys.check_invariants()?;
+        self.claims.check_invariants()?;
+        if self
+            .claims
+            .iter()
+            .any(|(_, record)| record.fence > self.last_fence)
+        {
+            return Err("a claim fence above the last fence issued".to_owned());
+        }
+        Ok(())
     }
 
     fn check_cluster(&self, claimed: Option<ClusterId>) -> Result<(), Rejection> {
@@ -696,32 +757,41 @@ impl Registry {
         Ok(Outcome::ConfigSet(config))
     }
 
-    /// Applies both patches to the configs in force now, and the results
-    /// only if they are valid together. A shorter key TTL takes effect at
-    /// this entry: keys older than it expire here, on every replica.
+    /// Applies the patches to the configs in force now, and the results
+    /// only if they are valid together; the configs now in force. A shorter
+    /// key or claim TTL takes effect at this entry: records older than it
+    /// expire here, on every replica.
     fn patch_configs(
         &mut self,
         cluster_id: ClusterId,
         patch: &ConfigPatch,
         keyed: &KeyedConfigPatch,
-    ) -> Result<Outcome, Rejection> {
+        claims: &ClaimConfigPatch,
+    ) -> Result<(RegistryConfig, KeyedConfig, ClaimConfig), Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        if patch.is_empty() && keyed.is_empty() {
+        if patch.is_empty() && keyed.is_empty() && claims.is_empty() {
             return Err(Rejection::InvalidArgument(
                 InvalidArgument::EmptyConfigPatch,
             ));
         }
         let config = patch.applied_to(&self.config);
         config.validate().map_err(Rejection::InvalidArgument)?;
-        let keyed = keyed.applied_to(&self.keyed_config);
-        keyed
+        let keyed_patched = keyed.applied_to(&self.keyed_config);
+        keyed_patched
             .validate(&config)
             .map_err(Rejection::InvalidArgument)?;
+        let claim_config = claims.applied_to(&self.claim_config);
+        claim_config
+            .validate()
+            .map_err(Rejection::InvalidArgument)?;
         self.config = config;
-        self.keyed_config = keyed;
+        self.keyed_config = keyed_patched;
+        self.claim_config = claim_config;
         self.keys
-            .expire(self.cluster_time_ms, keyed.idempotency_key_ttl_ms);
-        Ok(Outcome::ConfigsSet { config, keyed })
+            .expire(self.cluster_time_ms, keyed_patched.idempotency_key_ttl_ms);
+        self.claims
+            .expire(self.cluster_time_ms, claim_config.claim_ttl_ms);
+        Ok((config, keyed_patched, claim_config))
     }
 
     /// A keyed request (rule 18), in the order of checks of the module doc.

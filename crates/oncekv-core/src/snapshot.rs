@@ -2,16 +2,18 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 5 (all integers inside records use the codec module's
+//! Format version 6 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
 //! magic "ONCEKVSS" | version u32 | record* | trailer
 //! record  = length u32 | body (at most 64 MiB)
 //! records = header (applied index, cluster id, config, cluster time,
-//!           last client id, counts, idempotency-key config), then one per
-//!           session (client id order), then one per key (byte order), then
-//!           one per idempotency key record ((principal, key) order)
+//!           last client id, counts, idempotency-key config, claim config,
+//!           last fence), then one per session (client id order), then one
+//!           per key (byte order), then one per idempotency key record
+//!           ((principal, key) order), then one per claim record
+//!           ((principal, key) order)
 //! trailer = BLAKE3 of every byte before it (32 bytes)
 //! ```
 //!
@@ -25,6 +27,11 @@
 //! buffer grows, buffers grow only with bytes actually read, decoding is
 //! limited, and every invariant the registry relies on is verified.
 //!
+//! Version 6 adds claims (rule 20): their config, the last fence issued
+//! and the claim count in the header, their records at the end. Version 5
+//! had none and is still read: it restores with no claims, the default
+//! claim config and last fence 0 (what a registry that never saw a claim
+//! holds), and is written as version 6.
 //! Version 5 adds idempotency keys (rule 18): their config in the header
 //! and their records at the end. Version 4 had neither and is still read:
 //! it restores with no keys and the default keyed config (what a registry
@@ -42,12 +49,13 @@
 //! (before batched entries) had no last client id; it is refused, like any
 //! other unknown version.
 
+use super::claims::ClaimRecord;
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::keyed::KeyRecord;
 use super::session::{CachedResponse, Session};
 use super::types::{
-    ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey, KeyedConfig, Nonce, Principal,
-    RegistryConfig, Seq, Value, bounds,
+    ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey, KeyedConfig,
+    Nonce, Principal, RegistryConfig, Seq, Value, bounds,
 };
 use super::{KvStore, Registry};
 use imbl::OrdMap;
@@ -56,8 +64,9 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
 /// Previous versions, still read (see the module doc).
+const SNAPSHOT_FORMAT_VERSION_5: u32 = 5;
 const SNAPSHOT_FORMAT_VERSION_4: u32 = 4;
 const SNAPSHOT_FORMAT_VERSION_3: u32 = 3;
 const SNAPSHOT_FORMAT_VERSION_2: u32 = 2;
@@ -145,6 +154,43 @@ impl HeaderV5 {
             idempotency_keys: registry.keys.len() as u64,
         }
     }
+}
+
+/// The header of format version 6: version 5's, then the claim config,
+/// the last fence issued and the number of claim records.
+#[derive(Serialize, Deserialize)]
+struct HeaderV6 {
+    base: HeaderV5,
+    claim_config: ClaimConfig,
+    last_fence: u64,
+    claims: u64,
+}
+
+impl HeaderV6 {
+    fn of(registry: &Registry) -> HeaderV6 {
+        HeaderV6 {
+            base: HeaderV5::of(registry),
+            claim_config: *registry.claim_config(),
+            last_fence: registry.last_fence(),
+            claims: registry.claim_count() as u64,
+        }
+    }
+}
+
+/// One claim's record.
+#[derive(Serialize)]
+struct ClaimRecordRef<'a> {
+    principal: &'a Principal,
+    key: &'a IdempotencyKey,
+    record: &'a ClaimRecord,
+}
+
+/// The owned twin of [`ClaimRecordRef`]: the same bytes.
+#[derive(Deserialize)]
+struct ClaimRecordOwned {
+    principal: Principal,
+    key: IdempotencyKey,
+    record: ClaimRecord,
 }
 
 /// One idempotency key's record.
@@ -314,7 +360,7 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
     out.write_all(MAGIC)?;
     out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
     let mut buffer = Vec::new();
-    let header = HeaderV5::of(registry);
+    let header = HeaderV6::of(registry);
     write_record(out, &mut buffer, &header)?;
     for (client_id, session) in &registry.sessions {
         let record = SessionRecordRef {
@@ -337,6 +383,14 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
             key,
             created_ms: record.created_ms,
             response: &record.response,
+        };
+        write_record(out, &mut buffer, &record)?;
+    }
+    for ((principal, key), record) in registry.claim_records() {
+        let record = ClaimRecordRef {
+            principal,
+            key,
+            record,
         };
         write_record(out, &mut buffer, &record)?;
     }
@@ -376,13 +430,31 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
-    let (header, keyed_config, idempotency_keys) = if version > SNAPSHOT_FORMAT_VERSION_4 {
+    let (header, claim_config, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_5 {
+        let header: HeaderV6 = read_record(&mut input, &mut buffer)?;
+        (
+            header.base,
+            header.claim_config,
+            header.last_fence,
+            header.claims,
+        )
+    } else if version > SNAPSHOT_FORMAT_VERSION_4 {
         let header: HeaderV5 = read_record(&mut input, &mut buffer)?;
-        (header.base, header.keyed_config, header.idempotency_keys)
+        (header, ClaimConfig::default(), 0, 0)
     } else {
         let header: Header = read_record(&mut input, &mut buffer)?;
-        (header, KeyedConfig::default(), 0)
+        let header = HeaderV5 {
+            base: header,
+            keyed_config: KeyedConfig::default(),
+            idempotency_keys: 0,
+        };
+        (header, ClaimConfig::default(), 0, 0)
     };
+    let HeaderV5 {
+        base: header,
+        keyed_config,
+        idempotency_keys,
+    } = header;
     if header.cluster_id.is_some() {
         header
             .config
@@ -391,6 +463,9 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         keyed_config
             .validate(&header.config)
             .map_err(|_| SnapshotError::Inconsistent("invalid idempotency key config"))?;
+        claim_config
+            .validate()
+            .map_err(|_| SnapshotError::Inconsistent("invalid claim config"))?;
     }
     let mut registry = Registry {
         cluster_id: header.cluster_id,
@@ -399,8 +474,10 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         cluster_time_ms: header.cluster_time_ms,
         last_client_id: header.last_client_id,
         keyed_config,
+        claim_config,
         ..Registry::default()
     };
+    registry.restore_last_fence(last_fence);
     for _ in 0..header.sessions {
         let record: SessionRecord = match version {
             SNAPSHOT_FORMAT_VERSION_2 => {
@@ -423,6 +500,10 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     for _ in 0..idempotency_keys {
         let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
         restore_key(&mut registry, record)?;
+    }
+    for _ in 0..claims {
+        let record: ClaimRecordOwned = read_record(&mut input, &mut buffer)?;
+        restore_claim(&mut registry, record)?;
     }
     let expected = input.hasher.finalize();
     let mut trailer = [0u8; 32];
@@ -507,6 +588,35 @@ fn restore_key(registry: &mut Registry, record: KeyRecordOwned) -> Result<(), Sn
         },
     );
     Ok(())
+}
+
+fn restore_claim(registry: &mut Registry, record: ClaimRecordOwned) -> Result<(), SnapshotError> {
+    let id = (record.principal, record.key);
+    if id.1.0.is_empty() || id.1.0.len() as u64 > bounds::CLAIM_KEY_BYTES_MAX {
+        return Err(SnapshotError::Inconsistent(
+            "claim key empty or beyond its hard bound",
+        ));
+    }
+    if id.0.0.len() > Principal::BYTES_MAX {
+        return Err(SnapshotError::Inconsistent("claim principal name too long"));
+    }
+    if record.record.result_bytes() > bounds::CLAIM_RESULT_BYTES_MAX {
+        return Err(SnapshotError::Inconsistent(
+            "claim result beyond its hard bound",
+        ));
+    }
+    let now_ms = registry.cluster_time_ms;
+    let from_the_future = match &record.record.state {
+        crate::ClaimState::Held { .. } => false,
+        crate::ClaimState::Released { released_ms } => *released_ms > now_ms,
+        crate::ClaimState::Completed { completed_ms, .. } => *completed_ms > now_ms,
+    };
+    if from_the_future {
+        return Err(SnapshotError::Inconsistent("claim from the future"));
+    }
+    registry
+        .restore_claim(id, record.record)
+        .map_err(SnapshotError::Inconsistent)
 }
 
 fn read_record<R: Read, T: serde::de::DeserializeOwned>(

@@ -210,6 +210,73 @@ pub enum Op {
         patch: ConfigPatch,
         keyed: KeyedConfigPatch,
     },
+    /// Claims (principal, key) for an effect performed outside oncekv
+    /// (rule 20): won when the key has no record, was released, or its
+    /// holder's lease ran out in cluster time; otherwise answered from the
+    /// record (in progress, completed, or `KEY_CONFLICT`). Added with entry
+    /// format 6, after every earlier variant.
+    Claim(Claim),
+    /// Records the result of the effect of the holder of `fence`; any other
+    /// fence is `FENCED`.
+    CompleteClaim {
+        cluster_id: ClusterId,
+        principal: Principal,
+        key: IdempotencyKey,
+        fence: u64,
+        result: Vec<u8>,
+    },
+    /// The holder of `fence` gives up: the effect did not happen, the next
+    /// claim wins at once.
+    ReleaseClaim {
+        cluster_id: ClusterId,
+        principal: Principal,
+        key: IdempotencyKey,
+        fence: u64,
+    },
+    /// The holder of `fence` moves its lease deadline to `lease_ms` after
+    /// the entry's cluster time (never earlier than it was).
+    ExtendClaim {
+        cluster_id: ClusterId,
+        principal: Principal,
+        key: IdempotencyKey,
+        fence: u64,
+        lease_ms: u64,
+    },
+    /// Removes the claim record of (principal, key) before its TTL: an
+    /// operator's action (`Admin.ForgetClaim`). Fences keep growing: a
+    /// later claim of the key gets a larger one than any issued before.
+    ForgetClaim {
+        cluster_id: ClusterId,
+        principal: Principal,
+        key: IdempotencyKey,
+    },
+    /// Changes the fields the patches set, of the registry, idempotency-key
+    /// and claim configs together, validated as a whole when the entry
+    /// applies. What `Admin.SetConfig` proposes since entry format 6.
+    PatchAllConfigs {
+        cluster_id: ClusterId,
+        patch: ConfigPatch,
+        keyed: KeyedConfigPatch,
+        claims: ClaimConfigPatch,
+    },
+}
+
+/// A caller's claim of a key (rule 20).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub cluster_id: ClusterId,
+    /// Who claims: the key's namespace (rule 19).
+    pub principal: Principal,
+    pub key: IdempotencyKey,
+    /// The fingerprint of what the caller means to do under this key
+    /// ([`crate::fingerprint::claim_fingerprint`]).
+    pub fingerprint: Fingerprint,
+    /// How long the lease lasts, in cluster time, from the entry's stamp.
+    pub lease_ms: u64,
+    /// The caller's random identity for this one logical claim, the same
+    /// on every retry: a retry of the winning claim gets its own win back
+    /// (same fence), never "in progress" against itself.
+    pub claim_id: Nonce,
 }
 
 /// A client's request, tagged for exactly-once execution.
@@ -485,6 +552,15 @@ pub mod bounds {
     pub const IDEMPOTENCY_KEY_TTL_MS_MAX: u64 = 366 * 24 * 3_600_000;
     pub const IDEMPOTENCY_KEY_BYTES_MAX: u64 = 4_096;
     pub const IDEMPOTENCY_CACHED_BYTES_MAX: u64 = 16 << 30;
+    pub const CLAIM_TTL_MS_MIN: u64 = 100;
+    pub const CLAIM_TTL_MS_MAX: u64 = 366 * 24 * 3_600_000;
+    pub const CLAIM_KEY_BYTES_MAX: u64 = 4_096;
+    pub const CLAIM_RESULT_BYTES_MAX: u64 = 4 << 20;
+    pub const CLAIM_CACHED_BYTES_MAX: u64 = 16 << 30;
+    /// The shortest `lease_ms_max` a config may set.
+    pub const LEASE_MS_MIN: u64 = 100;
+    /// A week: longer effects heartbeat with extends.
+    pub const LEASE_MS_MAX: u64 = 7 * 24 * 3_600_000;
 }
 
 impl Default for RegistryConfig {
@@ -730,6 +806,151 @@ impl KeyedConfig {
     }
 }
 
+/// The fixed size charged against `claim_cached_bytes_max` for every claim
+/// record, on top of its key, its principal's name and its result: the
+/// fingerprint, fence, attempt, holder, times and the expiry index entry.
+pub const CLAIM_RECORD_BOOKKEEPING_BYTES: u64 = 96;
+
+/// The size charged against `claim_cached_bytes_max` for the claim record
+/// of `key` of `principal` keeping a result of `result_bytes`.
+pub fn claim_record_size_bytes(
+    principal: &Principal,
+    key: &IdempotencyKey,
+    result_bytes: u64,
+) -> u64 {
+    CLAIM_RECORD_BOOKKEEPING_BYTES
+        .saturating_add(principal.0.len() as u64)
+        .saturating_add(key.0.len() as u64)
+        .saturating_add(result_bytes)
+}
+
+/// The TTL and limits of claims (rule 20): replicated state beside the
+/// other configs (entries and snapshots written before claims existed get
+/// this default), changed by `Op::PatchAllConfigs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimConfig {
+    /// A completed or released claim is kept this long after it completed
+    /// or was released (a held one this long after its lease deadline), in
+    /// cluster time; then it expires and the key may be claimed anew.
+    pub claim_ttl_ms: u64,
+    /// Live claim records, all principals together.
+    pub claims_max: u64,
+    /// Longest claim key; a longer one is refused (`LIMIT_EXCEEDED`).
+    pub claim_key_bytes_max: u64,
+    /// Largest result a `CompleteClaim` may record (`LIMIT_EXCEEDED`).
+    pub claim_result_bytes_max: u64,
+    /// Bytes charged for all claim records together (see
+    /// [`claim_record_size_bytes`]).
+    pub claim_cached_bytes_max: u64,
+    /// Longest lease a claim or an extend may ask for.
+    pub lease_ms_max: u64,
+}
+
+impl Default for ClaimConfig {
+    fn default() -> Self {
+        ClaimConfig {
+            claim_ttl_ms: 24 * 3_600_000,
+            claims_max: 1_000_000,
+            claim_key_bytes_max: 256,
+            claim_result_bytes_max: 64 << 10,
+            claim_cached_bytes_max: 256 << 20,
+            lease_ms_max: 3_600_000,
+        }
+    }
+}
+
+impl ClaimConfig {
+    /// The largest record one claim can need: the longest key, the longest
+    /// principal name and the largest result.
+    pub fn largest_record_bytes(&self) -> u64 {
+        CLAIM_RECORD_BOOKKEEPING_BYTES
+            .saturating_add(Principal::BYTES_MAX as u64)
+            .saturating_add(self.claim_key_bytes_max)
+            .saturating_add(self.claim_result_bytes_max)
+    }
+
+    /// Checks the claim config against [`bounds`], and that the largest
+    /// record fits in `claim_cached_bytes_max` (else such a completion
+    /// would be refused forever).
+    pub fn validate(&self) -> Result<(), InvalidArgument> {
+        let checks = [
+            (
+                (bounds::CLAIM_TTL_MS_MIN..=bounds::CLAIM_TTL_MS_MAX).contains(&self.claim_ttl_ms),
+                "claim_ttl_ms must be 100..=31622400000 (a year)",
+            ),
+            (self.claims_max >= 1, "claims_max must be at least 1"),
+            (
+                (1..=bounds::CLAIM_KEY_BYTES_MAX).contains(&self.claim_key_bytes_max),
+                "claim_key_bytes_max must be 1..=4096",
+            ),
+            (
+                self.claim_result_bytes_max <= bounds::CLAIM_RESULT_BYTES_MAX,
+                "claim_result_bytes_max above 4 MiB",
+            ),
+            (
+                self.claim_cached_bytes_max <= bounds::CLAIM_CACHED_BYTES_MAX,
+                "claim_cached_bytes_max above 16 GiB",
+            ),
+            (
+                (bounds::LEASE_MS_MIN..=bounds::LEASE_MS_MAX).contains(&self.lease_ms_max),
+                "lease_ms_max must be 100..=604800000 (a week)",
+            ),
+        ];
+        if let Some((_, reason)) = checks.iter().find(|(ok, _)| !ok) {
+            return Err(InvalidArgument::Config(reason.to_string()));
+        }
+        let largest = self.largest_record_bytes();
+        if self.claim_cached_bytes_max < largest {
+            return Err(InvalidArgument::Config(format!(
+                "claim_cached_bytes_max ({}) must be at least {largest}: the largest claim \
+                 record ({CLAIM_RECORD_BOOKKEEPING_BYTES} + a principal of {} + \
+                 claim_key_bytes_max ({}) + claim_result_bytes_max ({})) must fit",
+                self.claim_cached_bytes_max,
+                Principal::BYTES_MAX,
+                self.claim_key_bytes_max,
+                self.claim_result_bytes_max,
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A change of some fields of the [`ClaimConfig`] (`None`: unchanged).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimConfigPatch {
+    pub claim_ttl_ms: Option<u64>,
+    pub claims_max: Option<u64>,
+    pub claim_key_bytes_max: Option<u64>,
+    pub claim_result_bytes_max: Option<u64>,
+    pub claim_cached_bytes_max: Option<u64>,
+    pub lease_ms_max: Option<u64>,
+}
+
+impl ClaimConfigPatch {
+    /// Whether the patch sets no field.
+    pub fn is_empty(&self) -> bool {
+        *self == ClaimConfigPatch::default()
+    }
+
+    /// `config` with the fields this patch sets replaced.
+    pub fn applied_to(&self, config: &ClaimConfig) -> ClaimConfig {
+        ClaimConfig {
+            claim_ttl_ms: self.claim_ttl_ms.unwrap_or(config.claim_ttl_ms),
+            claims_max: self.claims_max.unwrap_or(config.claims_max),
+            claim_key_bytes_max: self
+                .claim_key_bytes_max
+                .unwrap_or(config.claim_key_bytes_max),
+            claim_result_bytes_max: self
+                .claim_result_bytes_max
+                .unwrap_or(config.claim_result_bytes_max),
+            claim_cached_bytes_max: self
+                .claim_cached_bytes_max
+                .unwrap_or(config.claim_cached_bytes_max),
+            lease_ms_max: self.lease_ms_max.unwrap_or(config.lease_ms_max),
+        }
+    }
+}
+
 /// A change of some fields of the [`KeyedConfig`] (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyedConfigPatch {
@@ -809,6 +1030,64 @@ pub enum Outcome {
         config: RegistryConfig,
         keyed: KeyedConfig,
     },
+    /// A `Claim` applied: what the record said (rule 20).
+    Claimed(ClaimAnswer),
+    /// A `CompleteClaim` applied: the result is recorded under `fence`.
+    /// `duplicate`: the record already held it (a retried complete).
+    ClaimCompleted {
+        fence: u64,
+        completed_ms: u64,
+        duplicate: bool,
+    },
+    /// A `ReleaseClaim` applied. `duplicate`: it was released already.
+    ClaimReleased {
+        duplicate: bool,
+    },
+    /// An `ExtendClaim` applied: the lease runs to `lease_deadline_ms`.
+    ClaimExtended {
+        lease_deadline_ms: u64,
+        cluster_time_ms: u64,
+    },
+    /// An operator's `ForgetClaim` applied; `existed`: the key had a record.
+    ClaimForgotten {
+        existed: bool,
+    },
+    /// A `PatchAllConfigs` applied: every config now in force.
+    AllConfigsSet {
+        config: RegistryConfig,
+        keyed: KeyedConfig,
+        claims: ClaimConfig,
+    },
+}
+
+/// What a `Claim` is answered (rule 20).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimAnswer {
+    /// The caller holds the key: perform the effect, then complete (or
+    /// release) with `fence`, before `lease_deadline_ms` of cluster time
+    /// (the lease has `lease_deadline_ms - cluster_time_ms` left) or extend.
+    Won {
+        fence: u64,
+        /// Holders so far, this one included: above 1, an earlier holder
+        /// may have half-done the effect (reconcile before redoing it).
+        attempt: u64,
+        lease_deadline_ms: u64,
+        /// Cluster time when the answer was made.
+        cluster_time_ms: u64,
+        /// A retry of the winning claim (same claim id), answered from the
+        /// record: nothing changed.
+        duplicate: bool,
+    },
+    /// Another holder's lease is live: claim again after `retry_after_ms`
+    /// (of cluster time: when its lease runs out if it does not extend).
+    InProgress { retry_after_ms: u64, attempt: u64 },
+    /// The effect was done: its recorded result, replayed byte for byte.
+    Completed {
+        result: Vec<u8>,
+        completed_ms: u64,
+        fence: u64,
+        attempt: u64,
+    },
 }
 
 /// The register reply: the client's id and the session's terms.
@@ -859,8 +1138,15 @@ pub enum Rejection {
     /// The cluster has no id and config yet. This attempt only.
     NotBootstrapped,
     /// The idempotency key was used before with another command (rule
-    /// 18). Final while the key lives; the key's record is untouched.
+    /// 18), or the claim key with another fingerprint (rule 20). Final
+    /// while the key lives; the key's record is untouched.
     KeyConflict,
+    /// A claim's complete, extend or release named a fence that no longer
+    /// holds the key (a later claim took over, the holder already
+    /// completed or released, or the record is gone). Final for that
+    /// holder: the new holder owns the effect. `fence`: the key's current
+    /// fence (0: no record).
+    Fenced { fence: u64 },
 }
 
 /// The replicated limit a request ran into.
@@ -879,6 +1165,14 @@ pub enum Limit {
     /// Bytes charged for all idempotency key records together (capacity;
     /// also the largest one record may take, see [`KeyedConfig`]).
     IdempotencyCachedBytes,
+    /// Live claim records, all principals (capacity).
+    Claims,
+    /// Bytes of one claim key (the request's own).
+    ClaimKeyBytes,
+    /// Bytes of one claim's result (the request's own).
+    ClaimResultBytes,
+    /// Bytes charged for all claim records together (capacity).
+    ClaimCachedBytes,
 }
 
 /// Malformed requests.
@@ -905,6 +1199,10 @@ pub enum InvalidArgument {
     EmptyConfigPatch,
     #[error("empty idempotency key: a key is at least one byte long")]
     EmptyIdempotencyKey,
+    #[error("empty claim key: a key is at least one byte long")]
+    EmptyClaimKey,
+    #[error("lease_ms {lease_ms} is outside 1..={lease_ms_max} (lease_ms_max)")]
+    LeaseOutOfBounds { lease_ms: u64, lease_ms_max: u64 },
 }
 
 impl Limit {
@@ -920,6 +1218,10 @@ impl Limit {
             Limit::IdempotencyKeys,
             Limit::IdempotencyKeyBytes,
             Limit::IdempotencyCachedBytes,
+            Limit::Claims,
+            Limit::ClaimKeyBytes,
+            Limit::ClaimResultBytes,
+            Limit::ClaimCachedBytes,
         ]
         .into_iter()
         .find(|limit| limit.to_string() == name)
@@ -938,6 +1240,10 @@ impl fmt::Display for Limit {
             Limit::IdempotencyKeys => "idempotency_keys_max",
             Limit::IdempotencyKeyBytes => "idempotency_key_bytes_max",
             Limit::IdempotencyCachedBytes => "idempotency_cached_bytes_max",
+            Limit::Claims => "claims_max",
+            Limit::ClaimKeyBytes => "claim_key_bytes_max",
+            Limit::ClaimResultBytes => "claim_result_bytes_max",
+            Limit::ClaimCachedBytes => "claim_cached_bytes_max",
         };
         f.write_str(name)
     }

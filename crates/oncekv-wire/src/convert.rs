@@ -5,8 +5,9 @@
 
 use crate::proto;
 use oncekv_core::{
-    ClusterId, Command, CommandResult, ConfigPatch, Fingerprint, IdempotencyKey, KeyView,
-    KeyedConfig, KeyedConfigPatch, Limit, LimitExceeded, Principal, RegistryConfig, RequestLimits,
+    ClaimAnswer, ClaimConfig, ClaimConfigPatch, ClaimState, ClaimView, ClusterId, Command,
+    CommandResult, ConfigPatch, Fingerprint, IdempotencyKey, KeyView, KeyedConfig,
+    KeyedConfigPatch, Limit, LimitExceeded, Nonce, Principal, RegistryConfig, RequestLimits,
     SessionView, Value, ValueKind, bounds,
 };
 
@@ -25,7 +26,14 @@ pub enum ConvertError {
     EmptyIdempotencyKey,
     #[error("unknown limit name {0:?}")]
     UnknownLimit(String),
+    #[error("empty claim key: a key is at least one byte long")]
+    EmptyClaimKey,
+    #[error("claim_id must be 16 bytes, got {0}")]
+    BadClaimId(usize),
 }
+
+/// The most bytes of a claim's fingerprint description on the wire.
+pub const CLAIM_FINGERPRINT_BYTES_MAX: u64 = 16 << 10;
 
 fn bounded(what: &'static str, bytes: Vec<u8>, max: u64) -> Result<Vec<u8>, ConvertError> {
     if bytes.len() as u64 > max {
@@ -286,6 +294,188 @@ pub fn key_from_proto(info: proto::KeyInfo) -> Result<KeyView, ConvertError> {
         response,
         size_bytes: info.size_bytes,
     })
+}
+
+/// A claim key from the wire: non-empty and within its hard bound (the
+/// replicated `claim_key_bytes_max` is the core's to check).
+pub fn claim_key_from_proto(bytes: Vec<u8>) -> Result<IdempotencyKey, ConvertError> {
+    if bytes.is_empty() {
+        return Err(ConvertError::EmptyClaimKey);
+    }
+    Ok(IdempotencyKey(bounded(
+        "claim key",
+        bytes,
+        bounds::CLAIM_KEY_BYTES_MAX,
+    )?))
+}
+
+/// A claim's fingerprint: the caller's description within its bound,
+/// hashed as the core defines it.
+pub fn claim_fingerprint_from_proto(description: &[u8]) -> Result<Fingerprint, ConvertError> {
+    if description.len() as u64 > CLAIM_FINGERPRINT_BYTES_MAX {
+        return Err(ConvertError::TooLarge(
+            "claim fingerprint",
+            description.len(),
+            CLAIM_FINGERPRINT_BYTES_MAX,
+        ));
+    }
+    Ok(oncekv_core::fingerprint::claim_fingerprint(description))
+}
+
+/// A claim id: exactly 16 bytes.
+pub fn claim_id_from_proto(bytes: &[u8]) -> Result<Nonce, ConvertError> {
+    let id: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| ConvertError::BadClaimId(bytes.len()))?;
+    Ok(Nonce(u128::from_be_bytes(id)))
+}
+
+/// A claim result from the wire, within its hard bound.
+pub fn claim_result_from_proto(bytes: Vec<u8>) -> Result<Vec<u8>, ConvertError> {
+    bounded("claim result", bytes, bounds::CLAIM_RESULT_BYTES_MAX)
+}
+
+/// A claim's answer as its reply carries it.
+pub fn claim_answer_to_proto(answer: &ClaimAnswer, log_index: u64) -> proto::ClaimReply {
+    use proto::claim_reply::Answer;
+    let answer = match answer {
+        ClaimAnswer::Won {
+            fence,
+            attempt,
+            lease_deadline_ms,
+            cluster_time_ms,
+            duplicate,
+        } => Answer::Won(proto::ClaimWon {
+            fence: *fence,
+            attempt: *attempt,
+            lease_ms_left: lease_deadline_ms.saturating_sub(*cluster_time_ms),
+            lease_deadline_ms: *lease_deadline_ms,
+            cluster_time_ms: *cluster_time_ms,
+            duplicate: *duplicate,
+        }),
+        ClaimAnswer::InProgress {
+            retry_after_ms,
+            attempt,
+        } => Answer::InProgress(proto::ClaimInProgress {
+            retry_after_ms: *retry_after_ms,
+            attempt: *attempt,
+        }),
+        ClaimAnswer::Completed {
+            result,
+            completed_ms,
+            fence,
+            attempt,
+        } => Answer::Completed(proto::ClaimCompleted {
+            result: result.clone(),
+            completed_ms: *completed_ms,
+            fence: *fence,
+            attempt: *attempt,
+        }),
+    };
+    proto::ClaimReply {
+        answer: Some(answer),
+        log_index,
+    }
+}
+
+/// A claim reply back into the core's answer (for clients).
+pub fn claim_answer_from_proto(reply: proto::ClaimReply) -> Result<ClaimAnswer, ConvertError> {
+    use proto::claim_reply::Answer;
+    Ok(
+        match reply.answer.ok_or(ConvertError::Missing("claim answer"))? {
+            Answer::Won(won) => ClaimAnswer::Won {
+                fence: won.fence,
+                attempt: won.attempt,
+                lease_deadline_ms: won.lease_deadline_ms,
+                cluster_time_ms: won.cluster_time_ms,
+                duplicate: won.duplicate,
+            },
+            Answer::InProgress(progress) => ClaimAnswer::InProgress {
+                retry_after_ms: progress.retry_after_ms,
+                attempt: progress.attempt,
+            },
+            Answer::Completed(completed) => ClaimAnswer::Completed {
+                result: completed.result,
+                completed_ms: completed.completed_ms,
+                fence: completed.fence,
+                attempt: completed.attempt,
+            },
+        },
+    )
+}
+
+/// A claim record for operators.
+pub fn claim_to_proto(view: &ClaimView) -> proto::ClaimInfo {
+    let record = &view.record;
+    let (state, at_ms, result) = match &record.state {
+        ClaimState::Held {
+            lease_deadline_ms, ..
+        } => ("held", *lease_deadline_ms, Vec::new()),
+        ClaimState::Released { released_ms } => ("released", *released_ms, Vec::new()),
+        ClaimState::Completed {
+            completed_ms,
+            result,
+        } => ("completed", *completed_ms, result.clone()),
+    };
+    proto::ClaimInfo {
+        principal: view.principal.0.clone(),
+        key: view.key.0.clone(),
+        fingerprint: record.fingerprint.0.to_be_bytes().to_vec(),
+        fence: record.fence,
+        attempt: record.attempt,
+        state: state.into(),
+        at_ms,
+        result,
+        expires_after_ms: view.expires_after_ms,
+        size_bytes: view.size_bytes,
+    }
+}
+
+/// Sets the claim fields of a whole config message.
+pub fn claim_config_into_proto(claims: &ClaimConfig, config: &mut proto::RegistryConfig) {
+    config.claim_ttl_ms = claims.claim_ttl_ms;
+    config.claims_max = claims.claims_max;
+    config.claim_key_bytes_max = claims.claim_key_bytes_max;
+    config.claim_result_bytes_max = claims.claim_result_bytes_max;
+    config.claim_cached_bytes_max = claims.claim_cached_bytes_max;
+    config.lease_ms_max = claims.lease_ms_max;
+}
+
+/// The claim part of a whole config as a reply carries it.
+pub fn claim_config_from_proto(config: &proto::RegistryConfig) -> ClaimConfig {
+    ClaimConfig {
+        claim_ttl_ms: config.claim_ttl_ms,
+        claims_max: config.claims_max,
+        claim_key_bytes_max: config.claim_key_bytes_max,
+        claim_result_bytes_max: config.claim_result_bytes_max,
+        claim_cached_bytes_max: config.claim_cached_bytes_max,
+        lease_ms_max: config.lease_ms_max,
+    }
+}
+
+/// The claim fields a wire patch sets.
+pub fn claim_config_patch_from_proto(patch: &proto::RegistryConfigPatch) -> ClaimConfigPatch {
+    ClaimConfigPatch {
+        claim_ttl_ms: patch.claim_ttl_ms,
+        claims_max: patch.claims_max,
+        claim_key_bytes_max: patch.claim_key_bytes_max,
+        claim_result_bytes_max: patch.claim_result_bytes_max,
+        claim_cached_bytes_max: patch.claim_cached_bytes_max,
+        lease_ms_max: patch.lease_ms_max,
+    }
+}
+
+/// Sets the claim fields of a wire patch.
+pub fn claim_config_patch_into_proto(
+    claims: &ClaimConfigPatch,
+    patch: &mut proto::RegistryConfigPatch,
+) {
+    patch.claim_ttl_ms = claims.claim_ttl_ms;
+    patch.claims_max = claims.claims_max;
+    patch.claim_key_bytes_max = claims.claim_key_bytes_max;
+    patch.claim_result_bytes_max = claims.claim_result_bytes_max;
+    patch.claim_cached_bytes_max = claims.claim_cached_bytes_max;
+    patch.lease_ms_max = claims.lease_ms_max;
 }
 
 /// Both replicated configs as one wire message.

@@ -47,6 +47,11 @@ pub enum ErrorReason {
     Unauthenticated(String),
     /// A known principal not allowed this (role, or another's session): final.
     PermissionDenied(String),
+    /// A claim's holder whose fence no longer holds the key: final for that
+    /// holder. The key's current fence (0: none).
+    Fenced {
+        current_fence: u64,
+    },
 }
 
 impl From<Rejection> for ErrorReason {
@@ -71,6 +76,9 @@ impl From<Rejection> for ErrorReason {
                 ErrorReason::Unavailable("the cluster is not initialised yet".into())
             }
             Rejection::KeyConflict => ErrorReason::KeyConflict,
+            Rejection::Fenced { fence } => ErrorReason::Fenced {
+                current_fence: fence,
+            },
         }
     }
 }
@@ -159,6 +167,17 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
         ErrorReason::Unauthenticated(why) => (Code::Unauthenticated, Reason::Unauthenticated, why),
         ErrorReason::PermissionDenied(why) => {
             (Code::PermissionDenied, Reason::PermissionDenied, why)
+        }
+        ErrorReason::Fenced { current_fence } => {
+            detail.current_fence = current_fence;
+            (
+                Code::FailedPrecondition,
+                Reason::Fenced,
+                format!(
+                    "fenced: this fence no longer holds the key (its fence is now \
+                     {current_fence}); nothing was recorded — the new holder owns the effect"
+                ),
+            )
         }
     };
     detail.reason = wire_reason as i32;
@@ -281,6 +300,11 @@ mod tests {
                 ErrorReason::PermissionDenied("role client".into()),
                 Code::PermissionDenied,
                 Reason::PermissionDenied,
+            ),
+            (
+                ErrorReason::Fenced { current_fence: 9 },
+                Code::FailedPrecondition,
+                Reason::Fenced,
             ),
         ];
         for (reason, code, wire) in cases {

@@ -56,10 +56,28 @@ pub struct ConfigSetArgs {
     /// Bytes of all idempotency keys' records together.
     #[arg(long)]
     pub idempotency_cached_bytes_max: Option<u64>,
+    /// How long a completed or released claim's record lives.
+    #[arg(long)]
+    pub claim_ttl_ms: Option<u64>,
+    /// Live claim records, all principals together.
+    #[arg(long)]
+    pub claims_max: Option<u64>,
+    /// Longest claim key.
+    #[arg(long)]
+    pub claim_key_bytes_max: Option<u64>,
+    /// Largest result a claim may record.
+    #[arg(long)]
+    pub claim_result_bytes_max: Option<u64>,
+    /// Bytes of all claim records together.
+    #[arg(long)]
+    pub claim_cached_bytes_max: Option<u64>,
+    /// Longest lease a claim or an extend may ask for.
+    #[arg(long)]
+    pub lease_ms_max: Option<u64>,
 }
 
 /// The config's fields, in a fixed order, as (name, value).
-fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 12] {
+fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 18] {
     [
         ("session_ttl_ms", config.session_ttl_ms),
         ("sessions_max", config.sessions_max),
@@ -82,6 +100,12 @@ fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 12] {
             "idempotency_cached_bytes_max",
             config.idempotency_cached_bytes_max,
         ),
+        ("claim_ttl_ms", config.claim_ttl_ms),
+        ("claims_max", config.claims_max),
+        ("claim_key_bytes_max", config.claim_key_bytes_max),
+        ("claim_result_bytes_max", config.claim_result_bytes_max),
+        ("claim_cached_bytes_max", config.claim_cached_bytes_max),
+        ("lease_ms_max", config.lease_ms_max),
     ]
 }
 
@@ -137,6 +161,12 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         set.idempotency_keys_max,
         set.idempotency_key_bytes_max,
         set.idempotency_cached_bytes_max,
+        set.claim_ttl_ms,
+        set.claims_max,
+        set.claim_key_bytes_max,
+        set.claim_result_bytes_max,
+        set.claim_cached_bytes_max,
+        set.lease_ms_max,
     ];
     if changes.iter().all(Option::is_none) {
         return Err(Failure::usage(
@@ -160,6 +190,12 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         idempotency_keys_max: set.idempotency_keys_max,
         idempotency_key_bytes_max: set.idempotency_key_bytes_max,
         idempotency_cached_bytes_max: set.idempotency_cached_bytes_max,
+        claim_ttl_ms: set.claim_ttl_ms,
+        claims_max: set.claims_max,
+        claim_key_bytes_max: set.claim_key_bytes_max,
+        claim_result_bytes_max: set.claim_result_bytes_max,
+        claim_cached_bytes_max: set.claim_cached_bytes_max,
+        lease_ms_max: set.lease_ms_max,
     };
     let request = proto::SetConfigRequest {
         cluster_id,

@@ -1,0 +1,615 @@
+//! The records of claims (rule 20): for each (principal, key), who holds it
+//! (the holder's claim id, its fencing token and lease deadline in cluster
+//! time), or that its holder released it, or the result its holder
+//! completed it with; an index of the records by the cluster time their
+//! TTL counts from, for expiry; and the bookkeeping of their size. It owns
+//! those invariants (the index and the byte count always match the records)
+//! and the state transitions of one record; it does not decide the order
+//! of checks, the limits or the cluster's clock — the registry does.
+//!
+//! Records are ordered by (principal, key), the index by (TTL base,
+//! principal, key): expiry, paging, snapshots and the state hash walk them
+//! in that fixed order (rule 10).
+//!
+//! The second half is the registry's side of claims: the order of checks
+//! of the four claim requests, identical on every replica.
+//!
+//! `Claim(key, fingerprint, lease_ms, claim_id)`:
+//! 1. as every request: advance cluster time, expire idle sessions, keys
+//!    and claim records past their TTL; the cluster id must match;
+//! 2. an empty key → `INVALID_ARGUMENT`; a key longer than
+//!    `claim_key_bytes_max` → `LIMIT_EXCEEDED`; a lease outside
+//!    `1..=lease_ms_max` → `INVALID_ARGUMENT` (all final, nothing recorded);
+//! 3. (principal, key) has a record with another fingerprint →
+//!    `KEY_CONFLICT` (final, record untouched);
+//! 4. completed → the recorded result, byte for byte; held by this very
+//!    claim (same claim id) → its own win again, same fence (a retry after a
+//!    lost reply); held by another whose lease deadline is still ahead in
+//!    cluster time → in progress, with the time its lease has left;
+//! 5. no record: capacity (`claims_max`, `claim_cached_bytes_max`) →
+//!    `RESOURCE_EXHAUSTED` (this attempt; nothing is evicted);
+//! 6. won: a new fence, larger than every fence issued before (the larger
+//!    of the entry's log index and one past the last fence), the attempt
+//!    one past the record's (1 without one), the lease deadline `lease_ms`
+//!    after the cluster time. A takeover (a released key, or a lease that
+//!    ran out) is a win like any other: the old fence is fenced from now on.
+//!
+//! `CompleteClaim(key, fence, result)`, `ReleaseClaim(key, fence)`,
+//! `ExtendClaim(key, fence, lease_ms)`: after steps 1–2 (the result against
+//! `claim_result_bytes_max`, the lease against `lease_ms_max`), the record
+//! must name `fence` as its holder — a lease that ran out with no takeover
+//! still counts — else `FENCED` (final for that holder). A retry is
+//! answered from the record: a complete of the fence that completed gets
+//! the recorded completion (`duplicate`), a release of the fence that
+//! released gets `duplicate`. Complete charges the result's bytes
+//! (`RESOURCE_EXHAUSTED` past `claim_cached_bytes_max`); extend never
+//! moves a deadline earlier.
+
+use super::Registry;
+use super::keyed::KeyId;
+use super::types::{
+    Claim, ClaimAnswer, ClaimConfig, ClusterId, Fingerprint, IdempotencyKey, InvalidArgument,
+    Limit, LimitExceeded, Nonce, Outcome, Principal, Rejection, claim_record_size_bytes,
+};
+use imbl::{OrdMap, OrdSet};
+use serde::{Deserialize, Serialize};
+use std::ops::Bound;
+
+/// Where a claimed key stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimState {
+    /// A holder performs the effect. Its lease runs out at
+    /// `lease_deadline_ms` of cluster time; until a later claim takes over,
+    /// the holder may still extend, complete or release.
+    Held {
+        /// The claim id of the holder's `Claim`: a retry of that claim is
+        /// answered with the same fence.
+        holder: Nonce,
+        lease_deadline_ms: u64,
+    },
+    /// The holder gave up: the effect did not happen. The next claim wins
+    /// at once.
+    Released { released_ms: u64 },
+    /// The holder recorded the effect's result; every later claim replays
+    /// it.
+    Completed { completed_ms: u64, result: Vec<u8> },
+}
+
+/// One key's record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// The fingerprint of the first claim: another one is `KEY_CONFLICT`
+    /// for the record's whole life.
+    pub fingerprint: Fingerprint,
+    /// The fencing token of the current (or last) holder.
+    pub fence: u64,
+    /// How many holders the key has had, the current one included.
+    pub attempt: u64,
+    pub state: ClaimState,
+}
+
+impl ClaimRecord {
+    /// The cluster time the record's TTL counts from: the lease deadline of
+    /// a held key (a dead holder's key goes a TTL after its lease), the
+    /// release, or the completion.
+    pub fn ttl_base_ms(&self) -> u64 {
+        match &self.state {
+            ClaimState::Held {
+                lease_deadline_ms, ..
+            } => *lease_deadline_ms,
+            ClaimState::Released { released_ms } => *released_ms,
+            ClaimState::Completed { completed_ms, .. } => *completed_ms,
+        }
+    }
+
+    /// The result bytes a completed record keeps (0 otherwise).
+    pub fn result_bytes(&self) -> u64 {
+        match &self.state {
+            ClaimState::Completed { result, .. } => result.len() as u64,
+            _ => 0,
+        }
+    }
+
+    /// The size charged against `claim_cached_bytes_max`.
+    pub fn size_bytes(&self, id: &KeyId) -> u64 {
+        claim_record_size_bytes(&id.0, &id.1, self.result_bytes())
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ClaimStore {
+    records: OrdMap<KeyId, ClaimRecord>,
+    /// (TTL base, principal, key) of every record, oldest first.
+    by_age: OrdSet<(u64, KeyId)>,
+    /// Sum of `size_bytes` over the records.
+    cached_bytes: u64,
+    /// Records in the `Held` state.
+    held: u64,
+}
+
+impl ClaimStore {
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached_bytes
+    }
+
+    /// Records whose key is held now (their lease may have run out).
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    pub fn get(&self, id: &KeyId) -> Option<&ClaimRecord> {
+        self.records.get(id)
+    }
+
+    /// Every record in (principal, key) order.
+    pub fn iter(&self) -> impl Iterator<Item = (&KeyId, &ClaimRecord)> {
+        self.records.iter()
+    }
+
+    /// The greatest (principal, key) with a record.
+    pub fn last_id(&self) -> Option<&KeyId> {
+        self.records.get_max().map(|(id, _)| id)
+    }
+
+    /// Records strictly after `after`, in (principal, key) order.
+    pub fn after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a ClaimRecord)> + 'a {
+        self.records
+            .range((Bound::Excluded(after.clone()), Bound::Unbounded))
+    }
+
+    /// Sets the record of `id`, replacing any it had.
+    pub fn put(&mut self, id: KeyId, record: ClaimRecord) {
+        self.remove(&id);
+        self.cached_bytes += record.size_bytes(&id);
+        if matches!(record.state, ClaimState::Held { .. }) {
+            self.held += 1;
+        }
+        self.by_age.insert((record.ttl_base_ms(), id.clone()));
+        self.records.insert(id, record);
+    }
+
+    /// Removes a key's record; whether it had one.
+    pub fn remove(&mut self, id: &KeyId) -> bool {
+        let Some(record) = self.records.remove(id) else {
+            return false;
+        };
+        self.forget_accounting(id, &record);
+        let aged = self.by_age.remove(&(record.ttl_base_ms(), id.clone()));
+        assert!(aged.is_some(), "a claim record missing from the age index");
+        true
+    }
+
+    fn forget_accounting(&mut self, id: &KeyId, record: &ClaimRecord) {
+        self.cached_bytes -= record.size_bytes(id);
+        if matches!(record.state, ClaimState::Held { .. }) {
+            self.held -= 1;
+        }
+    }
+
+    /// Removes, oldest first, every record whose TTL base is more than
+    /// `ttl_ms` before `now_ms`; how many went. A held record's base is
+    /// its lease deadline, so a live lease never expires here.
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
+        let mut expired = 0;
+        while let Some(oldest) = self.by_age.get_min().cloned() {
+            if now_ms.saturating_sub(oldest.0) <= ttl_ms {
+                break;
+            }
+            self.by_age.remove(&oldest);
+            let record = self.records.remove(&oldest.1);
+            let record = record.expect("a claim in the age index without a record");
+            self.forget_accounting(&oldest.1, &record);
+            expired += 1;
+        }
+        expired
+    }
+
+    /// The age index names exactly the records with their TTL bases, and
+    /// the byte and held counts are those of the records.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.by_age.len() != self.records.len() {
+            return Err(format!(
+                "{} claim records, {} in the age index",
+                self.records.len(),
+                self.by_age.len()
+            ));
+        }
+        let mut sum = 0u64;
+        let mut held = 0u64;
+        for (id, record) in &self.records {
+            if !self.by_age.contains(&(record.ttl_base_ms(), id.clone())) {
+                return Err("a claim record missing from the age index".to_owned());
+            }
+            if record.attempt == 0 || record.fence == 0 {
+                return Err("a claim record without a holder".to_owned());
+            }
+            sum += record.size_bytes(id);
+            held += u64::from(matches!(record.state, ClaimState::Held { .. }));
+        }
+        if sum != self.cached_bytes || held != self.held {
+            return Err(format!(
+                "claim bytes {} and held {} but records sum to {sum} and {held}",
+                self.cached_bytes, self.held
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A read-only view of one claim record, for operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimView {
+    pub principal: Principal,
+    pub key: IdempotencyKey,
+    pub record: ClaimRecord,
+    /// Cluster time after which the record expires under the TTL in force.
+    pub expires_after_ms: u64,
+    /// Bytes charged against `claim_cached_bytes_max`.
+    pub size_bytes: u64,
+}
+
+impl Registry {
+    /// The TTL and limits of claims in force.
+    pub fn claim_config(&self) -> &ClaimConfig {
+        &self.claim_config
+    }
+
+    /// Live claim records, all principals.
+    pub fn claim_count(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// Claim records whose key is held now (their leases may have run out).
+    pub fn claims_held(&self) -> u64 {
+        self.claims.held()
+    }
+
+    /// Bytes charged for all claim records.
+    pub fn claim_cached_bytes(&self) -> u64 {
+        self.claims.cached_bytes()
+    }
+
+    /// The largest fencing token issued so far.
+    pub fn last_fence(&self) -> u64 {
+        self.last_fence
+    }
+
+    /// The claim record of `key` of `principal`, if it is live.
+    pub fn claim_record(&self, principal: &Principal, key: &IdempotencyKey) -> Option<ClaimView> {
+        let id = (principal.clone(), key.clone());
+        let record = self.claims.get(&id)?;
+        Some(self.claim_view(&id, record))
+    }
+
+    /// One page of live claim records for operators: at most `limit` of
+    /// them after (`principal`, `key`) in (principal, key) order, and
+    /// whether more follow.
+    pub fn claims_after(
+        &self,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        limit: usize,
+    ) -> (Vec<ClaimView>, bool) {
+        let after = (principal.clone(), key.clone());
+        let mut following = self
+            .claims
+            .after(&after)
+            .map(|(id, record)| self.claim_view(id, record));
+        let page: Vec<ClaimView> = following.by_ref().take(limit).collect();
+        let more = following.next().is_some();
+        (page, more)
+    }
+
+    fn claim_view(&self, id: &KeyId, record: &ClaimRecord) -> ClaimView {
+        ClaimView {
+            principal: id.0.clone(),
+            key: id.1.clone(),
+            record: record.clone(),
+            expires_after_ms: record
+                .ttl_base_ms()
+                .saturating_add(self.claim_config.claim_ttl_ms),
+            size_bytes: record.size_bytes(id),
+        }
+    }
+
+    /// Every claim record in (principal, key) order (snapshots).
+    pub(crate) fn claim_records(&self) -> impl Iterator<Item = (&KeyId, &ClaimRecord)> {
+        self.claims.iter()
+    }
+
+    /// Restores one claim record from a snapshot, in (principal, key)
+    /// order; the caller checked its bounds.
+    pub(crate) fn restore_claim(
+        &mut self,
+        id: KeyId,
+        record: ClaimRecord,
+    ) -> Result<(), &'static str> {
+        if self.claims.last_id().is_some_and(|last| *last >= id) {
+            return Err("claims out of order");
+        }
+        if record.fence > self.last_fence {
+            return Err("a claim fence above the last fence issued");
+        }
+        if record.attempt == 0 || record.fence == 0 {
+            return Err("a claim record without a holder");
+        }
+        self.claims.put(id, record);
+        Ok(())
+    }
+
+    /// Sets the last fence issued (snapshots).
+    pub(crate) fn restore_last_fence(&mut self, last_fence: u64) {
+        self.last_fence = last_fence;
+    }
+
+    /// Step 2 of every claim request: the key is not empty and within
+    /// `claim_key_bytes_max`.
+    fn check_claim_key(&self, key: &IdempotencyKey) -> Result<(), Rejection> {
+        if key.0.is_empty() {
+            return Err(Rejection::InvalidArgument(InvalidArgument::EmptyClaimKey));
+        }
+        let max = self.claim_config.claim_key_bytes_max;
+        if key.0.len() as u64 > max {
+            return Err(Rejection::LimitExceeded {
+                exceeded: LimitExceeded {
+                    limit: Limit::ClaimKeyBytes,
+                    max,
+                    requested: key.0.len() as u64,
+                },
+                duplicate: false,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_lease(&self, lease_ms: u64) -> Result<(), Rejection> {
+        let lease_ms_max = self.claim_config.lease_ms_max;
+        if lease_ms == 0 || lease_ms > lease_ms_max {
+            return Err(Rejection::InvalidArgument(
+                InvalidArgument::LeaseOutOfBounds {
+                    lease_ms,
+                    lease_ms_max,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    /// A claim, in the order of checks of the module doc.
+    pub(crate) fn claim(&mut self, log_index: u64, claim: &Claim) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(claim.cluster_id))?;
+        self.check_claim_key(&claim.key)?;
+        self.check_lease(claim.lease_ms)?;
+        let now_ms = self.cluster_time_ms;
+        let id: KeyId = (claim.principal.clone(), claim.key.clone());
+        let attempt = match self.claims.get(&id) {
+            Some(record) if record.fingerprint != claim.fingerprint => {
+                return Err(Rejection::KeyConflict);
+            }
+            Some(record) => match &record.state {
+                ClaimState::Completed {
+                    completed_ms,
+                    result,
+                } => {
+                    return Ok(Outcome::Claimed(ClaimAnswer::Completed {
+                        result: result.clone(),
+                        completed_ms: *completed_ms,
+                        fence: record.fence,
+                        attempt: record.attempt,
+                    }));
+                }
+                ClaimState::Held {
+                    holder,
+                    lease_deadline_ms,
+                } if *holder == claim.claim_id => {
+                    return Ok(Outcome::Claimed(ClaimAnswer::Won {
+                        fence: record.fence,
+                        attempt: record.attempt,
+                        lease_deadline_ms: *lease_deadline_ms,
+                        cluster_time_ms: now_ms,
+                        duplicate: true,
+                    }));
+                }
+                ClaimState::Held {
+                    lease_deadline_ms, ..
+                } if *lease_deadline_ms > now_ms => {
+                    return Ok(Outcome::Claimed(ClaimAnswer::InProgress {
+                        retry_after_ms: lease_deadline_ms - now_ms,
+                        attempt: record.attempt,
+                    }));
+                }
+                // Released, or a lease that ran out: a takeover.
+                ClaimState::Held { .. } | ClaimState::Released { .. } => record.attempt + 1,
+            },
+            None => {
+                if self.claims.len() as u64 >= self.claim_config.claims_max {
+                    return Err(Rejection::ResourceExhausted(Limit::Claims));
+                }
+                let size = claim_record_size_bytes(&id.0, &id.1, 0);
+                if self.claims.cached_bytes().saturating_add(size)
+                    > self.claim_config.claim_cached_bytes_max
+                {
+                    return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
+                }
+                1
+            }
+        };
+        let fence = self.last_fence.saturating_add(1).max(log_index);
+        self.last_fence = fence;
+        let lease_deadline_ms = now_ms.saturating_add(claim.lease_ms);
+        self.claims.put(
+            id,
+            ClaimRecord {
+                fingerprint: claim.fingerprint,
+                fence,
+                attempt,
+                state: ClaimState::Held {
+                    holder: claim.claim_id,
+                    lease_deadline_ms,
+                },
+            },
+        );
+        Ok(Outcome::Claimed(ClaimAnswer::Won {
+            fence,
+            attempt,
+            lease_deadline_ms,
+            cluster_time_ms: now_ms,
+            duplicate: false,
+        }))
+    }
+
+    /// The record of (principal, key) if `fence` is its current holder's
+    /// fence, else `FENCED` with the key's current fence.
+    fn fenced_record(&self, id: &KeyId, fence: u64) -> Result<&ClaimRecord, Rejection> {
+        match self.claims.get(id) {
+            Some(record) if record.fence == fence => Ok(record),
+            Some(record) => Err(Rejection::Fenced {
+                fence: record.fence,
+            }),
+            None => Err(Rejection::Fenced { fence: 0 }),
+        }
+    }
+
+    pub(crate) fn complete_claim(
+        &mut self,
+        cluster_id: ClusterId,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        fence: u64,
+        result: &[u8],
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        self.check_claim_key(key)?;
+        let max = self.claim_config.claim_result_bytes_max;
+        if result.len() as u64 > max {
+            return Err(Rejection::LimitExceeded {
+                exceeded: LimitExceeded {
+                    limit: Limit::ClaimResultBytes,
+                    max,
+                    requested: result.len() as u64,
+                },
+                duplicate: false,
+            });
+        }
+        let id: KeyId = (principal.clone(), key.clone());
+        // DELIBERATELY BROKEN when built with `broken-no-fence-check` (a
+        // fault-injection build for the jepsen-like harness only, to prove
+        // its checker catches it): a held key accepts a complete from any
+        // fence, a stale holder's included.
+        #[cfg(feature = "broken-no-fence-check")]
+        let record = match self.claims.get(&id) {
+            Some(record) if matches!(record.state, ClaimState::Held { .. }) => record,
+            _ => self.fenced_record(&id, fence)?,
+        };
+        #[cfg(not(feature = "broken-no-fence-check"))]
+        let record = self.fenced_record(&id, fence)?;
+        match &record.state {
+            ClaimState::Completed { completed_ms, .. } => Ok(Outcome::ClaimCompleted {
+                fence,
+                completed_ms: *completed_ms,
+                duplicate: true,
+            }),
+            ClaimState::Released { .. } => Err(Rejection::Fenced { fence }),
+            ClaimState::Held { .. } => {
+                let mut record = record.clone();
+                let completed_ms = self.cluster_time_ms;
+                let grown = result.len() as u64;
+                if self.claims.cached_bytes().saturating_add(grown)
+                    > self.claim_config.claim_cached_bytes_max
+                {
+                    return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
+                }
+                record.state = ClaimState::Completed {
+                    completed_ms,
+                    result: result.to_vec(),
+                };
+                self.claims.put(id, record);
+                Ok(Outcome::ClaimCompleted {
+                    fence,
+                    completed_ms,
+                    duplicate: false,
+                })
+            }
+        }
+    }
+
+    pub(crate) fn release_claim(
+        &mut self,
+        cluster_id: ClusterId,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        fence: u64,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        self.check_claim_key(key)?;
+        let id: KeyId = (principal.clone(), key.clone());
+        let record = self.fenced_record(&id, fence)?;
+        match &record.state {
+            ClaimState::Released { .. } => Ok(Outcome::ClaimReleased { duplicate: true }),
+            ClaimState::Completed { .. } => Err(Rejection::Fenced { fence }),
+            ClaimState::Held { .. } => {
+                let mut record = record.clone();
+                record.state = ClaimState::Released {
+                    released_ms: self.cluster_time_ms,
+                };
+                self.claims.put(id, record);
+                Ok(Outcome::ClaimReleased { duplicate: false })
+            }
+        }
+    }
+
+    pub(crate) fn extend_claim(
+        &mut self,
+        cluster_id: ClusterId,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        fence: u64,
+        lease_ms: u64,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        self.check_claim_key(key)?;
+        self.check_lease(lease_ms)?;
+        let id: KeyId = (principal.clone(), key.clone());
+        let record = self.fenced_record(&id, fence)?;
+        let ClaimState::Held {
+            holder,
+            lease_deadline_ms,
+        } = &record.state
+        else {
+            return Err(Rejection::Fenced { fence });
+        };
+        let now_ms = self.cluster_time_ms;
+        let extended_ms = now_ms.saturating_add(lease_ms).max(*lease_deadline_ms);
+        if extended_ms != *lease_deadline_ms {
+            let mut record = record.clone();
+            record.state = ClaimState::Held {
+                holder: *holder,
+                lease_deadline_ms: extended_ms,
+            };
+            self.claims.put(id, record);
+        }
+        Ok(Outcome::ClaimExtended {
+            lease_deadline_ms: extended_ms,
+            cluster_time_ms: now_ms,
+        })
+    }
+
+    /// An operator's removal of a claim record, through the log.
+    pub(crate) fn forget_claim(
+        &mut self,
+        cluster_id: ClusterId,
+        principal: &Principal,
+        key: &IdempotencyKey,
+    ) -> Result<Outcome, Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        let existed = self.claims.remove(&(principal.clone(), key.clone()));
+        Ok(Outcome::ClaimForgotten { existed })
+    }
+}
