@@ -565,7 +565,8 @@ pub fn completion(
                 | Error::PermissionDenied(_)
                 | Error::LimitExceeded { .. }
                 | Error::KeyConflict { .. }
-                | Error::Fenced { .. } => EventType::Fail,
+                | Error::Fenced { .. }
+                | Error::ClaimInProgress { .. } => EventType::Fail,
             };
             (kind, None, Some(error.to_string()))
         }

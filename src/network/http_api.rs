@@ -169,6 +169,10 @@ pub fn client_error(error: ClientError) -> HttpError {
             HttpError::new(StatusCode::CONFLICT, "FENCED", message)
                 .with("current_fence", Json::from(current_fence))
         }
+        ClientError::ClaimInProgress { retry_after_ms } => {
+            HttpError::new(StatusCode::CONFLICT, "IN_PROGRESS", message)
+                .with("retry_after_ms", Json::from(retry_after_ms))
+        }
         ClientError::ResourceExhausted(_) => {
             HttpError::new(StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message)
         }

@@ -36,12 +36,15 @@
 //! ```
 
 pub mod admin;
+mod claims;
 pub mod credentials;
 pub mod policy;
 pub mod retry;
 pub mod seqs;
 
+pub use claims::{ClaimToken, OnceError, OnceOptions, OnceOutcome};
 use credentials::{AuthChannel, Credentials};
+pub use oncekv_core::ClaimAnswer;
 use oncekv_core::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
@@ -136,6 +139,11 @@ pub enum Error {
         "fenced: this holder's fence no longer holds the key (its fence is now {current_fence}); nothing was recorded"
     )]
     Fenced { current_fence: u64 },
+    /// `once` (or a claim the caller waits on): another holder's lease was
+    /// still live when the caller's patience ran out. Nothing ran in this
+    /// call; claim again after `retry_after_ms`.
+    #[error("another holder's claim is in progress; retry after {retry_after_ms} ms")]
+    ClaimInProgress { retry_after_ms: u64 },
 }
 
 impl Error {
@@ -158,6 +166,7 @@ impl Error {
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::KeyConflict { .. } => "key_conflict",
             Error::Fenced { .. } => "fenced",
+            Error::ClaimInProgress { .. } => "in_progress",
         }
     }
 
@@ -1293,6 +1302,8 @@ mod tests {
                 },
                 "outcome_unknown",
             ),
+            (Error::Fenced { current_fence: 3 }, "fenced"),
+            (Error::ClaimInProgress { retry_after_ms: 5 }, "in_progress"),
         ];
         // No wildcard: a new variant does not compile until it is numbered
         // here, and then the coverage check asks for its case above.
@@ -1310,10 +1321,12 @@ mod tests {
             Error::LimitExceeded { .. } => 10,
             Error::KeyConflict { .. } => 11,
             Error::KeyOutcomeUnknown { .. } => 12,
+            Error::Fenced { .. } => 13,
+            Error::ClaimInProgress { .. } => 14,
         };
         let covered: std::collections::BTreeSet<usize> =
             cases.iter().map(|(error, _)| variant(error)).collect();
-        assert_eq!(covered, (0..13).collect(), "every variant has a case");
+        assert_eq!(covered, (0..15).collect(), "every variant has a case");
         for (error, kind) in &cases {
             assert_eq!(error.kind(), *kind, "{error:?}");
         }
@@ -1354,6 +1367,7 @@ mod tests {
             ),
             (ErrorReason::SeqConflict, "seq_conflict"),
             (ErrorReason::KeyConflict, "key_conflict"),
+            (ErrorReason::Fenced { current_fence: 4 }, "fenced"),
             (
                 ErrorReason::ResponseDiscarded { floor: 9 },
                 "response_discarded",

@@ -1,0 +1,430 @@
+//! Claims from the client (rule 20): the four calls, each retried with the
+//! same request (the same claim id, the same fence) until the call's
+//! deadline, and [`Client::once`], the reserve → do → record → release
+//! cycle around a caller's own effect: claim (waiting out another holder's
+//! lease), run the effect with its fence while a heartbeat extends the
+//! lease, complete with its result or release on failure, and replay a
+//! recorded result without running anything. It owns that cycle and the
+//! retry of each call; it must not decide who holds a key (the registry
+//! does, at apply) or re-claim under a new claim id within one call.
+
+use super::{Attempt, AuthChannel, Client, ClientClient, Error, Failures, classify};
+use oncekv_core::ClaimAnswer;
+use oncekv_wire::convert;
+use oncekv_wire::proto;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How [`Client::once`] claims and holds a key.
+#[derive(Clone, Debug)]
+pub struct OnceOptions {
+    /// The lease asked for (and renewed by each heartbeat): how long a
+    /// holder that dies blocks the key before another may take over.
+    pub lease: Duration,
+    /// How long to wait for another holder's lease (claiming again after
+    /// each "in progress") before giving up with
+    /// [`Error::ClaimInProgress`].
+    pub wait: Duration,
+    /// How often the heartbeat extends the lease while the effect runs
+    /// (default: a third of the lease).
+    pub heartbeat: Option<Duration>,
+}
+
+impl Default for OnceOptions {
+    fn default() -> OnceOptions {
+        OnceOptions {
+            lease: Duration::from_secs(30),
+            wait: Duration::from_secs(60),
+            heartbeat: None,
+        }
+    }
+}
+
+/// The holder's side of a won claim, handed to the effect.
+#[derive(Clone, Debug)]
+pub struct ClaimToken {
+    pub key: Vec<u8>,
+    /// The fencing token: pass it to the downstream that performs the
+    /// effect, so that it can refuse a holder whose lease was taken over.
+    pub fence: u64,
+    /// Holders so far, this one included: above 1, an earlier holder may
+    /// have half-done the effect — reconcile before redoing it.
+    pub attempt: u64,
+    fenced: Arc<AtomicBool>,
+}
+
+impl ClaimToken {
+    /// Whether a heartbeat learnt that this holder was fenced (its lease
+    /// ran out and another holder took over): stop, the effect is theirs.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+}
+
+/// What [`Client::once`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OnceOutcome {
+    /// This call ran the effect and recorded its result.
+    Ran {
+        result: Vec<u8>,
+        fence: u64,
+        attempt: u64,
+    },
+    /// The effect had been done (by this process earlier, or another): its
+    /// recorded result; nothing ran.
+    Replayed {
+        result: Vec<u8>,
+        fence: u64,
+        attempt: u64,
+        completed_ms: u64,
+    },
+}
+
+impl OnceOutcome {
+    /// The effect's recorded result.
+    pub fn result(&self) -> &[u8] {
+        match self {
+            OnceOutcome::Ran { result, .. } | OnceOutcome::Replayed { result, .. } => result,
+        }
+    }
+
+    /// Whether the result was replayed (nothing ran in this call).
+    pub fn replayed(&self) -> bool {
+        matches!(self, OnceOutcome::Replayed { .. })
+    }
+}
+
+/// Why [`Client::once`] did not return a result.
+#[derive(Debug, thiserror::Error)]
+pub enum OnceError<E> {
+    /// The key could not be claimed: nothing ran in this call
+    /// ([`Error::ClaimInProgress`] after waiting, [`Error::KeyConflict`]
+    /// for another fingerprint, an unavailable cluster…).
+    #[error("could not claim the key: {0}")]
+    Claim(Error),
+    /// The effect failed; the claim was released (when `released` is
+    /// `Ok`), so the next claim of the key runs it again.
+    #[error("the effect failed: {error}")]
+    Failed {
+        error: E,
+        released: Result<(), Error>,
+    },
+    /// The effect ran and returned `result`, but recording it failed:
+    /// FENCED (the lease ran out and another holder took over — the
+    /// downstream must refuse this holder's fence), or an unknown outcome
+    /// (calling `once` again with the same key learns it).
+    #[error("the effect ran but its result was not recorded: {error}")]
+    Record { result: Vec<u8>, error: Error },
+}
+
+/// A claim request's identity: random, chosen once per logical claim.
+fn new_claim_id() -> u128 {
+    #[allow(clippy::disallowed_methods)] // a claim id is random by definition (rule 20)
+    rand::random()
+}
+
+impl Client {
+    /// Claims `key` for an effect described by `fingerprint` (any bytes;
+    /// another description on the key is [`Error::KeyConflict`]) with a
+    /// lease of `lease`: won, in progress, or completed (see
+    /// [`ClaimAnswer`]). Retried with the same claim id until the call's
+    /// deadline, so a lost reply is answered with this call's own win.
+    pub async fn claim(
+        &self,
+        key: &[u8],
+        fingerprint: &[u8],
+        lease: Duration,
+    ) -> Result<ClaimAnswer, Error> {
+        self.claim_as(key, fingerprint, lease, new_claim_id()).await
+    }
+
+    /// [`Client::claim`] with the caller's own claim id (a retry of a claim
+    /// made earlier, by this process or one that took over its work).
+    pub async fn claim_as(
+        &self,
+        key: &[u8],
+        fingerprint: &[u8],
+        lease: Duration,
+        claim_id: u128,
+    ) -> Result<ClaimAnswer, Error> {
+        let deadline = self.deadline();
+        let request = proto::ClaimRequest {
+            cluster_id: self.cluster_id(deadline).await?,
+            key: key.to_vec(),
+            fingerprint: fingerprint.to_vec(),
+            lease_ms: millis(lease),
+            claim_id: claim_id.to_be_bytes().to_vec(),
+        };
+        let reply = self
+            .claim_call(key, deadline, request, |mut client, request| async move {
+                client.claim(request).await
+            })
+            .await?;
+        convert::claim_answer_from_proto(reply)
+            .map_err(|error| Error::InvalidArgument(format!("undecodable claim reply: {error}")))
+    }
+
+    /// Records `result` as the effect's result under `fence`; every later
+    /// claim of the key replays it. [`Error::Fenced`] when the fence no
+    /// longer holds the key (nothing recorded). Returns the cluster time of
+    /// the completion.
+    pub async fn complete_claim(
+        &self,
+        key: &[u8],
+        fence: u64,
+        result: &[u8],
+    ) -> Result<u64, Error> {
+        let deadline = self.deadline();
+        let request = proto::CompleteClaimRequest {
+            cluster_id: self.cluster_id(deadline).await?,
+            key: key.to_vec(),
+            fence,
+            result: result.to_vec(),
+        };
+        let reply = self
+            .claim_call(key, deadline, request, |mut client, request| async move {
+                client.complete_claim(request).await
+            })
+            .await?;
+        Ok(reply.completed_ms)
+    }
+
+    /// Gives the key up under `fence` (the effect did not happen): the next
+    /// claim wins at once. [`Error::Fenced`] when the fence no longer holds
+    /// the key.
+    pub async fn release_claim(&self, key: &[u8], fence: u64) -> Result<(), Error> {
+        let deadline = self.deadline();
+        let request = proto::ReleaseClaimRequest {
+            cluster_id: self.cluster_id(deadline).await?,
+            key: key.to_vec(),
+            fence,
+        };
+        self.claim_call(key, deadline, request, |mut client, request| async move {
+            client.release_claim(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Extends the lease of `fence` to `lease` from now (in cluster time);
+    /// the lease left. [`Error::Fenced`] when the fence no longer holds the
+    /// key.
+    pub async fn extend_claim(
+        &self,
+        key: &[u8],
+        fence: u64,
+        lease: Duration,
+    ) -> Result<Duration, Error> {
+        let deadline = self.deadline();
+        let request = proto::ExtendClaimRequest {
+            cluster_id: self.cluster_id(deadline).await?,
+            key: key.to_vec(),
+            fence,
+            lease_ms: millis(lease),
+        };
+        let reply = self
+            .claim_call(key, deadline, request, |mut client, request| async move {
+                client.extend_claim(request).await
+            })
+            .await?;
+        Ok(Duration::from_millis(reply.lease_ms_left))
+    }
+
+    /// Runs `effect` at most once per `key` across every process that asks
+    /// (rule 20): claims the key (waiting out another holder's lease up to
+    /// `options.wait`), runs `effect` with the claim's fence and attempt
+    /// while a heartbeat extends the lease, then records its `Ok` bytes
+    /// (every later call with the key gets them back without running
+    /// anything: [`OnceOutcome::Replayed`]) or releases the key on `Err`
+    /// (the next call runs it again). A holder that dies leaves a lease,
+    /// not a stuck key: after it, the next call takes over with
+    /// `attempt` + 1 and a larger fence.
+    pub async fn once<F, Fut, E>(
+        &self,
+        key: &[u8],
+        fingerprint: &[u8],
+        options: &OnceOptions,
+        effect: F,
+    ) -> Result<OnceOutcome, OnceError<E>>
+    where
+        F: FnOnce(ClaimToken) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+    {
+        let token = match self.claim_waiting(key, fingerprint, options).await {
+            Ok(Ok(token)) => token,
+            Ok(Err(replayed)) => return Ok(replayed),
+            Err(error) => return Err(OnceError::Claim(error)),
+        };
+        let heartbeat = self.spawn_heartbeat(&token, options);
+        let ran = effect(token.clone()).await;
+        heartbeat.abort();
+        match ran {
+            Ok(result) => match self.complete_claim(key, token.fence, &result).await {
+                Ok(_) => Ok(OnceOutcome::Ran {
+                    result,
+                    fence: token.fence,
+                    attempt: token.attempt,
+                }),
+                Err(error) => Err(OnceError::Record { result, error }),
+            },
+            Err(error) => {
+                let released = self.release_claim(key, token.fence).await;
+                Err(OnceError::Failed { error, released })
+            }
+        }
+    }
+
+    /// Claims `key` with one claim id until won or completed, waiting out
+    /// "in progress" answers up to `options.wait`: the won claim's token,
+    /// or the recorded outcome.
+    async fn claim_waiting(
+        &self,
+        key: &[u8],
+        fingerprint: &[u8],
+        options: &OnceOptions,
+    ) -> Result<Result<ClaimToken, OnceOutcome>, Error> {
+        let claim_id = new_claim_id();
+        let give_up = Instant::now() + options.wait;
+        loop {
+            match self
+                .claim_as(key, fingerprint, options.lease, claim_id)
+                .await?
+            {
+                ClaimAnswer::Won { fence, attempt, .. } => {
+                    return Ok(Ok(ClaimToken {
+                        key: key.to_vec(),
+                        fence,
+                        attempt,
+                        fenced: Arc::new(AtomicBool::new(false)),
+                    }));
+                }
+                ClaimAnswer::Completed {
+                    result,
+                    completed_ms,
+                    fence,
+                    attempt,
+                } => {
+                    return Ok(Err(OnceOutcome::Replayed {
+                        result,
+                        fence,
+                        attempt,
+                        completed_ms,
+                    }));
+                }
+                ClaimAnswer::InProgress { retry_after_ms, .. } => {
+                    let now = Instant::now();
+                    if now >= give_up {
+                        return Err(Error::ClaimInProgress { retry_after_ms });
+                    }
+                    // Claim again when the holder's lease would run out (or
+                    // sooner, to see a completion early), never past the
+                    // caller's patience.
+                    let pause = Duration::from_millis(retry_after_ms.clamp(10, 1_000));
+                    tokio::time::sleep(pause.min(give_up - now)).await;
+                }
+            }
+        }
+    }
+
+    /// Extends the lease every heartbeat while the effect runs; marks the
+    /// token fenced if an extend learns another holder took over.
+    fn spawn_heartbeat(
+        &self,
+        token: &ClaimToken,
+        options: &OnceOptions,
+    ) -> tokio::task::JoinHandle<()> {
+        let client = self.clone();
+        let token = token.clone();
+        let lease = options.lease;
+        let every = options
+            .heartbeat
+            .unwrap_or(lease / 3)
+            .max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match client.extend_claim(&token.key, token.fence, lease).await {
+                    Err(Error::Fenced { .. }) => {
+                        token.fenced.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    // Unreachable for now: the next beat tries again, and
+                    // the lease covers the gap until it runs out.
+                    Ok(_) | Err(_) => {}
+                }
+            }
+        })
+    }
+
+    /// One claim call, retried with the same request until `deadline`.
+    /// A refusal is the registry's answer from the record (KEY_CONFLICT,
+    /// FENCED, a limit, a malformed request: nothing recorded for this
+    /// request); any other final refusal after an attempt that may have
+    /// reached the leader leaves the outcome unknown (rule 22), and so does
+    /// the deadline — the same request again learns it.
+    async fn claim_call<Req, Reply, F, Fut>(
+        &self,
+        key: &[u8],
+        deadline: Instant,
+        request: Req,
+        call: F,
+    ) -> Result<Reply, Error>
+    where
+        Req: Clone,
+        F: Fn(ClientClient<AuthChannel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Reply>, tonic::Status>>,
+    {
+        let key_text = String::from_utf8_lossy(key).into_owned();
+        let unknown = |reason: String| Error::KeyOutcomeUnknown {
+            key: key_text.clone(),
+            reason,
+        };
+        let mut attempt: u32 = 0;
+        let mut failures = Failures::default();
+        loop {
+            let target = self.leader_endpoint()?;
+            let client = self.channel(&target)?;
+            let timeout = self.attempt_timeout(deadline);
+            let mut message = tonic::Request::new(request.clone());
+            message.set_timeout(timeout);
+            let result = tokio::time::timeout(timeout, call(client, message))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
+            match classify(result) {
+                Attempt::Done(reply) => return Ok(reply.into_inner()),
+                Attempt::Final(status) => {
+                    return Err(match Error::from_reason(&status, 0) {
+                        Some(Error::KeyConflict { .. }) => Error::KeyConflict { key: key_text },
+                        Some(
+                            proof @ (Error::Fenced { .. }
+                            | Error::LimitExceeded { .. }
+                            | Error::InvalidArgument(_)
+                            | Error::WrongCluster { .. }),
+                        ) => proof,
+                        Some(error) if attempt == 0 => error,
+                        Some(error) => unknown(error.to_string()),
+                        None => unknown(format!("{:?}: {}", status.code(), status.message())),
+                    });
+                }
+                Attempt::Retry { status, hint } => {
+                    failures.note(&status);
+                    if Instant::now() >= deadline {
+                        return Err(unknown(failures.reason()));
+                    }
+                    self.inner
+                        .follower
+                        .follow(hint.as_deref(), attempt, deadline)
+                        .await;
+                }
+            }
+            attempt += 1;
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
