@@ -72,6 +72,7 @@ fn patch_claims(patch: ClaimConfigPatch) -> Op {
         patch: ConfigPatch::default(),
         keyed: KeyedConfigPatch::default(),
         claims: patch,
+        budget: oncekv_core::BudgetConfigPatch::default(),
     }
 }
 

@@ -414,6 +414,7 @@ impl admin_server::Admin for AdminApi {
                 let mut config =
                     convert::configs_to_proto(registry.config(), registry.keyed_config());
                 convert::claim_config_into_proto(registry.claim_config(), &mut config);
+                convert::budget_into_proto(registry.budget_config(), &mut config);
                 config
             }),
             applied_index: registry.applied_index(),
@@ -436,11 +437,16 @@ impl admin_server::Admin for AdminApi {
             .as_ref()
             .map(convert::claim_config_patch_from_proto)
             .unwrap_or_default();
+        let budget = request
+            .patch
+            .as_ref()
+            .map(convert::budget_patch_from_proto)
+            .unwrap_or_default();
         let patch = convert::config_patch_from_proto(request.patch).map_err(convert_status)?;
         // A fact of the request alone. Whether the patched configs are
         // valid depends on the configs in force when the entry applies: the
         // core decides that, in log order, on every replica alike.
-        if patch.is_empty() && keyed.is_empty() && claims.is_empty() {
+        if patch.is_empty() && keyed.is_empty() && claims.is_empty() && budget.is_empty() {
             return Err(invalid("the config patch sets no field"));
         }
         let op = Op::PatchAllConfigs {
@@ -448,6 +454,7 @@ impl admin_server::Admin for AdminApi {
             patch,
             keyed,
             claims,
+            budget,
         };
         match self.propose(op).await? {
             (
@@ -455,6 +462,7 @@ impl admin_server::Admin for AdminApi {
                     config,
                     keyed,
                     claims,
+                    budget,
                 },
                 log_index,
             ) => {
@@ -468,6 +476,7 @@ impl admin_server::Admin for AdminApi {
                 );
                 let mut wire = convert::configs_to_proto(&config, &keyed);
                 convert::claim_config_into_proto(&claims, &mut wire);
+                convert::budget_into_proto(&budget, &mut wire);
                 Ok(Response::new(proto::SetConfigReply {
                     log_index,
                     config: Some(wire),

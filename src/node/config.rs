@@ -108,6 +108,12 @@ pub struct NodeOptions {
     /// only on a private network you trust.
     #[arg(long)]
     pub insecure: bool,
+    /// Start even when this machine's memory (or the cgroup's limit) is
+    /// below what the replicated memory budget needs (twice
+    /// `memory_budget_bytes` plus 128 MiB): a node that runs out of memory
+    /// crash-loops on the same state. For tests and small demos only.
+    #[arg(long)]
+    pub allow_small_memory: bool,
     /// This node's certificate (PEM) for the client and peer ports. With
     /// --tls-key and --tls-ca it turns TLS on for both ports (mutual TLS
     /// between peers), and authentication on the client port; a node with
@@ -195,6 +201,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub members: BTreeMap<NodeId, NodeInfo>,
     pub initialize: bool,
+    /// Start below the memory the budget needs (see `--allow-small-memory`).
+    pub allow_small_memory: bool,
     pub heartbeat: Duration,
     pub election_timeout_min: Duration,
     pub election_timeout_max: Duration,
@@ -488,6 +496,7 @@ impl NodeOptions {
             data_dir,
             members,
             initialize,
+            allow_small_memory: self.allow_small_memory || file.allow_small_memory,
             heartbeat: timing.heartbeat,
             election_timeout_min: timing.election_timeout_min,
             election_timeout_max: timing.election_timeout_max,

@@ -279,6 +279,13 @@ async fn open_storage(
         );
     }
     log_store.purge_after_durable_snapshots(state_machine.durable_snapshot_index());
+    let budget = state_machine
+        .state()
+        .read()
+        .registry
+        .budget_config()
+        .memory_budget_bytes;
+    check_machine_memory(budget, config.allow_small_memory)?;
     let identity = ClusterIdentity::open(&config.data_dir).context("reading the cluster id")?;
     let applied_cluster_id = state_machine.state().read().registry.cluster_id();
     if let Some(applied) = applied_cluster_id {
@@ -289,6 +296,79 @@ async fn open_storage(
             .context("the applied state names another cluster than the id file")?;
     }
     Ok((log_store, state_machine, identity))
+}
+
+/// What a replica needs besides its accounted state: the process, the
+/// runtime, buffers and a snapshot being written.
+const MEMORY_OVERHEAD_BYTES: u64 = 128 << 20;
+
+/// The memory a node needs for a memory budget of `budget_bytes` (rule
+/// 21): the accounted state, as much again for the working copies that
+/// persistent maps, snapshots and catch-up hold, and the process's own.
+pub fn memory_needed_bytes(budget_bytes: u64) -> u64 {
+    budget_bytes
+        .saturating_mul(2)
+        .saturating_add(MEMORY_OVERHEAD_BYTES)
+}
+
+/// The memory this process may use: the machine's (`MemTotal`), or its
+/// cgroup's limit if lower; `None` when neither can be read.
+fn machine_memory_bytes() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("MemTotal:"))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map(|kib| kib.saturating_mul(1024));
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .filter_map(|limit| limit.trim().parse::<u64>().ok())
+    .min();
+    match (total, cgroup) {
+        (Some(total), Some(limit)) => Some(total.min(limit)),
+        (total, limit) => total.or(limit),
+    }
+}
+
+/// Refuses to start a node whose machine cannot hold the state the
+/// replicated memory budget allows (rule 21): it would run out of memory
+/// once the state grows, and crash-loop replaying the same state.
+fn check_machine_memory(budget_bytes: u64, allow_small: bool) -> anyhow::Result<()> {
+    let needed = memory_needed_bytes(budget_bytes);
+    let Some(available) = machine_memory_bytes() else {
+        tracing::warn!("cannot read this machine's memory; the memory budget is not checked");
+        return Ok(());
+    };
+    if available >= needed {
+        return Ok(());
+    }
+    let mib = |bytes: u64| bytes >> 20;
+    if allow_small {
+        tracing::warn!(
+            budget_mib = mib(budget_bytes),
+            needed_mib = mib(needed),
+            available_mib = mib(available),
+            "this machine has less memory than the memory budget needs (--allow-small-memory)"
+        );
+        return Ok(());
+    }
+    bail!(
+        "this machine (or its cgroup) has {} MiB of memory, but the cluster's memory budget \
+         (memory_budget_bytes = {} MiB) needs {} MiB per node (twice the budget plus 128 MiB): \
+         lower the budget on the running cluster (`oncekv admin config set \
+         --memory-budget-bytes N`), give the node more memory, or pass --allow-small-memory \
+         (tests only)",
+        mib(available),
+        mib(budget_bytes),
+        mib(needed)
+    )
 }
 
 /// openraft's configuration from the node's: timing and snapshot policy

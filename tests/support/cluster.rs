@@ -391,6 +391,28 @@ impl Cluster {
         self.expect(restarted);
     }
 
+    /// Starts `node` again (SIGKILLing it first if it runs), expecting it
+    /// to refuse to start: waits (up to 60 s) until it exits by itself and
+    /// returns its log. Panics if it is still running then.
+    pub async fn restart_expecting_exit(&self, node: u64) -> String {
+        if self.nodes.is_running(node) {
+            self.kill(node);
+        }
+        self.expect(self.nodes.spawn(node));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.nodes.check_alive().is_err() {
+                return std::fs::read_to_string(self.log_path(node)).unwrap_or_default();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{}] node {node} kept running",
+                self.name()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits (up to 90 s) until every node in `nodes` reports, through the
     /// open `Status` RPC, the same applied index (at least `at_least`) and
     /// the same state hash; returns that index.

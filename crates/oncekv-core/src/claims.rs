@@ -438,6 +438,7 @@ impl Registry {
                 {
                     return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
                 }
+                self.check_budget(size)?;
                 1
             }
         };
@@ -526,6 +527,7 @@ impl Registry {
                 {
                     return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
                 }
+                self.check_budget(grown)?;
                 record.state = ClaimState::Completed {
                     completed_ms,
                     result: result.to_vec(),

@@ -6,7 +6,8 @@
 //! limit (this attempt); what to do with either is the registry's business.
 
 use super::types::{
-    Command, CommandResult, Limit, LimitExceeded, RegistryConfig, Value, list_element_size_bytes,
+    Command, CommandResult, Limit, LimitExceeded, RegistryConfig, Value, kv_entry_memory_bytes,
+    list_element_size_bytes,
 };
 use imbl::OrdMap;
 
@@ -16,6 +17,9 @@ use imbl::OrdMap;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvStore {
     entries: OrdMap<Vec<u8>, Value>,
+    /// Sum of [`kv_entry_memory_bytes`] over the entries: what the data
+    /// charges against the memory budget (rule 21).
+    memory_bytes: u64,
 }
 
 /// How a planned command changes the data.
@@ -62,12 +66,59 @@ impl KvStore {
         self.entries.iter()
     }
 
+    /// What the data charges against the memory budget.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    /// How many bytes applying `effect` at `key` would add to
+    /// [`memory_bytes`](Self::memory_bytes) (0 when it shrinks or keeps it).
+    pub(crate) fn growth_bytes(&self, key: &[u8], effect: &Effect) -> u64 {
+        let before = self
+            .entries
+            .get(key)
+            .map_or(0, |value| kv_entry_memory_bytes(key, value));
+        let after = match (effect, self.entries.get(key)) {
+            (Effect::Nothing, _) => before,
+            (Effect::Remove, _) => 0,
+            (Effect::Set(value), _) => kv_entry_memory_bytes(key, value),
+            (Effect::Push(element), Some(_)) => before + list_element_size_bytes(element),
+            (Effect::Push(element), None) => {
+                kv_entry_memory_bytes(key, &Value::List(vec![element.clone()]))
+            }
+        };
+        after.saturating_sub(before)
+    }
+
+    /// Whether the byte count is the sum over the entries.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let sum: u64 = self
+            .entries
+            .iter()
+            .map(|(key, value)| kv_entry_memory_bytes(key, value))
+            .sum();
+        if sum != self.memory_bytes {
+            return Err(format!(
+                "data memory bytes {} but entries sum to {sum}",
+                self.memory_bytes
+            ));
+        }
+        Ok(())
+    }
+
     /// Builds a store from pairs in strictly increasing key order (as a
     /// snapshot holds them); `None` if the order is broken.
     pub(crate) fn from_ordered(pairs: Vec<(Vec<u8>, Value)>) -> Option<KvStore> {
         let ordered = pairs.windows(2).all(|pair| pair[0].0 < pair[1].0);
-        ordered.then(|| KvStore {
-            entries: pairs.into_iter().collect(),
+        ordered.then(|| {
+            let memory_bytes = pairs
+                .iter()
+                .map(|(key, value)| kv_entry_memory_bytes(key, value))
+                .sum();
+            KvStore {
+                entries: pairs.into_iter().collect(),
+                memory_bytes,
+            }
         })
     }
 
@@ -121,6 +172,16 @@ impl KvStore {
 
     /// Applies a planned effect.
     pub(crate) fn apply(&mut self, key: &[u8], effect: Effect) {
+        if let Some(value) = self.entries.get(key) {
+            self.memory_bytes -= kv_entry_memory_bytes(key, value);
+        }
+        self.apply_effect(key, effect);
+        if let Some(value) = self.entries.get(key) {
+            self.memory_bytes += kv_entry_memory_bytes(key, value);
+        }
+    }
+
+    fn apply_effect(&mut self, key: &[u8], effect: Effect) {
         match effect {
             Effect::Nothing => {}
             Effect::Remove => {

@@ -119,6 +119,11 @@ pub struct Registry {
     /// The largest fencing token ever issued: fences only grow, for every
     /// key, even across a record's expiry or an operator's forget.
     last_fence: u64,
+    /// The memory budget (rule 21).
+    budget: BudgetConfig,
+    /// Sum of the sessions' cached bytes (what they charge against the
+    /// memory budget beyond their bookkeeping).
+    sessions_cached_bytes: u64,
 }
 
 /// A read-only view of one idempotency key's record, for operators.
@@ -313,6 +318,58 @@ impl Registry {
 
     /// One request of an entry, after the entry advanced index and time.
     fn apply_op(&mut self, log_index: u64, op: &Op) -> Outcome {
+        // A session's cached bytes change only under its own requests (and
+        // its removal, counted there): keep the total in step here.
+        let session = match op {
+            Op::Execute(execute) => Some(execute.client_id),
+            Op::KeepAlive { client_id, .. } => Some(*client_id),
+            _ => None,
+        };
+        let cached_before = session.map_or(0, |id| self.session_cached_bytes(id));
+        let outcome = self.apply_op_checked(log_index, op);
+        if let Some(id) = session {
+            let cached_after = self.session_cached_bytes(id);
+            self.sessions_cached_bytes = self.sessions_cached_bytes - cached_before + cached_after;
+        }
+        outcome
+    }
+
+    fn session_cached_bytes(&self, client_id: ClientId) -> u64 {
+        self.sessions
+            .get(&client_id)
+            .map_or(0, |session| session.cached_bytes)
+    }
+
+    /// The bytes the applied state accounts for against the memory budget
+    /// (rule 21): the data, every session with its cached responses, and
+    /// the records of idempotency keys and claims.
+    pub fn memory_bytes(&self) -> u64 {
+        self.kv
+            .memory_bytes()
+            .saturating_add(self.sessions.len() as u64 * SESSION_MEMORY_BOOKKEEPING_BYTES)
+            .saturating_add(self.sessions_cached_bytes)
+            .saturating_add(self.keys.cached_bytes())
+            .saturating_add(self.claims.cached_bytes())
+    }
+
+    /// The memory budget in force (rule 21).
+    pub fn budget_config(&self) -> &BudgetConfig {
+        &self.budget
+    }
+
+    /// Refuses a request that would take the accounted state `growth_bytes`
+    /// past the memory budget (a capacity limit: this attempt only).
+    fn check_budget(&self, growth_bytes: u64) -> Result<(), Rejection> {
+        if growth_bytes > 0
+            && self.memory_bytes().saturating_add(growth_bytes) > self.budget.memory_budget_bytes
+        {
+            return Err(Rejection::ResourceExhausted(Limit::MemoryBudget));
+        }
+        Ok(())
+    }
+
+    /// One request, in the order of checks.
+    fn apply_op_checked(&mut self, log_index: u64, op: &Op) -> Outcome {
         let result = match op {
             Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
             Op::Register {
@@ -356,20 +413,28 @@ impl Registry {
                 patch,
                 keyed,
             } => self
-                .patch_configs(*cluster_id, patch, keyed, &ClaimConfigPatch::default())
-                .map(|(config, keyed, _)| Outcome::ConfigsSet { config, keyed }),
+                .patch_configs(
+                    *cluster_id,
+                    patch,
+                    keyed,
+                    &ClaimConfigPatch::default(),
+                    &BudgetConfigPatch::default(),
+                )
+                .map(|(config, keyed, _, _)| Outcome::ConfigsSet { config, keyed }),
             Op::PatchAllConfigs {
                 cluster_id,
                 patch,
                 keyed,
                 claims,
-            } => self.patch_configs(*cluster_id, patch, keyed, claims).map(
-                |(config, keyed, claims)| Outcome::AllConfigsSet {
+                budget,
+            } => self
+                .patch_configs(*cluster_id, patch, keyed, claims, budget)
+                .map(|(config, keyed, claims, budget)| Outcome::AllConfigsSet {
                     config,
                     keyed,
                     claims,
-                },
-            ),
+                    budget,
+                }),
             Op::Claim(claim) => self.claim(log_index, claim),
             Op::CompleteClaim {
                 cluster_id,
@@ -433,6 +498,7 @@ impl Registry {
         let Some(session) = self.sessions.remove(&client_id) else {
             return false;
         };
+        self.sessions_cached_bytes -= session.cached_bytes;
         // Sessions, nonces and the idle index agree (see `check_invariants`).
         let nonce_owner = self.nonces.remove(&session.nonce);
         assert_eq!(
@@ -478,6 +544,18 @@ impl Registry {
         }
         self.keys.check_invariants()?;
         self.claims.check_invariants()?;
+        self.kv.check_invariants()?;
+        let cached: u64 = self
+            .sessions
+            .values()
+            .map(|session| session.cached_bytes)
+            .sum();
+        if cached != self.sessions_cached_bytes {
+            return Err(format!(
+                "sessions' cached bytes {} but sessions sum to {cached}",
+                self.sessions_cached_bytes
+            ));
+        }
         if self
             .claims
             .iter()
@@ -540,6 +618,9 @@ impl Registry {
                 self.keyed_config
                     .validate(config)
                     .map_err(Rejection::InvalidArgument)?;
+                self.budget
+                    .validate(config, &self.keyed_config, &self.claim_config)
+                    .map_err(Rejection::InvalidArgument)?;
                 self.cluster_id = Some(cluster_id);
                 self.config = *config;
                 Ok(Outcome::Bootstrapped {
@@ -576,6 +657,7 @@ impl Registry {
         if self.sessions.len() as u64 >= self.config.sessions_max {
             return Err(Rejection::ResourceExhausted(Limit::Sessions));
         }
+        self.check_budget(SESSION_MEMORY_BOOKKEEPING_BYTES)?;
         // One above every id assigned before, and at least the entry's log
         // index: a function of the log alone (rule 1), unique forever, and
         // the log index itself for an entry carrying one registration.
@@ -658,15 +740,18 @@ impl Registry {
             Ok(plan) => (Ok(plan.result), Some(plan.effect)),
             Err(exceeded) => (Err(exceeded), None),
         };
+        let cached_bytes = self.session_cached_bytes(request.client_id);
+        if cached_bytes + response_size_bytes(&response) > config.cached_bytes_per_session_max {
+            return Err(Rejection::ResourceExhausted(Limit::CachedBytesPerSession));
+        }
+        let data_growth = effect.as_ref().map_or(0, |effect| {
+            self.kv.growth_bytes(request.command.key(), effect)
+        });
+        self.check_budget(response_size_bytes(&response).saturating_add(data_growth))?;
         let session = self
             .sessions
             .get_mut(&request.client_id)
             .expect("touched above");
-        if session.cached_bytes + response_size_bytes(&response)
-            > config.cached_bytes_per_session_max
-        {
-            return Err(Rejection::ResourceExhausted(Limit::CachedBytesPerSession));
-        }
         session.cache(request.seq, fingerprint, response.clone());
         if let Some(effect) = effect {
             self.kv.apply(request.command.key(), effect);
@@ -686,6 +771,7 @@ impl Registry {
             Err(Refusal::Exceeded(exceeded)) => return Ok(answer(Err(exceeded), false)),
             Err(Refusal::Exhausted(limit)) => return Err(Rejection::ResourceExhausted(limit)),
         };
+        self.check_budget(self.kv.growth_bytes(command.key(), &plan.effect))?;
         self.kv.apply(command.key(), plan.effect);
         Ok(Outcome::Executed {
             result: plan.result,
@@ -753,6 +839,9 @@ impl Registry {
         self.keyed_config
             .validate(&config)
             .map_err(Rejection::InvalidArgument)?;
+        self.budget
+            .validate(&config, &self.keyed_config, &self.claim_config)
+            .map_err(Rejection::InvalidArgument)?;
         self.config = config;
         Ok(Outcome::ConfigSet(config))
     }
@@ -767,9 +856,10 @@ impl Registry {
         patch: &ConfigPatch,
         keyed: &KeyedConfigPatch,
         claims: &ClaimConfigPatch,
-    ) -> Result<(RegistryConfig, KeyedConfig, ClaimConfig), Rejection> {
+        budget: &BudgetConfigPatch,
+    ) -> Result<(RegistryConfig, KeyedConfig, ClaimConfig, BudgetConfig), Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        if patch.is_empty() && keyed.is_empty() && claims.is_empty() {
+        if patch.is_empty() && keyed.is_empty() && claims.is_empty() && budget.is_empty() {
             return Err(Rejection::InvalidArgument(
                 InvalidArgument::EmptyConfigPatch,
             ));
@@ -784,6 +874,11 @@ impl Registry {
         claim_config
             .validate()
             .map_err(Rejection::InvalidArgument)?;
+        let budget = budget.applied_to(&self.budget);
+        budget
+            .validate(&config, &keyed_patched, &claim_config)
+            .map_err(Rejection::InvalidArgument)?;
+        self.budget = budget;
         self.config = config;
         self.keyed_config = keyed_patched;
         self.claim_config = claim_config;
@@ -791,7 +886,7 @@ impl Registry {
             .expire(self.cluster_time_ms, keyed_patched.idempotency_key_ttl_ms);
         self.claims
             .expire(self.cluster_time_ms, claim_config.claim_ttl_ms);
-        Ok((config, keyed_patched, claim_config))
+        Ok((config, keyed_patched, claim_config, budget))
     }
 
     /// A keyed request (rule 18), in the order of checks of the module doc.
@@ -837,6 +932,10 @@ impl Registry {
         if self.keys.cached_bytes().saturating_add(size) > keyed.idempotency_cached_bytes_max {
             return Err(Rejection::ResourceExhausted(Limit::IdempotencyCachedBytes));
         }
+        let data_growth = effect
+            .as_ref()
+            .map_or(0, |effect| self.kv.growth_bytes(command.key(), effect));
+        self.check_budget(size.saturating_add(data_growth))?;
         // Step 5: execute and record.
         self.keys.insert(
             id,

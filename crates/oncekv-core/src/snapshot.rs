@@ -10,7 +10,7 @@
 //! record  = length u32 | body (at most 64 MiB)
 //! records = header (applied index, cluster id, config, cluster time,
 //!           last client id, counts, idempotency-key config, claim config,
-//!           last fence), then one per session (client id order), then one
+//!           memory budget, last fence), then one per session (client id order), then one
 //!           per key (byte order), then one per idempotency key record
 //!           ((principal, key) order), then one per claim record
 //!           ((principal, key) order)
@@ -27,10 +27,11 @@
 //! buffer grows, buffers grow only with bytes actually read, decoding is
 //! limited, and every invariant the registry relies on is verified.
 //!
-//! Version 6 adds claims (rule 20): their config, the last fence issued
-//! and the claim count in the header, their records at the end. Version 5
-//! had none and is still read: it restores with no claims, the default
-//! claim config and last fence 0 (what a registry that never saw a claim
+//! Version 6 adds claims (rule 20) and the memory budget (rule 21): the
+//! claim config, the budget, the last fence issued and the claim count in
+//! the header, the claim records at the end. Version 5 had none and is
+//! still read: it restores with no claims, the default claim config and
+//! budget, and last fence 0 (what a registry that never saw a claim
 //! holds), and is written as version 6.
 //! Version 5 adds idempotency keys (rule 18): their config in the header
 //! and their records at the end. Version 4 had neither and is still read:
@@ -54,8 +55,8 @@ use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::keyed::KeyRecord;
 use super::session::{CachedResponse, Session};
 use super::types::{
-    ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey, KeyedConfig,
-    Nonce, Principal, RegistryConfig, Seq, Value, bounds,
+    BudgetConfig, ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey,
+    KeyedConfig, Nonce, Principal, RegistryConfig, Seq, Value, bounds,
 };
 use super::{KvStore, Registry};
 use imbl::OrdMap;
@@ -162,6 +163,7 @@ impl HeaderV5 {
 struct HeaderV6 {
     base: HeaderV5,
     claim_config: ClaimConfig,
+    budget: BudgetConfig,
     last_fence: u64,
     claims: u64,
 }
@@ -171,6 +173,7 @@ impl HeaderV6 {
         HeaderV6 {
             base: HeaderV5::of(registry),
             claim_config: *registry.claim_config(),
+            budget: *registry.budget_config(),
             last_fence: registry.last_fence(),
             claims: registry.claim_count() as u64,
         }
@@ -430,17 +433,25 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
-    let (header, claim_config, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_5 {
+    let (header, claim_config, budget, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_5
+    {
         let header: HeaderV6 = read_record(&mut input, &mut buffer)?;
         (
             header.base,
             header.claim_config,
+            header.budget,
             header.last_fence,
             header.claims,
         )
     } else if version > SNAPSHOT_FORMAT_VERSION_4 {
         let header: HeaderV5 = read_record(&mut input, &mut buffer)?;
-        (header, ClaimConfig::default(), 0, 0)
+        (
+            header,
+            ClaimConfig::default(),
+            BudgetConfig::default(),
+            0,
+            0,
+        )
     } else {
         let header: Header = read_record(&mut input, &mut buffer)?;
         let header = HeaderV5 {
@@ -448,7 +459,13 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
             keyed_config: KeyedConfig::default(),
             idempotency_keys: 0,
         };
-        (header, ClaimConfig::default(), 0, 0)
+        (
+            header,
+            ClaimConfig::default(),
+            BudgetConfig::default(),
+            0,
+            0,
+        )
     };
     let HeaderV5 {
         base: header,
@@ -466,6 +483,9 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         claim_config
             .validate()
             .map_err(|_| SnapshotError::Inconsistent("invalid claim config"))?;
+        budget
+            .validate(&header.config, &keyed_config, &claim_config)
+            .map_err(|_| SnapshotError::Inconsistent("invalid memory budget"))?;
     }
     let mut registry = Registry {
         cluster_id: header.cluster_id,
@@ -475,6 +495,7 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         last_client_id: header.last_client_id,
         keyed_config,
         claim_config,
+        budget,
         ..Registry::default()
     };
     registry.restore_last_fence(last_fence);
@@ -556,6 +577,7 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
         return Err(SnapshotError::Inconsistent("nonce used by two sessions"));
     }
     registry.idle.insert((session.last_active_ms, client_id));
+    registry.sessions_cached_bytes += session.cached_bytes;
     registry.sessions.insert(client_id, session);
     Ok(())
 }

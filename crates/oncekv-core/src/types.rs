@@ -258,6 +258,7 @@ pub enum Op {
         patch: ConfigPatch,
         keyed: KeyedConfigPatch,
         claims: ClaimConfigPatch,
+        budget: BudgetConfigPatch,
     },
 }
 
@@ -561,6 +562,8 @@ pub mod bounds {
     pub const LEASE_MS_MIN: u64 = 100;
     /// A week: longer effects heartbeat with extends.
     pub const LEASE_MS_MAX: u64 = 7 * 24 * 3_600_000;
+    pub const MEMORY_BUDGET_BYTES_MIN: u64 = 16 << 20;
+    pub const MEMORY_BUDGET_BYTES_MAX: u64 = 1 << 40;
 }
 
 impl Default for RegistryConfig {
@@ -915,6 +918,100 @@ impl ClaimConfig {
     }
 }
 
+/// What one key-value entry charges against the memory budget, on top of
+/// its key and value: the map node, the allocation headers and the value's
+/// enum (an approximation of its cost in memory, fixed so that every
+/// replica counts alike).
+pub const KV_ENTRY_MEMORY_BOOKKEEPING_BYTES: u64 = 128;
+
+/// What one session charges against the memory budget, on top of its
+/// cached responses: the session, its nonce and idle index entries.
+pub const SESSION_MEMORY_BOOKKEEPING_BYTES: u64 = 512;
+
+/// What the entry `key` = `value` charges against the memory budget.
+pub fn kv_entry_memory_bytes(key: &[u8], value: &Value) -> u64 {
+    KV_ENTRY_MEMORY_BOOKKEEPING_BYTES
+        .saturating_add(key.len() as u64)
+        .saturating_add(value.size_bytes())
+}
+
+/// The replicated memory budget (rule 21): the bytes the applied state may
+/// account for — data, sessions with their cached responses, idempotency
+/// key records and claim records — whatever the other limits allow. A
+/// request that would take the state past it is refused
+/// (`RESOURCE_EXHAUSTED`, limit `memory_budget_bytes`) before its effect;
+/// nothing is evicted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetConfig {
+    pub memory_budget_bytes: u64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        // Fits a small machine: three replicas of 1 GiB of accounted state
+        // (plus the process's own overhead) on a host with a few GiB.
+        BudgetConfig {
+            memory_budget_bytes: 1 << 30,
+        }
+    }
+}
+
+impl BudgetConfig {
+    /// Checks the budget against its bounds and against the largest growth
+    /// one request can cause under the other configs (else such a request
+    /// would be refused even from an empty state).
+    pub fn validate(
+        &self,
+        config: &RegistryConfig,
+        keyed: &KeyedConfig,
+        claims: &ClaimConfig,
+    ) -> Result<(), InvalidArgument> {
+        if !(bounds::MEMORY_BUDGET_BYTES_MIN..=bounds::MEMORY_BUDGET_BYTES_MAX)
+            .contains(&self.memory_budget_bytes)
+        {
+            return Err(InvalidArgument::Config(
+                "memory_budget_bytes must be 16 MiB..=1 TiB".to_owned(),
+            ));
+        }
+        let largest = KV_ENTRY_MEMORY_BOOKKEEPING_BYTES
+            .saturating_add(config.key_bytes_max)
+            .saturating_add(config.value_bytes_max)
+            .saturating_add(SESSION_MEMORY_BOOKKEEPING_BYTES)
+            .saturating_add(config.cached_bytes_per_session_max)
+            .max(keyed.largest_record_bytes(config))
+            .max(claims.largest_record_bytes());
+        if self.memory_budget_bytes < largest {
+            return Err(InvalidArgument::Config(format!(
+                "memory_budget_bytes ({}) must be at least {largest}: the most one request can \
+                 add (a value of value_bytes_max under a key of key_bytes_max, and a session \
+                 holding cached_bytes_per_session_max)",
+                self.memory_budget_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A change of the [`BudgetConfig`] (`None`: unchanged).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetConfigPatch {
+    pub memory_budget_bytes: Option<u64>,
+}
+
+impl BudgetConfigPatch {
+    pub fn is_empty(&self) -> bool {
+        *self == BudgetConfigPatch::default()
+    }
+
+    pub fn applied_to(&self, config: &BudgetConfig) -> BudgetConfig {
+        BudgetConfig {
+            memory_budget_bytes: self
+                .memory_budget_bytes
+                .unwrap_or(config.memory_budget_bytes),
+        }
+    }
+}
+
 /// A change of some fields of the [`ClaimConfig`] (`None`: unchanged).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimConfigPatch {
@@ -1057,6 +1154,7 @@ pub enum Outcome {
         config: RegistryConfig,
         keyed: KeyedConfig,
         claims: ClaimConfig,
+        budget: BudgetConfig,
     },
 }
 
@@ -1173,6 +1271,8 @@ pub enum Limit {
     ClaimResultBytes,
     /// Bytes charged for all claim records together (capacity).
     ClaimCachedBytes,
+    /// The applied state's accounted bytes (capacity, rule 21).
+    MemoryBudget,
 }
 
 /// Malformed requests.
@@ -1222,6 +1322,7 @@ impl Limit {
             Limit::ClaimKeyBytes,
             Limit::ClaimResultBytes,
             Limit::ClaimCachedBytes,
+            Limit::MemoryBudget,
         ]
         .into_iter()
         .find(|limit| limit.to_string() == name)
@@ -1244,6 +1345,7 @@ impl fmt::Display for Limit {
             Limit::ClaimKeyBytes => "claim_key_bytes_max",
             Limit::ClaimResultBytes => "claim_result_bytes_max",
             Limit::ClaimCachedBytes => "claim_cached_bytes_max",
+            Limit::MemoryBudget => "memory_budget_bytes",
         };
         f.write_str(name)
     }

@@ -431,6 +431,20 @@ pub fn claim_to_proto(view: &ClaimView) -> proto::ClaimInfo {
     }
 }
 
+/// Sets the memory budget field of a whole config message.
+pub fn budget_into_proto(budget: &oncekv_core::BudgetConfig, config: &mut proto::RegistryConfig) {
+    config.memory_budget_bytes = budget.memory_budget_bytes;
+}
+
+/// The memory budget field a wire patch sets.
+pub fn budget_patch_from_proto(
+    patch: &proto::RegistryConfigPatch,
+) -> oncekv_core::BudgetConfigPatch {
+    oncekv_core::BudgetConfigPatch {
+        memory_budget_bytes: patch.memory_budget_bytes,
+    }
+}
+
 /// Sets the claim fields of a whole config message.
 pub fn claim_config_into_proto(claims: &ClaimConfig, config: &mut proto::RegistryConfig) {
     config.claim_ttl_ms = claims.claim_ttl_ms;

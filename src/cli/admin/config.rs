@@ -74,10 +74,14 @@ pub struct ConfigSetArgs {
     /// Longest lease a claim or an extend may ask for.
     #[arg(long)]
     pub lease_ms_max: Option<u64>,
+    /// The bytes the applied state may account for (data, sessions, keys
+    /// and claims together).
+    #[arg(long)]
+    pub memory_budget_bytes: Option<u64>,
 }
 
 /// The config's fields, in a fixed order, as (name, value).
-fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 18] {
+fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 19] {
     [
         ("session_ttl_ms", config.session_ttl_ms),
         ("sessions_max", config.sessions_max),
@@ -106,6 +110,7 @@ fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 18] {
         ("claim_result_bytes_max", config.claim_result_bytes_max),
         ("claim_cached_bytes_max", config.claim_cached_bytes_max),
         ("lease_ms_max", config.lease_ms_max),
+        ("memory_budget_bytes", config.memory_budget_bytes),
     ]
 }
 
@@ -167,6 +172,7 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         set.claim_result_bytes_max,
         set.claim_cached_bytes_max,
         set.lease_ms_max,
+        set.memory_budget_bytes,
     ];
     if changes.iter().all(Option::is_none) {
         return Err(Failure::usage(
@@ -196,6 +202,7 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         claim_result_bytes_max: set.claim_result_bytes_max,
         claim_cached_bytes_max: set.claim_cached_bytes_max,
         lease_ms_max: set.lease_ms_max,
+        memory_budget_bytes: set.memory_budget_bytes,
     };
     let request = proto::SetConfigRequest {
         cluster_id,

@@ -1,0 +1,102 @@
+//! The memory budget (rule 21) on a real 3-node cluster: a client writing
+//! 60 KiB values under fresh keys is refused at the budget with
+//! RESOURCE_EXHAUSTED naming `memory_budget_bytes`, every node stays alive
+//! with its memory within what the budget needs; and a node whose machine
+//! cannot hold the budget refuses to start, saying why.
+
+mod support;
+
+use oncekv_client::{Client, ClientConfig, Error};
+use oncekv_core::Value;
+use oncekv_wire::proto;
+use std::time::Duration;
+use support::cluster::Cluster;
+
+const BUDGET: u64 = 16 << 20;
+
+async fn set_budget(cluster: &Cluster, bytes: u64) {
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let cluster_id = cluster.status(leader).await.expect("status").cluster_id;
+    cluster
+        .admin(leader)
+        .set_config(proto::SetConfigRequest {
+            cluster_id,
+            patch: Some(proto::RegistryConfigPatch {
+                memory_budget_bytes: Some(bytes),
+                ..proto::RegistryConfigPatch::default()
+            }),
+        })
+        .await
+        .expect("set the budget");
+}
+
+/// VmRSS of `pid`, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_stop_at_the_memory_budget_and_a_small_machine_refuses_to_start() {
+    let cluster = Cluster::start("budget").await;
+    set_budget(&cluster, BUDGET).await;
+    let client = Client::with_config(
+        cluster.client_addrs(),
+        ClientConfig {
+            // A capacity refusal is retried until the deadline, then
+            // reported with the limit that refused it.
+            call_timeout: Duration::from_secs(3),
+            ..ClientConfig::default()
+        },
+    );
+    let mut written = 0u64;
+    let refusal = loop {
+        let key = format!("blob-{written:05}");
+        match client
+            .put(key.as_bytes(), Value::Bytes(vec![0xAB; 60 << 10]))
+            .await
+        {
+            Ok(()) => written += 1,
+            Err(error) => break error,
+        }
+        assert!(written < 1_000, "the budget never refused");
+    };
+    match &refusal {
+        Error::ResourceExhausted(message)
+        | Error::OutcomeUnknown {
+            reason: message, ..
+        } => {
+            assert!(message.contains("memory_budget_bytes"), "{message}")
+        }
+        other => panic!("expected the memory budget's refusal, got {other:?}"),
+    }
+    // 16 MiB of 60 KiB values, less the bookkeeping.
+    assert!((250..=273).contains(&written), "{written} writes");
+    let needed = 2 * BUDGET + (128 << 20);
+    // Every node alive, and caught up.
+    cluster.wait_converged(&[1, 2, 3], written).await;
+    for node in 1..=3 {
+        let rss = rss_bytes(cluster.pid(node).expect("running"));
+        assert!(
+            rss <= needed,
+            "node {node} holds {} MiB, above the {} MiB the budget needs",
+            rss >> 20,
+            needed >> 20
+        );
+    }
+
+    // A budget larger than this machine: a restarted node refuses to start.
+    set_budget(&cluster, 1 << 40).await;
+    cluster.wait_converged(&[1, 2, 3], 0).await;
+    let log = cluster.restart_expecting_exit(3).await;
+    assert!(
+        log.contains("memory budget") && log.contains("--allow-small-memory"),
+        "the node says why it refused: {log}"
+    );
+}
