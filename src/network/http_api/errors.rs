@@ -65,25 +65,56 @@ impl HttpError {
     }
 }
 
+impl HttpError {
+    /// The headers the status implies besides the content type.
+    fn status_headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+        match self.status {
+            StatusCode::UNAUTHORIZED => {
+                vec![(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))]
+            }
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                vec![(header::RETRY_AFTER, HeaderValue::from_static("1"))]
+            }
+            StatusCode::METHOD_NOT_ALLOWED => match self.detail.get("allow") {
+                Some(Json::String(allow)) => HeaderValue::from_str(allow)
+                    .map(|allow| vec![(header::ALLOW, allow)])
+                    .unwrap_or_default(),
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
+
+    /// The whole HTTP/1.1 response, closing the connection: for a
+    /// connection refused before any request of it is read.
+    pub(super) fn http1_response(&self) -> Vec<u8> {
+        let body = self.body().to_string();
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             connection: close\r\n",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        for (name, value) in self.status_headers() {
+            head.push_str(&format!(
+                "{name}: {}\r\n",
+                value.to_str().unwrap_or_default()
+            ));
+        }
+        head.push_str("\r\n");
+        let mut response = head.into_bytes();
+        response.extend_from_slice(body.as_bytes());
+        response
+    }
+}
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let mut response = (self.status, json_body(&self.body())).into_response();
         let headers = response.headers_mut();
-        match self.status {
-            StatusCode::UNAUTHORIZED => {
-                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            StatusCode::METHOD_NOT_ALLOWED => {
-                if let Some(Json::String(allow)) = self.detail.get("allow")
-                    && let Ok(allow) = HeaderValue::from_str(allow)
-                {
-                    headers.insert(header::ALLOW, allow);
-                }
-            }
-            _ => {}
+        for (name, value) in self.status_headers() {
+            headers.insert(name, value);
         }
         response
     }
@@ -242,5 +273,28 @@ mod tests {
             body["message"].as_str().unwrap().contains("same key"),
             "{body}"
         );
+    }
+
+    /// A refusal written before hyper sees the connection is a complete
+    /// HTTP/1.1 response: status line, JSON content type and length, the
+    /// status's own headers, `Connection: close`, the body.
+    #[test]
+    fn a_raw_refusal_is_a_whole_response() {
+        let refusal = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", "full")
+            .with("http_connections_max", Json::from(3));
+        let raw = String::from_utf8(refusal.http1_response()).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        assert_eq!(lines.next(), Some("HTTP/1.1 503 Service Unavailable"));
+        let headers: Vec<&str> = lines.collect();
+        for expected in [
+            "content-type: application/json",
+            "connection: close",
+            "retry-after: 1",
+        ] {
+            assert!(headers.contains(&expected), "{headers:?}");
+        }
+        assert!(headers.contains(&format!("content-length: {}", body.len()).as_str()));
+        assert_eq!(serde_json::from_str::<Json>(body).unwrap(), refusal.body());
     }
 }

@@ -9,9 +9,21 @@
 //! client handles, one per token.
 //!
 //! The parts: [`errors`] (the JSON error bodies and the status mapping),
-//! [`auth`] (the caller's token from the headers), [`codec`] (keys from
-//! paths, values and results as JSON), [`body`] (the bounded body read)
-//! and one module per resource — [`kv`] for `/v1/kv/{key}`.
+//! [`auth`] (the caller authenticated from the headers), [`codec`] (keys
+//! from paths, values and results as JSON), [`body`] (the body read,
+//! bounded in size, time and memory), [`limits`] (the port's bounds,
+//! connections counted per peer address and in total) and one module per
+//! resource — [`kv`] for `/v1/kv/{key}`.
+//!
+//! **A request's way**, so that no one holds or fills the node before
+//! being authenticated: the connection takes a place in [`limits`] (past
+//! a bound it is answered 503 and closed at once); its headers must come
+//! within [`HANDSHAKE_TIMEOUT`]; the path names a resource and a call; the
+//! caller is authenticated from the headers (401 before anything of the
+//! body is read); the call checks its other headers; the body is read
+//! within the body deadline and the body buffer; only then does the
+//! request take one of the [`REQUESTS_IN_FLIGHT_MAX`] permits (503 past
+//! them) for its forwarded call.
 //!
 //! **Adding a resource** (say `claims.rs` for `/v1/claims/{key}`): write
 //! the module beside `kv.rs` with a `pub(super) const RESOURCE: Resource`
@@ -25,6 +37,7 @@ pub mod auth;
 pub mod body;
 pub mod codec;
 pub mod errors;
+pub mod limits;
 
 /// Declares each resource's module and lists its `RESOURCE` in
 /// `RESOURCES`, in the order paths are matched (prefixes must not nest).
@@ -42,6 +55,10 @@ resources!(kv);
 
 pub use body::BODY_BYTES_MAX;
 pub use errors::{HttpError, client_error};
+pub use kv::IDEMPOTENCY_KEY_BYTES_MAX;
+pub use limits::HttpLimits;
+
+use crate::network::auth::SharedPolicy;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -58,20 +75,30 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// Requests handled at once; one more is refused at once with 503
-/// (`UNAVAILABLE`), so bodies held in memory stay bounded.
+/// Forwarded calls in flight at once, each with its request's body read;
+/// one more is refused at once with 503 (`UNAVAILABLE`).
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 64;
 /// Deadline of one request's forwarded call, retries included.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline of one attempt of a forwarded call.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most bytes of an `Idempotency-Key` (inside its quotes).
-pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 /// Client handles kept (one per distinct bearer token, and one for none).
 const CLIENTS_MAX: usize = 64;
 /// How long a connection may take to send its TLS handshake or a request's
-/// headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// headers (an idle keep-alive connection, its next request's).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a refused connection is given to take its answer (its TLS
+/// handshake included).
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+/// Refused connections being answered at once; past it a refused
+/// connection is closed unanswered.
+const REFUSALS_MAX: usize = 64;
+/// Most bytes read (and dropped) from a refused connection after its
+/// answer, so that closing it does not reset it before the client has
+/// read the answer.
+const REFUSAL_DRAIN_BYTES: usize = 64 << 10;
+/// How often, at most, refused connections are logged.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How long in-flight requests may finish after the node is told to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
 
@@ -200,13 +227,24 @@ impl Gateway {
 #[derive(Clone)]
 pub struct HttpApi {
     gateway: Arc<Gateway>,
+    /// The client port's authentication policy, live (reloaded on SIGHUP).
+    policy: SharedPolicy,
     permits: Arc<Semaphore>,
+    bodies: body::BodyBuffer,
+    body_timeout: Duration,
 }
 
 impl HttpApi {
     /// An API forwarding to the client port announced as `endpoint`,
-    /// trusting the CA at `ca` when the node has TLS.
-    pub fn new(endpoint: String, ca: Option<&Path>) -> Result<HttpApi, HttpSetupError> {
+    /// trusting the CA at `ca` when the node has TLS, authenticating
+    /// callers by that port's `policy` before reading their bodies, within
+    /// the body bounds of `limits`.
+    pub fn new(
+        endpoint: String,
+        ca: Option<&Path>,
+        policy: SharedPolicy,
+        limits: &HttpLimits,
+    ) -> Result<HttpApi, HttpSetupError> {
         let credentials = match ca {
             None => Credentials::none(),
             Some(ca) => Credentials::load(&oncekv_client::credentials::CredentialPaths {
@@ -221,7 +259,10 @@ impl HttpApi {
                 credentials,
                 clients: Mutex::new(BTreeMap::new()),
             }),
+            policy,
             permits: Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX)),
+            bodies: body::BodyBuffer::new(limits.body_buffer_bytes_max),
+            body_timeout: limits.body_timeout,
         })
     }
 
@@ -248,15 +289,27 @@ impl HttpApi {
         let path = uri.path();
         let resource = resource(path).ok_or_else(|| HttpError::no_such_endpoint(path))?;
         let mut call = (resource.call)(method, path)?;
-        let token = auth::bearer_token(headers)?;
+        // From the headers alone: nothing of an unauthenticated request's
+        // body is read, and it takes no permit.
+        let token = auth::authenticate(&self.policy.current(), headers)?;
         call.check_headers(headers)?;
         let body = if call.reads_body() {
-            body::read_body(headers, body).await?
+            body::read_body(headers, body, &self.bodies, self.body_timeout).await?
         } else {
-            Bytes::new()
+            body::HeldBody::empty()
+        };
+        // Only a request whose body has arrived takes a permit: a slow body
+        // holds none.
+        let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
+            return Err(HttpError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "UNAVAILABLE",
+                format!("overloaded: {REQUESTS_IN_FLIGHT_MAX} HTTP requests in flight"),
+            ));
         };
         let client = self.gateway.client(token.as_deref())?;
-        call.run(client, body).await
+        // The body's bytes stay counted in the buffer until the call ends.
+        call.run(client, body.bytes.clone()).await
     }
 }
 
@@ -267,14 +320,6 @@ async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let Ok(_permit) = api.permits.clone().try_acquire_owned() else {
-        return HttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "UNAVAILABLE",
-            format!("overloaded: {REQUESTS_IN_FLIGHT_MAX} HTTP requests in flight"),
-        )
-        .into_response();
-    };
     api.serve(method, uri, headers, body).await
 }
 
@@ -288,22 +333,26 @@ pub struct HttpSetupError(String);
 /// Serves `router` on `listener` (HTTP/1.1, over TLS when `tls` is given:
 /// the node's certificate and key, no client certificates — callers
 /// authenticate with bearer tokens; each connection with the settings
-/// current when it arrives) until `shutdown` completes; then in-flight
-/// requests get [`SHUTDOWN_GRACE`] to finish.
+/// current when it arrives), at most `limits`' connections in total and
+/// per peer address, until `shutdown` completes; then in-flight requests
+/// get `SHUTDOWN_GRACE` to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<super::tls::NodeTls>,
     router: axum::Router,
+    limits: HttpLimits,
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let open = limits::Connections::new(limits);
+    let mut refusals = Refusals::new();
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(accepted) => accepted,
                     Err(error) => {
                         // Out of descriptors, say: pause rather than spin.
@@ -313,12 +362,21 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let service = hyper_util::service::TowerToHyperService::new(router.clone());
                 let acceptor = tls.as_ref().map(|tls| {
                     tokio_rustls::TlsAcceptor::from(tls.server_config(super::tls::Port::Http))
                 });
+                let slot = match open.open(peer.ip()) {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        refusals.refuse(stream, acceptor, &refusal, &mut connections);
+                        continue;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(router.clone());
                 let stopped = stopped.clone();
                 connections.spawn(async move {
+                    // The connection's place is given back when it ends.
+                    let _slot = slot;
                     match acceptor {
                         None => connection(hyper_util::rt::TokioIo::new(stream), service, stopped).await,
                         Some(acceptor) => {
@@ -342,6 +400,91 @@ pub async fn serve(
     })
     .await;
     // Dropping the set aborts whatever is left.
+}
+
+/// Connections refused for a bound: answered, few at a time, and logged
+/// now and then.
+struct Refusals {
+    answering: Arc<Semaphore>,
+    /// Refused since the last log line, and when that was.
+    unlogged: u64,
+    logged: Option<tokio::time::Instant>,
+}
+
+impl Refusals {
+    fn new() -> Refusals {
+        Refusals {
+            answering: Arc::new(Semaphore::new(REFUSALS_MAX)),
+            unlogged: 0,
+            logged: None,
+        }
+    }
+
+    /// Answers `stream` with `refusal` (after the TLS handshake when
+    /// `acceptor` is given) and closes it, within `REFUSAL_TIME`, as a
+    /// task of `tasks`; closes it unanswered when `REFUSALS_MAX` refusals
+    /// are being answered already.
+    fn refuse(
+        &mut self,
+        stream: tokio::net::TcpStream,
+        acceptor: Option<tokio_rustls::TlsAcceptor>,
+        refusal: &HttpError,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) {
+        self.unlogged += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .logged
+            .is_none_or(|logged| now.duration_since(logged) >= REFUSAL_LOG_EVERY)
+        {
+            tracing::warn!(
+                refused = self.unlogged,
+                reason = %refusal.message,
+                "HTTP connections refused"
+            );
+            self.unlogged = 0;
+            self.logged = Some(now);
+        }
+        let Ok(answering) = self.answering.clone().try_acquire_owned() else {
+            return;
+        };
+        let answer = refusal.http1_response();
+        tasks.spawn(async move {
+            let _answering = answering;
+            let _ = tokio::time::timeout(REFUSAL_TIME, async move {
+                match acceptor {
+                    None => answer_and_close(stream, &answer).await,
+                    Some(acceptor) => {
+                        if let Ok(tls) = acceptor.accept(stream).await {
+                            answer_and_close(tls, &answer).await;
+                        }
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}
+
+/// Writes `answer`, closes the writing side, and reads (dropping it) what
+/// the client still sends — its request — until it closes too, so that
+/// the close does not reset the connection before the answer is read.
+async fn answer_and_close<I>(mut io: I, answer: &[u8])
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if io.write_all(answer).await.is_err() || io.shutdown().await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < REFUSAL_DRAIN_BYTES {
+        match io.read(&mut sink).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => drained += read,
+        }
+    }
 }
 
 /// Serves one connection; on shutdown lets its request in flight finish.
