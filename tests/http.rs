@@ -4,15 +4,20 @@
 //! bad input, a request through a follower while the leader is killed,
 //! HTTPS with bearer tokens passed through on a secure cluster, and
 //! exactly-once writes with an `Idempotency-Key` (replays byte-identical,
-//! reuse with another request 422, keys scoped by the token's principal).
+//! reuse with another request 422, keys scoped by the token's principal),
+//! and the HTTP port's bounds on slow or unauthenticated clients (bodies
+//! trickled a byte at a time, connections per peer address and in total).
 
 mod support;
 
 use oncekv_core::Value;
 use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::cluster::{Cluster, NODES};
-use support::http::{Http, Response};
+use support::http::{Http, Response, Stream, read_response, send};
 use tokio::time::Instant;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -526,4 +531,256 @@ async fn idempotency_key_replays_the_original_answer() {
 async fn incr_plain(http: &Http) -> Result<Response, String> {
     http.json("POST", "/v1/kv/k/incr", &[], json!({"delta": 1}))
         .await
+}
+
+// ---- slow clients ------------------------------------------------------------
+
+/// The address the slow clients connect from: another peer than the
+/// normal requests' 127.0.0.1.
+const SLOW_PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+/// How many slow clients: the default bound of connections per peer
+/// address, and the default number of HTTP requests in flight.
+const SLOW_CLIENTS: usize = 64;
+/// The body a slow client declares; it never sends more than a few bytes.
+const TRICKLE_BODY_BYTES: usize = 1 << 20;
+/// A slow client sends one byte of its body this often.
+const TRICKLE_EVERY: Duration = Duration::from_millis(400);
+/// The body deadline the slow-client tests give their nodes.
+const BODY_TIMEOUT: Duration = Duration::from_secs(3);
+const NODE_LIMITS: [&str; 2] = ["--http-body-timeout-ms", "3000"];
+
+/// A slowloris connection: its request head declares a body of
+/// [`TRICKLE_BODY_BYTES`], then one byte of it follows every
+/// [`TRICKLE_EVERY`] while the response is read.
+struct Trickler {
+    /// Body bytes sent so far.
+    sent: Arc<AtomicUsize>,
+    /// The response, the body bytes sent before it came, and how long
+    /// after the head it came.
+    task: tokio::task::JoinHandle<(Result<Response, String>, usize, Duration)>,
+}
+
+impl Trickler {
+    fn start(http: &Http, path: &str, headers: &[(&str, &str)]) -> Trickler {
+        let mut head =
+            format!("PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {TRICKLE_BODY_BYTES}\r\n");
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = sent.clone();
+        let http = http.clone();
+        let task = tokio::spawn(async move {
+            let stream = match http.connect().await {
+                Ok(stream) => stream,
+                Err(error) => return (Err(error), 0, Duration::ZERO),
+            };
+            let started = Instant::now();
+            let response = tokio::time::timeout(
+                support::http::REQUEST_TIMEOUT,
+                trickle(stream, head.as_bytes(), &counter),
+            )
+            .await
+            .unwrap_or_else(|_| Err("no response while trickling".into()));
+            (response, counter.load(Ordering::SeqCst), started.elapsed())
+        });
+        Trickler { sent, task }
+    }
+
+    fn sent(&self) -> usize {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    async fn finish(self) -> (Result<Response, String>, usize, Duration) {
+        self.task.await.expect("the trickling task")
+    }
+}
+
+/// Sends `head`, then a body byte every [`TRICKLE_EVERY`] (counted in
+/// `sent`) until the response has been read.
+async fn trickle(
+    stream: Box<dyn Stream>,
+    head: &[u8],
+    sent: &AtomicUsize,
+) -> Result<Response, String> {
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    send(&mut writer, head).await?;
+    let reading = read_response(&mut reader);
+    let mut reading = std::pin::pin!(reading);
+    let mut ticks = tokio::time::interval_at(Instant::now() + TRICKLE_EVERY, TRICKLE_EVERY);
+    let mut writing = true;
+    loop {
+        tokio::select! {
+            response = &mut reading => return response,
+            _ = ticks.tick(), if writing => {
+                // A server that answered may close: the answer is what counts.
+                match send(&mut writer, b" ").await {
+                    Ok(()) => {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => writing = false,
+                }
+            }
+        }
+    }
+}
+
+/// Waits (bounded) until every trickler has sent `bytes` body bytes: by
+/// then the node has had their heads for a while.
+async fn wait_trickling(tricklers: &[Trickler], bytes: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tricklers.iter().any(|trickler| trickler.sent() < bytes) {
+        assert!(
+            Instant::now() < deadline,
+            "the slow clients did not get going"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A normal write through `http` with `headers`: answered 200 in under a
+/// second.
+async fn answered_at_once(http: &Http, headers: &[(&str, &str)]) {
+    let started = Instant::now();
+    let response = http
+        .json("POST", "/v1/kv/normal/incr", headers, json!({"delta": 1}))
+        .await;
+    let took = started.elapsed();
+    ok(response);
+    assert!(
+        took < Duration::from_secs(1),
+        "a normal request beside the slow clients took {took:?}"
+    );
+}
+
+/// Every trickler is answered 408 once the body deadline passes, and not
+/// before: its body was never sent.
+async fn timed_out(tricklers: Vec<Trickler>) {
+    for trickler in tricklers {
+        let (response, sent, after) = trickler.finish().await;
+        let body = error(response, 408, "UNAVAILABLE");
+        assert!(sent < TRICKLE_BODY_BYTES);
+        assert!(
+            after + Duration::from_millis(100) >= BODY_TIMEOUT
+                && after < BODY_TIMEOUT + Duration::from_secs(5),
+            "408 after {after:?}: {body}"
+        );
+    }
+}
+
+/// A slowloris client cannot hold the HTTP API: 64 connections (the
+/// default bound per peer address) that send their headers and then
+/// trickle their bodies hold no request permit, so a normal request is
+/// still answered, in under a second; a 65th connection from their
+/// address and one past `--http-connections-max` are refused at once with
+/// a JSON 503 naming the bound; once the body deadline passes every slow
+/// client is answered 408, its body unsent, and its address is served
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_do_not_hold_the_http_api() {
+    let mut args = NODE_LIMITS.to_vec();
+    args.extend(["--http-connections-max", "70"]);
+    let cluster = Cluster::start_with("http-slowloris", &args).await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let http = Http::plain(&cluster.http_addr(follower_of(leader)));
+    answered_at_once(&http, &[]).await;
+
+    let slow = http.connecting_from(SLOW_PEER);
+    let tricklers: Vec<Trickler> = (0..SLOW_CLIENTS)
+        .map(|i| Trickler::start(&slow, &format!("/v1/kv/slow-{i}"), &[]))
+        .collect();
+    wait_trickling(&tricklers, 2).await;
+    answered_at_once(&http, &[]).await;
+
+    // One more from the slow address: over its bound, refused at once.
+    let refused = error(
+        slow.request("GET", "/v1/kv/normal", &[], b"").await,
+        503,
+        "UNAVAILABLE",
+    );
+    assert_eq!(refused["http_connections_per_ip_max"], 64, "{refused}");
+    // From a third address, idle keep-alive connections fill the node's
+    // 70 (64 slow ones, one maybe still closing); the next is refused.
+    let other = http.connecting_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)));
+    let mut held = Vec::new();
+    let refused = loop {
+        assert!(held.len() <= 6, "{} more connections accepted", held.len());
+        let mut stream = other.connect().await.expect("connect");
+        send(
+            &mut stream,
+            b"GET /v1/kv/normal HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await
+        .expect("send");
+        let response = read_response(&mut stream).await;
+        match response {
+            Ok(response) if response.status == 503 => break Ok(response),
+            Ok(response) => assert_eq!(response.status, 200),
+            Err(error) => panic!("no answer: {error}"),
+        }
+        held.push(stream);
+    };
+    assert!(held.len() >= 5, "refused after {} more", held.len());
+    let refused = error(refused, 503, "UNAVAILABLE");
+    assert_eq!(refused["http_connections_max"], 70, "{refused}");
+    drop(held);
+
+    timed_out(tricklers).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let response = slow.request("GET", "/v1/kv/normal", &[], b"").await;
+        match response {
+            Ok(response) if response.status == 200 => break,
+            // The slow connections' slots are freed as their tasks end.
+            Ok(response) if response.status == 503 && Instant::now() < deadline => {}
+            other => panic!("the slow address is not served again: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With authentication on (HTTPS, tokens), slow clients without valid
+/// credentials are refused before their body: each of 32 that send
+/// headers without a token or with an unknown one and then trickle a body
+/// is answered 401 at once, its body unsent; 32 slow clients with a valid
+/// token hold no request permit, so a normal authenticated request is
+/// still answered in under a second; they get 408 at the body deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_slow_bodies_are_refused_before_the_body() {
+    let cluster = Cluster::start_secure("http-slowloris-tls", &NODE_LIMITS).await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let https = Http::tls(
+        &cluster.http_addr(follower_of(leader)),
+        &cluster.pki().join("ca.pem"),
+    );
+    let token = std::fs::read_to_string(cluster.pki().join("alice.token")).expect("a token");
+    let alice = format!("Bearer {}", token.trim());
+    let authorized = [("Authorization", alice.as_str())];
+    answered_at_once(&https, &authorized).await;
+
+    let slow = https.connecting_from(SLOW_PEER);
+    let mut unauthenticated = Vec::new();
+    let mut authenticated = Vec::new();
+    for i in 0..SLOW_CLIENTS / 2 {
+        let path = format!("/v1/kv/slow-{i}");
+        let wrong: &[(&str, &str)] = if i % 2 == 0 {
+            &[]
+        } else {
+            &[("Authorization", "Bearer not-a-token-of-this-cluster")]
+        };
+        unauthenticated.push(Trickler::start(&slow, &path, wrong));
+        authenticated.push(Trickler::start(&slow, &path, &authorized));
+    }
+    for trickler in unauthenticated {
+        let (response, sent, after) = trickler.finish().await;
+        error(response, 401, "UNAUTHENTICATED");
+        assert!(
+            sent < TRICKLE_BODY_BYTES && after < Duration::from_secs(2),
+            "401 after {after:?} and {sent} body bytes"
+        );
+    }
+    wait_trickling(&authenticated, 2).await;
+    answered_at_once(&https, &authorized).await;
+    timed_out(authenticated).await;
 }

@@ -18,6 +18,11 @@
 //!
 //! The policy can be replaced while the node runs ([`SharedPolicy`], on
 //! SIGHUP): each request is decided by the policy current when it arrives.
+//!
+//! The HTTP API asks the same live policy ([`AuthPolicy::token_caller`],
+//! tokens only) to refuse an unauthenticated caller from its headers,
+//! before reading its body; the client port still decides its forwarded
+//! calls.
 
 use futures::future::BoxFuture;
 use oncekv_core::Principal;
@@ -196,6 +201,33 @@ impl AuthPolicy {
         )
     }
 
+    /// The caller `token` (the header's value after `Bearer `) is granted
+    /// to, or why none.
+    fn token_grant(&self, token: &str) -> Result<Caller, String> {
+        self.tokens
+            .get(&token_key(token))
+            .cloned()
+            .ok_or_else(|| "unknown bearer token".into())
+    }
+
+    /// Who calls with `token` alone, no client certificate (the HTTP API
+    /// asks for none): `Ok(None)` when the policy is off (everyone is
+    /// anonymous), the token's caller when it is in the file, otherwise
+    /// why not — as the client port would decide the same call.
+    pub fn token_caller(&self, token: Option<&str>) -> Result<Option<Caller>, String> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        match token {
+            Some(token) => self.token_grant(token).map(Some),
+            None => Err(
+                "this node requires credentials: a bearer token from its token file \
+                 (Authorization: Bearer TOKEN)"
+                    .into(),
+            ),
+        }
+    }
+
     /// Who calls with `token` (the header's value after `Bearer `) or over a
     /// connection that showed `certificate` (DER).
     fn caller(
@@ -204,9 +236,9 @@ impl AuthPolicy {
         certificate: Option<&[u8]>,
     ) -> Result<Caller, tonic::Status> {
         if let Some(token) = token {
-            return self.tokens.get(&token_key(token)).cloned().ok_or_else(|| {
-                reason_status(ErrorReason::Unauthenticated("unknown bearer token".into()))
-            });
+            return self
+                .token_grant(token)
+                .map_err(|why| reason_status(ErrorReason::Unauthenticated(why)));
         }
         if let Some(der) = certificate.filter(|_| self.certificates) {
             let names = super::tls::cert_names(der).ok_or_else(|| {

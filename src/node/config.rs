@@ -77,6 +77,26 @@ pub struct NodeOptions {
     /// (then loopback only, unless --insecure) [default: off].
     #[arg(long)]
     pub http_addr: Option<SocketAddr>,
+    /// Most HTTP API connections open at once, all peers together (TLS
+    /// handshakes and idle keep-alive connections count); one more is
+    /// answered 503 and closed [default: 1024].
+    #[arg(long)]
+    pub http_connections_max: Option<usize>,
+    /// Most HTTP API connections open at once from one peer IP address;
+    /// one more is answered 503 and closed. Behind a proxy every caller is
+    /// the proxy's address: raise it there [default: 64].
+    #[arg(long)]
+    pub http_connections_per_ip_max: Option<usize>,
+    /// How long an HTTP request's body may take to arrive, in all, from
+    /// when its headers are read; later it is answered 408 and nothing runs
+    /// [default: 10000].
+    #[arg(long)]
+    pub http_body_timeout_ms: Option<u64>,
+    /// Most bytes of HTTP request bodies the node holds at once, all
+    /// requests together (at least 12 MiB, one largest body); past it a
+    /// request is answered 503 [default: 67108864, 64 MiB].
+    #[arg(long)]
+    pub http_body_buffer_bytes_max: Option<usize>,
     /// Most client proposals this node has in flight at once; beyond it a
     /// request is refused at once with UNAVAILABLE ("overloaded") [default: 1024].
     #[arg(long)]
@@ -194,6 +214,8 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Where the HTTP/JSON API is served; `None`: no HTTP API.
     pub http_addr: Option<SocketAddr>,
+    /// The HTTP API's bounds on its callers (`network::http_api::limits`).
+    pub http_limits: crate::network::http_api::HttpLimits,
     /// Admission control of the client API (see `network::client_api`).
     pub max_pending_proposals: usize,
     /// Threads of the async runtime; `None`: one per core.
@@ -465,6 +487,7 @@ impl NodeOptions {
         let peer_via = parse_dial_overrides(flags_or_file(&self.peer_via, &file.peer_via), id)?;
         let metrics_addr = self.metrics_addr.or(file.metrics_addr);
         let (max_pending_proposals, worker_threads) = self.load_bounds(&file)?;
+        let http_limits = self.http_limits(&file)?;
         let initialize = self.initialize || file.initialize;
         if initialize && !members.contains_key(&id) {
             return Err(ConfigError::Invalid(
@@ -491,6 +514,7 @@ impl NodeOptions {
             peer_via,
             metrics_addr,
             http_addr,
+            http_limits,
             max_pending_proposals,
             worker_threads,
             data_dir,
@@ -552,6 +576,34 @@ impl NodeOptions {
             )));
         }
         Ok((max_pending_proposals, worker_threads))
+    }
+
+    /// The HTTP API's bounds on its callers, checked as a whole.
+    fn http_limits(
+        &self,
+        file: &NodeOptions,
+    ) -> Result<crate::network::http_api::HttpLimits, ConfigError> {
+        let defaults = crate::network::http_api::HttpLimits::default();
+        let limits = crate::network::http_api::HttpLimits {
+            connections_max: self
+                .http_connections_max
+                .or(file.http_connections_max)
+                .unwrap_or(defaults.connections_max),
+            connections_per_ip_max: self
+                .http_connections_per_ip_max
+                .or(file.http_connections_per_ip_max)
+                .unwrap_or(defaults.connections_per_ip_max),
+            body_timeout: self
+                .http_body_timeout_ms
+                .or(file.http_body_timeout_ms)
+                .map_or(defaults.body_timeout, Duration::from_millis),
+            body_buffer_bytes_max: self
+                .http_body_buffer_bytes_max
+                .or(file.http_body_buffer_bytes_max)
+                .unwrap_or(defaults.body_buffer_bytes_max),
+        };
+        limits.validate().map_err(ConfigError::Invalid)?;
+        Ok(limits)
     }
 
     /// Heartbeat and election timeout, each strictly below the next.
@@ -695,6 +747,66 @@ mod tests {
         assert_eq!(config.heartbeat, Duration::from_millis(60));
         assert_eq!(config.election_timeout_min, Duration::from_millis(300));
         assert_eq!(config.initial_registry.window, 8);
+    }
+
+    /// The HTTP API's bounds: documented defaults; flags over the file;
+    /// a combination that cannot work (more per address than in total, a
+    /// body buffer smaller than one largest body, zero) is refused.
+    #[test]
+    fn http_limits_resolve_and_are_checked() {
+        use crate::network::http_api::{BODY_BYTES_MAX, HttpLimits};
+        assert_eq!(
+            options().resolve().unwrap().http_limits,
+            HttpLimits::default()
+        );
+        assert_eq!(
+            HttpLimits::default(),
+            HttpLimits {
+                connections_max: 1024,
+                connections_per_ip_max: 64,
+                body_timeout: Duration::from_secs(10),
+                body_buffer_bytes_max: 64 << 20,
+            }
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "http_connections_max = 100\nhttp_connections_per_ip_max = 10\n\
+             http_body_timeout_ms = 2500\n",
+        )
+        .unwrap();
+        let given = NodeOptions {
+            config: Some(path),
+            http_connections_per_ip_max: Some(20),
+            ..options()
+        };
+        let limits = given.resolve().unwrap().http_limits;
+        assert_eq!(
+            (
+                limits.connections_max,
+                limits.connections_per_ip_max,
+                limits.body_timeout
+            ),
+            (100, 20, Duration::from_millis(2500))
+        );
+        for bad in [
+            NodeOptions {
+                http_connections_max: Some(10),
+                http_connections_per_ip_max: Some(11),
+                ..options()
+            },
+            NodeOptions {
+                http_body_buffer_bytes_max: Some(BODY_BYTES_MAX - 1),
+                ..options()
+            },
+            NodeOptions {
+                http_body_timeout_ms: Some(0),
+                ..options()
+            },
+        ] {
+            assert!(matches!(bad.resolve(), Err(ConfigError::Invalid(_))));
+        }
     }
 
     /// Announced addresses default to the bind addresses; given ones (host

@@ -594,14 +594,17 @@ impl Wiring<'_> {
     }
 
     /// The HTTP/JSON API on `addr`: HTTPS with the node's certificate when
-    /// it has TLS. Requests go through this node's own client port
-    /// (authentication, leader forwarding): the advertised address, which
-    /// the certificate names.
+    /// it has TLS. Callers are authenticated by the client port's live
+    /// policy before their bodies are read; requests go through this
+    /// node's own client port (authentication, leader forwarding): the
+    /// advertised address, which the certificate names.
     async fn serve_http(&self, addr: std::net::SocketAddr) -> anyhow::Result<ServerTask> {
         let config = self.config;
         let api = crate::network::http_api::HttpApi::new(
             config.advertise_client_addr.clone(),
             config.tls.as_ref().map(|tls| tls.ca.as_path()),
+            self.auth.clone(),
+            &config.http_limits,
         )?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -610,6 +613,7 @@ impl Wiring<'_> {
             listener,
             self.tls.clone(),
             api.router(),
+            config.http_limits,
             self.stopped(),
         );
         Ok(tokio::spawn(async move {

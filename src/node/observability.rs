@@ -76,7 +76,14 @@ pub async fn metrics_server(
                     .await
             }
             Some(tls) => {
-                crate::network::http_api::serve(listener, Some(tls), app, shutdown).await;
+                crate::network::http_api::serve(
+                    listener,
+                    Some(tls),
+                    app,
+                    crate::network::http_api::HttpLimits::default(),
+                    shutdown,
+                )
+                .await;
                 Ok(())
             }
         }

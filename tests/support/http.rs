@@ -1,7 +1,10 @@
 //! Talking to a node's HTTP/JSON API in tests: one HTTP/1.1 request per
 //! connection (`Connection: close`) over loopback TCP, or TLS trusting the
-//! cluster CA, and the response's status, headers and JSON body.
+//! cluster CA, and the response's status, headers and JSON body; or an open
+//! connection ([`Http::connect`]) for a test that writes at its own pace,
+//! from a chosen loopback address ([`Http::connecting_from`]).
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,11 +44,18 @@ impl Response {
     }
 }
 
+/// A connection to the API, plain or TLS.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Stream for S {}
+
 /// The HTTP API of one node.
 #[derive(Clone)]
 pub struct Http {
     addr: String,
     tls: Option<tokio_rustls::TlsConnector>,
+    /// The local address connections come from; `None`: the system's choice.
+    source: Option<IpAddr>,
 }
 
 impl Http {
@@ -54,6 +64,16 @@ impl Http {
         Http {
             addr: addr.to_string(),
             tls: None,
+            source: None,
+        }
+    }
+
+    /// The same API, with connections from `source` (another loopback
+    /// address, such as 127.0.0.2, is another peer to the node).
+    pub fn connecting_from(&self, source: IpAddr) -> Http {
+        Http {
+            source: Some(source),
+            ..self.clone()
         }
     }
 
@@ -75,6 +95,7 @@ impl Http {
         Http {
             addr: addr.to_string(),
             tls: Some(tokio_rustls::TlsConnector::from(Arc::new(config))),
+            source: None,
         }
     }
 
@@ -118,25 +139,46 @@ impl Http {
     /// Writes `bytes` as they are and reads the response.
     pub async fn raw(&self, bytes: &[u8]) -> Result<Response, String> {
         let work = async {
-            let stream = tokio::net::TcpStream::connect(&self.addr)
-                .await
-                .map_err(|error| format!("connect {}: {error}", self.addr))?;
-            match &self.tls {
-                None => exchange(stream, bytes).await,
-                Some(connector) => {
-                    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")
-                        .expect("an IP address is a server name");
-                    let stream = connector
-                        .connect(name, stream)
-                        .await
-                        .map_err(|error| format!("TLS handshake with {}: {error}", self.addr))?;
-                    exchange(stream, bytes).await
-                }
-            }
+            let stream = self.connect().await?;
+            exchange(stream, bytes).await
         };
         tokio::time::timeout(REQUEST_TIMEOUT, work)
             .await
             .map_err(|_| format!("no response from {} within {REQUEST_TIMEOUT:?}", self.addr))?
+    }
+
+    /// An open connection (the TLS handshake done, if TLS), nothing sent.
+    pub async fn connect(&self) -> Result<Box<dyn Stream>, String> {
+        let addr: std::net::SocketAddr = self
+            .addr
+            .parse()
+            .map_err(|error| format!("address {}: {error}", self.addr))?;
+        let socket = match addr {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .map_err(|error| format!("socket: {error}"))?;
+        if let Some(source) = self.source {
+            socket
+                .bind((source, 0).into())
+                .map_err(|error| format!("bind {source}: {error}"))?;
+        }
+        let stream = socket
+            .connect(addr)
+            .await
+            .map_err(|error| format!("connect {}: {error}", self.addr))?;
+        match &self.tls {
+            None => Ok(Box::new(stream)),
+            Some(connector) => {
+                let name = rustls::pki_types::ServerName::try_from("127.0.0.1")
+                    .expect("an IP address is a server name");
+                let stream = connector
+                    .connect(name, stream)
+                    .await
+                    .map_err(|error| format!("TLS handshake with {}: {error}", self.addr))?;
+                Ok(Box::new(stream))
+            }
+        }
     }
 }
 
@@ -144,14 +186,24 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     bytes: &[u8],
 ) -> Result<Response, String> {
-    stream
+    send(&mut stream, bytes).await?;
+    read_response(&mut stream).await
+}
+
+/// Writes `bytes` and flushes them (through TLS, when the stream has it).
+pub async fn send<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) -> Result<(), String> {
+    writer
         .write_all(bytes)
         .await
         .map_err(|error| format!("send: {error}"))?;
-    stream
+    writer
         .flush()
         .await
-        .map_err(|error| format!("send: {error}"))?;
+        .map_err(|error| format!("send: {error}"))
+}
+
+/// Reads one response (a head, then exactly Content-Length bytes of body).
+pub async fn read_response<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Response, String> {
     let mut received = Vec::new();
     let mut buffer = [0u8; 16 << 10];
     // The head first, then exactly Content-Length bytes of body.

@@ -1,0 +1,308 @@
+//! The HTTP API's failures: [`HttpError`] (an HTTP status and the JSON
+//! body `{"reason", "message", ...detail}` with the reason names of the
+//! gRPC error table) and the one mapping of the client library's errors to
+//! them ([`client_error`], docs/http.md "Errors"). Shared by every
+//! resource; it decides no status of its own beyond that mapping and the
+//! headers a status implies (`WWW-Authenticate`, `Retry-After`, `Allow`).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use oncekv_client::Error as ClientError;
+use serde_json::{Map, Value as Json};
+
+/// A failed request: an HTTP status and the JSON body
+/// `{"reason": ..., "message": ..., ...detail}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpError {
+    pub status: StatusCode,
+    /// A reason name of the gRPC error table (`ErrorDetail.reason`).
+    pub reason: &'static str,
+    pub message: String,
+    pub detail: Map<String, Json>,
+}
+
+impl HttpError {
+    pub(super) fn new(
+        status: StatusCode,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> HttpError {
+        HttpError {
+            status,
+            reason,
+            message: message.into(),
+            detail: Map::new(),
+        }
+    }
+
+    pub(super) fn invalid(message: impl Into<String>) -> HttpError {
+        HttpError::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", message)
+    }
+
+    /// 404 for a path no resource answers.
+    pub(super) fn no_such_endpoint(path: &str) -> HttpError {
+        HttpError::new(
+            StatusCode::NOT_FOUND,
+            "INVALID_ARGUMENT",
+            format!("no such endpoint: {path} (see docs/http.md)"),
+        )
+    }
+
+    pub(super) fn with(mut self, field: &str, value: Json) -> HttpError {
+        self.detail.insert(field.to_string(), value);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Json {
+        let mut body = Map::new();
+        body.insert("reason".into(), Json::from(self.reason));
+        body.insert("message".into(), Json::from(self.message.clone()));
+        for (field, value) in &self.detail {
+            body.insert(field.clone(), value.clone());
+        }
+        Json::Object(body)
+    }
+}
+
+impl HttpError {
+    /// The headers the status implies besides the content type.
+    fn status_headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+        match self.status {
+            StatusCode::UNAUTHORIZED => {
+                vec![(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))]
+            }
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                vec![(header::RETRY_AFTER, HeaderValue::from_static("1"))]
+            }
+            StatusCode::METHOD_NOT_ALLOWED => match self.detail.get("allow") {
+                Some(Json::String(allow)) => HeaderValue::from_str(allow)
+                    .map(|allow| vec![(header::ALLOW, allow)])
+                    .unwrap_or_default(),
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
+
+    /// The whole HTTP/1.1 response, closing the connection: for a
+    /// connection refused before any request of it is read.
+    pub(super) fn http1_response(&self) -> Vec<u8> {
+        let body = self.body().to_string();
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             connection: close\r\n",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        for (name, value) in self.status_headers() {
+            head.push_str(&format!(
+                "{name}: {}\r\n",
+                value.to_str().unwrap_or_default()
+            ));
+        }
+        head.push_str("\r\n");
+        let mut response = head.into_bytes();
+        response.extend_from_slice(body.as_bytes());
+        response
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, json_body(&self.body())).into_response();
+        let headers = response.headers_mut();
+        for (name, value) in self.status_headers() {
+            headers.insert(name, value);
+        }
+        response
+    }
+}
+
+/// A JSON body with its content type.
+pub(super) fn json_body(value: &Json) -> ([(header::HeaderName, HeaderValue); 1], String) {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        value.to_string(),
+    )
+}
+
+/// The one mapping of the client library's errors to HTTP (docs/http.md,
+/// "Errors").
+pub fn client_error(error: ClientError) -> HttpError {
+    let message = error.to_string();
+    match error {
+        ClientError::OutcomeUnknown { .. } => {
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+                .with("outcome_unknown", Json::Bool(true))
+        }
+        ClientError::Unavailable(_) => {
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+        }
+        ClientError::SessionExpired => {
+            HttpError::new(StatusCode::NOT_FOUND, "SESSION_EXPIRED", message)
+        }
+        ClientError::WrongCluster { expected } => {
+            HttpError::new(StatusCode::CONFLICT, "WRONG_CLUSTER", message)
+                .with("expected_cluster_id", Json::from(expected))
+        }
+        ClientError::SeqConflict { .. } => {
+            HttpError::new(StatusCode::CONFLICT, "SEQ_CONFLICT", message)
+        }
+        ClientError::ResponseDiscarded { floor, .. } => {
+            HttpError::new(StatusCode::GONE, "RESPONSE_DISCARDED", message)
+                .with("floor", Json::from(floor))
+        }
+        ClientError::InvalidArgument(_) => HttpError::invalid(message),
+        ClientError::Unauthenticated(_) => {
+            HttpError::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", message)
+        }
+        ClientError::PermissionDenied(_) => {
+            HttpError::new(StatusCode::FORBIDDEN, "PERMISSION_DENIED", message)
+        }
+        ClientError::Fenced { current_fence } => {
+            HttpError::new(StatusCode::CONFLICT, "FENCED", message)
+                .with("current_fence", Json::from(current_fence))
+        }
+        ClientError::ClaimInProgress { retry_after_ms } => {
+            HttpError::new(StatusCode::CONFLICT, "IN_PROGRESS", message)
+                .with("retry_after_ms", Json::from(retry_after_ms))
+        }
+        ClientError::ResourceExhausted(_) => {
+            HttpError::new(StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED", message)
+        }
+        ClientError::LimitExceeded {
+            limit,
+            max,
+            requested,
+        } => HttpError::new(StatusCode::BAD_REQUEST, "LIMIT_EXCEEDED", message)
+            .with("limit", Json::from(limit.to_string()))
+            .with("limit_max", Json::from(max))
+            .with("limit_requested", Json::from(requested)),
+        ClientError::KeyConflict { key } => HttpError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "KEY_CONFLICT",
+            format!(
+                "{message}; an Idempotency-Key answers only the request it was first used \
+                 with (same method, path and body; see docs/http.md)"
+            ),
+        )
+        .with("idempotency_key", Json::from(key)),
+        // Like `OutcomeUnknown`, but learnable: the same key and request
+        // again get the original answer (or execute, if the first never did).
+        ClientError::KeyOutcomeUnknown { key, .. } => {
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+                .with("outcome_unknown", Json::Bool(true))
+                .with("retry_with_same_key", Json::Bool(true))
+                .with("idempotency_key", Json::from(key))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Client errors keep their reason names and detail fields, with the
+    /// documented HTTP statuses.
+    #[test]
+    fn client_errors_map_to_statuses() {
+        let limit = client_error(ClientError::LimitExceeded {
+            limit: oncekv_core::Limit::ValueBytes,
+            max: 4,
+            requested: 9,
+        });
+        assert_eq!(limit.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            limit.body(),
+            json!({"reason": "LIMIT_EXCEEDED", "message": limit.message,
+                   "limit": "value_bytes_max", "limit_max": 4, "limit_requested": 9})
+        );
+        for (error, status, reason) in [
+            (
+                ClientError::Unavailable("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "UNAVAILABLE",
+            ),
+            (
+                ClientError::Unauthenticated("x".into()),
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHENTICATED",
+            ),
+            (
+                ClientError::PermissionDenied("x".into()),
+                StatusCode::FORBIDDEN,
+                "PERMISSION_DENIED",
+            ),
+            (
+                ClientError::ResourceExhausted("x".into()),
+                StatusCode::TOO_MANY_REQUESTS,
+                "RESOURCE_EXHAUSTED",
+            ),
+            (
+                ClientError::WrongCluster {
+                    expected: "ab".into(),
+                },
+                StatusCode::CONFLICT,
+                "WRONG_CLUSTER",
+            ),
+            (
+                ClientError::InvalidArgument("x".into()),
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+            ),
+        ] {
+            let mapped = client_error(error);
+            assert_eq!((mapped.status, mapped.reason), (status, reason));
+        }
+        let conflict = client_error(ClientError::KeyConflict { key: "k1".into() });
+        assert_eq!(
+            (conflict.status, conflict.reason),
+            (StatusCode::UNPROCESSABLE_ENTITY, "KEY_CONFLICT")
+        );
+        assert_eq!(conflict.body()["idempotency_key"], "k1");
+        let unknown = client_error(ClientError::KeyOutcomeUnknown {
+            key: "k1".into(),
+            reason: "deadline".into(),
+        });
+        assert_eq!(
+            (unknown.status, unknown.reason),
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+        );
+        let body = unknown.body();
+        assert_eq!(body["outcome_unknown"], true);
+        assert_eq!(body["retry_with_same_key"], true);
+        assert!(
+            body["message"].as_str().unwrap().contains("same key"),
+            "{body}"
+        );
+    }
+
+    /// A refusal written before hyper sees the connection is a complete
+    /// HTTP/1.1 response: status line, JSON content type and length, the
+    /// status's own headers, `Connection: close`, the body.
+    #[test]
+    fn a_raw_refusal_is_a_whole_response() {
+        let refusal = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", "full")
+            .with("http_connections_max", Json::from(3));
+        let raw = String::from_utf8(refusal.http1_response()).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let mut lines = head.split("\r\n");
+        assert_eq!(lines.next(), Some("HTTP/1.1 503 Service Unavailable"));
+        let headers: Vec<&str> = lines.collect();
+        for expected in [
+            "content-type: application/json",
+            "connection: close",
+            "retry-after: 1",
+        ] {
+            assert!(headers.contains(&expected), "{headers:?}");
+        }
+        assert!(headers.contains(&format!("content-length: {}", body.len()).as_str()));
+        assert_eq!(serde_json::from_str::<Json>(body).unwrap(), refusal.body());
+    }
+}
