@@ -282,6 +282,9 @@ impl Failure {
             Error::KeyOutcomeUnknown { .. } => failure.unknown().hint(
                 "run the same command with the same idempotency key again to learn its outcome",
             ),
+            Error::PlainOutcomeUnknown { .. } => failure.unknown().hint(format!(
+                "read the key (`oncekv get {key}`) before running the command again"
+            )),
             Error::KeyConflict { .. } => Failure {
                 exit: EXIT_KEY_CONFLICT,
                 ..failure
