@@ -341,10 +341,11 @@ async fn a_follower_forwards_across_a_leader_kill() {
     assert_eq!(read.json(), json!({"value": {"int": value}}));
 }
 
-/// A write without a key that may have applied says so (rule 22): with
-/// both followers gone, the leader takes the increment into its log but
-/// can never commit it in time — it may still apply once they are back —
-/// so the 503 carries `"outcome_unknown": true`, unlike a 503 that proves
+/// A write without a key that may have applied says so (rule 22): sent
+/// right after both followers are killed, the increment goes into the
+/// leader's log but cannot commit (it may still apply once they are back;
+/// the leader soon stops leading, and later attempts meet an election), so
+/// the 503 carries `"outcome_unknown": true`, unlike a 503 that proves
 /// nothing executed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_write_that_may_have_applied_says_so() {

@@ -6,9 +6,14 @@
 //! hints, with exponential backoff and full jitter — until the call's
 //! deadline. At the deadline the outcome is unknown: the call says so and
 //! the seq is fenced (the floor moves past it), so a late copy can never
-//! execute. A session the cluster no longer knows is never silently
-//! replaced under in-flight calls: they report an unknown outcome, and only
-//! new calls get a new session. A request that can never succeed — an empty
+//! execute — and so is a retry refused for good after an attempt that may
+//! have been applied, unless the refusal proves nothing ran (rule 22: see
+//! [`Error`]). The floor never runs more than a window ahead of the last
+//! one the cluster confirmed ([`seqs`]), so no outage leaves a session the
+//! cluster refuses. A session the cluster no longer knows, or refuses for
+//! good, is never silently replaced under in-flight calls: they report an
+//! unknown outcome, and only new calls (and a call refused before anything
+//! of it can have run) get a new session. A request that can never succeed — an empty
 //! key, or one that breaks a request limit the cluster told the session
 //! (key, value or list too large) — is refused before it is sent, with a
 //! definite, typed error; the cluster refuses it the same way, finally, if
@@ -25,7 +30,7 @@
 //! client of the operators' `Admin` service on it; [`credentials`] what a
 //! caller shows a node. The crate speaks only the wire (`oncekv-wire`):
 //! it must not depend on the server (no Raft, no storage), and must never
-//! re-send a request under a new session (rule 9).
+//! re-send under a new session a request that may have run (rule 9).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), oncekv_client::Error> {
