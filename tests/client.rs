@@ -297,3 +297,155 @@ async fn shared_counters_under_leader_kills() {
         assert!(values.iter().all(|value| *value as u64 <= final_value));
     }
 }
+
+/// Kills the leader and one follower, keeping the other follower: no node
+/// can lead, and nothing proposed during the outage can commit later (the
+/// one left running never led). Returns the two killed.
+async fn stop_two_of_three(cluster: &Cluster) -> [u64; 2] {
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let follower = (1..=3).find(|&node| node != leader).unwrap();
+    cluster.kill(leader);
+    cluster.kill(follower);
+    [leader, follower]
+}
+
+/// Calls `increment` (one call at a time) until `count` calls in a row
+/// succeed, for up to two minutes after a restart; panics on a definite
+/// refusal of the floor (a wedged session) or when time runs out.
+async fn later_calls_succeed(client: &Client, key: &[u8], count: usize) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut in_a_row, mut succeeded) = (0, 0);
+    while in_a_row < count {
+        match client.increment(key, 1).await {
+            Ok(_) => {
+                in_a_row += 1;
+                succeeded += 1;
+            }
+            Err(error @ (Error::InvalidArgument(_) | Error::SessionExpired)) => {
+                panic!("the session is wedged: {error}")
+            }
+            Err(_) => in_a_row = 0,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {count} calls in a row succeeded after the restart"
+        );
+    }
+    succeeded
+}
+
+/// A long outage does not brick a session (issue 25, item 2). With a
+/// window of 2 and a 1 s call deadline, 2 of 3 nodes are down while 5
+/// increments are called: the first four end unknown, their fences
+/// unacknowledged, and the library keeps its floor within a window of the
+/// last floor the cluster confirmed — so it takes no fifth seq (nothing is
+/// sent: `Unavailable`) rather than a floor the cluster would refuse
+/// forever. Once the nodes are back, the library fences the four and later
+/// calls succeed, in the same session; nothing of the outage executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_survives_calls_given_up_during_an_outage() {
+    let cluster = Cluster::start_with("client-outage", &["--window", "2"]).await;
+    let client = client(
+        &cluster,
+        ClientConfig {
+            call_timeout: Duration::from_secs(1),
+            attempt_timeout: Duration::from_millis(500),
+            ..ClientConfig::default()
+        },
+    );
+    let client_id = client.client_id().await.expect("a session");
+    let stopped = stop_two_of_three(&cluster).await;
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        outcomes.push(client.increment(b"n", 1).await);
+    }
+    for (index, outcome) in outcomes.iter().enumerate() {
+        match (index, outcome) {
+            (0..4, Err(Error::OutcomeUnknown { seq, fenced, .. })) => {
+                assert_eq!((*seq, *fenced), (index as u64 + 1, false), "{outcomes:?}")
+            }
+            (4, Err(Error::Unavailable(why))) => {
+                assert!(why.contains("window stayed full"), "{why}")
+            }
+            _ => panic!("call {index}: {outcome:?}"),
+        }
+    }
+    for node in stopped {
+        cluster.restart(node).await;
+    }
+    let succeeded = later_calls_succeed(&client, b"n", 3).await;
+    assert_eq!(
+        client.client_id().await.unwrap(),
+        client_id,
+        "the same session"
+    );
+    assert_eq!(
+        client.get(b"n").await.unwrap(),
+        Some(Value::Int(succeeded as i64)),
+        "nothing of the outage executed"
+    );
+}
+
+/// A session whose floor the cluster refuses for good (`FloorBeyondBound`:
+/// here the window was lowered from 4 to 1 while four calls ended unknown
+/// in an outage, so the library's floor is beyond the new bound) is
+/// replaced: the call that met the refusal ran nothing, so the library
+/// sends it again under a new session, and later calls succeed — instead
+/// of every call failing with INVALID_ARGUMENT forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_floor_is_refused_is_replaced() {
+    use oncekv_wire::proto;
+
+    let cluster = Cluster::start_with("client-refused-floor", &["--window", "4"]).await;
+    let client = client(
+        &cluster,
+        ClientConfig {
+            call_timeout: Duration::from_secs(1),
+            attempt_timeout: Duration::from_millis(500),
+            ..ClientConfig::default()
+        },
+    );
+    let first_session = client.client_id().await.expect("a session");
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let cluster_id = cluster.status(leader).await.unwrap().cluster_id;
+    let admin = oncekv_client::admin::Admin::new(
+        cluster.client_addrs(),
+        oncekv_client::credentials::Credentials::none(),
+    );
+    let request = proto::SetConfigRequest {
+        cluster_id,
+        patch: Some(proto::RegistryConfigPatch {
+            window: Some(1),
+            ..proto::RegistryConfigPatch::default()
+        }),
+    };
+    admin
+        .on_leader(Instant::now() + Duration::from_secs(60), |mut admin| {
+            let request = request.clone();
+            async move { admin.set_config(request).await }
+        })
+        .await
+        .expect("the window is lowered to 1");
+
+    let stopped = stop_two_of_three(&cluster).await;
+    for seq in 1..=4 {
+        let outcome = client.increment(b"n", 1).await;
+        assert!(
+            matches!(outcome, Err(Error::OutcomeUnknown { seq: unknown, .. }) if unknown == seq),
+            "{outcome:?}"
+        );
+    }
+    for node in stopped {
+        cluster.restart(node).await;
+    }
+    let succeeded = later_calls_succeed(&client, b"n", 3).await;
+    assert_ne!(
+        client.client_id().await.unwrap(),
+        first_session,
+        "a new session replaced the refused one"
+    );
+    assert_eq!(
+        client.get(b"n").await.unwrap(),
+        Some(Value::Int(succeeded as i64))
+    );
+}

@@ -346,6 +346,25 @@ async fn a_follower_forwards_across_a_leader_kill() {
     assert_eq!(read.json(), json!({"value": {"int": value}}));
 }
 
+/// A write without a key that may have applied says so (rule 22): sent
+/// right after both followers are killed, the increment goes into the
+/// leader's log but cannot commit (it may still apply once they are back;
+/// the leader soon stops leading, and later attempts meet an election), so
+/// the 503 carries `"outcome_unknown": true`, unlike a 503 that proves
+/// nothing executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_write_that_may_have_applied_says_so() {
+    let cluster = Cluster::start("http-unknown").await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let http = Http::plain(&cluster.http_addr(leader));
+    assert_eq!(ok(incr_plain(&http).await).json()["value"], 1);
+    for node in NODES.into_iter().filter(|&node| node != leader) {
+        cluster.kill(node);
+    }
+    let body = error(incr_plain(&http).await, 503, "UNAVAILABLE");
+    assert_eq!(body["outcome_unknown"], true, "{body}");
+}
+
 /// On a node with TLS the HTTP port is HTTPS with the node's certificate;
 /// the caller's bearer token is what the node authenticates (never the
 /// node's own identity): no token or an unknown one is 401; the same

@@ -157,14 +157,19 @@ impl Model {
             .retain(|session| now.saturating_sub(session.last_active_ms) <= ttl);
     }
 
+    /// The live session of `client_id`, its activity untouched: only a
+    /// request that passes every check refreshes it ([`Model::touch`]).
     fn live(&mut self, client_id: ClientId) -> Option<&mut ModelSession> {
-        let now = self.now_ms;
-        let session = self
-            .sessions
+        self.sessions
             .iter_mut()
-            .find(|session| session.client_id == client_id)?;
-        session.last_active_ms = now;
-        Some(session)
+            .find(|session| session.client_id == client_id)
+    }
+
+    fn touch(&mut self, client_id: ClientId) {
+        let now = self.now_ms;
+        if let Some(session) = self.live(client_id) {
+            session.last_active_ms = now;
+        }
     }
 
     fn register(&mut self, index: u64, nonce: u128) -> Outcome {
@@ -181,7 +186,7 @@ impl Model {
         if let Some(session) = self.sessions.iter().find(|s| s.nonce == nonce) {
             let outcome = registration(session.client_id, true);
             let id = session.client_id;
-            self.live(id);
+            self.touch(id);
             return outcome;
         }
         let outcome = registration(ClientId(index), false);
@@ -219,13 +224,14 @@ impl Model {
             .iter()
             .find(|(seq, ..)| *seq == request.seq)
         {
-            return if *command == request.command {
-                Outcome::Executed {
-                    result: result.clone(),
-                    duplicate: true,
-                }
-            } else {
-                Outcome::Rejected(Rejection::SeqConflict)
+            if *command != request.command {
+                return Outcome::Rejected(Rejection::SeqConflict);
+            }
+            let result = result.clone();
+            self.touch(client_id);
+            return Outcome::Executed {
+                result,
+                duplicate: true,
             };
         }
         if request.seq >= floor + window {
@@ -236,6 +242,7 @@ impl Model {
         session
             .executed
             .push((request.seq, request.command.clone(), result.clone()));
+        self.touch(client_id);
         Outcome::Executed {
             result,
             duplicate: false,
@@ -250,8 +257,10 @@ impl Model {
                     return refusal;
                 }
                 session.floor = session.floor.max(floor);
+                let floor = session.floor;
+                self.touch(client_id);
                 Outcome::KeptAlive {
-                    floor: session.floor,
+                    floor,
                     session_ttl_ms: self.config.session_ttl_ms,
                     limits: self.config.request_limits(),
                 }

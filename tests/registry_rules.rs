@@ -466,6 +466,125 @@ fn rule11_keep_alive_refreshes_activity_and_floor() {
     assert_eq!((session.floor, session.cached_responses), (2, 0));
 }
 
+/// Rule 11 with rule 7: a refused request does not keep a session alive. A
+/// session whose client can only be refused — its floor beyond the bound,
+/// sent again and again by keep-alives and executes, as a client that
+/// fenced too many unknown outcomes during an outage would — expires after
+/// the TTL like an idle one, so its client learns `SESSION_EXPIRED` and
+/// registers anew instead of being refused forever; the refusals change
+/// neither its floor nor its activity, and an accepted keep-alive does
+/// refresh it.
+#[test]
+fn rule11_refused_requests_do_not_keep_a_session_alive() {
+    let config = RegistryConfig {
+        session_ttl_ms: 1_000,
+        window: 2,
+        ..RegistryConfig::default()
+    };
+    let mut driver = Driver::with_config(config);
+    let wedged = driver.register(1);
+    let kept = driver.register(2);
+    let active_ms = driver.registry.session(wedged).unwrap().last_active_ms;
+    // The bound is max(highest + 1, floor) + window = 1 + 2: 6 is beyond it.
+    for _ in 0..3 {
+        driver.advance(300);
+        assert!(matches!(
+            driver.keep_alive(wedged, 6),
+            Outcome::Rejected(Rejection::InvalidArgument(
+                InvalidArgument::FloorBeyondBound { bound_seq: 3, .. }
+            ))
+        ));
+        assert!(matches!(
+            driver.execute(wedged, 7, 6, incr("n", 1)),
+            Outcome::Rejected(Rejection::InvalidArgument(
+                InvalidArgument::FloorBeyondBound { .. }
+            ))
+        ));
+        assert!(matches!(
+            driver.keep_alive(kept, 1),
+            Outcome::KeptAlive { floor: 1, .. }
+        ));
+        if let Some(session) = driver.registry.session(wedged) {
+            assert_eq!((session.floor, session.last_active_ms), (0, active_ms));
+        }
+    }
+    // 1,200 ms after its last accepted request, the wedged session is gone
+    // (at the first entry past the TTL); the kept one lives.
+    driver.advance(300);
+    assert!(matches!(
+        driver.keep_alive(kept, 1),
+        Outcome::KeptAlive { floor: 1, .. }
+    ));
+    assert!(driver.registry.session(wedged).is_none());
+    assert_eq!(
+        driver.execute(wedged, 7, 6, incr("n", 1)),
+        rejected(Rejection::SessionExpired)
+    );
+    assert!(driver.registry.session(kept).is_some());
+    assert_eq!(driver.int("n"), None, "nothing executed");
+}
+
+/// Rule 11: which requests refresh a session's activity, over random
+/// requests of one session: exactly those that passed every check that can
+/// refuse them — executed, answered from the cache (a result or a cached
+/// limit refusal), or a keep-alive whose floor was accepted. Every other
+/// refusal (an invalid or out-of-bound floor, a discarded or conflicting
+/// seq, a full window, a capacity limit) leaves the activity as it was.
+#[test]
+fn rule11_only_requests_that_pass_the_checks_refresh_activity() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let request = (0u8..3, 0u64..12, 0u64..14, 0u8..4, 1u64..400);
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    runner
+        .run(&prop::collection::vec(request, 1..60), |requests| {
+            let config = RegistryConfig {
+                session_ttl_ms: 1_000_000,
+                window: 3,
+                value_bytes_max: 8,
+                keys_max: 2,
+                ..RegistryConfig::default()
+            };
+            let mut driver = Driver::with_config(config);
+            let client = driver.register(1);
+            for (kind, seq, floor, command, advance_ms) in requests {
+                driver.advance(advance_ms);
+                let before = driver.registry.session(client).unwrap();
+                let command = match command {
+                    0 => incr("a", 1),
+                    1 => incr("b", 2),
+                    2 => put(&format!("k{seq}"), Value::Int(1)),
+                    _ => put("a", Value::Bytes(vec![0; 9])),
+                };
+                let outcome = match kind {
+                    0 => driver.keep_alive(client, floor),
+                    _ => driver.execute(client, seq, floor.min(seq), command),
+                };
+                let after = driver.registry.session(client).unwrap();
+                let refreshes = matches!(
+                    outcome,
+                    Outcome::Executed { .. }
+                        | Outcome::KeptAlive { .. }
+                        | Outcome::Rejected(Rejection::LimitExceeded { .. })
+                );
+                let expected_ms = if refreshes {
+                    driver.now_ms
+                } else {
+                    before.last_active_ms
+                };
+                prop_assert_eq!(after.last_active_ms, expected_ms, "{:?}", outcome);
+                if matches!(outcome, Outcome::Rejected(Rejection::InvalidArgument(_))) {
+                    prop_assert_eq!(after.floor, before.floor);
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
 /// Rule 12: at the session limit a register is RESOURCE_EXHAUSTED; nothing
 /// is evicted to make room.
 #[test]

@@ -955,3 +955,104 @@ async fn certificates_and_tokens_reload_on_sighup() {
         1
     );
 }
+
+/// Rule 22, the library's side: a retry refused for credentials after an
+/// attempt that may have been applied is an unknown outcome, never "not
+/// executed". The leader applies alice's increment and its reply is lost
+/// (the `drop-first-execute-reply` fault); the retry goes to a follower
+/// whose token file no longer has alice's token (the documented rotation:
+/// edit the file, SIGHUP the node) and answers UNAUTHENTICATED. The call
+/// must say its outcome is unknown — the leader's applied state shows the
+/// increment executed — where a definite `Unauthenticated` would lead the
+/// application to fix its credentials and run the increment again.
+#[cfg(feature = "fault-injection")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_refused_for_credentials_is_an_unknown_outcome() {
+    use oncekv_client::Error;
+    use oncekv_core::Value;
+
+    let cluster =
+        Cluster::start_secure("auth-retry", &["--fault", "drop-first-execute-reply"]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let followers: Vec<u64> = NODES.into_iter().filter(|&node| node != leader).collect();
+    let stripped = followers[0];
+    // The leader first: the first attempt goes there; after it times out
+    // (no hint), the next goes to the next endpoint, the stripped follower.
+    let endpoints: Vec<String> = [leader, stripped, followers[1]]
+        .iter()
+        .map(|&node| cluster.client_addr(node))
+        .collect();
+    let client = Client::with_config(
+        endpoints,
+        ClientConfig {
+            call_timeout: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(2),
+            // No background keep-alive: the increment is alone on the wire.
+            keep_alive_fraction: 1_000.0,
+            credentials: cluster.credentials("alice", false),
+            ..ClientConfig::default()
+        },
+    );
+    client
+        .client_id()
+        .await
+        .expect("alice registers on the leader");
+
+    // Alice's token leaves the file; only the stripped follower reloads it.
+    let pki = cluster.pki().to_path_buf();
+    let tokens = pki.join("tokens");
+    let alice_token = std::fs::read_to_string(pki.join("alice.token")).unwrap();
+    let kept: String = std::fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .filter(|line| !line.starts_with(alice_token.trim()))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let staged = pki.join("tokens.new");
+    std::fs::write(&staged, kept).unwrap();
+    std::fs::rename(&staged, &tokens).unwrap();
+    let before = log_count(&cluster, stripped, "reloaded the token file");
+    cluster.hangup(stripped);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while log_count(&cluster, stripped, "reloaded the token file") <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {stripped} did not reload its token file"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let alice = cluster.credentials("alice", false);
+    assert!(!authenticated(&cluster, stripped, &alice).await);
+    assert!(authenticated(&cluster, leader, &alice).await);
+
+    let error = client
+        .increment(b"paid", 1)
+        .await
+        .expect_err("the leader's reply is dropped");
+    assert!(
+        matches!(&error, Error::OutcomeUnknown { seq: 1, reason, .. } if reason.contains("unauthenticated")),
+        "a refusal after an attempt that may have been applied is unknown, got {error:?}"
+    );
+
+    // It did execute: the leader's applied state has it (a local read, no
+    // leadership needed; the leader did not change).
+    assert_eq!(
+        cluster.leader().await,
+        Some(leader),
+        "the scenario needs one leader"
+    );
+    let local = admin_of(
+        &cluster.credentials("root", false),
+        &cluster.client_addr(leader),
+    )
+    .local_read(proto::LocalReadRequest {
+        key: b"paid".to_vec(),
+    })
+    .await
+    .expect("a local read")
+    .into_inner();
+    let value = local
+        .value
+        .map(|value| oncekv_wire::convert::value_from_proto(value).unwrap());
+    assert_eq!(value, Some(Value::Int(1)), "the increment was applied once");
+}

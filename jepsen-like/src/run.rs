@@ -1140,6 +1140,7 @@ mod tests {
             idempotency_keys_max: 10,
             idempotency_key_bytes_max: 11,
             idempotency_cached_bytes_max: 12,
+            ..oncekv_wire::proto::RegistryConfig::default()
         };
         let patch = restoring_patch(original).unwrap();
         assert_eq!(
@@ -1157,6 +1158,7 @@ mod tests {
                 idempotency_keys_max: Some(10),
                 idempotency_key_bytes_max: Some(11),
                 idempotency_cached_bytes_max: Some(12),
+                ..oncekv_wire::proto::RegistryConfigPatch::default()
             }
         );
     }

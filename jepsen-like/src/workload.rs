@@ -553,6 +553,7 @@ pub fn completion(
                 // Sent, and not answered in time: it may have been applied.
                 Error::OutcomeUnknown { .. }
                 | Error::KeyOutcomeUnknown { .. }
+                | Error::PlainOutcomeUnknown { .. }
                 | Error::ResourceExhausted(_) => EventType::Info,
                 // Nothing was executed.
                 Error::Unavailable(_)

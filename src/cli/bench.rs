@@ -150,7 +150,9 @@ pub async fn run_once(
                     match result {
                         Ok(_) => latencies
                             .push(sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32),
-                        Err(Error::OutcomeUnknown { .. }) => unknown += 1,
+                        Err(Error::OutcomeUnknown { .. } | Error::PlainOutcomeUnknown { .. }) => {
+                            unknown += 1
+                        }
                         Err(_) => errors += 1,
                     }
                 }

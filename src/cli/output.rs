@@ -52,11 +52,15 @@
 //! - 2: usage error (clap's, or a VALUE that is not an i64 with `--int`);
 //!   reported on stderr only, even with `--json`.
 //! - 3: outcome unknown ([`Error::OutcomeUnknown`]): the command may or may
-//!   not have taken effect. When `fenced` is true the raised floor is
+//!   not have taken effect — not answered in time, or a retry refused for
+//!   good after an attempt that may have been applied (rule 22: an
+//!   `unauthenticated` retry after a lost reply is no proof that nothing
+//!   ran). When `fenced` is true the raised floor is
 //!   committed, so no late copy can execute; either way the session is then
 //!   closed (best effort), which also stops late copies. With
 //!   `--idempotency-key` ([`Error::KeyOutcomeUnknown`]): running the same
-//!   command with the same key again learns the outcome.
+//!   command with the same key again learns the outcome. An at-least-once
+//!   call ([`Error::PlainOutcomeUnknown`]) may even apply later.
 //! - 4: key conflict ([`Error::KeyConflict`], kind `key_conflict`): the
 //!   `--idempotency-key` was used before (by this principal, within its TTL)
 //!   with another command. Nothing executed, like exit 1, but final in a
@@ -282,6 +286,9 @@ impl Failure {
             Error::KeyOutcomeUnknown { .. } => failure.unknown().hint(
                 "run the same command with the same idempotency key again to learn its outcome",
             ),
+            Error::PlainOutcomeUnknown { .. } => failure.unknown().hint(format!(
+                "read the key (`oncekv get {key}`) before running the command again"
+            )),
             Error::KeyConflict { .. } => Failure {
                 exit: EXIT_KEY_CONFLICT,
                 ..failure

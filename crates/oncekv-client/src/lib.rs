@@ -6,9 +6,14 @@
 //! hints, with exponential backoff and full jitter — until the call's
 //! deadline. At the deadline the outcome is unknown: the call says so and
 //! the seq is fenced (the floor moves past it), so a late copy can never
-//! execute. A session the cluster no longer knows is never silently
-//! replaced under in-flight calls: they report an unknown outcome, and only
-//! new calls get a new session. A request that can never succeed — an empty
+//! execute — and so is a retry refused for good after an attempt that may
+//! have been applied, unless the refusal proves nothing ran (rule 22: see
+//! [`Error`]). The floor never runs more than a window ahead of the last
+//! one the cluster confirmed ([`seqs`]), so no outage leaves a session the
+//! cluster refuses. A session the cluster no longer knows, or refuses for
+//! good, is never silently replaced under in-flight calls: they report an
+//! unknown outcome, and only new calls (and a call refused before anything
+//! of it can have run) get a new session. A request that can never succeed — an empty
 //! key, or one that breaks a request limit the cluster told the session
 //! (key, value or list too large) — is refused before it is sent, with a
 //! definite, typed error; the cluster refuses it the same way, finally, if
@@ -25,7 +30,7 @@
 //! client of the operators' `Admin` service on it; [`credentials`] what a
 //! caller shows a node. The crate speaks only the wire (`oncekv-wire`):
 //! it must not depend on the server (no Raft, no storage), and must never
-//! re-send a request under a new session (rule 9).
+//! re-send under a new session a request that may have run (rule 9).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), oncekv_client::Error> {
@@ -48,7 +53,7 @@ pub use oncekv_core::ClaimAnswer;
 use oncekv_core::{Command, CommandResult, Limit, LimitExceeded, RequestLimits, Value};
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, Reason, client_client::ClientClient};
-use oncekv_wire::status::error_detail;
+use oncekv_wire::status::{error_detail, refuses_floor_bound};
 use policy::{CallError, Follower, Verdict};
 use retry::Backoff;
 use seqs::Seqs;
@@ -60,13 +65,29 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-/// Why a call failed. `OutcomeUnknown` is the only one after which the
-/// command may or may not have taken effect; every other error means it
-/// did not.
+/// Why a call failed. The unknown outcomes — [`Error::OutcomeUnknown`],
+/// [`Error::KeyOutcomeUnknown`] and [`Error::PlainOutcomeUnknown`] — are the
+/// only ones after which the command may or may not have taken effect;
+/// every other error means it did not.
+///
+/// Rule 22: once an attempt may have reached a leader that applies it (it
+/// timed out, its connection broke, a node said it could not answer in
+/// time or was no longer the leader), a later refusal for good of a retry
+/// says nothing about that earlier attempt, so it is reported as unknown —
+/// `UNAUTHENTICATED` from a node whose token file changed, `PERMISSION_DENIED`,
+/// `SESSION_EXPIRED`, `INVALID_ARGUMENT`, `WRONG_CLUSTER`,
+/// `RESPONSE_DISCARDED` alike — with the refusal in its reason. Only
+/// refusals that prove nothing ran for the request stay definite: a
+/// `LIMIT_EXCEEDED` or `SEQ_CONFLICT` for the seq (the seq's own cached
+/// answer: had an attempt executed, every retry would get its result), and
+/// for a key `KEY_CONFLICT` or a command's `LIMIT_EXCEEDED` (the key's
+/// record; see [`Client::execute_with_key`] for the one caveat).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// The deadline passed (or the session vanished) while the request's
-    /// fate was open. The seq has been fenced: it will never execute later.
+    /// The deadline passed, the session vanished, or a retry was refused
+    /// for good after an earlier attempt that may have been applied, while
+    /// the request's fate was open. The library fences the seq (see
+    /// `fenced`) so that it never executes later.
     #[error("outcome unknown for seq {seq}: {reason}")]
     OutcomeUnknown {
         seq: u64,
@@ -144,16 +165,26 @@ pub enum Error {
     /// call; claim again after `retry_after_ms`.
     #[error("another holder's claim is in progress; retry after {retry_after_ms} ms")]
     ClaimInProgress { retry_after_ms: u64 },
+    /// `execute_plain` (at-least-once, no session, no key): an attempt was
+    /// sent that may have been applied — and may still be — but no answer
+    /// came before the deadline, or a retry was refused for good. Nothing
+    /// can fence it or learn its outcome but reading the data.
+    #[error(
+        "outcome unknown (at-least-once, no session): {reason}; it may have taken effect, and may still"
+    )]
+    PlainOutcomeUnknown { reason: String },
 }
 
 impl Error {
     /// The error's stable name: the names the CLI's `--json` output gives
     /// in its `kind` field (scripts match on them, so they never change).
-    /// Both unknown outcomes, a session's and a key's, are
+    /// Every unknown outcome, a session's, a key's or a plain call's, is
     /// `outcome_unknown`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Error::OutcomeUnknown { .. } | Error::KeyOutcomeUnknown { .. } => "outcome_unknown",
+            Error::OutcomeUnknown { .. }
+            | Error::KeyOutcomeUnknown { .. }
+            | Error::PlainOutcomeUnknown { .. } => "outcome_unknown",
             Error::Unavailable(_) => "unavailable",
             Error::SessionExpired => "session_expired",
             Error::WrongCluster { .. } => "wrong_cluster",
@@ -346,10 +377,16 @@ struct Session {
     /// The request limits as last heard from the cluster (at register, then
     /// at every keep-alive); `None` from a server that does not send them.
     limits: Mutex<Option<RequestLimits>>,
-    /// Signalled whenever a seq finishes (the window may have opened).
+    /// Signalled whenever a seq finishes or the cluster confirms a floor
+    /// (the window may have opened).
     finished: Notify,
+    /// The session is expired, or unusable (its floor refused as beyond
+    /// the bound): no new call uses it.
     expired: std::sync::atomic::AtomicBool,
-    last_sent: Mutex<Instant>,
+    /// When the cluster last refreshed the session's activity: an answered
+    /// execute or an accepted keep-alive (a refused request refreshes
+    /// nothing), so keep-alives are paced by what the cluster counts.
+    last_refreshed: Mutex<Instant>,
 }
 
 /// How one attempt ended.
@@ -363,12 +400,105 @@ enum Attempt<T> {
     Final(tonic::Status),
 }
 
-/// What a refusal for good of attempt number `attempt` of `seq` means to
-/// the caller. A refusal without a registry reason (a transport or server
-/// fault) may have followed an attempt that reached the log: unknown. So
-/// may a session expiry after an earlier attempt; an expiry marks the
-/// session expired either way.
-fn final_execute_error(session: &Session, status: &tonic::Status, seq: u64, attempt: u32) -> Error {
+/// Why [`Client::execute_seq`] ended without a result.
+enum SeqError {
+    /// The call's error.
+    Call(Error),
+    /// The session is unusable (its floor refused as beyond the bound) and
+    /// nothing of this request can have run: the refusal.
+    Unusable(String),
+}
+
+impl From<SeqError> for Error {
+    fn from(error: SeqError) -> Error {
+        match error {
+            SeqError::Call(error) => error,
+            // Nothing ran: a definite refusal.
+            SeqError::Unusable(refusal) => Error::InvalidArgument(refusal),
+        }
+    }
+}
+
+/// How a call retried with the same request ([`Client::send_retried`])
+/// ended, and whether any attempt may have reached a leader that applies
+/// it ([`may_have_reached`]).
+enum Sent<T> {
+    Answered(T),
+    /// The last attempt was refused for good; `reached` is about the
+    /// attempts before it.
+    Refused {
+        status: tonic::Status,
+        reached: bool,
+    },
+    /// The deadline passed while every attempt failed for that attempt only.
+    GaveUp {
+        failures: Failures,
+        last: tonic::Status,
+        reached: bool,
+    },
+    /// The next attempt could not be made (no endpoint, a malformed one).
+    Unsendable {
+        error: Error,
+        reached: bool,
+    },
+}
+
+/// Whether a failed attempt may have reached a leader that applies it, now
+/// or later (rule 22). Only two failures prove it did not: a refusal the
+/// registry made when that attempt's entry applied (`TOO_MANY_OUTSTANDING`,
+/// `RESOURCE_EXHAUSTED`: the entry is spent, nothing executed), and a
+/// connection refused (nothing was sent). Everything else may have: a
+/// timeout or a broken connection; `UNAVAILABLE` (a proposal that ended
+/// without an answer, an entry still to commit); even `NOT_LEADER`, which
+/// a node also answers after appending the entry, when a leader change
+/// drops or purges it (openraft's `LogEntryDiscarded`). Stricter than
+/// [`policy::may_have_applied`], which judges idempotent and admin calls.
+fn may_have_reached(status: &tonic::Status) -> bool {
+    match error_detail(status).map(|detail| detail.reason()) {
+        Some(Reason::TooManyOutstanding | Reason::ResourceExhausted) => false,
+        Some(_) => true,
+        None => !connection_refused(status),
+    }
+}
+
+/// Whether `status` reports a connection the peer refused (nothing sent):
+/// an `io::Error` of kind `ConnectionRefused` somewhere in its sources.
+fn connection_refused(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    // A chain is a few errors deep; the bound only guards against a cycle.
+    for _ in 0..16 {
+        let Some(error) = source else {
+            return false;
+        };
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// The reason of an unknown outcome whose last attempt was refused for
+/// good (`refusal`) after an earlier one that may have been applied.
+fn refused_after_send(refusal: &dyn std::fmt::Display) -> String {
+    format!("a retry was refused ({refusal}) after an earlier attempt that may have been applied")
+}
+
+/// What a refusal for good of `seq` means to the caller, given whether an
+/// earlier attempt may have reached a leader (`reached`, rule 22). A
+/// refusal without a registry reason (a transport or server fault) may
+/// itself have followed the log: unknown. With `reached`, every refusal is
+/// unknown but the two that prove nothing ran for the seq — its cached
+/// `LIMIT_EXCEEDED` and `SEQ_CONFLICT`. An expiry, or a floor refused as
+/// beyond the bound, makes the session unusable either way.
+fn final_execute_error(
+    session: &Session,
+    status: &tonic::Status,
+    seq: u64,
+    reached: bool,
+) -> Error {
     let Some(error) = Error::from_reason(status, seq) else {
         return Error::OutcomeUnknown {
             seq,
@@ -376,20 +506,45 @@ fn final_execute_error(session: &Session, status: &tonic::Status, seq: u64, atte
             fenced: false,
         };
     };
-    if error != Error::SessionExpired {
-        return error;
+    if error == Error::SessionExpired || refuses_floor_bound(status) {
+        session.unusable();
     }
-    session
-        .expired
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    if attempt == 0 {
-        Error::SessionExpired
-    } else {
-        Error::OutcomeUnknown {
+    match error {
+        Error::LimitExceeded { .. } | Error::SeqConflict { .. } => error,
+        error if !reached => error,
+        error => Error::OutcomeUnknown {
             seq,
-            reason: "session expired".into(),
+            reason: refused_after_send(&error),
             fenced: false,
-        }
+        },
+    }
+}
+
+/// What a refusal for good of an `execute_with_key` call means, given
+/// whether an earlier attempt may have reached a leader (`reached`). With
+/// it, every refusal is unknown but those that prove this command did not
+/// run with this key: `KEY_CONFLICT` (the key's record holds another
+/// command; had an attempt of this one executed, its record would answer
+/// every retry as a duplicate) and a command's `LIMIT_EXCEEDED` (the key's
+/// recorded answer). A key longer than `idempotency_key_bytes_max` is
+/// judged before the record is looked up, so after a send it proves
+/// nothing (the limit may have been lowered since an attempt executed).
+fn final_keyed_error(status: &tonic::Status, key: &str, reached: bool) -> Error {
+    let unknown = |reason: String| Error::KeyOutcomeUnknown {
+        key: key.to_string(),
+        reason,
+    };
+    let Some(error) = Error::from_reason(status, 0) else {
+        // Refused below the registry: this attempt may have reached the log.
+        return unknown(format!("{:?}: {}", status.code(), status.message()));
+    };
+    match error {
+        Error::KeyConflict { .. } => Error::KeyConflict {
+            key: key.to_string(),
+        },
+        Error::LimitExceeded { limit, .. } if limit != Limit::IdempotencyKeyBytes => error,
+        error if !reached => error,
+        error => unknown(refused_after_send(&error)),
     }
 }
 
@@ -613,37 +768,113 @@ impl Client {
 
     /// Executes `command` exactly once (or reports that its outcome is
     /// unknown), retrying the same request until the call's deadline.
+    ///
+    /// A session the cluster refuses as unusable (its floor beyond what it
+    /// may fence, `FloorBeyondBound`) is dropped; when nothing of this
+    /// request can have run — that refusal came before any attempt that may
+    /// have reached a leader — the command is sent once more, as a new
+    /// request of a new session. A request whose outcome is unknown is never
+    /// re-sent under a new session (rule 9).
     pub async fn execute(&self, command: Command) -> Result<CommandResult, Error> {
         check_key(command.key())?;
         let deadline = Instant::now() + self.inner.config.call_timeout;
-        let session = self.session(deadline).await?;
-        self.check_request_limits(&session, &command).await?;
-        let seq = session.begin(deadline).await?;
-        let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
-        let result = self
-            .execute_seq(&session, seq, &command, deadline)
-            .instrument(span)
-            .await;
-        let floor_moved = session.finish(seq);
-        let result = match result {
-            Err(Error::OutcomeUnknown { seq, reason, .. }) => {
-                // Fence: commit the raised floor before reporting, so a
-                // late copy of this request can never execute.
-                let fenced = floor_moved
-                    && !session.expired.load(std::sync::atomic::Ordering::SeqCst)
-                    && self.keep_alive(&session).await;
-                Err(Error::OutcomeUnknown {
-                    seq,
-                    reason,
-                    fenced,
-                })
+        let mut sessions_tried = 0;
+        loop {
+            let session = self.session(deadline).await?;
+            sessions_tried += 1;
+            self.check_request_limits(&session, &command).await?;
+            let seq = self.take_seq(&session, deadline).await?;
+            let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
+            let result = self
+                .execute_seq(&session, seq, &command, deadline)
+                .instrument(span)
+                .await;
+            session.finish(seq);
+            let result = match result {
+                Err(SeqError::Call(Error::OutcomeUnknown { seq, reason, .. })) => {
+                    // Fence: commit the raised floor before reporting, so a
+                    // late copy of this request can never execute.
+                    let fenced = !session.is_expired() && self.fence(&session, seq).await;
+                    Some(Err(Error::OutcomeUnknown {
+                        seq,
+                        reason,
+                        fenced,
+                    }))
+                }
+                Err(SeqError::Unusable(refusal)) if sessions_tried < 2 => {
+                    tracing::info!(
+                        client_id = session.client_id,
+                        %refusal,
+                        "the session is unusable; registering a new one"
+                    );
+                    None
+                }
+                other => Some(other.map_err(Error::from)),
+            };
+            if session.is_expired() {
+                self.drop_session(&session).await;
             }
-            other => other,
-        };
-        if session.expired.load(std::sync::atomic::Ordering::SeqCst) {
-            self.drop_session(&session).await;
+            if let Some(result) = result {
+                return result;
+            }
         }
-        result
+    }
+
+    /// Takes the next seq of `session` once the window has room (until
+    /// `deadline`). Room held by requests given up but not yet fenced — the
+    /// floor may move at most a window past the last one the cluster
+    /// confirmed — is freed by fencing them: a keep-alive the cluster
+    /// acknowledges.
+    async fn take_seq(&self, session: &Arc<Session>, deadline: Instant) -> Result<u64, Error> {
+        loop {
+            let notified = session.finished.notified();
+            if let Some(seq) = session.try_begin() {
+                return Ok(seq);
+            }
+            let mut until = deadline;
+            if session.fence_pending() {
+                let fence_deadline =
+                    deadline.min(Instant::now() + self.inner.config.attempt_timeout);
+                if self.keep_alive(session, fence_deadline).await.is_some() {
+                    continue;
+                }
+                // Not acknowledged: try again after a pause, or sooner if
+                // a call of this session finishes.
+                until = deadline.min(Instant::now() + self.inner.config.backoff.cap);
+            }
+            let _ = tokio::time::timeout_at(until, notified).await;
+            if Instant::now() >= deadline {
+                return Err(Error::Unavailable(if session.fence_pending() {
+                    "the session's window stayed full: requests given up earlier wait for a \
+                     fence the cluster did not acknowledge"
+                        .into()
+                } else {
+                    "the session's window stayed full".into()
+                }));
+            }
+        }
+    }
+
+    /// Fences `seq`, given up: commits, with keep-alives, a floor past it.
+    /// True once the cluster acknowledged one. False when an earlier seq
+    /// still in flight holds the floor (the next request carries it) or
+    /// the cluster did not answer. The floor sent moves at most a window
+    /// past the confirmed one per acknowledgement, and a seq is taken less
+    /// than two windows past it, so two keep-alives always suffice; each
+    /// has one attempt timeout.
+    async fn fence(&self, session: &Arc<Session>, seq: u64) -> bool {
+        for _ in 0..3 {
+            if session.first_outstanding() <= seq && !session.fence_pending() {
+                return false;
+            }
+            let deadline = Instant::now() + self.inner.config.attempt_timeout;
+            match self.keep_alive(session, deadline).await {
+                Some(floor) if floor > seq => return true,
+                Some(_) => {}
+                None => return false,
+            }
+        }
+        false
     }
 
     /// Refuses, before a seq is taken or anything is sent, a command that
@@ -660,7 +891,8 @@ impl Client {
         let Some(limits) = session.limits() else {
             return Ok(());
         };
-        if limits.check(command).is_ok() || !self.keep_alive(session).await {
+        let deadline = Instant::now() + self.inner.config.attempt_timeout;
+        if limits.check(command).is_ok() || self.keep_alive(session, deadline).await.is_none() {
             return Ok(());
         }
         match session.limits() {
@@ -675,10 +907,13 @@ impl Client {
         seq: u64,
         command: &Command,
         deadline: Instant,
-    ) -> Result<CommandResult, Error> {
+    ) -> Result<CommandResult, SeqError> {
         let proto_command = convert::command_to_proto(command);
         let mut attempt: u32 = 0;
         let mut failures = Failures::default();
+        // Whether an attempt so far may have reached a leader that applies
+        // it (rule 22): from then on only proof says "not executed".
+        let mut reached = false;
         loop {
             let request = proto::ExecuteRequest {
                 cluster_id: session.cluster_id.clone(),
@@ -687,31 +922,62 @@ impl Client {
                 first_outstanding_seq: session.first_outstanding(),
                 command: Some(proto_command.clone()),
             };
-            match self
+            let floor_sent = request.first_outstanding_seq;
+            let answer = match self
                 .execute_attempt(session, request, attempt, deadline)
-                .await?
+                .await
             {
+                Ok(answer) => answer,
+                Err(error) if !reached => return Err(SeqError::Call(error)),
+                Err(error) => {
+                    return Err(SeqError::Call(Error::OutcomeUnknown {
+                        seq,
+                        reason: format!("{error} (after an attempt that may have been applied)"),
+                        fenced: false,
+                    }));
+                }
+            };
+            match answer {
                 Attempt::Done(reply) => {
+                    // Applied: the session's floor is at least the one sent
+                    // and the seq's answer is cached (the bound is past both).
+                    session.confirm(floor_sent.max(seq.saturating_add(1)));
+                    session.refreshed();
                     // Executed, but the answer is unreadable: unknown to us.
                     return convert::result_from_proto(reply.into_inner().result).map_err(
-                        |error| Error::OutcomeUnknown {
-                            seq,
-                            reason: format!("undecodable reply: {error}"),
-                            fenced: false,
+                        |error| {
+                            SeqError::Call(Error::OutcomeUnknown {
+                                seq,
+                                reason: format!("undecodable reply: {error}"),
+                                fenced: false,
+                            })
                         },
                     );
                 }
                 Attempt::Final(status) => {
-                    return Err(final_execute_error(session, &status, seq, attempt));
+                    if error_detail(&status)
+                        .is_some_and(|detail| detail.reason() == Reason::LimitExceeded)
+                    {
+                        // The refusal is the seq's cached answer.
+                        session.confirm(floor_sent.max(seq.saturating_add(1)));
+                    }
+                    if refuses_floor_bound(&status) && !reached {
+                        session.unusable();
+                        return Err(SeqError::Unusable(status.message().to_string()));
+                    }
+                    return Err(SeqError::Call(final_execute_error(
+                        session, &status, seq, reached,
+                    )));
                 }
                 Attempt::Retry { status, hint } => {
                     failures.note(&status);
+                    reached |= may_have_reached(&status);
                     if Instant::now() >= deadline {
-                        return Err(Error::OutcomeUnknown {
+                        return Err(SeqError::Call(Error::OutcomeUnknown {
                             seq,
                             reason: failures.reason(),
                             fenced: false,
-                        });
+                        }));
                     }
                     self.inner
                         .follower
@@ -735,7 +1001,6 @@ impl Client {
         deadline: Instant,
     ) -> Result<Attempt<tonic::Response<proto::ExecuteReply>>, Error> {
         let seq = request.seq;
-        session.sent();
         let target = self.leader_endpoint()?;
         let mut client = self.channel(&target)?;
         let mut call = tonic::Request::new(request);
@@ -772,6 +1037,12 @@ impl Client {
     /// Executes `command` with no session: AT-LEAST-ONCE. Retried on "this
     /// attempt" failures like any call, so a retry after a lost reply may
     /// apply it twice. A baseline for measuring what exactly-once costs.
+    ///
+    /// Once an attempt may have reached a leader that applies it, a call
+    /// that ends without an answer — its deadline, or a retry refused for
+    /// good — is [`Error::PlainOutcomeUnknown`]: it may have taken effect
+    /// (and may still). [`Error::Unavailable`] and the other errors mean
+    /// nothing was applied.
     pub async fn execute_plain(&self, command: Command) -> Result<CommandResult, Error> {
         check_key(command.key())?;
         let deadline = self.deadline();
@@ -779,15 +1050,94 @@ impl Client {
             cluster_id: self.cluster_id(deadline).await?,
             command: Some(convert::command_to_proto(&command)),
         };
-        let reply = self
-            .on_leader(deadline, |mut client| {
-                let request = request.clone();
-                async move { client.execute_plain(request).await.map(|r| r.into_inner()) }
+        let unknown = |reason: String| Error::PlainOutcomeUnknown { reason };
+        let sent = self
+            .send_retried(deadline, |mut client, call_timeout| {
+                let mut call = tonic::Request::new(request.clone());
+                call.set_timeout(call_timeout);
+                async move { client.execute_plain(call).await }
             })
-            .await
-            .map_err(give_up)?;
-        convert::result_from_proto(reply.result)
-            .map_err(|error| Error::InvalidArgument(error.to_string()))
+            .await;
+        match sent {
+            Sent::Answered(reply) => convert::result_from_proto(reply.into_inner().result)
+                // Applied, but the answer is unreadable.
+                .map_err(|error| unknown(format!("undecodable reply: {error}"))),
+            Sent::Refused { status, reached } => Err(match Error::from_reason(&status, 0) {
+                // Refused below the registry: this attempt may have been applied.
+                None => unknown(format!("{:?}: {}", status.code(), status.message())),
+                Some(error) if !reached => error,
+                // Not even a limit the request breaks proves anything: an
+                // earlier copy may have grown the list it refuses to grow.
+                Some(error) => unknown(refused_after_send(&error)),
+            }),
+            Sent::GaveUp {
+                failures,
+                last,
+                reached,
+            } => Err(if reached {
+                unknown(failures.reason())
+            } else {
+                give_up(CallError::GaveUp {
+                    status: last,
+                    maybe_applied: false,
+                })
+            }),
+            Sent::Unsendable { error, reached } => Err(if reached {
+                unknown(format!(
+                    "{error} (after an attempt that may have been applied)"
+                ))
+            } else {
+                error
+            }),
+        }
+    }
+
+    /// Sends one request (`call`, given a client of the target and the
+    /// attempt's timeout) to the leader as we know it until it is answered,
+    /// refused for good or `deadline` passes — following hints and backing
+    /// off like every call — and says how it ended and whether an attempt
+    /// may have reached a leader that applies it.
+    async fn send_retried<T, F, Fut>(&self, deadline: Instant, call: F) -> Sent<T>
+    where
+        F: Fn(ClientClient<AuthChannel>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut attempt: u32 = 0;
+        let mut failures = Failures::default();
+        let mut reached = false;
+        loop {
+            let client = self
+                .leader_endpoint()
+                .and_then(|target| self.channel(&target));
+            let client = match client {
+                Ok(client) => client,
+                Err(error) => return Sent::Unsendable { error, reached },
+            };
+            let timeout = self.attempt_timeout(deadline);
+            let result = tokio::time::timeout(timeout, call(client, timeout))
+                .await
+                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
+            match classify(result) {
+                Attempt::Done(reply) => return Sent::Answered(reply),
+                Attempt::Final(status) => return Sent::Refused { status, reached },
+                Attempt::Retry { status, hint } => {
+                    failures.note(&status);
+                    reached |= may_have_reached(&status);
+                    if Instant::now() >= deadline {
+                        return Sent::GaveUp {
+                            failures,
+                            last: status,
+                            reached,
+                        };
+                    }
+                    self.inner
+                        .follower
+                        .follow(hint.as_deref(), attempt, deadline)
+                        .await;
+                }
+            }
+            attempt += 1;
+        }
     }
 
     /// Executes `command` exactly once per idempotency `key` (rule 18),
@@ -836,52 +1186,35 @@ impl Client {
             key: key.to_string(),
             reason,
         };
-        let mut attempt: u32 = 0;
-        let mut failures = Failures::default();
-        loop {
-            let target = self.leader_endpoint()?;
-            let mut client = self.channel(&target)?;
-            let timeout = self.attempt_timeout(deadline);
-            let mut call = tonic::Request::new(request.clone());
-            call.set_timeout(timeout);
-            tracing::trace!(attempt, endpoint = %target, "keyed attempt");
-            let result = tokio::time::timeout(timeout, client.execute_keyed(call))
-                .await
-                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
-            match classify(result) {
-                Attempt::Done(reply) => {
-                    let reply = reply.into_inner();
-                    let result = convert::result_from_proto(reply.result)
-                        .map_err(|error| unknown(format!("undecodable reply: {error}")))?;
-                    return Ok(KeyedReply {
-                        result,
-                        duplicate: reply.duplicate,
-                        log_index: reply.log_index,
-                    });
-                }
-                Attempt::Final(status) => {
-                    return Err(match Error::from_reason(&status, 0) {
-                        // Refused below the registry: this attempt may have
-                        // reached the log.
-                        None => unknown(format!("{:?}: {}", status.code(), status.message())),
-                        Some(Error::KeyConflict { .. }) => Error::KeyConflict {
-                            key: key.to_string(),
-                        },
-                        Some(error) => error,
-                    });
-                }
-                Attempt::Retry { status, hint } => {
-                    failures.note(&status);
-                    if Instant::now() >= deadline {
-                        return Err(unknown(failures.reason()));
-                    }
-                    self.inner
-                        .follower
-                        .follow(hint.as_deref(), attempt, deadline)
-                        .await;
-                }
+        let sent = self
+            .send_retried(deadline, |mut client, call_timeout| {
+                let mut call = tonic::Request::new(request.clone());
+                call.set_timeout(call_timeout);
+                async move { client.execute_keyed(call).await }
+            })
+            .await;
+        match sent {
+            Sent::Answered(reply) => {
+                let reply = reply.into_inner();
+                let result = convert::result_from_proto(reply.result)
+                    .map_err(|error| unknown(format!("undecodable reply: {error}")))?;
+                Ok(KeyedReply {
+                    result,
+                    duplicate: reply.duplicate,
+                    log_index: reply.log_index,
+                })
             }
-            attempt += 1;
+            Sent::Refused { status, reached } => Err(final_keyed_error(&status, key, reached)),
+            // The fate of a keyed call that ran out of time can be learnt:
+            // unknown, whether or not an attempt may have been applied.
+            Sent::GaveUp { failures, .. } => Err(unknown(failures.reason())),
+            Sent::Unsendable { error, reached } => Err(if reached {
+                unknown(format!(
+                    "{error} (after an attempt that may have been applied)"
+                ))
+            } else {
+                error
+            }),
         }
     }
 
@@ -1038,7 +1371,7 @@ impl Client {
             ),
             finished: Notify::new(),
             expired: std::sync::atomic::AtomicBool::new(false),
-            last_sent: Mutex::new(Instant::now()),
+            last_refreshed: Mutex::new(Instant::now()),
         });
         self.spawn_keep_alive(Arc::downgrade(&session));
         *slot = Some(session.clone());
@@ -1055,8 +1388,10 @@ impl Client {
         }
     }
 
-    /// Sends keep-alives while the session is idle for a fraction of its
-    /// TTL; stops when the session is gone.
+    /// Sends keep-alives while the cluster has not refreshed the session
+    /// for a fraction of its TTL (no answered execute, no accepted
+    /// keep-alive: refused requests refresh nothing); after a keep-alive
+    /// that failed, waits that long again. Stops when the session is gone.
     fn spawn_keep_alive(&self, session: Weak<Session>) {
         let client = Arc::downgrade(&self.inner);
         let fraction = self.inner.config.keep_alive_fraction;
@@ -1069,7 +1404,7 @@ impl Client {
                     Duration::from_millis(live.ttl_ms.load(std::sync::atomic::Ordering::Relaxed));
                 let period = ttl.mul_f64(fraction).max(Duration::from_millis(10));
                 let idle = live
-                    .last_sent
+                    .last_refreshed
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .elapsed();
@@ -1081,19 +1416,25 @@ impl Client {
                 let (Some(inner), Some(live)) = (client.upgrade(), session.upgrade()) else {
                     return;
                 };
-                if live.expired.load(std::sync::atomic::Ordering::SeqCst) {
+                if live.is_expired() {
                     return;
                 }
-                Client { inner }.keep_alive(&live).await;
+                let client = Client { inner };
+                let deadline = Instant::now() + client.inner.config.attempt_timeout;
+                if client.keep_alive(&live, deadline).await.is_none() {
+                    drop((client, live));
+                    tokio::time::sleep(period).await;
+                }
             }
         });
     }
 
-    /// Sends a keep-alive carrying the current floor, within one attempt
-    /// timeout (so a fence adds at most that to a call); true once applied.
-    async fn keep_alive(&self, session: &Arc<Session>) -> bool {
-        let deadline = Instant::now() + self.inner.config.attempt_timeout;
-        session.sent();
+    /// Sends a keep-alive carrying the current floor, until `deadline`;
+    /// the floor the cluster acknowledged once applied (which confirms it:
+    /// [`Session::confirm`]). A keep-alive refused because the session
+    /// expired, or because its floor is beyond what the session may fence,
+    /// makes the session unusable.
+    async fn keep_alive(&self, session: &Arc<Session>, deadline: Instant) -> Option<u64> {
         let request = proto::KeepAliveRequest {
             cluster_id: session.cluster_id.clone(),
             client_id: session.client_id,
@@ -1117,17 +1458,19 @@ impl Client {
                     *session.limits.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(convert::request_limits_from_proto(limits));
                 }
-                true
+                session.refreshed();
+                session.confirm(reply.floor);
+                Some(reply.floor)
             }
             Err(error) => {
-                if error_detail(error.status())
-                    .is_some_and(|detail| detail.reason() == Reason::SessionExpired)
+                let status = error.status();
+                if refuses_floor_bound(status)
+                    || error_detail(status)
+                        .is_some_and(|detail| detail.reason() == Reason::SessionExpired)
                 {
-                    session
-                        .expired
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    session.unusable();
                 }
-                false
+                None
             }
         }
     }
@@ -1139,44 +1482,50 @@ impl Session {
     }
 
     fn first_outstanding(&self) -> u64 {
-        self.seqs
+        self.seqs().first_outstanding()
+    }
+
+    fn seqs(&self) -> std::sync::MutexGuard<'_, Seqs> {
+        self.seqs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cluster refreshed the session's activity just now.
+    fn refreshed(&self) {
+        *self
+            .last_refreshed
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .first_outstanding()
+            .unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
-    fn sent(&self) {
-        *self.last_sent.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    fn is_expired(&self) -> bool {
+        self.expired.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Waits (until `deadline`) for room in the window, then takes a seq.
-    async fn begin(&self, deadline: Instant) -> Result<u64, Error> {
-        loop {
-            let notified = self.finished.notified();
-            if let Some(seq) = self
-                .seqs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .try_begin()
-            {
-                return Ok(seq);
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(Error::Unavailable(
-                    "the session's window stayed full".into(),
-                ));
-            }
-        }
+    /// The session is gone or can never be used again: no new call uses it.
+    fn unusable(&self) {
+        self.expired
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn try_begin(&self) -> Option<u64> {
+        self.seqs().try_begin()
+    }
+
+    fn fence_pending(&self) -> bool {
+        self.seqs().fence_pending()
     }
 
     fn finish(&self, seq: u64) -> bool {
-        let moved = self
-            .seqs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .finish(seq);
+        let moved = self.seqs().finish(seq);
         self.finished.notify_waiters();
         moved
+    }
+
+    /// The cluster confirmed a floor of at least `floor` ([`Seqs::confirm`]).
+    fn confirm(&self, floor: u64) {
+        if self.seqs().confirm(floor) {
+            self.finished.notify_waiters();
+        }
     }
 }
 
@@ -1304,6 +1653,12 @@ mod tests {
             ),
             (Error::Fenced { current_fence: 3 }, "fenced"),
             (Error::ClaimInProgress { retry_after_ms: 5 }, "in_progress"),
+            (
+                Error::PlainOutcomeUnknown {
+                    reason: "deadline".into(),
+                },
+                "outcome_unknown",
+            ),
         ];
         // No wildcard: a new variant does not compile until it is numbered
         // here, and then the coverage check asks for its case above.
@@ -1323,10 +1678,11 @@ mod tests {
             Error::KeyOutcomeUnknown { .. } => 12,
             Error::Fenced { .. } => 13,
             Error::ClaimInProgress { .. } => 14,
+            Error::PlainOutcomeUnknown { .. } => 15,
         };
         let covered: std::collections::BTreeSet<usize> =
             cases.iter().map(|(error, _)| variant(error)).collect();
-        assert_eq!(covered, (0..15).collect(), "every variant has a case");
+        assert_eq!(covered, (0..16).collect(), "every variant has a case");
         for (error, kind) in &cases {
             assert_eq!(error.kind(), *kind, "{error:?}");
         }
@@ -1410,6 +1766,169 @@ mod tests {
             Error::from_reason(&tonic::Status::unavailable("tcp connect error"), 1),
             None
         );
+    }
+
+    fn session() -> Session {
+        Session {
+            client_id: 7,
+            cluster_id: Vec::new(),
+            ttl_ms: std::sync::atomic::AtomicU64::new(60_000),
+            seqs: Mutex::new(Seqs::new(4)),
+            limits: Mutex::new(None),
+            finished: Notify::new(),
+            expired: std::sync::atomic::AtomicBool::new(false),
+            last_refreshed: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Every final refusal a retry can meet, with what it proves.
+    fn final_refusals() -> Vec<ErrorReason> {
+        vec![
+            ErrorReason::SessionExpired,
+            ErrorReason::WrongCluster(oncekv_core::ClusterId(0xab)),
+            ErrorReason::SeqConflict,
+            ErrorReason::KeyConflict,
+            ErrorReason::ResponseDiscarded { floor: 9 },
+            ErrorReason::InvalidArgument("bad".into()),
+            ErrorReason::FloorBeyondBound {
+                first_outstanding_seq: 9,
+                bound_seq: 3,
+            },
+            ErrorReason::LimitExceeded(LimitExceeded {
+                limit: Limit::ValueBytes,
+                max: 4,
+                requested: 5,
+            }),
+            ErrorReason::LimitExceeded(LimitExceeded {
+                limit: Limit::IdempotencyKeyBytes,
+                max: 4,
+                requested: 5,
+            }),
+            ErrorReason::Unauthenticated("token unknown".into()),
+            ErrorReason::PermissionDenied("role".into()),
+        ]
+    }
+
+    /// Rule 22 for sessions: a final refusal before anything may have
+    /// reached a leader is the refusal itself; after, it is an unknown
+    /// outcome (naming the refusal) — UNAUTHENTICATED from a node whose
+    /// token file changed above all — except the two refusals that prove
+    /// nothing ran for the seq, its cached LIMIT_EXCEEDED and SEQ_CONFLICT.
+    /// A status without a reason is unknown either way; an expiry or a
+    /// floor beyond the bound makes the session unusable either way.
+    #[test]
+    fn a_refusal_after_a_send_is_an_unknown_outcome() {
+        for reason in final_refusals() {
+            let status = reason_status(reason.clone());
+            let definite = Error::from_reason(&status, 3).expect("a reason");
+            let fresh = session();
+            assert_eq!(
+                final_execute_error(&fresh, &status, 3, false),
+                definite,
+                "{reason:?} before a send"
+            );
+            let unusable = matches!(
+                reason,
+                ErrorReason::SessionExpired | ErrorReason::FloorBeyondBound { .. }
+            );
+            assert_eq!(fresh.is_expired(), unusable, "{reason:?}");
+            let after = final_execute_error(&session(), &status, 3, true);
+            let proof = matches!(
+                reason,
+                ErrorReason::SeqConflict | ErrorReason::LimitExceeded(_)
+            );
+            if proof {
+                assert_eq!(after, definite, "{reason:?} proves nothing ran");
+            } else {
+                let Error::OutcomeUnknown {
+                    seq,
+                    reason: why,
+                    fenced,
+                } = &after
+                else {
+                    panic!("{reason:?} after a send: {after:?}");
+                };
+                assert_eq!((*seq, *fenced), (3, false));
+                assert!(why.contains(&definite.to_string()), "{why}");
+            }
+        }
+        let internal = tonic::Status::internal("unexpected outcome");
+        assert!(matches!(
+            final_execute_error(&session(), &internal, 3, false),
+            Error::OutcomeUnknown { .. }
+        ));
+    }
+
+    /// Rule 22 for keys: after a send, KEY_CONFLICT and a command's
+    /// LIMIT_EXCEEDED (the key's own record) stay definite; a key too long
+    /// (judged before the record) and every other refusal are unknown.
+    #[test]
+    fn a_keyed_refusal_after_a_send_is_an_unknown_outcome() {
+        for reason in final_refusals() {
+            let status = reason_status(reason.clone());
+            let before = final_keyed_error(&status, "k1", false);
+            let after = final_keyed_error(&status, "k1", true);
+            if let ErrorReason::KeyConflict = reason {
+                let conflict = Error::KeyConflict { key: "k1".into() };
+                assert_eq!((&before, &after), (&conflict, &conflict));
+                continue;
+            }
+            assert_eq!(Some(before.clone()), Error::from_reason(&status, 0));
+            let proof = matches!(
+                &reason,
+                ErrorReason::LimitExceeded(exceeded) if exceeded.limit != Limit::IdempotencyKeyBytes
+            );
+            if proof {
+                assert_eq!(after, before, "{reason:?}");
+            } else {
+                assert!(
+                    matches!(&after, Error::KeyOutcomeUnknown { key, .. } if key == "k1"),
+                    "{reason:?} after a send: {after:?}"
+                );
+            }
+        }
+    }
+
+    /// Which failed attempts may have reached a leader that applies them:
+    /// all but a refusal made when the attempt's entry applied (the window,
+    /// a capacity limit) and a connection refused, nothing sent. NOT_LEADER
+    /// counts: a node answers it after appending too.
+    #[tokio::test]
+    async fn only_proof_says_an_attempt_did_not_reach_a_leader() {
+        for reached in [
+            reason_status(ErrorReason::NotLeader {
+                leader_id: None,
+                leader_client_addr: None,
+            }),
+            reason_status(ErrorReason::Unavailable("no quorum".into())),
+            reason_status(ErrorReason::Deadline),
+            tonic::Status::deadline_exceeded("attempt timed out"),
+            tonic::Status::cancelled("Timeout expired"),
+            tonic::Status::unavailable("connection reset"),
+        ] {
+            assert!(may_have_reached(&reached), "{reached:?}");
+        }
+        for spent in [
+            reason_status(ErrorReason::TooManyOutstanding {
+                floor: 1,
+                window: 2,
+            }),
+            reason_status(ErrorReason::ResourceExhausted(Limit::Keys)),
+        ] {
+            assert!(!may_have_reached(&spent), "{spent:?}");
+        }
+        // A real refused connection: a port bound, then closed.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let client = Client::connect([addr.to_string()]);
+        let mut grpc = client.channel(&addr.to_string()).unwrap();
+        let refused = grpc
+            .status(proto::StatusRequest {})
+            .await
+            .expect_err("nothing listens");
+        assert!(connection_refused(&refused), "{refused:?}");
+        assert!(!may_have_reached(&refused), "{refused:?}");
     }
 
     /// The reason of an unknown outcome is the most informative failure

@@ -90,10 +90,21 @@ pub fn not_leader(hint: String) -> tonic::Status {
     })
 }
 
+/// How many endpoints learnt from hints a [`Leader`] keeps beside the ones
+/// it was given: enough for the members a cluster adds while a caller runs,
+/// bounded so that a caller told many addresses (a cluster whose members
+/// come and go, a node announcing addresses it should not) does not grow
+/// without end. The oldest learnt one makes room.
+pub const LEARNT_ENDPOINTS_MAX: usize = 8;
+
 /// The endpoints a caller knows and the one it believes leads.
 #[derive(Clone, Debug)]
 pub struct Leader {
+    /// The endpoints given, then at most [`LEARNT_ENDPOINTS_MAX`] learnt
+    /// from hints, oldest first.
     endpoints: Vec<String>,
+    /// How many of `endpoints` were given (never evicted).
+    given: usize,
     /// Index into `endpoints` of the node believed to lead.
     leader: usize,
     /// Where the next try goes when no leader is known: it moves through
@@ -106,13 +117,15 @@ pub struct Leader {
 impl Leader {
     pub fn new(endpoints: Vec<String>) -> Leader {
         Leader {
+            given: endpoints.len(),
             endpoints,
             leader: 0,
             rotation: 0,
         }
     }
 
-    /// Every endpoint known: those given, then leaders named by hints.
+    /// Every endpoint known: those given, then the leaders named by the
+    /// latest hints (at most [`LEARNT_ENDPOINTS_MAX`], oldest first).
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
@@ -126,15 +139,19 @@ impl Leader {
     }
 
     /// After a retryable failure: points at the hinted leader (adding it if
-    /// unknown) and returns true when that is a new target worth trying at
-    /// once. Without a hint, moves on to the next endpoint and returns
-    /// false (back off first).
+    /// unknown, in place of the oldest learnt endpoint when
+    /// [`LEARNT_ENDPOINTS_MAX`] are known) and returns true when that is a
+    /// new target worth trying at once. Without a hint, moves on to the
+    /// next endpoint and returns false (back off first).
     pub fn follow(&mut self, hint: Option<&str>) -> bool {
         match hint {
             Some(hint) => {
                 let index = match self.endpoints.iter().position(|known| known == hint) {
                     Some(index) => index,
                     None => {
+                        if self.endpoints.len() - self.given >= LEARNT_ENDPOINTS_MAX {
+                            self.forget_oldest_learnt();
+                        }
                         self.endpoints.push(hint.to_string());
                         self.endpoints.len() - 1
                     }
@@ -149,6 +166,21 @@ impl Leader {
                 false
             }
         }
+    }
+
+    /// Removes the oldest endpoint learnt from a hint; the indexes after it
+    /// move down with their endpoints (one pointing at it moves on to the
+    /// next).
+    fn forget_oldest_learnt(&mut self) {
+        let oldest = self.given;
+        if oldest >= self.endpoints.len() {
+            return;
+        }
+        self.endpoints.remove(oldest);
+        let count = self.endpoints.len().max(1);
+        let shift = |index: usize| (if index > oldest { index - 1 } else { index }) % count;
+        self.leader = shift(self.leader);
+        self.rotation = shift(self.rotation);
     }
 }
 
@@ -366,6 +398,53 @@ mod tests {
             .collect();
         assert_eq!(rotated, ["b", "c", "d", "a", "b"]);
         assert_eq!(Leader::new(Vec::new()).target(), None);
+    }
+
+    /// Hints add the leaders they name, but at most LEARNT_ENDPOINTS_MAX of
+    /// them beside the endpoints given: the oldest learnt one makes room,
+    /// the given ones stay, the newest hint is the target, and rotation
+    /// keeps walking the endpoints kept.
+    #[test]
+    fn learnt_endpoints_are_bounded() {
+        let given = ["a".to_string(), "b".to_string(), "c".to_string()];
+        let mut leader = Leader::new(given.to_vec());
+        for number in 0..100 {
+            let hint = format!("learnt-{number}");
+            assert!(leader.follow(Some(&hint)));
+            assert_eq!(leader.target(), Some(hint.as_str()));
+            assert!(
+                leader.endpoints().len() <= given.len() + LEARNT_ENDPOINTS_MAX,
+                "{} endpoints after {} hints",
+                leader.endpoints().len(),
+                number + 1
+            );
+            if number % 7 == 0 {
+                // Rotate a little between hints: indexes stay in range.
+                for _ in 0..number % 5 {
+                    leader.follow(None);
+                    assert!(leader.target().is_some());
+                }
+            }
+        }
+        let kept: Vec<String> = (100 - LEARNT_ENDPOINTS_MAX..100)
+            .map(|number| format!("learnt-{number}"))
+            .collect();
+        let expected: Vec<String> = given.iter().cloned().chain(kept).collect();
+        assert_eq!(leader.endpoints(), expected.as_slice());
+        // A known hint is followed in place, adding nothing.
+        assert!(leader.follow(Some("b")));
+        assert_eq!(leader.endpoints().len(), given.len() + LEARNT_ENDPOINTS_MAX);
+        let visited: std::collections::BTreeSet<String> = (0..expected.len())
+            .map(|_| {
+                leader.follow(None);
+                leader.target().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(
+            visited.len(),
+            expected.len(),
+            "rotation visits every endpoint"
+        );
     }
 
     /// Only the leader's own `Status` passes; another node's sends the

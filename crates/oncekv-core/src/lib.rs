@@ -12,8 +12,7 @@
 //! 1. advance cluster time to the entry's stamp (never backwards) and expire
 //!    idle sessions; the cluster id must match (`WRONG_CLUSTER`);
 //! 2. unknown session → `SESSION_EXPIRED`; a session of another principal →
-//!    `PERMISSION_DENIED` (rule 19; final, the session untouched); a live
-//!    session's activity is refreshed by any request of its owner;
+//!    `PERMISSION_DENIED` (rule 19; final, the session untouched);
 //! 3. first outstanding seq > seq, or beyond one past the highest seq the
 //!    session has had applied (or its floor, if higher) plus the window
 //!    (rule 7: no input may brick a session) → `INVALID_ARGUMENT`, the
@@ -33,6 +32,15 @@
 //!    be cached — a refusal to cache included) → `RESOURCE_EXHAUSTED`, this
 //!    attempt only;
 //! 8. execute, cache the result with the command's fingerprint.
+//!
+//! A session's activity (what its expiry counts from) is refreshed only by
+//! a request that passed every check that can refuse it: one executed or
+//! answered from the cache (step 5, or a limit refusal cached at step 7),
+//! and a keep-alive whose floor was accepted. A refused request — an
+//! invalid or out-of-bound floor, a discarded or conflicting seq, a full
+//! window or a capacity limit — changes no activity, so a client that can
+//! only be refused (one whose floor the bound refuses forever, say) lets
+//! its session expire instead of keeping it alive.
 //!
 //! Order of checks for a keyed request (`ExecuteKeyed`, rule 18), identical
 //! on every replica:
@@ -578,14 +586,14 @@ impl Registry {
 
     /// Step 2: the live session of `client_id` if `principal` owns it
     /// (`SESSION_EXPIRED` if none, `PERMISSION_DENIED` if another principal
-    /// owns it: nothing about the session changes then), with its activity
-    /// refreshed.
-    fn touch(
+    /// owns it). Nothing about the session changes here: its activity is
+    /// refreshed by [`Registry::touch`], once the request has passed every
+    /// check that can refuse it.
+    fn owned_session(
         &mut self,
         client_id: ClientId,
         principal: &Principal,
     ) -> Result<&mut Session, Rejection> {
-        let now_ms = self.cluster_time_ms;
         let session = self
             .sessions
             .get_mut(&client_id)
@@ -593,13 +601,24 @@ impl Registry {
         if session.owner != *principal {
             return Err(Rejection::PermissionDenied);
         }
+        Ok(session)
+    }
+
+    /// Refreshes the activity of the live session `client_id`: called only
+    /// for a request that passed every check that can refuse it (executed,
+    /// answered from the cache, or a keep-alive whose floor was accepted),
+    /// so refused requests never keep a session alive.
+    fn touch(&mut self, client_id: ClientId) {
+        let now_ms = self.cluster_time_ms;
+        let Some(session) = self.sessions.get_mut(&client_id) else {
+            return;
+        };
         if session.last_active_ms != now_ms {
             let was_idle = self.idle.remove(&(session.last_active_ms, client_id));
             assert!(was_idle.is_some(), "a session missing from the idle index");
             self.idle.insert((now_ms, client_id));
             session.last_active_ms = now_ms;
         }
-        Ok(session)
     }
 
     fn bootstrap(
@@ -651,7 +670,8 @@ impl Registry {
             let reply = registration(client_id, true);
             // A nonce is secret to its client; another principal naming it
             // learns nothing and changes nothing.
-            self.touch(client_id, principal)?;
+            self.owned_session(client_id, principal)?;
+            self.touch(client_id);
             return Ok(Outcome::Registered(reply));
         }
         if self.sessions.len() as u64 >= self.config.sessions_max {
@@ -676,7 +696,7 @@ impl Registry {
     fn execute(&mut self, request: &Execute) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(request.cluster_id))?;
         let config = self.config;
-        let session = self.touch(request.client_id, &request.principal)?;
+        let session = self.owned_session(request.client_id, &request.principal)?;
         if request.first_outstanding_seq > request.seq {
             return Err(Rejection::InvalidArgument(InvalidArgument::FloorAboveSeq {
                 seq: request.seq,
@@ -705,11 +725,12 @@ impl Registry {
         if let Some(cached) = session.responses.get(&request.seq)
             && !skip_dedup
         {
-            return if cached.fingerprint == fingerprint {
-                Ok(answer(cached.result.clone(), true))
-            } else {
-                Err(Rejection::SeqConflict)
-            };
+            if cached.fingerprint != fingerprint {
+                return Err(Rejection::SeqConflict);
+            }
+            let response = cached.result.clone();
+            self.touch(request.client_id);
+            return Ok(answer(response, true));
         }
         if request.seq >= session.floor.saturating_add(config.window) {
             return Err(Rejection::TooManyOutstanding {
@@ -751,8 +772,9 @@ impl Registry {
         let session = self
             .sessions
             .get_mut(&request.client_id)
-            .expect("touched above");
+            .expect("found above");
         session.cache(request.seq, fingerprint, response.clone());
+        self.touch(request.client_id);
         if let Some(effect) = effect {
             self.kv.apply(request.command.key(), effect);
         }
@@ -788,10 +810,11 @@ impl Registry {
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
         let window = self.config.window;
-        let session = self.touch(client_id, principal)?;
+        let session = self.owned_session(client_id, principal)?;
         check_floor_bound(session, first_outstanding_seq, window)?;
         session.raise_floor(first_outstanding_seq);
         let floor = session.floor;
+        self.touch(client_id);
         Ok(Outcome::KeptAlive {
             floor,
             session_ttl_ms: self.config.session_ttl_ms,
@@ -1012,11 +1035,14 @@ fn answer(response: Result<CommandResult, LimitExceeded>, duplicate: bool) -> Ou
 /// the session has had applied (or to its floor, if higher), plus the
 /// window (rule 7), so that no single request — a keep-alive with
 /// `u64::MAX`, say — can put every later seq of the session below its
-/// floor. The "one past" and the floor are what a correct client can reach
-/// by fencing a whole window of requests that were never applied: it sent
-/// them below its own floor plus the window, and its floor is at most one
-/// past what it saw answered or had fenced before. A floor that does not
-/// rise is always accepted.
+/// floor. A correct client stays within it by never sending a floor more
+/// than a window past the last one the cluster confirmed to it (the client
+/// library's `Seqs`): however many of its requests end unknown while the
+/// cluster is out of reach, their fences wait until the cluster
+/// acknowledges the floors before them. A floor that does not rise is
+/// always accepted. A refusal here leaves the session untouched — floor,
+/// cache and activity — so a client that can only be refused lets its
+/// session expire.
 fn check_floor_bound(
     session: &Session,
     first_outstanding_seq: Seq,

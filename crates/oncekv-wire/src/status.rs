@@ -11,7 +11,7 @@
 
 use crate::convert::{ConvertError, parse_cluster_id};
 use crate::proto::{ErrorDetail, Reason};
-use oncekv_core::{ClusterId, Limit, LimitExceeded, Outcome, Rejection, Seq};
+use oncekv_core::{ClusterId, InvalidArgument, Limit, LimitExceeded, Outcome, Rejection, Seq};
 use prost::Message;
 use tonic::Code;
 
@@ -41,6 +41,13 @@ pub enum ErrorReason {
         floor: Seq,
     },
     InvalidArgument(String),
+    /// `INVALID_ARGUMENT` for a floor beyond what the session may fence
+    /// (rule 7), with the bound in `ErrorDetail.floor_bound`: the client
+    /// must stop using the session.
+    FloorBeyondBound {
+        first_outstanding_seq: Seq,
+        bound_seq: Seq,
+    },
     /// The request itself breaks a replicated limit: final.
     LimitExceeded(LimitExceeded),
     /// No credentials, or unknown ones: final.
@@ -66,6 +73,13 @@ impl From<Rejection> for ErrorReason {
             }
             Rejection::ResourceExhausted(limit) => ErrorReason::ResourceExhausted(limit),
             Rejection::LimitExceeded { exceeded, .. } => ErrorReason::LimitExceeded(exceeded),
+            Rejection::InvalidArgument(InvalidArgument::FloorBeyondBound {
+                first_outstanding_seq,
+                bound_seq,
+            }) => ErrorReason::FloorBeyondBound {
+                first_outstanding_seq,
+                bound_seq,
+            },
             Rejection::InvalidArgument(invalid) => {
                 ErrorReason::InvalidArgument(invalid.to_string())
             }
@@ -154,6 +168,21 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             )
         }
         ErrorReason::InvalidArgument(why) => (Code::InvalidArgument, Reason::InvalidArgument, why),
+        ErrorReason::FloorBeyondBound {
+            first_outstanding_seq,
+            bound_seq,
+        } => {
+            detail.floor_bound = bound_seq;
+            let refusal = InvalidArgument::FloorBeyondBound {
+                first_outstanding_seq,
+                bound_seq,
+            };
+            (
+                Code::InvalidArgument,
+                Reason::InvalidArgument,
+                refusal.to_string(),
+            )
+        }
         ErrorReason::LimitExceeded(exceeded) => {
             detail.limit = exceeded.limit.to_string();
             detail.limit_max = exceeded.max;
@@ -231,6 +260,13 @@ pub fn check_cluster(
 /// [`check_cluster`] for a request that must name the cluster.
 pub fn required_cluster(ours: Option<ClusterId>, bytes: &[u8]) -> Result<ClusterId, tonic::Status> {
     check_cluster(ours, bytes, true)?.ok_or_else(|| invalid("cluster_id is required"))
+}
+
+/// Whether `status` refuses a floor beyond what the session may fence
+/// (`ErrorDetail.floor_bound` set): the session is unusable to its client.
+pub fn refuses_floor_bound(status: &tonic::Status) -> bool {
+    error_detail(status)
+        .is_some_and(|detail| detail.reason() == Reason::InvalidArgument && detail.floor_bound > 0)
 }
 
 /// Reads the `ErrorDetail` of a status produced by [`reason_status`];
@@ -346,6 +382,36 @@ mod tests {
             bytes,
             "names the node's cluster"
         );
+    }
+
+    /// A floor beyond the bound is an INVALID_ARGUMENT marked with the
+    /// bound, so a client can tell it from any other malformed input.
+    #[test]
+    fn floor_beyond_bound_is_marked() {
+        let refused: ErrorReason = Rejection::InvalidArgument(InvalidArgument::FloorBeyondBound {
+            first_outstanding_seq: 9,
+            bound_seq: 3,
+        })
+        .into();
+        let status = reason_status(refused);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let detail = error_detail(&status).expect("detail");
+        assert_eq!(
+            (detail.reason(), detail.floor_bound),
+            (Reason::InvalidArgument, 3)
+        );
+        assert!(refuses_floor_bound(&status));
+        assert!(
+            status
+                .message()
+                .contains("beyond what this session may fence")
+        );
+        let other: ErrorReason = Rejection::InvalidArgument(InvalidArgument::FloorAboveSeq {
+            seq: 1,
+            first_outstanding_seq: 2,
+        })
+        .into();
+        assert!(!refuses_floor_bound(&reason_status(other)));
     }
 
     /// A limit the request breaks travels with its name, value and what

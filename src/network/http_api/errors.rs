@@ -192,6 +192,12 @@ pub fn client_error(error: ClientError) -> HttpError {
             ),
         )
         .with("idempotency_key", Json::from(key)),
+        // At-least-once (no key): the write may have applied, and may
+        // still; nothing can fence it or learn it but a read.
+        ClientError::PlainOutcomeUnknown { .. } => {
+            HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+                .with("outcome_unknown", Json::Bool(true))
+        }
         // Like `OutcomeUnknown`, but learnable: the same key and request
         // again get the original answer (or execute, if the first never did).
         ClientError::KeyOutcomeUnknown { key, .. } => {
