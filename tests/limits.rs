@@ -112,6 +112,33 @@ async fn malformed_input_and_limits_are_final_on_the_wire() {
         }
     }
 
+    // Malformed gRPC framing, refused by tonic before any handler runs: a
+    // compressed flag without `grpc-encoding`, a frame shorter than its
+    // length, an encoding the node does not support, and no message.
+    let message = [0x0a, 0x01, 0x61];
+    let framed = |flag: u8, length: u32, bytes: &[u8]| {
+        let mut frame = vec![flag];
+        frame.extend_from_slice(&length.to_be_bytes());
+        frame.extend_from_slice(bytes);
+        frame
+    };
+    let malformed: [(Option<&str>, Vec<u8>); 4] = [
+        (None, framed(1, 3, &message)),
+        (None, framed(0, 10, &message)),
+        (Some("br"), framed(1, 3, &message)),
+        (None, Vec::new()),
+    ];
+    for (encoding, frames) in malformed {
+        let status =
+            support::raw::raw_frames(&at, "/oncekv.v1.Client/Read", encoding, frames).await;
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+        assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+        assert!(
+            status.message().contains("malformed gRPC framing"),
+            "{status}"
+        );
+    }
+
     // Empty keys, on every path that takes a key.
     let session = raw.register(1).await;
     let empty = raw.execute_request(session.client_id, 1, 1, &put("", Value::Int(1)));

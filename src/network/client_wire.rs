@@ -3,8 +3,12 @@
 //! `NOT_LEADER` or overload included), and it turns tonic's own refusal of an
 //! oversized request — `OUT_OF_RANGE` without our reason, which a client
 //! could mistake for `RESPONSE_DISCARDED`'s code — into `INVALID_ARGUMENT`
-//! with the `INVALID_ARGUMENT` reason (final: nothing was executed). It
-//! decides nothing else and never looks into message bodies.
+//! with the `INVALID_ARGUMENT` reason (final: nothing was executed). So it
+//! does with tonic's refusals of malformed gRPC framing on our methods (a
+//! truncated frame, a compressed flag without `grpc-encoding`, an encoding
+//! it does not support, no message at all: bare `INTERNAL` or
+//! `UNIMPLEMENTED` without our detail), which come before any handler ran.
+//! It decides nothing else and never looks into message bodies.
 
 use crate::metrics::{NodeMetrics, ReplyLabels};
 use futures::future::BoxFuture;
@@ -91,6 +95,48 @@ fn method_label(path: &str) -> Option<&'static str> {
     })
 }
 
+/// tonic's message when it refused a request's gRPC framing (before any
+/// handler ran), percent-decoded; `None` for any other message.
+fn framing_refusal(grpc_message: &str) -> Option<String> {
+    const TONIC_FRAMING_REFUSALS: [&str; 5] = [
+        "protocol error:",
+        "Unexpected EOF decoding stream",
+        "Content is compressed with",
+        "Error decompressing",
+        "Missing request message",
+    ];
+    let message = percent_decode(grpc_message);
+    TONIC_FRAMING_REFUSALS
+        .iter()
+        .any(|prefix| message.starts_with(prefix))
+        .then_some(message)
+}
+
+/// The `grpc-message` header's percent-encoding undone (invalid escapes
+/// kept as they are).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let escaped = (bytes[at] == b'%')
+            .then(|| text.get(at + 1..at + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                at += 3;
+            }
+            None => {
+                out.push(bytes[at]);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn header<'a>(response: &'a http::Response<tonic::body::Body>, name: &str) -> Option<&'a str> {
     response
         .headers()
@@ -111,16 +157,28 @@ fn observe(
         .map(tonic::Code::from);
     let reason = header(&response, REASON_METADATA_KEY).and_then(Reason::from_str_name);
     let oversized = code == Some(tonic::Code::OutOfRange) && reason.is_none();
+    let framing = match (code, reason, method) {
+        (Some(tonic::Code::Internal | tonic::Code::Unimplemented), None, Some(_)) => {
+            framing_refusal(header(&response, "grpc-message").unwrap_or_default())
+        }
+        _ => None,
+    };
+    let rewritten = oversized || framing.is_some();
     let response = if oversized {
         reason_status(ErrorReason::InvalidArgument(format!(
             "request message too large: the limit is {CLIENT_MESSAGE_BYTES_MAX} bytes"
+        )))
+        .into_http()
+    } else if let Some(why) = framing {
+        reason_status(ErrorReason::InvalidArgument(format!(
+            "malformed gRPC framing: {why}"
         )))
         .into_http()
     } else {
         response
     };
     let result = match (code, reason) {
-        _ if oversized => "invalid_argument",
+        _ if rewritten => "invalid_argument",
         (None | Some(tonic::Code::Ok), _) => "ok",
         // An unknown method: not ours to count (and not a label to invent).
         (Some(tonic::Code::Unimplemented), None) => return response,
@@ -190,6 +248,34 @@ mod tests {
         let status = tonic::Status::from_header_map(kept.headers()).unwrap();
         assert_eq!(status.code(), tonic::Code::OutOfRange);
         assert_eq!(count(&metrics, "Execute", "response_discarded"), 1);
+    }
+
+    /// tonic's refusals of malformed framing on our methods become
+    /// INVALID_ARGUMENT with our reason; any other bare INTERNAL stays.
+    #[test]
+    fn framing_refusals_become_invalid_arguments() {
+        let metrics = NodeMetrics::default();
+        for refusal in [
+            tonic::Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            ),
+            tonic::Status::internal("Unexpected EOF decoding stream."),
+            tonic::Status::unimplemented("Content is compressed with `br` which isn't supported"),
+        ] {
+            let rewritten = observe(&metrics, Some("Execute"), refusal.into_http());
+            let status = tonic::Status::from_header_map(rewritten.headers()).unwrap();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+            assert!(status.message().starts_with("malformed gRPC framing"));
+            assert_eq!(
+                header(&rewritten, REASON_METADATA_KEY),
+                Some("INVALID_ARGUMENT")
+            );
+        }
+        let bug = tonic::Status::internal("unexpected outcome").into_http();
+        let kept = observe(&metrics, Some("Execute"), bug);
+        let status = tonic::Status::from_header_map(kept.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert_eq!(percent_decode("a%20b%zz%2"), "a b%zz%2");
     }
 
     /// Only our methods are counted, under fixed labels.

@@ -278,3 +278,39 @@ pub async fn raw_call(
     .await
     .map(tonic::Response::into_inner)
 }
+
+/// Sends `frames` — raw gRPC body bytes (flag, length, message), framed as
+/// the caller wants, well-formed or not — to `path` at `addr`, with
+/// `grpc-encoding: encoding` when given, and returns the status the node
+/// answered (from the headers of a trailers-only reply, or the trailers).
+pub async fn raw_frames(
+    addr: &str,
+    path: &str,
+    encoding: Option<&str>,
+    frames: Vec<u8>,
+) -> tonic::Status {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(encoding) = encoding {
+        request = request.header("grpc-encoding", encoding);
+    }
+    let body = http_body_util::Full::new(tonic::codegen::Bytes::from(frames));
+    let request = request
+        .body(tonic::body::Body::new(body))
+        .expect("a request");
+    let response = channel(addr)
+        .oneshot(request)
+        .await
+        .expect("the node answers");
+    if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+        return status;
+    }
+    let collected = response.into_body().collect().await.expect("a body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    tonic::Status::from_header_map(&trailers).expect("a status in the trailers")
+}
