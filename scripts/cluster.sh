@@ -190,7 +190,7 @@ endpoints() {
 # after its exec (see start_node), never of the shell that is about to exec.
 is_node() {
     local n=$1 pid=$2 args
-    args=$(ps -o args= -p "$pid" 2>/dev/null) || return 1
+    args=$(ps -ww -o args= -p "$pid" 2>/dev/null) || return 1
     [[ $args == *" node --id $n "*"--data-dir $(node_dir "$n")/db "* ]]
 }
 
@@ -217,7 +217,7 @@ running_pid() {
 wait_exec() {
     local n=$1 pid=$2 deadline=$((SECONDS + START_TIMEOUT_S)) line stat args
     while true; do
-        line=$(ps -o stat=,args= -p "$pid" 2>/dev/null) || return 1
+        line=$(ps -ww -o stat=,args= -p "$pid" 2>/dev/null) || return 1
         read -r stat args <<<"$line"
         [[ $stat == Z* ]] && return 1 # exited, not reaped yet
         [[ $args == "$BIN node --id $n "* ]] && return 0
