@@ -29,6 +29,7 @@ use crate::faults::{self, FaultKind, PlannedFault, ScheduleOptions};
 use crate::history::{self, Event, EventType, Op, Process, Recorder};
 use crate::pki::{Pki, RunCredentials};
 use crate::report::{self, Figures};
+use crate::signals::Terminations;
 use crate::workload::{self, Context, Counts, Role};
 
 /// What to run.
@@ -88,6 +89,34 @@ pub struct Results {
     /// How the final state was read.
     pub final_read: String,
     pub finals: Vec<NodeFinal>,
+}
+
+/// [`run`] as the `jepsen-like` binary runs it: its exit code, 0 (valid),
+/// 1 (invalid) or 2 (unknown, a run that could not finish, or one ended by
+/// SIGINT, SIGTERM or SIGHUP). A signal drops the run, and with it its
+/// cluster (every node killed and reaped); a run that cannot listen for
+/// the signals does not start.
+pub async fn run_to_exit_code(options: &RunOptions) -> i32 {
+    let mut terminations = match Terminations::listen() {
+        Ok(terminations) => terminations,
+        Err(error) => {
+            eprintln!("jepsen-like: cannot listen for termination signals: {error}");
+            return 2;
+        }
+    };
+    tokio::select! {
+        result = run(options) => match result {
+            Ok(verdict) => verdict.exit_code(),
+            Err(error) => {
+                eprintln!("jepsen-like: the run could not finish: {error:#}");
+                2
+            }
+        },
+        signal = terminations.recv() => {
+            eprintln!("jepsen-like: interrupted by {signal}; the cluster is stopped");
+            2
+        }
+    }
 }
 
 /// Runs the harness; returns the verdict (after writing every output).
