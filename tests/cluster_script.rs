@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Restarts the loop test makes by default (four of each node, about a
 /// minute on a loaded 2-core machine with the debug build);
@@ -98,7 +100,9 @@ impl ScriptCluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        child.wait_with_output().expect("collect the script's output")
+        child
+            .wait_with_output()
+            .expect("collect the script's output")
     }
 
     /// Runs the script and panics unless it succeeds.
@@ -168,7 +172,11 @@ fn processes_naming(needle: &str) -> Vec<u32> {
         return pids;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
@@ -265,7 +273,11 @@ fn restarts_on_a_loaded_machine_keep_every_node_tracked() {
     cluster.ok(&["start"]);
     for n in 1..=3 {
         let tracked = cluster.pid_file(n).expect("a pid file after start");
-        assert_eq!(cluster.node_processes(n), vec![tracked], "node {n} after start");
+        assert_eq!(
+            cluster.node_processes(n),
+            vec![tracked],
+            "node {n} after start"
+        );
     }
     for round in 0..restarts {
         assert!(

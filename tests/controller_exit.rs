@@ -9,7 +9,9 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -43,7 +45,9 @@ fn controller() {
             let mut options = Options::new("controller-exit", env!("CARGO_BIN_EXE_oncekv"));
             options.timing = Some(Timing::TESTS);
             options.start_timeout = START_TIMEOUT;
-            let cluster = LocalCluster::start(&options).await.expect("start a cluster");
+            let cluster = LocalCluster::start(&options)
+                .await
+                .expect("start a cluster");
             println!("ready");
             // Held until the parent ends this process.
             std::future::pending::<()>().await;
@@ -121,7 +125,10 @@ impl Controller {
                 return controller;
             }
             if let Some(exit) = controller.child.try_wait().expect("poll the controller") {
-                panic!("the controller exited early ({exit}): {}", controller.stderr());
+                panic!(
+                    "the controller exited early ({exit}): {}",
+                    controller.stderr()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -155,7 +162,12 @@ impl Controller {
     fn surviving_nodes(&self) -> Vec<u32> {
         let deadline = Instant::now() + GONE_TIMEOUT;
         loop {
-            let alive: Vec<u32> = self.nodes.iter().copied().filter(|&pid| alive(pid)).collect();
+            let alive: Vec<u32> = self
+                .nodes
+                .iter()
+                .copied()
+                .filter(|&pid| alive(pid))
+                .collect();
             if alive.is_empty() || Instant::now() >= deadline {
                 return alive;
             }
@@ -193,7 +205,11 @@ fn node_children(parent: u32) -> Vec<u32> {
     };
     let mut pids = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let dir = PathBuf::from(format!("/proc/{pid}"));
