@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 /// Restarts the loop test makes by default (four of each node, about a
 /// minute on a loaded 2-core machine with the debug build);
-/// `ONCEKV_SCRIPT_RESTARTS` changes it (50 took about four minutes).
+/// `ONCEKV_SCRIPT_RESTARTS` changes it (50 took about five minutes).
 const DEFAULT_RESTARTS: usize = 12;
 /// How long the `nproc` the script's background child runs takes (see
 /// `slow_nproc`).
