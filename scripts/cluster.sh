@@ -48,6 +48,8 @@ environment:
   ONCEKV_WORKER_THREADS  async runtime threads per node (default: cores / 3, at least 1)
   ONCEKV_NODE_ARGS   more `oncekv node` flags for every node, space-separated
                      (e.g. "--heartbeat-ms 30 --election-timeout-min-ms 120")
+  ONCEKV_BIN         the oncekv binary to run (default target/release/oncekv,
+                     which `start` builds first); when set, nothing is built
 EOF
 }
 
@@ -64,7 +66,13 @@ case $DATA in
 esac
 readonly DATA
 readonly BASE=${ONCEKV_PORT_BASE:-7100}
-readonly BIN=$ROOT/target/release/oncekv
+if [[ -n ${ONCEKV_BIN:-} ]]; then
+    BIN=$ONCEKV_BIN
+    [[ $BIN == /* ]] || BIN=$PWD/$BIN
+else
+    BIN=$ROOT/target/release/oncekv
+fi
+readonly BIN
 
 die() {
     echo "cluster.sh: $*" >&2
@@ -176,15 +184,24 @@ endpoints() {
 
 # ---- processes ---------------------------------------------------------------
 
-# Prints node N's pid if its pid file names a live `oncekv node` process;
+# Whether pid $2 is node $1's `oncekv node` process: its command line names
+# the node's id and data directory (a pid reused by another process, or
+# another cluster's node, does not match). Only ever asked of a pid recorded
+# after its exec (see start_node), never of the shell that is about to exec.
+is_node() {
+    local n=$1 pid=$2 args
+    args=$(ps -ww -o args= -p "$pid" 2>/dev/null) || return 1
+    [[ $args == *" node --id $n "*"--data-dir $(node_dir "$n")/db "* ]]
+}
+
+# Prints node N's pid if its pid file names its live `oncekv node` process;
 # fails otherwise (a stale pid file is removed).
 running_pid() {
     local file pid
     file=$(pid_file "$1")
     [[ -f $file ]] || return 1
     pid=$(<"$file")
-    if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
-        && [[ $(ps -o args= -p "$pid") == *"oncekv node"* ]]; then
+    if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && is_node "$1" "$pid"; then
         echo "$pid"
     else
         rm -f "$file"
@@ -192,10 +209,28 @@ running_pid() {
     fi
 }
 
+# Waits until background child $2 (started for node $1) has exec'd the node
+# binary: until then its command line is this script's own (the forked
+# shell sets up redirections, then execs setsid, which execs the node), and
+# a pid recorded before would look like a dead node to running_pid. Fails
+# if the child exits first or has not exec'd within START_TIMEOUT_S.
+wait_exec() {
+    local n=$1 pid=$2 deadline=$((SECONDS + START_TIMEOUT_S)) line stat args
+    while true; do
+        line=$(ps -ww -o stat=,args= -p "$pid" 2>/dev/null) || return 1
+        read -r stat args <<<"$line"
+        [[ $stat == Z* ]] && return 1 # exited, not reaped yet
+        [[ $args == "$BIN node --id $n "* ]] && return 0
+        ((SECONDS < deadline)) || return 1
+        sleep 0.02
+    done
+}
+
 # Starts node N in the background, in its own session so it outlives this
-# script and the terminal; setsid execs in place, so $! is the node's pid.
-# With a second argument `join`, never with --initialize (it waits to be
-# added as a learner).
+# script and the terminal; setsid execs in place, so $! becomes the node's
+# pid, and the pid file is written once it has (wait_exec). With a second
+# argument `join`, never with --initialize (it waits to be added as a
+# learner).
 start_node() {
     local n=$1 mode=${2:-} dir peers=() m
     dir=$(node_dir "$n")
@@ -225,8 +260,14 @@ start_node() {
         "${extra[@]}" "${tls[@]}" \
         "${peers[@]}" "${init[@]}" \
         </dev/null >>"$(log_file "$n")" 2>&1 &
-    echo $! >"$(pid_file "$n")"
-    echo "node $n started (pid $!, client $(client_addr "$n"), metrics $(metrics_url "$n"), log $(log_file "$n"))"
+    local pid=$!
+    if ! wait_exec "$n" "$pid"; then
+        kill -KILL "$pid" 2>/dev/null || true
+        print_log_tails
+        die "node $n (pid $pid) exited or did not start within ${START_TIMEOUT_S}s"
+    fi
+    echo "$pid" >"$(pid_file "$n")"
+    echo "node $n started (pid $pid, client $(client_addr "$n"), metrics $(metrics_url "$n"), log $(log_file "$n"))"
 }
 
 # Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
@@ -311,7 +352,10 @@ print_log_tails() {
 cmd_start() {
     local tls=${1:-}
     [[ -z $tls || $tls == --tls ]] || { usage >&2; exit 2; }
-    (cd "$ROOT" && cargo build --release --quiet) || die "build failed"
+    if [[ -z ${ONCEKV_BIN:-} ]]; then
+        (cd "$ROOT" && cargo build --release --quiet) || die "build failed"
+    fi
+    [[ -x $BIN ]] || die "$BIN is not an executable"
     local n pid leader nodes
     if [[ $tls == --tls ]]; then
         mkdir -p "$DATA"

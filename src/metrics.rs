@@ -8,6 +8,7 @@
 //! Every metric is documented in docs/operating.md ("Metrics and dashboard").
 
 use crate::raft_types::{NodeId, TypeConfig};
+use crate::shared::StateHashAt;
 use oncekv_core::{ClaimAnswer, Entry, Limit, Op, Outcome, Registry, Rejection};
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -95,6 +96,7 @@ pub struct NodeMetrics {
     purged_index: Gauge,
     state_hash_info: Family<StateHashLabels, Gauge>,
     state_hash_prefix: Gauge,
+    state_hashes: Counter,
     max_pending_proposals: Gauge,
     process_resident_memory: Gauge,
     process_open_fds: Gauge,
@@ -154,6 +156,7 @@ impl NodeMetrics {
             purged_index: Gauge::default(),
             state_hash_info: Family::default(),
             state_hash_prefix: Gauge::default(),
+            state_hashes: Counter::default(),
             max_pending_proposals: Gauge::default(),
             process_resident_memory: Gauge::default(),
             process_open_fds: Gauge::default(),
@@ -343,13 +346,18 @@ impl NodeMetrics {
         );
         self.registry.register(
             "state_hash_info",
-            "The state hash (hex BLAKE3 of the canonical state) at the applied index, as labels; value 1",
+            "The newest state hash (hex BLAKE3 of the canonical state) and the applied index it was computed at, as labels; value 1",
             self.state_hash_info.clone(),
         );
         self.registry.register(
             "state_hash_prefix",
-            "First 48 bits of the state hash as a number: equal on replicas at equal applied indexes",
+            "First 48 bits of the newest state hash as a number: equal on replicas whose hashes are of equal applied indexes",
             self.state_hash_prefix.clone(),
+        );
+        self.registry.register(
+            "state_hashes",
+            "State hashes this node computed (in the background at most once a second, plus Admin.StateHash)",
+            self.state_hashes.clone(),
         );
     }
 
@@ -449,10 +457,17 @@ impl NodeMetrics {
         }
     }
 
-    /// Sets every scrape-time gauge from Raft's metrics and the applied
-    /// state. Takes the state's read lock for one pass over the sessions
-    /// (and, once per applied index, the state hash).
-    pub fn refresh(&self, raft: &RaftMetrics<TypeConfig>, registry: &Registry, hash: String) {
+    /// Sets every scrape-time gauge from Raft's metrics, the applied state
+    /// (one pass over its sessions), the newest state hash (`None` before
+    /// the first; see `SharedState::latest_hash`) and how many hashes the
+    /// node has computed.
+    pub fn refresh(
+        &self,
+        raft: &RaftMetrics<TypeConfig>,
+        registry: &Registry,
+        hash: Option<&StateHashAt>,
+        hashes_computed: u64,
+    ) {
         self.term.set(saturating_i64(raft.current_term));
         self.leader_id
             .set(saturating_i64(raft.current_leader.unwrap_or(0)));
@@ -483,13 +498,18 @@ impl NodeMetrics {
         self.cached_responses.set(saturating_i64(responses));
         self.cached_bytes.set(saturating_i64(bytes));
         self.state_hash_info.clear();
-        self.state_hash_info
-            .get_or_create(&StateHashLabels {
-                hash: hash.clone(),
-                applied_index: applied_index.to_string(),
-            })
-            .set(1);
-        self.state_hash_prefix.set(hash_prefix(&hash));
+        if let Some(hash) = hash {
+            self.state_hash_info
+                .get_or_create(&StateHashLabels {
+                    hash: hash.hash.clone(),
+                    applied_index: hash.applied_index.to_string(),
+                })
+                .set(1);
+            self.state_hash_prefix.set(hash_prefix(&hash.hash));
+        }
+        // A counter that only follows the state's own count.
+        self.state_hashes
+            .inc_by(hashes_computed.saturating_sub(self.state_hashes.get()));
         self.refresh_process();
     }
 
@@ -698,8 +718,12 @@ mod tests {
             })
             .inc();
         let registry = oncekv_core::Registry::new();
-        let hash = oncekv_core::snapshot::state_hash(&registry).to_string();
-        metrics.refresh(&RaftMetrics::new_initial(3), &registry, hash);
+        let hash = StateHashAt {
+            applied_index: 0,
+            cluster_time_ms: 0,
+            hash: oncekv_core::snapshot::state_hash(&registry).to_string(),
+        };
+        metrics.refresh(&RaftMetrics::new_initial(3), &registry, Some(&hash), 1);
         let text = metrics.encode();
         let names = exported_series_names(&text);
         for name in &names {
@@ -710,6 +734,7 @@ mod tests {
             "oncekv_cached_responses_bytes",
             "oncekv_proposal_duration_seconds_bucket",
             "oncekv_state_hash_prefix",
+            "oncekv_state_hashes_total",
             "oncekv_build_info",
         ] {
             assert!(names.contains(expected), "{expected} missing from\n{text}");

@@ -27,7 +27,9 @@ fn incr(key: &str) -> Command {
 }
 
 /// Every node's exposition, once all of them have applied at least
-/// `applied_index` and report the same state hash.
+/// `applied_index` and report the same state hash, of the index each has
+/// applied (a node hashes in the background at most once a second; the
+/// scrapes that ask make it catch up).
 async fn converged_scrapes(cluster: &Cluster, applied_index: u64) -> BTreeMap<u64, String> {
     let deadline = Instant::now() + SCRAPE_DEADLINE;
     loop {
@@ -45,8 +47,19 @@ async fn converged_scrapes(cluster: &Cluster, applied_index: u64) -> BTreeMap<u6
             .values()
             .filter_map(|text| sample(text, "oncekv_raft_applied_index", &[]))
             .collect();
+        let caught_up = scrapes.values().all(|text| {
+            let hash_index = labels_of(text, "oncekv_state_hash_info")
+                .and_then(|labels| {
+                    labels
+                        .into_iter()
+                        .find_map(|(key, value)| (key == "applied_index").then_some(value))
+                })
+                .and_then(|index| index.parse::<f64>().ok());
+            hash_index.is_some() && hash_index == sample(text, "oncekv_raft_applied_index", &[])
+        });
         if scrapes.len() == NODES.len()
             && applied.iter().all(|index| *index >= applied_index as f64)
+            && caught_up
             && hashes
                 .iter()
                 .all(|hash| hash.is_some() && *hash == hashes[0])
@@ -321,8 +334,17 @@ fn dashboard_queries_name_exported_metrics() {
         })
         .inc();
     let registry = oncekv_core::Registry::new();
-    let hash = oncekv_core::snapshot::state_hash(&registry).to_string();
-    metrics.refresh(&openraft::RaftMetrics::new_initial(1), &registry, hash);
+    let hash = oncekv::shared::StateHashAt {
+        applied_index: 0,
+        cluster_time_ms: 0,
+        hash: oncekv_core::snapshot::state_hash(&registry).to_string(),
+    };
+    metrics.refresh(
+        &openraft::RaftMetrics::new_initial(1),
+        &registry,
+        Some(&hash),
+        1,
+    );
     let exported = oncekv::metrics::exported_series_names(&metrics.encode());
 
     let mut exprs = Vec::new();
@@ -393,4 +415,73 @@ fn metric_names(expr: &str) -> Vec<String> {
         rest = &tail[end..];
     }
     names
+}
+
+/// `Status` is open to anyone, and hashing encodes the whole state: a tight
+/// loop of `Status` calls on the leader while a client keeps writing (the
+/// applied index moving between calls) must not hash once per call. The
+/// node's `oncekv_state_hashes_total` moves by about one a second (the
+/// background hash), while the calls number in the hundreds; each reply's
+/// hash is of an index at most its applied index. Once the writes stop,
+/// every node reports a hash of its last applied index, equal on all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_calls_under_writes_do_not_hash_per_call() {
+    const LOOP: Duration = Duration::from_secs(4);
+    let cluster = Cluster::start("status-hash").await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = oncekv_client::Client::connect(cluster.client_addrs());
+    let writer = tokio::spawn({
+        let (client, stop) = (client.clone(), stop.clone());
+        async move {
+            let mut written = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                client.increment(b"n", 1).await.expect("an increment");
+                written += 1;
+            }
+            written
+        }
+    });
+    let hashes = |text: &str| counter(text, "oncekv_state_hashes_total", &[]);
+    let before = hashes(&cluster.scrape(leader).await.expect("a scrape"));
+    let began = Instant::now();
+    let (mut calls, mut indexes) = (0u64, std::collections::BTreeSet::new());
+    while began.elapsed() < LOOP {
+        let status = cluster.status(leader).await.expect("a Status reply");
+        assert!(
+            status.state_hash_index <= status.applied_index,
+            "{status:?}"
+        );
+        indexes.insert(status.applied_index);
+        calls += 1;
+    }
+    let elapsed = began.elapsed();
+    let after = hashes(&cluster.scrape(leader).await.expect("a scrape"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.expect("the writer");
+    client.close().await;
+    let computed = after - before;
+    assert!(
+        calls >= 100 && indexes.len() >= 20,
+        "too few calls ({calls}) or applied indexes seen ({}) to tell",
+        indexes.len()
+    );
+    // One hash per started second at most, and one more for the scrapes'
+    // edges.
+    let bound = elapsed.as_secs_f64().ceil() + 2.0;
+    assert!(
+        computed <= bound,
+        "{computed} hashes for {calls} Status calls over {} applied indexes in {elapsed:?} \
+         ({written} writes); at most {bound} expected",
+        indexes.len()
+    );
+    let last = cluster
+        .statuses()
+        .await
+        .values()
+        .filter_map(|status| status.as_ref().ok())
+        .map(|status| status.applied_index)
+        .max()
+        .expect("a status");
+    cluster.wait_converged(&NODES, last).await;
 }

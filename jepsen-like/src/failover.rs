@@ -40,6 +40,8 @@ use oncekv_core::Value;
 use oncekv_testkit::percentile;
 use oncekv_testkit::{LocalCluster, NODES, Options, Timing, agreed_leader, describe};
 
+use crate::signals::Terminations;
+
 /// The counter the writer increments.
 const KEY: &[u8] = b"failover-counter";
 /// Acknowledged writes needed since the last restart before the next kill.
@@ -283,7 +285,8 @@ pub async fn measure_run(options: &FailoverOptions) -> anyhow::Result<FailoverRe
     }
     // Listening from here on: an interrupt drops the cluster (every node
     // SIGKILLed and reaped) on its way out, also while it starts.
-    let interrupt = interrupted();
+    let terminations = Terminations::listen().context("listen for termination signals")?;
+    let interrupt = interrupted(terminations);
     tokio::pin!(interrupt);
     let mut cluster_options = Options::new("failover", &options.server_bin);
     cluster_options.timing = Some(timing);
@@ -303,19 +306,10 @@ pub async fn measure_run(options: &FailoverOptions) -> anyhow::Result<FailoverRe
     Ok(report)
 }
 
-/// Resolves on ctrl-c or SIGTERM.
-async fn interrupted() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+/// Resolves on SIGINT, SIGTERM or SIGHUP (see [`Terminations`]).
+async fn interrupted(mut terminations: Terminations) {
+    let signal = terminations.recv().await;
+    eprintln!("failover-bench: interrupted by {signal}; the cluster is stopped");
 }
 
 /// The benchmark on a started cluster: the probe writer and the load

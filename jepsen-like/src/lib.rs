@@ -19,6 +19,7 @@ pub mod pki;
 pub mod proxy;
 pub mod report;
 pub mod run;
+pub mod signals;
 pub mod workload;
 
 /// The Raft timing flags of both binaries (`jepsen-like`, `failover-bench`):

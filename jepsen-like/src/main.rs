@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use oncekv_jepsen::TimingArgs;
-use oncekv_jepsen::run::{RunOptions, run};
+use oncekv_jepsen::run::{RunOptions, run_to_exit_code};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -117,23 +117,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let code = runtime.block_on(async {
-        tokio::select! {
-            result = run(&options) => match result {
-                Ok(verdict) => verdict.exit_code(),
-                Err(error) => {
-                    eprintln!("jepsen-like: the run could not finish: {error:#}");
-                    2
-                }
-            },
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("jepsen-like: interrupted");
-                2
-            }
-        }
-    });
-    // The cluster was dropped (its nodes killed and reaped) inside `run`,
-    // also on the interrupt path (the future is dropped by the select).
+    // SIGINT, SIGTERM and SIGHUP (a closed terminal) drop the run, whose
+    // cluster kills and reaps its nodes (the nodes also die with this
+    // process on Linux, whatever ends it: see oncekv_testkit::local).
+    let code = runtime.block_on(run_to_exit_code(&options));
     drop(runtime);
     std::process::exit(code);
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use oncekv_client::{Client, ClientConfig};
 use oncekv_core::Value;
-use oncekv_testkit::{Statuses, Timing};
+use oncekv_testkit::{Statuses, Timing, hashes_caught_up};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -29,6 +29,7 @@ use crate::faults::{self, FaultKind, PlannedFault, ScheduleOptions};
 use crate::history::{self, Event, EventType, Op, Process, Recorder};
 use crate::pki::{Pki, RunCredentials};
 use crate::report::{self, Figures};
+use crate::signals::Terminations;
 use crate::workload::{self, Context, Counts, Role};
 
 /// What to run.
@@ -88,6 +89,34 @@ pub struct Results {
     /// How the final state was read.
     pub final_read: String,
     pub finals: Vec<NodeFinal>,
+}
+
+/// [`run`] as the `jepsen-like` binary runs it: its exit code, 0 (valid),
+/// 1 (invalid) or 2 (unknown, a run that could not finish, or one ended by
+/// SIGINT, SIGTERM or SIGHUP). A signal drops the run, and with it its
+/// cluster (every node killed and reaped); a run that cannot listen for
+/// the signals does not start.
+pub async fn run_to_exit_code(options: &RunOptions) -> i32 {
+    let mut terminations = match Terminations::listen() {
+        Ok(terminations) => terminations,
+        Err(error) => {
+            eprintln!("jepsen-like: cannot listen for termination signals: {error}");
+            return 2;
+        }
+    };
+    tokio::select! {
+        result = run(options) => match result {
+            Ok(verdict) => verdict.exit_code(),
+            Err(error) => {
+                eprintln!("jepsen-like: the run could not finish: {error:#}");
+                2
+            }
+        },
+        signal = terminations.recv() => {
+            eprintln!("jepsen-like: interrupted by {signal}; the cluster is stopped");
+            2
+        }
+    }
 }
 
 /// Runs the harness; returns the verdict (after writing every output).
@@ -913,7 +942,10 @@ async fn progress(
 }
 
 /// Waits until all three nodes answer with a leader they agree on and the
-/// same applied index, twice in a row half a second apart.
+/// same applied index, twice in a row half a second apart, each with a
+/// state hash of that index (a node hashes in the background at most once
+/// a second, so its hash may trail its applied index; asking again makes
+/// it catch up).
 async fn converge(cluster: &Cluster) -> anyhow::Result<Statuses> {
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut previous: Option<Vec<u64>> = None;
@@ -927,7 +959,7 @@ async fn converge(cluster: &Cluster) -> anyhow::Result<Statuses> {
         let settled = applied.len() == NODES.len()
             && applied.windows(2).all(|w| w[0] == w[1])
             && agreed_leader(&statuses).is_some();
-        if settled && previous.as_ref() == Some(&applied) {
+        if settled && previous.as_ref() == Some(&applied) && hashes_caught_up(&statuses) {
             return Ok(statuses);
         }
         previous = settled.then_some(applied);
@@ -970,8 +1002,10 @@ async fn read_finals(
         values.insert(key.clone(), final_value(value));
     }
     client.close().await;
-    // Status again: the reads must not have moved the state.
-    let after = cluster.statuses().await;
+    // Status again, once the replicas have settled after the reads (the
+    // close unregisters) and hashed their last index: hashes compared at
+    // equal indexes.
+    let after = converge(cluster).await?;
     let mut finals = Vec::new();
     for node in NODES {
         let status = after
@@ -980,7 +1014,7 @@ async fn read_finals(
             .with_context(|| format!("node {node}'s status after the reads"))?;
         finals.push(NodeFinal {
             node,
-            applied_index: status.applied_index,
+            applied_index: status.state_hash_index,
             state_hash: status.state_hash.clone(),
             values: (node == leader).then(|| values.clone()),
         });

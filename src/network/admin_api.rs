@@ -674,12 +674,13 @@ impl admin_server::Admin for AdminApi {
         &self,
         _request: Request<proto::StateHashRequest>,
     ) -> Result<Response<proto::StateHashReply>, Status> {
-        // Index, time and hash of one copy of the state: one moment.
-        let (registry, state_hash) = self.state.hashed().await;
+        // Index, time and hash of one copy of the state: one moment, hashed
+        // for this call if no caller has hashed this index yet.
+        let hashed = self.state.hash_now().await;
         Ok(Response::new(proto::StateHashReply {
-            applied_index: registry.applied_index(),
-            state_hash,
-            cluster_time_ms: registry.cluster_time_ms(),
+            applied_index: hashed.applied_index,
+            state_hash: hashed.hash,
+            cluster_time_ms: hashed.cluster_time_ms,
             node_id: self.node_id,
         }))
     }

@@ -473,7 +473,10 @@ impl client_server::Client for ClientApi {
             .and_then(|leader| membership.get_node(&leader))
             .map(|node| node.client_addr.clone())
             .unwrap_or_default();
-        let (registry, state_hash) = self.state.hashed().await;
+        // The newest hash and its index, never one computed for this call:
+        // Status is open, and hashing encodes the whole state.
+        let hashed = self.state.latest_hash();
+        let registry = self.state.registry();
         Ok(Response::new(proto::StatusReply {
             node_id: self.node_id,
             role: role.into(),
@@ -486,10 +489,14 @@ impl client_server::Client for ClientApi {
             purged_index: metrics.purged.map_or(0, |id| id.index),
             cluster_id: cluster_id_bytes(registry.cluster_id()),
             members,
-            state_hash,
+            state_hash: hashed
+                .as_ref()
+                .map(|hashed| hashed.hash.clone())
+                .unwrap_or_default(),
             cluster_time_ms: registry.cluster_time_ms(),
             sessions: registry.session_count() as u64,
             idempotency_keys: registry.key_count() as u64,
+            state_hash_index: hashed.map_or(0, |hashed| hashed.applied_index),
         }))
     }
 }

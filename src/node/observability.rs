@@ -39,8 +39,14 @@ struct Scrape {
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
     let raft_metrics = scrape.raft.metrics().borrow_watched().clone();
-    let (registry, hash) = scrape.state.hashed().await;
-    scrape.metrics.refresh(&raft_metrics, &registry, hash);
+    // The newest hash, never one computed for this scrape (see
+    // SharedState::latest_hash).
+    let hash = scrape.state.latest_hash();
+    let registry = scrape.state.registry();
+    let hashes = scrape.state.hash_computations();
+    scrape
+        .metrics
+        .refresh(&raft_metrics, &registry, hash.as_ref(), hashes);
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         scrape.metrics.encode(),

@@ -1,6 +1,8 @@
 //! The applied state both adapters share: the registry as applied on this
 //! node (with the Raft log id and membership it was applied at), its cluster
-//! id once bootstrapped, and the newest state hash. The storage adapter's
+//! id once bootstrapped, and the newest state hash (computed on demand for
+//! an operator, in the background at most once a second for everyone
+//! else). The storage adapter's
 //! state machine is its only writer (`write`, `publish_cluster_id`, both
 //! crate-private); the network adapter, the cluster clock and the node's
 //! observability only read it. It holds no logic of either adapter and must
@@ -9,7 +11,10 @@
 use crate::raft_types::{LogId, StoredMembership};
 use oncekv_core::{ClusterId, Registry};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
+use std::time::Duration;
 
 /// The applied state, shared between the state machine, snapshot builders
 /// and the node's read paths.
@@ -25,7 +30,8 @@ pub struct AppliedState {
 pub struct SharedState {
     state: Arc<RwLock<AppliedState>>,
     /// The newest state hash (`Status`, `Admin.StateHash`, metrics
-    /// scrapes): see [`SharedState::hashed`].
+    /// scrapes): see [`SharedState::latest_hash`] and
+    /// [`SharedState::hash_now`].
     hashes: Arc<Hashes>,
     /// The cluster id once the bootstrap entry (or a snapshot holding it) is
     /// applied. It never changes after that, so the client paths check it
@@ -71,60 +77,167 @@ impl SharedState {
         self.read().registry.clone()
     }
 
-    /// A copy of the applied registry and its hex state hash, of one moment
-    /// (the copy's applied index). Hashing encodes the whole state, so it
-    /// runs on a blocking thread and one hash is computed at a time: callers
-    /// that arrive while one is computed wait for it and share its result (a
-    /// state applied at most as long ago as that hash took), and a state
-    /// whose index was hashed already is not hashed again. So any number of
-    /// concurrent `Status` calls, `Admin.StateHash` calls and metrics
-    /// scrapes cost one hash, not one each.
-    pub async fn hashed(&self) -> (Registry, String) {
-        let arrived = self.hashes.completed.load(Ordering::Acquire);
-        let mut last = self.hashes.last.lock().await;
-        if let Some(last) = last.as_ref()
-            && last.generation > arrived
+    /// The newest state hash computed on this node, with the applied index
+    /// it was computed at (`None` before the first), without waiting and
+    /// without hashing: what the open `Status` RPC and metrics scrapes
+    /// report. Asking also wakes the background hasher, which hashes the
+    /// state then applied if the newest hash is of an older index — at most
+    /// once per [`HASH_INTERVAL`], however often it is asked. So a loop of
+    /// `Status` calls under write load costs one hash a second, not one a
+    /// call, and a caller that keeps asking after writes stop sees the hash
+    /// of the last applied index within about a second (plus the hash's
+    /// own time). Needs a tokio runtime to start the hasher (outside one,
+    /// only [`SharedState::hash_now`] hashes).
+    pub fn latest_hash(&self) -> Option<StateHashAt> {
+        let latest = self.hashes.latest();
+        if latest
+            .as_ref()
+            .is_none_or(|latest| latest.applied_index != self.read().registry.applied_index())
         {
-            return (last.registry.clone(), last.hash.clone());
+            self.wake_hasher();
         }
-        let registry = self.registry();
-        if let Some(last) = last.as_ref()
-            && last.registry.applied_index() == registry.applied_index()
+        latest
+    }
+
+    /// A hash of the state applied now (waiting for it): an operator's
+    /// `Admin.StateHash`. Hashing encodes the whole state, so it runs on a
+    /// blocking thread and one hash is computed at a time: callers that
+    /// arrive while one is computed wait for it and share its result (a
+    /// state applied at most as long ago as that hash took), and an index
+    /// hashed already is not hashed again. The result is also the newest
+    /// hash [`SharedState::latest_hash`] reports.
+    pub async fn hash_now(&self) -> StateHashAt {
+        hash_now(&self.state, &self.hashes).await
+    }
+
+    /// How many state hashes this node has computed (the metric
+    /// `oncekv_state_hashes_total`).
+    pub fn hash_computations(&self) -> u64 {
+        self.hashes.completed.load(Ordering::Acquire)
+    }
+
+    /// Wakes the background hasher, starting it on first use. It holds
+    /// the state weakly and ends once the state is dropped.
+    fn wake_hasher(&self) {
+        if self.hashes.hasher_started.get().is_none()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            return (last.registry.clone(), last.hash.clone());
+            self.hashes.hasher_started.get_or_init(|| {
+                runtime.spawn(background_hasher(
+                    Arc::downgrade(&self.state),
+                    self.hashes.clone(),
+                ));
+            });
         }
-        let copy = registry.clone();
-        let hash = tokio::task::spawn_blocking(move || {
-            oncekv_core::snapshot::state_hash(&copy).to_string()
-        })
-        .await
-        .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
-        let generation = self.hashes.completed.fetch_add(1, Ordering::AcqRel) + 1;
-        *last = Some(LastHash {
-            generation,
-            registry: registry.clone(),
-            hash: hash.clone(),
-        });
-        (registry, hash)
+        self.hashes.wake.notify_one();
     }
 }
 
+/// The shortest time between the starts of two background hashes.
+pub const HASH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A state hash and the applied state it describes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateHashAt {
+    /// The applied index of the hashed state.
+    pub applied_index: u64,
+    /// The cluster time of the hashed state.
+    pub cluster_time_ms: u64,
+    /// Hex BLAKE3 of the canonical state (`oncekv_core::snapshot::state_hash`).
+    pub hash: String,
+}
+
 /// The newest state hash, shared by every reader (see
-/// [`SharedState::hashed`]).
+/// [`SharedState::latest_hash`] and [`SharedState::hash_now`]).
 #[derive(Debug, Default)]
 struct Hashes {
     /// Hashes computed so far.
     completed: AtomicU64,
-    /// The newest one; its lock is held while the next is computed.
-    last: tokio::sync::Mutex<Option<LastHash>>,
+    /// The newest hash and when it was stored (its `completed`); its lock
+    /// is held while the next is computed, so one is computed at a time.
+    computing: tokio::sync::Mutex<Option<(u64, StateHashAt)>>,
+    /// The newest hash, readable without waiting for one being computed.
+    newest: Mutex<Option<StateHashAt>>,
+    /// Wakes the background hasher; a wake while it hashes is kept.
+    wake: tokio::sync::Notify,
+    hasher_started: OnceLock<()>,
 }
 
-#[derive(Debug)]
-struct LastHash {
-    /// `completed` when this hash was stored.
-    generation: u64,
-    registry: Registry,
-    hash: String,
+impl Hashes {
+    fn latest(&self) -> Option<StateHashAt> {
+        self.newest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// [`SharedState::hash_now`] on the parts of a shared state.
+async fn hash_now(state: &RwLock<AppliedState>, hashes: &Hashes) -> StateHashAt {
+    let arrived = hashes.completed.load(Ordering::Acquire);
+    let mut last = hashes.computing.lock().await;
+    if let Some((generation, hash)) = last.as_ref()
+        && *generation > arrived
+    {
+        return hash.clone();
+    }
+    // O(1): the registry's maps are persistent; the copy is kept only
+    // while it is hashed.
+    let registry = state
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .registry
+        .clone();
+    if let Some((_, hash)) = last.as_ref()
+        && hash.applied_index == registry.applied_index()
+    {
+        return hash.clone();
+    }
+    let applied_index = registry.applied_index();
+    let cluster_time_ms = registry.cluster_time_ms();
+    let hash = tokio::task::spawn_blocking(move || {
+        oncekv_core::snapshot::state_hash(&registry).to_string()
+    })
+    .await
+    .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
+    let generation = hashes.completed.fetch_add(1, Ordering::AcqRel) + 1;
+    let hash = StateHashAt {
+        applied_index,
+        cluster_time_ms,
+        hash,
+    };
+    *last = Some((generation, hash.clone()));
+    *hashes.newest.lock().unwrap_or_else(PoisonError::into_inner) = Some(hash.clone());
+    hash
+}
+
+/// Hashes the applied state when woken and the newest hash is of an older
+/// index, starting at most one hash per [`HASH_INTERVAL`]; ends when the
+/// state is gone.
+async fn background_hasher(state: Weak<RwLock<AppliedState>>, hashes: Arc<Hashes>) {
+    let mut last_start: Option<tokio::time::Instant> = None;
+    loop {
+        hashes.wake.notified().await;
+        if let Some(start) = last_start {
+            tokio::time::sleep_until(start + HASH_INTERVAL).await;
+        }
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        let applied = state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .registry
+            .applied_index();
+        if hashes
+            .latest()
+            .is_some_and(|latest| latest.applied_index == applied)
+        {
+            continue;
+        }
+        last_start = Some(tokio::time::Instant::now());
+        hash_now(&state, &hashes).await;
+    }
 }
 
 /// Reads a registry entry's data for the client paths without exposing the
@@ -141,32 +254,87 @@ pub fn read_registry<T>(
 mod tests {
     use super::*;
 
-    /// Concurrent hash requests share one computation, and each gets a
-    /// hash of the copy it is given back (index and hash of one moment).
+    fn advance(state: &SharedState, to: u64) {
+        let mut applied = state.write();
+        let from = applied.registry.applied_index() + 1;
+        for index in from..=to {
+            applied.registry.apply_other(index);
+        }
+    }
+
+    /// Concurrent `hash_now` calls share one computation, and each gets
+    /// the index, time and hash of one moment.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_hashes_are_computed_once() {
         let state = SharedState::default();
-        {
-            let mut applied = state.write();
-            for index in 1..=50 {
-                applied.registry.apply_other(index);
-            }
-        }
+        advance(&state, 50);
         let calls = (0..64).map(|_| {
             let state = state.clone();
-            tokio::spawn(async move { state.hashed().await })
+            tokio::spawn(async move { state.hash_now().await })
         });
+        let expected = oncekv_core::snapshot::state_hash(&state.registry()).to_string();
         for call in futures::future::join_all(calls).await {
-            let (registry, hash) = call.unwrap();
-            assert_eq!(
-                hash,
-                oncekv_core::snapshot::state_hash(&registry).to_string()
-            );
+            let hashed = call.unwrap();
+            assert_eq!(hashed.applied_index, 50);
+            assert_eq!(hashed.hash, expected);
         }
-        assert_eq!(state.hashes.completed.load(Ordering::Acquire), 1);
-        state.write().registry.apply_other(51);
-        let (registry, _) = state.hashed().await;
-        assert_eq!(registry.applied_index(), 51);
-        assert_eq!(state.hashes.completed.load(Ordering::Acquire), 2);
+        assert_eq!(state.hash_computations(), 1);
+        advance(&state, 51);
+        assert_eq!(state.hash_now().await.applied_index, 51);
+        assert_eq!(state.hash_computations(), 2);
+        assert_eq!(state.latest_hash().unwrap().applied_index, 51);
+    }
+
+    /// A tight loop of `latest_hash` calls (what `Status` and scrapes call)
+    /// while every call applies a new entry hashes at most once per
+    /// `HASH_INTERVAL`, never once per call; when the writes stop, asking
+    /// again finds the hash of the last index, equal to a direct hash.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn latest_hash_is_computed_in_the_background_at_most_once_a_second() {
+        let state = SharedState::default();
+        advance(&state, 100);
+        assert_eq!(
+            state.latest_hash(),
+            None,
+            "no hash is computed for a caller"
+        );
+        let began = tokio::time::Instant::now();
+        let mut index = 100;
+        let mut calls = 0u64;
+        while began.elapsed() < HASH_INTERVAL * 5 / 2 {
+            index += 1;
+            advance(&state, index);
+            if let Some(latest) = state.latest_hash() {
+                assert!(latest.applied_index <= index);
+            }
+            calls += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let computed = state.hash_computations();
+        // Starts at about 0, 1 and 2 intervals: three at most.
+        assert!(
+            (1..=3).contains(&computed),
+            "{computed} hashes for {calls} calls"
+        );
+        assert!(calls > 100, "only {calls} calls");
+        let deadline = tokio::time::Instant::now() + HASH_INTERVAL * 10;
+        let latest = loop {
+            if let Some(latest) = state.latest_hash()
+                && latest.applied_index == index
+            {
+                break latest;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the hash never caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let registry = state.registry();
+        assert_eq!(
+            latest.hash,
+            oncekv_core::snapshot::state_hash(&registry).to_string()
+        );
+        assert_eq!(latest.cluster_time_ms, registry.cluster_time_ms());
     }
 }

@@ -13,5 +13,5 @@
 pub mod applied;
 pub mod identity;
 
-pub use applied::{AppliedState, SharedState};
+pub use applied::{AppliedState, HASH_INTERVAL, SharedState, StateHashAt};
 pub use identity::{ClusterIdentity, IdentityError, replace_file_durably};

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use oncekv_client::credentials::{CredentialPaths, Credentials};
-use oncekv_testkit::{LocalCluster, Options};
+use oncekv_testkit::{
+    HashAgreement, LocalCluster, Options, describe, hash_agreement, hashes_caught_up,
+};
 use oncekv_wire::proto::StatusReply;
 use oncekv_wire::proto::admin_client::AdminClient;
 use oncekv_wire::proto::client_client::ClientClient;
@@ -415,26 +417,35 @@ impl Cluster {
 
     /// Waits (up to 90 s) until every node in `nodes` reports, through the
     /// open `Status` RPC, the same applied index (at least `at_least`) and
-    /// the same state hash; returns that index.
+    /// a state hash of that very index, all equal (each node hashes in the
+    /// background at most once a second, so this also waits for the hashes
+    /// to catch up); returns that index. Panics at once if hashes of one
+    /// index differ.
     pub async fn wait_converged(&self, nodes: &[u64], at_least: u64) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let mut seen = Vec::new();
+            let mut statuses = BTreeMap::new();
             for &node in nodes {
-                if let Ok(status) = self.status(node).await {
-                    seen.push((status.applied_index, status.state_hash));
-                }
+                statuses.insert(node, self.status(node).await);
             }
-            if seen.len() == nodes.len()
-                && seen[0].0 >= at_least
-                && seen.iter().all(|entry| *entry == seen[0])
-            {
-                return seen[0].0;
+            match hash_agreement(&statuses) {
+                HashAgreement::Agree { index, .. }
+                    if index >= at_least && hashes_caught_up(&statuses) =>
+                {
+                    return index;
+                }
+                HashAgreement::Differ { index } => panic!(
+                    "[{}] replicas {nodes:?} diverge at index {index}:\n{}",
+                    self.name(),
+                    describe(&statuses)
+                ),
+                _ => {}
             }
             assert!(
                 Instant::now() < deadline,
-                "[{}] replicas {nodes:?} did not converge: {seen:?}",
-                self.name()
+                "[{}] replicas {nodes:?} did not converge:\n{}",
+                self.name(),
+                describe(&statuses)
             );
             sleep(POLL_INTERVAL).await;
         }

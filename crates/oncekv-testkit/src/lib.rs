@@ -2,7 +2,8 @@
 //! share (the test suite, the jepsen-like harness and its failover
 //! benchmark, the examples, the load generator): the one local-cluster
 //! controller ([`LocalCluster`], in `local`), free loopback ports, the
-//! leader a set of `Status` replies agrees on, a one-line-per-node
+//! leader a set of `Status` replies agrees on, whether their state hashes
+//! agree (compared at equal indexes), a one-line-per-node
 //! description, log tails, worker threads per node and the percentile every
 //! load tool reports. It must not depend on the server, whose nodes the
 //! tools drive only over the wire and by signals.
@@ -44,14 +45,76 @@ pub fn agreed_leader(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> O
         .then_some(leader.node_id)
 }
 
+/// What the state hashes of a set of `Status` replies say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HashAgreement {
+    /// Every node answered with a hash of this applied index, all equal.
+    Agree { index: u64, hash: String },
+    /// Every node answered with a hash of this applied index, not all
+    /// equal: the replicas diverge (rule 15).
+    Differ { index: u64 },
+    /// A node did not answer, has no hash yet, or the hashes are of
+    /// different indexes (a node computes its hash in the background at
+    /// most once a second: ask again).
+    Undecided,
+}
+
+/// Compares the hashes of `statuses` at equal indexes: a reply's
+/// `state_hash` describes its `state_hash_index`, which trails its
+/// `applied_index` while the node applies writes. Whoever compares hashes
+/// across nodes compares them this way.
+pub fn hash_agreement(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> HashAgreement {
+    let mut replies = Vec::with_capacity(statuses.len());
+    for status in statuses.values() {
+        match status {
+            Ok(reply) if !reply.state_hash.is_empty() => replies.push(reply),
+            _ => return HashAgreement::Undecided,
+        }
+    }
+    let Some(first) = replies.first() else {
+        return HashAgreement::Undecided;
+    };
+    let index = first.state_hash_index;
+    if replies.iter().any(|reply| reply.state_hash_index != index) {
+        return HashAgreement::Undecided;
+    }
+    if replies
+        .iter()
+        .all(|reply| reply.state_hash == first.state_hash)
+    {
+        HashAgreement::Agree {
+            index,
+            hash: first.state_hash.clone(),
+        }
+    } else {
+        HashAgreement::Differ { index }
+    }
+}
+
+/// Whether every node of `statuses` answered and its newest state hash is
+/// of its current applied index (its background hash has caught up).
+pub fn hashes_caught_up(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> bool {
+    statuses.values().all(|status| {
+        status.as_ref().is_ok_and(|reply| {
+            !reply.state_hash.is_empty() && reply.state_hash_index == reply.applied_index
+        })
+    })
+}
+
 /// One line per node: role, term, leader, indexes, or why it did not answer.
 pub fn describe(statuses: &BTreeMap<u64, Result<StatusReply, String>>) -> String {
     statuses
         .iter()
         .map(|(id, status)| match status {
             Ok(reply) => format!(
-                "  node {id}: {} term {} leader {} last_log {} applied {}",
-                reply.role, reply.term, reply.leader_id, reply.last_log_index, reply.applied_index,
+                "  node {id}: {} term {} leader {} last_log {} applied {} hash {} at {}",
+                reply.role,
+                reply.term,
+                reply.leader_id,
+                reply.last_log_index,
+                reply.applied_index,
+                reply.state_hash.get(..12).unwrap_or(&reply.state_hash),
+                reply.state_hash_index,
             ),
             Err(error) => format!("  node {id}: {error}"),
         })
@@ -176,6 +239,47 @@ mod tests {
             leader_id,
             ..StatusReply::default()
         })
+    }
+
+    fn hashed(index: u64, hash: &str, applied: u64) -> Result<StatusReply, String> {
+        Ok(StatusReply {
+            state_hash: hash.to_owned(),
+            state_hash_index: index,
+            applied_index: applied,
+            ..StatusReply::default()
+        })
+    }
+
+    /// Hashes are compared at equal hash indexes only: different indexes,
+    /// a missing hash or a silent node decide nothing; equal indexes agree
+    /// or differ.
+    #[test]
+    fn hashes_are_compared_at_equal_indexes() {
+        let mut statuses = BTreeMap::new();
+        statuses.insert(1, hashed(7, "aa", 9));
+        statuses.insert(2, hashed(8, "bb", 9));
+        assert_eq!(hash_agreement(&statuses), HashAgreement::Undecided);
+        assert!(!hashes_caught_up(&statuses));
+        statuses.insert(2, hashed(7, "aa", 7));
+        assert_eq!(
+            hash_agreement(&statuses),
+            HashAgreement::Agree {
+                index: 7,
+                hash: "aa".to_owned()
+            }
+        );
+        statuses.insert(2, hashed(7, "cc", 7));
+        assert_eq!(
+            hash_agreement(&statuses),
+            HashAgreement::Differ { index: 7 }
+        );
+        statuses.insert(2, hashed(0, "", 7));
+        assert_eq!(hash_agreement(&statuses), HashAgreement::Undecided);
+        statuses.insert(2, Err("down".to_owned()));
+        assert_eq!(hash_agreement(&statuses), HashAgreement::Undecided);
+        statuses.insert(1, hashed(9, "dd", 9));
+        statuses.insert(2, hashed(9, "dd", 9));
+        assert!(hashes_caught_up(&statuses));
     }
 
     /// A leader counts only when every answering node names it in its term.

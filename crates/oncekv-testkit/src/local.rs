@@ -8,8 +8,12 @@
 //! A [`LocalCluster`] owns its processes: dropping it SIGKILLs and reaps
 //! every child it still runs, on every path out (errors and panics
 //! included); when the thread is panicking it also prints the tail of every
-//! node's log. It decides nothing about faults or load, and it must not
-//! depend on the server: nodes are driven over the wire and by signals only.
+//! node's log. Paths out that run no drop (the controller SIGKILLed, or
+//! ended by a signal it does not handle) are covered on Linux by the kernel:
+//! every node is spawned with the parent-death signal SIGKILL, from one
+//! spawning thread that lives as long as the process (see `spawn_tied`).
+//! It decides nothing about faults or load, and it must not depend on the
+//! server: nodes are driven over the wire and by signals only.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -426,8 +430,7 @@ impl LocalCluster {
             .stdout(log.try_clone().context("clone a log file handle")?)
             .stderr(log);
         state.child = Some(
-            command
-                .spawn()
+            spawn_tied(command)
                 .with_context(|| format!("spawn node {id} ({})", self.server_bin.display()))?,
         );
         state.paused = false;
@@ -642,6 +645,90 @@ impl Drop for LocalCluster {
                 kept.display()
             );
         }
+    }
+}
+
+/// Spawns `command` so that the child dies with this process, however this
+/// process ends (a SIGKILL, a signal it does not handle, an abort): on Linux
+/// the child gets the parent-death signal SIGKILL. The kernel sends it when
+/// the *thread* that forked the child exits, not the process, so every
+/// child is forked by one thread of this process that never exits (started
+/// on first use). Forking from the caller's thread would tie the nodes to
+/// it: a tokio blocking-pool thread exits after 10 s idle, a runtime's
+/// workers when the runtime is dropped, and the nodes would be killed under
+/// a controller that still runs. Elsewhere a plain spawn: only `Drop`
+/// kills the nodes.
+fn spawn_tied(command: Command) -> std::io::Result<Child> {
+    #[cfg(target_os = "linux")]
+    {
+        tied::spawn(command)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut command = command;
+        command.spawn()
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod tied {
+    use std::io;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command};
+    use std::sync::OnceLock;
+    use std::sync::mpsc::{Sender, SyncSender, channel, sync_channel};
+
+    use nix::errno::Errno;
+    use nix::sys::signal::Signal;
+
+    /// A command to spawn and where its result goes.
+    type Job = (Command, SyncSender<io::Result<Child>>);
+
+    /// The spawning thread's queue; the sender lives as long as the
+    /// process, so the thread never runs out of work to wait for.
+    static SPAWNER: OnceLock<Result<Sender<Job>, String>> = OnceLock::new();
+
+    pub(super) fn spawn(mut command: Command) -> io::Result<Child> {
+        let parent = std::process::id();
+        // SAFETY: the closure runs in the forked child before exec and
+        // only makes two system calls (no allocation, no lock).
+        unsafe {
+            command.pre_exec(move || die_with_parent(parent));
+        }
+        let spawner = SPAWNER
+            .get_or_init(|| {
+                let (jobs, queue) = channel::<Job>();
+                std::thread::Builder::new()
+                    .name("oncekv-node-spawner".to_owned())
+                    .spawn(move || {
+                        for (mut command, reply) in queue {
+                            // The caller may have given up; nothing to do.
+                            let _ = reply.send(command.spawn());
+                        }
+                    })
+                    .map(|_| jobs)
+                    .map_err(|error| format!("start the node-spawning thread: {error}"))
+            })
+            .as_ref()
+            .map_err(|error| io::Error::other(error.clone()))?;
+        let (reply, result) = sync_channel(1);
+        spawner
+            .send((command, reply))
+            .map_err(|_| io::Error::other("the node-spawning thread is gone"))?;
+        result
+            .recv()
+            .map_err(|_| io::Error::other("the node-spawning thread is gone"))?
+    }
+
+    /// In the forked child: SIGKILL when the spawning thread exits, and
+    /// fail the spawn if the parent already died before that was set (the
+    /// child would be an orphan nobody kills).
+    fn die_with_parent(parent: u32) -> io::Result<()> {
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+        if u32::try_from(nix::unistd::getppid().as_raw()) != Ok(parent) {
+            return Err(io::Error::from(Errno::ESRCH));
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,310 @@
+//! `scripts/cluster.sh` run as a user runs it, against the `oncekv` binary
+//! under test (`ONCEKV_BIN`), with a data directory and a port base of its
+//! own, while the machine is loaded: the script must keep track of the
+//! nodes it starts. Linux only (the script's `setsid`, `/proc`).
+#![cfg(target_os = "linux")]
+
+use std::net::TcpListener;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Restarts the loop test makes by default (four of each node, about a
+/// minute on a loaded 2-core machine with the debug build);
+/// `ONCEKV_SCRIPT_RESTARTS` changes it (50 took about five minutes).
+const DEFAULT_RESTARTS: usize = 12;
+/// How long the `nproc` the script's background child runs takes (see
+/// `slow_nproc`).
+const SLOW_NPROC: &str = "0.3";
+/// Busy threads per core beside the cluster.
+const HOG_THREADS_PER_CORE: usize = 3;
+/// How long one run of the script may take (`start` waits up to 30 s for a
+/// leader itself, `restart` up to 30 s for the node to answer).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the whole loop may take before the test gives up.
+const LOOP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A `scripts/cluster.sh` cluster of the binary under test in a temporary
+/// directory; dropping it stops the cluster and SIGKILLs any process that
+/// still names its data directory (a node the script lost track of).
+struct ScriptCluster {
+    data: tempfile::TempDir,
+    base: u16,
+    /// `PATH` with `slow_nproc`'s directory first.
+    path: std::ffi::OsString,
+}
+
+impl ScriptCluster {
+    fn new() -> ScriptCluster {
+        let data = tempfile::Builder::new()
+            .prefix("oncekv-script-")
+            .tempdir()
+            .expect("create the data directory");
+        let tools = data.path().join("tools");
+        slow_nproc(&tools);
+        let mut path = tools.into_os_string();
+        if let Some(inherited) = std::env::var_os("PATH") {
+            path.push(":");
+            path.push(inherited);
+        }
+        ScriptCluster {
+            data,
+            base: free_port_base(),
+            path,
+        }
+    }
+
+    fn data(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// Runs `scripts/cluster.sh ARGS` within [`SCRIPT_TIMEOUT`].
+    fn run(&self, args: &[&str]) -> Output {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+        let mut child = Command::new("bash")
+            .arg(script)
+            .args(args)
+            .env("ONCEKV_BIN", env!("CARGO_BIN_EXE_oncekv"))
+            .env("ONCEKV_DATA", self.data())
+            .env("ONCEKV_PORT_BASE", self.base.to_string())
+            .env("PATH", &self.path)
+            .env_remove("ONCEKV_WORKER_THREADS")
+            .env(
+                "ONCEKV_NODE_ARGS",
+                "--heartbeat-ms 100 --election-timeout-min-ms 400 --election-timeout-max-ms 800",
+            )
+            .env_remove("ONCEKV_CA")
+            .env_remove("ONCEKV_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run scripts/cluster.sh");
+        let deadline = Instant::now() + SCRIPT_TIMEOUT;
+        while child.try_wait().expect("poll the script").is_none() {
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let output = child.wait_with_output().expect("reap the script");
+                panic!(
+                    "scripts/cluster.sh {args:?} ran longer than {SCRIPT_TIMEOUT:?}:\n{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+            .wait_with_output()
+            .expect("collect the script's output")
+    }
+
+    /// Runs the script and panics unless it succeeds.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "scripts/cluster.sh {args:?} failed ({}):\n{text}",
+            output.status
+        );
+        text
+    }
+
+    /// Node `n`'s pid file's pid, if the file exists.
+    fn pid_file(&self, n: u64) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data().join(format!("n{n}/pid"))).ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// The pids of live processes whose command line names node `n`'s
+    /// data directory: the node processes of this cluster, tracked or not.
+    fn node_processes(&self, n: u64) -> Vec<u32> {
+        let needle = format!("{}/db", self.data().join(format!("n{n}")).display());
+        processes_naming(&needle)
+    }
+}
+
+impl Drop for ScriptCluster {
+    fn drop(&mut self) {
+        let _ = self.run(&["stop"]);
+        for pid in processes_naming(&self.data().display().to_string()) {
+            // A node the script lost: ours (its command line names our
+            // temporary data directory), so ours to end.
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Writes an `nproc` into `dir` that answers 1 after [`SLOW_NPROC`]
+/// seconds. The script's background child runs it (for `--worker-threads`)
+/// while it evaluates the node's arguments, before it execs the node: the
+/// window in which the child's command line is still the script's own,
+/// which a loaded machine opens by chance (2 restarts in 16 at a load
+/// average of 1.8), held open on every start.
+fn slow_nproc(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).expect("create the tools directory");
+    let nproc = dir.join("nproc");
+    std::fs::write(&nproc, format!("#!/bin/sh\nsleep {SLOW_NPROC}\necho 1\n"))
+        .expect("write nproc");
+    std::fs::set_permissions(&nproc, std::fs::Permissions::from_mode(0o755))
+        .expect("make nproc executable");
+}
+
+/// Pids of live (not zombie) processes whose command line contains
+/// `needle`, from `/proc`.
+fn processes_naming(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let Ok(cmdline) = std::fs::read(proc_dir.join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let zombie = std::fs::read_to_string(proc_dir.join("stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(false);
+        if cmdline.contains(needle) && !zombie && pid != std::process::id() {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A port base whose twelve ports (clients, peers, metrics and HTTP of
+/// nodes 1-3) are free now: below the ephemeral range, starting at a
+/// random place so that concurrent runs rarely meet.
+fn free_port_base() -> u16 {
+    let offsets = [1u16, 2, 3, 101, 102, 103, 201, 202, 203, 301, 302, 303];
+    let start = u16::try_from(std::process::id() % 100).expect("below 100");
+    for step in 0..100u16 {
+        let base = 20_000 + ((start + step) % 100) * 100;
+        let listeners: Vec<_> = offsets
+            .iter()
+            .filter_map(|offset| TcpListener::bind(("127.0.0.1", base + offset)).ok())
+            .collect();
+        if listeners.len() == offsets.len() {
+            return base;
+        }
+    }
+    panic!("no port base with twelve free ports between 20000 and 30000");
+}
+
+/// Busy threads, one per core, until dropped: a loaded machine.
+struct CpuHog {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuHog {
+    fn start() -> CpuHog {
+        let stop = Arc::new(AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cores * HOG_THREADS_PER_CORE)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for i in 0..10_000u64 {
+                            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                        }
+                    }
+                })
+            })
+            .collect();
+        CpuHog { stop, threads }
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// `scripts/cluster.sh restart N`, repeated over nodes 1-3 with every core
+/// kept busy, leaves node N running each time with a pid file that names
+/// its one live process, and `stop` then leaves no node behind: the script
+/// never takes a node that has not exec'd yet for a dead one (whose pid
+/// file it used to delete, leaving a stray node holding its ports and data
+/// directory). The child's argument evaluation is slowed (`slow_nproc`) so
+/// that every start has that window. `ONCEKV_SCRIPT_RESTARTS` sets the
+/// number of restarts.
+#[test]
+fn restarts_on_a_loaded_machine_keep_every_node_tracked() {
+    let restarts: usize = std::env::var("ONCEKV_SCRIPT_RESTARTS")
+        .ok()
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(DEFAULT_RESTARTS);
+    let cluster = ScriptCluster::new();
+    let _hog = CpuHog::start();
+    let began = Instant::now();
+    cluster.ok(&["start"]);
+    for n in 1..=3 {
+        let tracked = cluster.pid_file(n).expect("a pid file after start");
+        assert_eq!(
+            cluster.node_processes(n),
+            vec![tracked],
+            "node {n} after start"
+        );
+    }
+    for round in 0..restarts {
+        assert!(
+            began.elapsed() < LOOP_TIMEOUT,
+            "only {round} restarts within {LOOP_TIMEOUT:?}"
+        );
+        let n = (round % 3) as u64 + 1;
+        let output = cluster.run(&["restart", &n.to_string()]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let tracked = cluster.pid_file(n);
+        let running = cluster.node_processes(n);
+        assert!(
+            output.status.success() && tracked.is_some() && running == vec![tracked.unwrap()],
+            "restart {round} of node {n}: exit {}, pid file {tracked:?}, node processes {running:?}:\n{text}",
+            output.status
+        );
+    }
+    cluster.ok(&["stop"]);
+    for n in 1..=3 {
+        assert_eq!(cluster.pid_file(n), None, "node {n}'s pid file after stop");
+        assert!(
+            cluster.node_processes(n).is_empty(),
+            "node {n} still runs after stop"
+        );
+    }
+}
