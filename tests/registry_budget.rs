@@ -26,6 +26,7 @@ fn set_budget(bytes: u64) -> Op {
         claims: ClaimConfigPatch::default(),
         budget: BudgetConfigPatch {
             memory_budget_bytes: Some(bytes),
+            ..BudgetConfigPatch::default()
         },
     }
 }
@@ -181,4 +182,101 @@ fn rule21_the_budget_survives_a_snapshot() {
     assert_eq!(restored.budget_config().memory_budget_bytes, 64 << 20);
     assert_eq!(restored.memory_bytes(), driver.registry.memory_bytes());
     assert!(restored.memory_bytes() > SESSION_MEMORY_BOOKKEEPING_BYTES + 1_100);
+}
+
+/// Rule 21: one authenticated principal may hold only its share of each
+/// capacity limit (sessions, keys, claims), so another still gets in; the
+/// anonymous principal is held to the limits alone.
+#[test]
+fn rule21_one_principal_cannot_take_every_session_key_or_claim() {
+    let mut driver = Driver::new();
+    driver.apply(Op::PatchAllConfigs {
+        cluster_id: CLUSTER,
+        patch: ConfigPatch {
+            sessions_max: Some(4),
+            ..ConfigPatch::default()
+        },
+        keyed: KeyedConfigPatch {
+            idempotency_keys_max: Some(4),
+            ..KeyedConfigPatch::default()
+        },
+        claims: ClaimConfigPatch {
+            claims_max: Some(4),
+            ..ClaimConfigPatch::default()
+        },
+        budget: BudgetConfigPatch::default(),
+    });
+    assert_eq!(driver.registry.budget_config().principal_quota_percent, 50);
+    let quota = Outcome::Rejected(Rejection::ResourceExhausted(Limit::PrincipalQuota));
+    let register = |who: &str, nonce: u128| Op::Register {
+        cluster_id: Some(CLUSTER),
+        nonce: Nonce(nonce),
+        principal: Principal(who.to_owned()),
+    };
+    let keyed = |who: &str, key: &str| Op::ExecuteKeyed {
+        cluster_id: CLUSTER,
+        key: IdempotencyKey(key.as_bytes().to_vec()),
+        command: Command::Increment {
+            key: b"n".to_vec(),
+            delta: 1,
+        },
+        principal: Principal(who.to_owned()),
+    };
+    let claim = |who: &str, key: &str, id: u128| {
+        Op::Claim(Claim {
+            cluster_id: CLUSTER,
+            principal: Principal(who.to_owned()),
+            key: IdempotencyKey(key.as_bytes().to_vec()),
+            fingerprint: claim_fingerprint(b"job"),
+            lease_ms: 1_000,
+            claim_id: Nonce(id),
+        })
+    };
+    for (nonce, key) in [(1, "a"), (2, "b")] {
+        assert!(matches!(
+            driver.apply(register("alice", nonce)),
+            Outcome::Registered(_)
+        ));
+        assert!(matches!(
+            driver.apply(keyed("alice", key)),
+            Outcome::Executed { .. }
+        ));
+        assert!(matches!(
+            driver.apply(claim("alice", key, nonce)),
+            Outcome::Claimed(_)
+        ));
+    }
+    assert_eq!(driver.apply(register("alice", 3)), quota);
+    assert_eq!(driver.apply(keyed("alice", "c")), quota);
+    assert_eq!(driver.apply(claim("alice", "c", 3)), quota);
+    // Bob gets his share; a duplicate of Alice's is still answered.
+    assert!(matches!(
+        driver.apply(register("bob", 4)),
+        Outcome::Registered(_)
+    ));
+    assert!(matches!(
+        driver.apply(keyed("bob", "a")),
+        Outcome::Executed { .. }
+    ));
+    assert!(matches!(
+        driver.apply(keyed("alice", "a")),
+        Outcome::Executed {
+            duplicate: true,
+            ..
+        }
+    ));
+    // The anonymous principal is held to the limits alone: one session
+    // left of four.
+    assert!(matches!(
+        driver.apply(register("", 5)),
+        Outcome::Registered(_)
+    ));
+    assert_eq!(
+        driver.apply(register("", 6)),
+        Outcome::Rejected(Rejection::ResourceExhausted(Limit::Sessions))
+    );
+    let restored = snapshot::from_bytes(&snapshot::to_bytes(&driver.registry)).expect("reads");
+    restored
+        .check_invariants()
+        .expect("usage rebuilt from the records");
 }

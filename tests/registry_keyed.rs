@@ -728,6 +728,18 @@ proptest! {
             idempotency_keys_max: Some(keys_max),
             ..KeyedConfigPatch::default()
         }));
+        // The model has no per-principal quota (rule 21): let each
+        // principal hold all of the key limit, as the model does.
+        driver.apply(Op::PatchAllConfigs {
+            cluster_id: support::registry::CLUSTER,
+            patch: ConfigPatch::default(),
+            keyed: KeyedConfigPatch::default(),
+            claims: oncekv_core::ClaimConfigPatch::default(),
+            budget: oncekv_core::BudgetConfigPatch {
+                principal_quota_percent: Some(100),
+                ..oncekv_core::BudgetConfigPatch::default()
+            },
+        });
         let mut replica = driver.registry.clone();
         let mut model = Model {
             now_ms: driver.now_ms,

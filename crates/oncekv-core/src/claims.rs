@@ -125,6 +125,8 @@ pub(crate) struct ClaimStore {
     cached_bytes: u64,
     /// Records in the `Held` state.
     held: u64,
+    /// Per principal: (records, bytes) — what its quota counts (rule 21).
+    by_principal: OrdMap<Principal, (u64, u64)>,
 }
 
 impl ClaimStore {
@@ -139,6 +141,22 @@ impl ClaimStore {
     /// Records whose key is held now (their lease may have run out).
     pub fn held(&self) -> u64 {
         self.held
+    }
+
+    /// (records, bytes) of `principal`'s claims.
+    pub fn usage(&self, principal: &Principal) -> (u64, u64) {
+        self.by_principal.get(principal).copied().unwrap_or((0, 0))
+    }
+
+    fn count(&mut self, principal: &Principal, records: i64, bytes: i64) {
+        let (count, size) = self.usage(principal);
+        let count = count.saturating_add_signed(records);
+        let size = size.saturating_add_signed(bytes);
+        if count == 0 {
+            self.by_principal.remove(principal);
+        } else {
+            self.by_principal.insert(principal.clone(), (count, size));
+        }
     }
 
     pub fn get(&self, id: &KeyId) -> Option<&ClaimRecord> {
@@ -168,6 +186,7 @@ impl ClaimStore {
     pub fn put(&mut self, id: KeyId, record: ClaimRecord) {
         self.remove(&id);
         self.cached_bytes += record.size_bytes(&id);
+        self.count(&id.0, 1, record.size_bytes(&id) as i64);
         if matches!(record.state, ClaimState::Held { .. }) {
             self.held += 1;
         }
@@ -188,6 +207,7 @@ impl ClaimStore {
 
     fn forget_accounting(&mut self, id: &KeyId, record: &ClaimRecord) {
         self.cached_bytes -= record.size_bytes(id);
+        self.count(&id.0, -1, -(record.size_bytes(id) as i64));
         if matches!(record.state, ClaimState::Held { .. }) {
             self.held -= 1;
         }
@@ -238,6 +258,15 @@ impl ClaimStore {
                 "claim bytes {} and held {} but records sum to {sum} and {held}",
                 self.cached_bytes, self.held
             ));
+        }
+        let mut usage: OrdMap<Principal, (u64, u64)> = OrdMap::new();
+        for (id, record) in &self.records {
+            let entry = usage.entry(id.0.clone()).or_insert((0, 0));
+            entry.0 += 1;
+            entry.1 += record.size_bytes(id);
+        }
+        if usage != self.by_principal {
+            return Err("per-principal claim usage disagrees with the records".to_owned());
         }
         Ok(())
     }
@@ -439,6 +468,12 @@ impl Registry {
                     return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
                 }
                 self.check_budget(size)?;
+                let (claims_held, _) = self.claims.usage(&id.0);
+                self.check_quota(
+                    &id.0,
+                    Some((claims_held, self.claim_config.claims_max)),
+                    size,
+                )?;
                 1
             }
         };
@@ -528,6 +563,7 @@ impl Registry {
                     return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
                 }
                 self.check_budget(grown)?;
+                self.check_quota(principal, None, grown)?;
                 record.state = ClaimState::Completed {
                     completed_ms,
                     result: result.to_vec(),

@@ -40,6 +40,8 @@ pub(crate) struct KeyStore {
     by_age: OrdSet<(u64, Principal, IdempotencyKey)>,
     /// Sum of `size_bytes` over the records.
     cached_bytes: u64,
+    /// Per principal: (records, bytes) — what its quota counts (rule 21).
+    by_principal: OrdMap<Principal, (u64, u64)>,
 }
 
 impl KeyStore {
@@ -49,6 +51,22 @@ impl KeyStore {
 
     pub fn cached_bytes(&self) -> u64 {
         self.cached_bytes
+    }
+
+    /// (records, bytes) of `principal`'s keys.
+    pub fn usage(&self, principal: &Principal) -> (u64, u64) {
+        self.by_principal.get(principal).copied().unwrap_or((0, 0))
+    }
+
+    fn count(&mut self, principal: &Principal, records: i64, bytes: i64) {
+        let (count, size) = self.usage(principal);
+        let count = count.saturating_add_signed(records);
+        let size = size.saturating_add_signed(bytes);
+        if count == 0 {
+            self.by_principal.remove(principal);
+        } else {
+            self.by_principal.insert(principal.clone(), (count, size));
+        }
     }
 
     pub fn get(&self, id: &KeyId) -> Option<&KeyRecord> {
@@ -78,6 +96,7 @@ impl KeyStore {
     /// has no record.
     pub fn insert(&mut self, id: KeyId, record: KeyRecord) {
         self.cached_bytes += record.size_bytes(&id);
+        self.count(&id.0, 1, record.size_bytes(&id) as i64);
         self.by_age
             .insert((record.created_ms, id.0.clone(), id.1.clone()));
         let previous = self.records.insert(id, record);
@@ -90,6 +109,7 @@ impl KeyStore {
             return false;
         };
         self.cached_bytes -= record.size_bytes(id);
+        self.count(&id.0, -1, -(record.size_bytes(id) as i64));
         let aged = self
             .by_age
             .remove(&(record.created_ms, id.0.clone(), id.1.clone()));
@@ -110,6 +130,7 @@ impl KeyStore {
             let record = self.records.remove(&id);
             let record = record.expect("a key in the age index without a record");
             self.cached_bytes -= record.size_bytes(&id);
+            self.count(&id.0, -1, -(record.size_bytes(&id) as i64));
             expired += 1;
         }
         expired
@@ -140,6 +161,15 @@ impl KeyStore {
                 "key bytes {} but records sum to {sum}",
                 self.cached_bytes
             ));
+        }
+        let mut usage: OrdMap<Principal, (u64, u64)> = OrdMap::new();
+        for (id, record) in &self.records {
+            let entry = usage.entry(id.0.clone()).or_insert((0, 0));
+            entry.0 += 1;
+            entry.1 += record.size_bytes(id);
+        }
+        if usage != self.by_principal {
+            return Err("per-principal key usage disagrees with the records".to_owned());
         }
         Ok(())
     }

@@ -132,6 +132,9 @@ pub struct Registry {
     /// Sum of the sessions' cached bytes (what they charge against the
     /// memory budget beyond their bookkeeping).
     sessions_cached_bytes: u64,
+    /// Per owner: (sessions, their cached bytes) — what the owner's quota
+    /// counts (rule 21). Derived from the sessions.
+    session_usage: OrdMap<Principal, (u64, u64)>,
 }
 
 /// A read-only view of one idempotency key's record, for operators.
@@ -338,8 +341,64 @@ impl Registry {
         if let Some(id) = session {
             let cached_after = self.session_cached_bytes(id);
             self.sessions_cached_bytes = self.sessions_cached_bytes - cached_before + cached_after;
+            if let Some(owner) = self.sessions.get(&id).map(|session| session.owner.clone()) {
+                let delta = cached_after as i64 - cached_before as i64;
+                self.count_session_usage(&owner, 0, delta);
+            }
         }
         outcome
+    }
+
+    /// Adds to `owner`'s session usage.
+    fn count_session_usage(&mut self, owner: &Principal, sessions: i64, bytes: i64) {
+        let (count, size) = self.session_usage.get(owner).copied().unwrap_or((0, 0));
+        let count = count.saturating_add_signed(sessions);
+        let size = size.saturating_add_signed(bytes);
+        if count == 0 {
+            self.session_usage.remove(owner);
+        } else {
+            self.session_usage.insert(owner.clone(), (count, size));
+        }
+    }
+
+    /// The bytes `principal` holds: its sessions with their cached
+    /// responses, its key records and its claim records.
+    fn principal_bytes(&self, principal: &Principal) -> u64 {
+        let (sessions, cached) = self.session_usage.get(principal).copied().unwrap_or((0, 0));
+        (sessions * SESSION_MEMORY_BOOKKEEPING_BYTES)
+            .saturating_add(cached)
+            .saturating_add(self.keys.usage(principal).1)
+            .saturating_add(self.claims.usage(principal).1)
+    }
+
+    /// `principal`'s share of a capacity limit of `limit`.
+    fn quota(&self, limit: u64) -> u64 {
+        let share = u128::from(limit) * u128::from(self.budget.principal_quota_percent) / 100;
+        u64::try_from(share).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Refuses a request of `principal` that would take its count of some
+    /// record (`held` now, one more wanted) past its share of `limit`, or
+    /// its bytes `growth_bytes` past its share of the memory budget (rule
+    /// 21). The anonymous principal is every caller of a node without
+    /// authentication: it is held to the limits alone.
+    fn check_quota(
+        &self,
+        principal: &Principal,
+        count: Option<(u64, u64)>,
+        growth_bytes: u64,
+    ) -> Result<(), Rejection> {
+        if principal.is_anonymous() {
+            return Ok(());
+        }
+        let over_count = count.is_some_and(|(held, limit)| held + 1 > self.quota(limit));
+        let over_bytes = growth_bytes > 0
+            && self.principal_bytes(principal).saturating_add(growth_bytes)
+                > self.quota(self.budget.memory_budget_bytes);
+        if over_count || over_bytes {
+            return Err(Rejection::ResourceExhausted(Limit::PrincipalQuota));
+        }
+        Ok(())
     }
 
     fn session_cached_bytes(&self, client_id: ClientId) -> u64 {
@@ -507,6 +566,7 @@ impl Registry {
             return false;
         };
         self.sessions_cached_bytes -= session.cached_bytes;
+        self.count_session_usage(&session.owner, -1, -(session.cached_bytes as i64));
         // Sessions, nonces and the idle index agree (see `check_invariants`).
         let nonce_owner = self.nonces.remove(&session.nonce);
         assert_eq!(
@@ -558,6 +618,15 @@ impl Registry {
             .values()
             .map(|session| session.cached_bytes)
             .sum();
+        let mut usage: OrdMap<Principal, (u64, u64)> = OrdMap::new();
+        for session in self.sessions.values() {
+            let entry = usage.entry(session.owner.clone()).or_insert((0, 0));
+            entry.0 += 1;
+            entry.1 += session.cached_bytes;
+        }
+        if usage != self.session_usage {
+            return Err("per-principal session usage disagrees with the sessions".to_owned());
+        }
         if cached != self.sessions_cached_bytes {
             return Err(format!(
                 "sessions' cached bytes {} but sessions sum to {cached}",
@@ -678,6 +747,12 @@ impl Registry {
             return Err(Rejection::ResourceExhausted(Limit::Sessions));
         }
         self.check_budget(SESSION_MEMORY_BOOKKEEPING_BYTES)?;
+        let owned = self.session_usage.get(principal).map_or(0, |usage| usage.0);
+        self.check_quota(
+            principal,
+            Some((owned, self.config.sessions_max)),
+            SESSION_MEMORY_BOOKKEEPING_BYTES,
+        )?;
         // One above every id assigned before, and at least the entry's log
         // index: a function of the log alone (rule 1), unique forever, and
         // the log index itself for an entry carrying one registration.
@@ -690,6 +765,7 @@ impl Registry {
         );
         self.nonces.insert(nonce, client_id);
         self.idle.insert((self.cluster_time_ms, client_id));
+        self.count_session_usage(principal, 1, 0);
         Ok(Outcome::Registered(reply))
     }
 
@@ -769,6 +845,7 @@ impl Registry {
             self.kv.growth_bytes(request.command.key(), effect)
         });
         self.check_budget(response_size_bytes(&response).saturating_add(data_growth))?;
+        self.check_quota(&request.principal, None, response_size_bytes(&response))?;
         let session = self
             .sessions
             .get_mut(&request.client_id)
@@ -959,6 +1036,12 @@ impl Registry {
             .as_ref()
             .map_or(0, |effect| self.kv.growth_bytes(command.key(), effect));
         self.check_budget(size.saturating_add(data_growth))?;
+        let (keys_held, _) = self.keys.usage(principal);
+        self.check_quota(
+            principal,
+            Some((keys_held, keyed.idempotency_keys_max)),
+            size,
+        )?;
         // Step 5: execute and record.
         self.keys.insert(
             id,

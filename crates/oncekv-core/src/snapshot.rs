@@ -578,6 +578,15 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     }
     registry.idle.insert((session.last_active_ms, client_id));
     registry.sessions_cached_bytes += session.cached_bytes;
+    let (owned, cached) = registry
+        .session_usage
+        .get(&session.owner)
+        .copied()
+        .unwrap_or((0, 0));
+    registry.session_usage.insert(
+        session.owner.clone(),
+        (owned + 1, cached + session.cached_bytes),
+    );
     registry.sessions.insert(client_id, session);
     Ok(())
 }

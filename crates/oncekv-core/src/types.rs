@@ -944,6 +944,12 @@ pub fn kv_entry_memory_bytes(key: &[u8], value: &Value) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetConfig {
     pub memory_budget_bytes: u64,
+    /// The share, in percent, of each capacity limit — `sessions_max`,
+    /// `idempotency_keys_max`, `claims_max` and the memory budget — that
+    /// one authenticated principal may hold (rule 21: no tenant takes
+    /// all). The anonymous principal (no authentication: every caller) is
+    /// held to the limits alone.
+    pub principal_quota_percent: u64,
 }
 
 impl Default for BudgetConfig {
@@ -952,6 +958,7 @@ impl Default for BudgetConfig {
         // (plus the process's own overhead) on a host with a few GiB.
         BudgetConfig {
             memory_budget_bytes: 1 << 30,
+            principal_quota_percent: 50,
         }
     }
 }
@@ -971,6 +978,11 @@ impl BudgetConfig {
         {
             return Err(InvalidArgument::Config(
                 "memory_budget_bytes must be 16 MiB..=1 TiB".to_owned(),
+            ));
+        }
+        if !(1..=100).contains(&self.principal_quota_percent) {
+            return Err(InvalidArgument::Config(
+                "principal_quota_percent must be 1..=100".to_owned(),
             ));
         }
         let largest = KV_ENTRY_MEMORY_BOOKKEEPING_BYTES
@@ -996,6 +1008,7 @@ impl BudgetConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetConfigPatch {
     pub memory_budget_bytes: Option<u64>,
+    pub principal_quota_percent: Option<u64>,
 }
 
 impl BudgetConfigPatch {
@@ -1008,6 +1021,9 @@ impl BudgetConfigPatch {
             memory_budget_bytes: self
                 .memory_budget_bytes
                 .unwrap_or(config.memory_budget_bytes),
+            principal_quota_percent: self
+                .principal_quota_percent
+                .unwrap_or(config.principal_quota_percent),
         }
     }
 }
@@ -1273,6 +1289,8 @@ pub enum Limit {
     ClaimCachedBytes,
     /// The applied state's accounted bytes (capacity, rule 21).
     MemoryBudget,
+    /// One principal's share of a capacity limit (capacity, rule 21).
+    PrincipalQuota,
 }
 
 /// Malformed requests.
@@ -1323,6 +1341,7 @@ impl Limit {
             Limit::ClaimResultBytes,
             Limit::ClaimCachedBytes,
             Limit::MemoryBudget,
+            Limit::PrincipalQuota,
         ]
         .into_iter()
         .find(|limit| limit.to_string() == name)
@@ -1346,6 +1365,7 @@ impl fmt::Display for Limit {
             Limit::ClaimResultBytes => "claim_result_bytes_max",
             Limit::ClaimCachedBytes => "claim_cached_bytes_max",
             Limit::MemoryBudget => "memory_budget_bytes",
+            Limit::PrincipalQuota => "principal_quota_percent",
         };
         f.write_str(name)
     }

@@ -434,6 +434,7 @@ pub fn claim_to_proto(view: &ClaimView) -> proto::ClaimInfo {
 /// Sets the memory budget field of a whole config message.
 pub fn budget_into_proto(budget: &oncekv_core::BudgetConfig, config: &mut proto::RegistryConfig) {
     config.memory_budget_bytes = budget.memory_budget_bytes;
+    config.principal_quota_percent = budget.principal_quota_percent;
 }
 
 /// The memory budget field a wire patch sets.
@@ -442,6 +443,7 @@ pub fn budget_patch_from_proto(
 ) -> oncekv_core::BudgetConfigPatch {
     oncekv_core::BudgetConfigPatch {
         memory_budget_bytes: patch.memory_budget_bytes,
+        principal_quota_percent: patch.principal_quota_percent,
     }
 }
 

@@ -78,10 +78,14 @@ pub struct ConfigSetArgs {
     /// and claims together).
     #[arg(long)]
     pub memory_budget_bytes: Option<u64>,
+    /// The percent of each capacity limit one authenticated principal may
+    /// hold.
+    #[arg(long)]
+    pub principal_quota_percent: Option<u64>,
 }
 
 /// The config's fields, in a fixed order, as (name, value).
-fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 19] {
+fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 20] {
     [
         ("session_ttl_ms", config.session_ttl_ms),
         ("sessions_max", config.sessions_max),
@@ -111,6 +115,7 @@ fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 19] {
         ("claim_cached_bytes_max", config.claim_cached_bytes_max),
         ("lease_ms_max", config.lease_ms_max),
         ("memory_budget_bytes", config.memory_budget_bytes),
+        ("principal_quota_percent", config.principal_quota_percent),
     ]
 }
 
@@ -173,6 +178,7 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         set.claim_cached_bytes_max,
         set.lease_ms_max,
         set.memory_budget_bytes,
+        set.principal_quota_percent,
     ];
     if changes.iter().all(Option::is_none) {
         return Err(Failure::usage(
@@ -203,6 +209,7 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         claim_cached_bytes_max: set.claim_cached_bytes_max,
         lease_ms_max: set.lease_ms_max,
         memory_budget_bytes: set.memory_budget_bytes,
+        principal_quota_percent: set.principal_quota_percent,
     };
     let request = proto::SetConfigRequest {
         cluster_id,
