@@ -86,7 +86,13 @@ async fn a_claim_is_won_once_completed_and_replayed() {
     let cluster = Cluster::start("http-claims").await;
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let http = Http::plain(&cluster.http_addr(follower_of(leader)));
-    let charge = |claim_id: &str| json!({"fingerprint": "charge order 1 EUR 10", "lease_ms": 30_000, "claim_id": claim_id});
+    let charge = |claim_id: &str| {
+        json!({
+            "fingerprint": "charge order 1 EUR 10",
+            "lease_ms": 30_000,
+            "claim_id": claim_id,
+        })
+    };
 
     // Won: 201, the effect is ours.
     let (won, first) = expect(claim(&http, "order-1", &[], charge(CLAIM_A)).await, 201);
@@ -258,7 +264,13 @@ async fn a_stale_holder_is_fenced() {
     let cluster = Cluster::start("http-claims-fenced").await;
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let http = Http::plain(&cluster.http_addr(follower_of(leader)));
-    let job = |claim_id: &str, lease_ms: u64| json!({"fingerprint": "deploy 42", "lease_ms": lease_ms, "claim_id": claim_id});
+    let job = |claim_id: &str, lease_ms: u64| {
+        json!({
+            "fingerprint": "deploy 42",
+            "lease_ms": lease_ms,
+            "claim_id": claim_id,
+        })
+    };
 
     let (_, first) = expect(
         claim(&http, "deploy-42", &[], job(CLAIM_A, 1_000)).await,

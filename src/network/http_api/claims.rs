@@ -276,7 +276,7 @@ pub fn claim_answer(key: &[u8], answer: ClaimAnswer, claim_id: u128) -> Result<A
         } => Err(client_error(ClientError::ClaimInProgress { retry_after_ms })
             .with("attempt", Json::from(attempt))
             .with("key", key_text(key))
-            .as_problem()),
+            .into_problem()),
     }
 }
 
@@ -301,10 +301,13 @@ pub fn claim_error(error: ClientError, key: &[u8], claim_id: Option<u128>) -> Ht
             ),
         )
         .with("key", key_text(key))
-        .as_problem(),
+        .into_problem(),
         ClientError::KeyOutcomeUnknown { reason, .. } => {
             let again = match claim_id {
-                Some(claim_id) => format!("the same body with \"claim_id\": \"{}\"", claim_id_hex(claim_id)),
+                Some(claim_id) => {
+                    let hex = claim_id_hex(claim_id);
+                    format!("the same body with \"claim_id\": \"{hex}\"")
+                }
                 None => "the same request".to_string(),
             };
             let error = HttpError::new(
@@ -487,7 +490,8 @@ mod tests {
     /// malformed id, is 400.
     #[test]
     fn claim_ids() {
-        let body = br#"{"fingerprint":"charge 10","lease_ms":500,"claim_id":"000102030405060708090A0B0C0D0E0F"}"#;
+        let body = br#"{"fingerprint":"charge 10","lease_ms":500,
+                        "claim_id":"000102030405060708090A0B0C0D0E0F"}"#;
         assert_eq!(
             request(Operation::Claim, body, None, no_random),
             Ok(Request::Claim {

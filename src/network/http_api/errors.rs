@@ -5,7 +5,7 @@
 //! resource; it decides no status of its own beyond that mapping and the
 //! headers a status implies (`WWW-Authenticate`, `Retry-After`, `Allow`).
 //! A resource may ask for an error as an RFC 9457 problem
-//! ([`HttpError::as_problem`]): the same body with the problem members
+//! ([`HttpError::into_problem`]): the same body with the problem members
 //! added, as `application/problem+json`.
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -46,7 +46,7 @@ impl HttpError {
     /// The same error as an RFC 9457 problem: `type` `about:blank` (the
     /// `reason` member names the problem), `title` the status's phrase,
     /// `status`, and `detail` the message, besides the usual members.
-    pub(super) fn as_problem(mut self) -> HttpError {
+    pub(super) fn into_problem(mut self) -> HttpError {
         self.problem = true;
         self
     }
