@@ -1,10 +1,12 @@
 //! What every resource of the HTTP API shares to read requests and write
-//! answers: keys from percent-encoded path segments, typed values and
-//! command results as JSON (docs/http.md, "Values"), and strict parsing of
-//! JSON bodies (unknown fields refused). Pure functions: no I/O, no state,
+//! answers: keys from percent-encoded path segments, the
+//! `Idempotency-Key` header, typed values, byte strings and command
+//! results as JSON (docs/http.md, "Values"), and strict parsing of JSON
+//! bodies (unknown fields refused). Pure functions: no I/O, no state,
 //! no decision about what a request does.
 
 use super::errors::HttpError;
+use axum::http::HeaderMap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use oncekv_core::{CommandResult, Value, ValueKind};
@@ -40,6 +42,70 @@ pub fn percent_decode(segment: &str) -> Result<Vec<u8>, HttpError> {
         }
     }
     Ok(decoded)
+}
+
+/// Most bytes of an `Idempotency-Key` (inside its quotes).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+
+/// The `Idempotency-Key` header's key, if any: a structured-field string
+/// (`"..."`, RFC 8941, as the IETF draft has it) or, leniently, a bare
+/// token of visible ASCII; 1..=255 bytes, printable ASCII.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, HttpError> {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let malformed =
+        |why: &str| HttpError::invalid(format!("malformed Idempotency-Key header: {why}"));
+    if values.next().is_some() {
+        return Err(malformed("given more than once"));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| malformed("not printable ASCII"))?
+        .trim_matches(|c| c == ' ' || c == '\t');
+    let key = match text.strip_prefix('"') {
+        Some(quoted) => {
+            let inner = quoted
+                .strip_suffix('"')
+                .ok_or_else(|| malformed("an unterminated string"))?;
+            let mut key = Vec::with_capacity(inner.len());
+            let mut chars = inner.bytes();
+            while let Some(byte) = chars.next() {
+                match byte {
+                    b'\\' => match chars.next() {
+                        Some(escaped @ (b'"' | b'\\')) => key.push(escaped),
+                        _ => return Err(malformed("a bad escape (only \\\" and \\\\)")),
+                    },
+                    b'"' => return Err(malformed("an unescaped quote inside the string")),
+                    0x20..=0x7e => key.push(byte),
+                    _ => return Err(malformed("not printable ASCII")),
+                }
+            }
+            key
+        }
+        None => {
+            if !text
+                .bytes()
+                .all(|byte| byte.is_ascii_graphic() && byte != b'"')
+            {
+                return Err(malformed(
+                    "quote it as a string (\"...\") or use visible ASCII only",
+                ));
+            }
+            text.as_bytes().to_vec()
+        }
+    };
+    if key.is_empty() {
+        return Err(malformed("empty"));
+    }
+    if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
+        return Err(malformed(&format!(
+            "{} bytes, at most {IDEMPOTENCY_KEY_BYTES_MAX}",
+            key.len()
+        )));
+    }
+    Ok(Some(key))
 }
 
 /// A typed value in JSON: exactly one of these members (docs/http.md).
@@ -101,6 +167,31 @@ pub fn value_json(value: &Value) -> Json {
                 }),
             }
         }
+    }
+}
+
+/// Bytes as one JSON member named `name` when they are UTF-8 text, or
+/// `{name}_base64` (standard base64) otherwise, as values are written.
+pub fn bytes_member(name: &str, bytes: &[u8]) -> (String, Json) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (name.to_string(), Json::from(text)),
+        Err(_) => (format!("{name}_base64"), Json::from(BASE64.encode(bytes))),
+    }
+}
+
+/// Bytes given as exactly one of the members `name` (UTF-8 text) and
+/// `{name}_base64` (standard base64), as `text` and `base64`.
+pub(super) fn bytes_from_members(
+    name: &str,
+    text: Option<String>,
+    base64: Option<String>,
+) -> Result<Vec<u8>, HttpError> {
+    match (text, base64) {
+        (Some(text), None) => Ok(text.into_bytes()),
+        (None, Some(base64)) => decode_base64(&base64, &format!("{name}_base64")),
+        _ => Err(HttpError::invalid(format!(
+            "request body: exactly one of `{name}` and `{name}_base64`"
+        ))),
     }
 }
 

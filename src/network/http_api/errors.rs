@@ -4,6 +4,9 @@
 //! them ([`client_error`], docs/http.md "Errors"). Shared by every
 //! resource; it decides no status of its own beyond that mapping and the
 //! headers a status implies (`WWW-Authenticate`, `Retry-After`, `Allow`).
+//! A resource may ask for an error as an RFC 9457 problem
+//! ([`HttpError::into_problem`]): the same body with the problem members
+//! added, as `application/problem+json`.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -19,6 +22,10 @@ pub struct HttpError {
     pub reason: &'static str,
     pub message: String,
     pub detail: Map<String, Json>,
+    /// Answered as an RFC 9457 problem (`application/problem+json`, the
+    /// members `type`, `title`, `status` and `detail` added to the body),
+    /// as the IETF idempotency draft asks for its 409 and 422.
+    pub problem: bool,
 }
 
 impl HttpError {
@@ -32,7 +39,16 @@ impl HttpError {
             reason,
             message: message.into(),
             detail: Map::new(),
+            problem: false,
         }
+    }
+
+    /// The same error as an RFC 9457 problem: `type` `about:blank` (the
+    /// `reason` member names the problem), `title` the status's phrase,
+    /// `status`, and `detail` the message, besides the usual members.
+    pub(super) fn into_problem(mut self) -> HttpError {
+        self.problem = true;
+        self
     }
 
     pub(super) fn invalid(message: impl Into<String>) -> HttpError {
@@ -61,13 +77,37 @@ impl HttpError {
         for (field, value) in &self.detail {
             body.insert(field.clone(), value.clone());
         }
+        if self.problem {
+            body.insert("type".into(), Json::from("about:blank"));
+            body.insert(
+                "title".into(),
+                Json::from(self.status.canonical_reason().unwrap_or("")),
+            );
+            body.insert("status".into(), Json::from(self.status.as_u16()));
+            body.insert("detail".into(), Json::from(self.message.clone()));
+        }
         Json::Object(body)
+    }
+
+    /// The body's content type.
+    fn content_type(&self) -> &'static str {
+        if self.problem {
+            "application/problem+json"
+        } else {
+            "application/json"
+        }
     }
 }
 
 impl HttpError {
     /// The headers the status implies besides the content type.
     fn status_headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+        // An answer that says when to come back (a claim in progress) says
+        // it in whole seconds too, rounded up.
+        if let Some(retry_after_ms) = self.detail.get("retry_after_ms").and_then(Json::as_u64) {
+            let seconds = retry_after_ms.div_ceil(1000);
+            return vec![(header::RETRY_AFTER, HeaderValue::from(seconds))];
+        }
         match self.status {
             StatusCode::UNAUTHORIZED => {
                 vec![(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))]
@@ -90,10 +130,11 @@ impl HttpError {
     pub(super) fn http1_response(&self) -> Vec<u8> {
         let body = self.body().to_string();
         let mut head = format!(
-            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+            "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n\
              connection: close\r\n",
             self.status.as_u16(),
             self.status.canonical_reason().unwrap_or(""),
+            self.content_type(),
             body.len()
         );
         for (name, value) in self.status_headers() {
@@ -113,6 +154,10 @@ impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let mut response = (self.status, json_body(&self.body())).into_response();
         let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(self.content_type()),
+        );
         for (name, value) in self.status_headers() {
             headers.insert(name, value);
         }

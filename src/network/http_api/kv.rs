@@ -14,7 +14,8 @@
 //! is 400. `GET` ignores the header.
 
 use super::codec::{
-    JsonValue, decode_base64, parse, percent_decode, present, result_json, value_json,
+    JsonValue, decode_base64, idempotency_key, parse, percent_decode, present, result_json,
+    value_json,
 };
 use super::errors::{HttpError, client_error};
 use super::{Answer, Call, Resource};
@@ -26,8 +27,7 @@ use oncekv_core::Command;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-/// Most bytes of an `Idempotency-Key` (inside its quotes).
-pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+pub use super::codec::IDEMPOTENCY_KEY_BYTES_MAX;
 
 /// This resource in the API's table (`super::RESOURCES`).
 pub(super) const RESOURCE: Resource = Resource {
@@ -101,65 +101,13 @@ pub enum Delivery {
     Keyed(Vec<u8>),
 }
 
-/// The `Idempotency-Key` header, if any: a structured-field string
-/// (`"..."`, RFC 8941, as the IETF draft has it) or, leniently, a bare
-/// token of visible ASCII; 1..=255 bytes, printable ASCII.
+/// How a write is delivered, from its `Idempotency-Key` header
+/// ([`idempotency_key`]).
 pub fn delivery(headers: &HeaderMap) -> Result<Delivery, HttpError> {
-    let mut values = headers.get_all("idempotency-key").iter();
-    let Some(value) = values.next() else {
-        return Ok(Delivery::AtLeastOnce);
-    };
-    let malformed =
-        |why: &str| HttpError::invalid(format!("malformed Idempotency-Key header: {why}"));
-    if values.next().is_some() {
-        return Err(malformed("given more than once"));
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| malformed("not printable ASCII"))?
-        .trim_matches(|c| c == ' ' || c == '\t');
-    let key = match text.strip_prefix('"') {
-        Some(quoted) => {
-            let inner = quoted
-                .strip_suffix('"')
-                .ok_or_else(|| malformed("an unterminated string"))?;
-            let mut key = Vec::with_capacity(inner.len());
-            let mut chars = inner.bytes();
-            while let Some(byte) = chars.next() {
-                match byte {
-                    b'\\' => match chars.next() {
-                        Some(escaped @ (b'"' | b'\\')) => key.push(escaped),
-                        _ => return Err(malformed("a bad escape (only \\\" and \\\\)")),
-                    },
-                    b'"' => return Err(malformed("an unescaped quote inside the string")),
-                    0x20..=0x7e => key.push(byte),
-                    _ => return Err(malformed("not printable ASCII")),
-                }
-            }
-            key
-        }
-        None => {
-            if !text
-                .bytes()
-                .all(|byte| byte.is_ascii_graphic() && byte != b'"')
-            {
-                return Err(malformed(
-                    "quote it as a string (\"...\") or use visible ASCII only",
-                ));
-            }
-            text.as_bytes().to_vec()
-        }
-    };
-    if key.is_empty() {
-        return Err(malformed("empty"));
-    }
-    if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
-        return Err(malformed(&format!(
-            "{} bytes, at most {IDEMPOTENCY_KEY_BYTES_MAX}",
-            key.len()
-        )));
-    }
-    Ok(Delivery::Keyed(key))
+    Ok(match idempotency_key(headers)? {
+        None => Delivery::AtLeastOnce,
+        Some(key) => Delivery::Keyed(key),
+    })
 }
 
 #[derive(Deserialize)]

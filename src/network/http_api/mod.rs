@@ -13,7 +13,8 @@
 //! from paths, values and results as JSON), [`body`] (the body read,
 //! bounded in size, time and memory), [`limits`] (the port's bounds,
 //! connections counted per peer address and in total) and one module per
-//! resource — [`kv`] for `/v1/kv/{key}`.
+//! resource — [`kv`] for `/v1/kv/{key}`, [`claims`] for
+//! `/v1/claims/{key}`.
 //!
 //! **A request's way**, so that no one holds or fills the node before
 //! being authenticated: the connection takes a place in [`limits`] (past
@@ -25,8 +26,8 @@
 //! request take one of the [`REQUESTS_IN_FLIGHT_MAX`] permits (503 past
 //! them) for its forwarded call.
 //!
-//! **Adding a resource** (say `claims.rs` for `/v1/claims/{key}`): write
-//! the module beside `kv.rs` with a `pub(super) const RESOURCE: Resource`
+//! **Adding a resource** (as `claims.rs` was for `/v1/claims/{key}`):
+//! write the module beside `kv.rs` with a `pub(super) const RESOURCE: Resource`
 //! (its path prefix and a function from method and path to a `Call`), and
 //! name it in the one line `resources!(kv, claims);` below, which declares
 //! the module and adds it to `RESOURCES`. Routing by prefix,
@@ -51,7 +52,7 @@ macro_rules! resources {
 }
 
 // Adding a resource is one line: its module's name here.
-resources!(kv);
+resources!(kv, claims);
 
 pub use body::BODY_BYTES_MAX;
 pub use errors::{HttpError, client_error};
@@ -141,8 +142,8 @@ fn resource(path: &str) -> Option<&'static Resource> {
     })
 }
 
-/// A successful answer: a status, a JSON body, and for a keyed write
-/// whether it was replayed.
+/// A successful answer: a status, a JSON body, and for a keyed write or a
+/// claim whether it was replayed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Answer {
     pub status: StatusCode,
@@ -547,7 +548,21 @@ mod tests {
                 "{path}"
             );
         }
-        for path in ["/", "/v1", "/v1/kvx", "/v1/kvx/a", "/v2/kv/a"] {
+        for path in ["/v1/claims", "/v1/claims/a", "/v1/claims/a/complete"] {
+            assert_eq!(
+                resource(path).map(|found| found.prefix),
+                Some("/v1/claims"),
+                "{path}"
+            );
+        }
+        for path in [
+            "/",
+            "/v1",
+            "/v1/kvx",
+            "/v1/kvx/a",
+            "/v2/kv/a",
+            "/v1/claimsx",
+        ] {
             assert!(resource(path).is_none(), "{path}");
         }
     }
