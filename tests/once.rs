@@ -20,7 +20,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use oncekv_client::{Client, Error};
-use support::admin::{Run, run_to_exit};
+use support::admin::{Run, oncekv, run_to_exit};
 use support::cluster::Cluster;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::time::Instant;
@@ -130,6 +130,59 @@ async fn once_runs_a_command_once_however_often_it_is_invoked() {
     // A command that does not exist is refused before anything is claimed.
     let missing = once(&cluster, &["job-9", "--", "no-such-command-for-once"]).await;
     assert_eq!(missing.code, 127, "{missing:?}");
+
+    // The operator's view: the records, the recorded result decoded.
+    let endpoints = cluster.client_addrs();
+    let shown = oncekv(&endpoints, &["admin", "claims", "show", "job-1", "--json"]).await;
+    let claim = &shown.json()["claim"];
+    assert_eq!(claim["state"], "completed", "{shown:?}");
+    assert_eq!(claim["attempt"], 1);
+    assert_eq!(claim["once"]["exit_code"], 0);
+    assert_eq!(claim["once"]["stdout"], "ran\n");
+    let listed = oncekv(&endpoints, &["admin", "claims", "list"]).await;
+    let listed = listed.ok();
+    for line in [
+        "claim job-1 ",
+        "claim mail-2 ",
+        "result once exit 3, stdout \"failed\\n\"",
+    ] {
+        assert!(listed.contains(line), "{line:?} in {listed}");
+    }
+    assert!(!listed.contains("claim job-9"), "{listed}");
+    let config = oncekv(&endpoints, &["admin", "config", "--json"]).await;
+    assert!(config.json()["config"]["claim_ttl_ms"].as_u64() > Some(0));
+    // Forgotten, the key runs its command anew.
+    let forgotten = oncekv(&endpoints, &["admin", "claims", "forget", "job-1"]).await;
+    assert!(forgotten.ok().contains("forgotten"), "{forgotten:?}");
+    let again = once(&cluster, &args).await;
+    assert_eq!(
+        (again.code, again.stdout.as_str()),
+        (0, "ran\n"),
+        "{again:?}"
+    );
+    assert_eq!(lines(&file), ["x", "x"]);
+    let missing = oncekv(&endpoints, &["admin", "claims", "show", "job-9"]).await;
+    assert_eq!(missing.code, 1, "{missing:?}");
+
+    // Stdout the cluster's claim_result_bytes_max cannot hold: the exit code
+    // is recorded without it, and the command still runs once.
+    let set = oncekv(
+        &endpoints,
+        &["admin", "config", "set", "--claim-result-bytes-max", "100"],
+    )
+    .await;
+    set.ok();
+    let loud = format!(
+        "echo x >> '{}'; head -c 300 /dev/zero | tr '\\0' a",
+        file.display()
+    );
+    let first = once(&cluster, &["loud-1", "--", "sh", "-c", &loud]).await;
+    assert_eq!((first.code, first.stdout.len()), (0, 300), "{first:?}");
+    assert!(first.stderr.contains("stdout is not"), "{first:?}");
+    let replay = once(&cluster, &["loud-1", "--", "sh", "-c", &loud]).await;
+    assert_eq!((replay.code, replay.stdout.as_str()), (0, ""), "{replay:?}");
+    assert!(replay.stderr.contains("replay:"), "{replay:?}");
+    assert_eq!(lines(&file), ["x", "x", "x"]);
 }
 
 /// Whether process `pid` is gone (or a zombie nobody reaped yet: it runs

@@ -57,8 +57,8 @@ pub enum Command {
     /// (--timeout-ms: per request, default 30000). Leader-kill timings are
     /// the harness's `failover-bench` (docs/benchmarks.md).
     Bench(bench::BenchArgs),
-    /// Operator commands: membership, sessions, registry config, snapshots,
-    /// state hashes, local reads.
+    /// Operator commands: membership, sessions, registry config,
+    /// idempotency keys, claims, snapshots, state hashes, local reads.
     Admin(admin::AdminArgs),
     /// Make a local CA, node certificates and client identities with
     /// tokens, for a cluster with TLS and authentication (docs/security.md).
