@@ -320,6 +320,10 @@ fn dashboard_queries_name_exported_metrics() {
             result: "ok",
         })
         .inc();
+    metrics
+        .claim_events
+        .get_or_create(&oncekv::metrics::ClaimEventLabels { event: "won" })
+        .inc();
     let registry = oncekv_core::Registry::new();
     let hash = oncekv_core::snapshot::state_hash(&registry).to_string();
     metrics.refresh(&openraft::RaftMetrics::new_initial(1), &registry, hash);
@@ -356,6 +360,9 @@ fn dashboard_queries_name_exported_metrics() {
         "oncekv_idempotency_keys_live",
         "oncekv_idempotency_keys_cached_bytes",
         "oncekv_idempotency_keys_expired_total",
+        "oncekv_claim_events_total",
+        "oncekv_claims_live",
+        "oncekv_claims_held",
     ] {
         assert!(groups.contains(wanted), "no panel queries {wanted}");
     }
