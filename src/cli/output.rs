@@ -20,9 +20,10 @@
 //! `outcome_unknown`, `session_expired`, `wrong_cluster`, `seq_conflict`,
 //! `response_discarded`, `invalid_argument`, `unauthenticated`,
 //! `permission_denied`, `resource_exhausted`, `limit_exceeded`,
-//! `key_conflict`), else what the CLI found itself (`not_found`,
-//! `overflow`, `wrong_type`; `admin hash`'s `hash_mismatch`,
-//! `incomplete`, `undecided`) — and `outcome` is `"none"` (the
+//! `key_conflict`, `fenced`, `in_progress`), else what the CLI found
+//! itself (`not_found`, `overflow`, `wrong_type`; `admin hash`'s
+//! `hash_mismatch`, `incomplete`, `undecided`; `once`'s `cannot_run`,
+//! `undecodable`) — and `outcome` is `"none"` (the
 //! command had no effect) or `"unknown"` (it may have had one; then `"seq"`
 //! and `"fenced"` are given too). `"hint"` says what to do, when there is
 //! advice; an `unavailable` failure also has `"nodes"`: what each endpoint
@@ -61,6 +62,11 @@
 //!   `--idempotency-key` was used before (by this principal, within its TTL)
 //!   with another command. Nothing executed, like exit 1, but final in a
 //!   stronger sense: the same command with the same key can never succeed.
+//!
+//! `once` passes its command's exit code through (a run now, or a replay)
+//! and gives 1–4 for its own failures in the senses above, plus 5
+//! ([`EXIT_FENCED`]), 75 ([`EXIT_IN_PROGRESS`]), 126 and 127 (the command
+//! cannot be run, not found): [`ONCE_EXIT_CODES_HELP`].
 
 use std::io::Write;
 use std::time::Duration;
