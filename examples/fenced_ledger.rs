@@ -34,8 +34,15 @@ use oncekv_client::{ClaimAnswer, Client, Error, OnceOptions, OnceOutcome};
 /// fence comes from a holder whose lease was taken over, and is refused.
 #[derive(Default)]
 struct Ledger {
-    /// key → (highest fence accepted, the entries written).
-    books: Mutex<BTreeMap<Vec<u8>, (u64, Vec<String>)>>,
+    books: Mutex<BTreeMap<Vec<u8>, Book>>,
+}
+
+/// One key's page of the ledger.
+#[derive(Default)]
+struct Book {
+    /// The highest fence accepted.
+    highest: u64,
+    entries: Vec<String>,
 }
 
 impl Ledger {
@@ -43,12 +50,12 @@ impl Ledger {
     /// has seen) when a larger fence wrote to the key before.
     fn write(&self, key: &[u8], fence: u64, entry: &str) -> Result<(), u64> {
         let mut books = self.books.lock().expect("ledger lock");
-        let (highest, entries) = books.entry(key.to_vec()).or_default();
-        if fence < *highest {
-            return Err(*highest);
+        let book = books.entry(key.to_vec()).or_default();
+        if fence < book.highest {
+            return Err(book.highest);
         }
-        *highest = fence;
-        entries.push(entry.to_owned());
+        book.highest = fence;
+        book.entries.push(entry.to_owned());
         Ok(())
     }
 
@@ -56,7 +63,7 @@ impl Ledger {
         let books = self.books.lock().expect("ledger lock");
         books
             .get(key)
-            .map(|(_, entries)| entries.clone())
+            .map(|book| book.entries.clone())
             .unwrap_or_default()
     }
 }

@@ -91,7 +91,8 @@ pub struct CommonArgs {
     #[arg(long, global = true)]
     pub json: bool,
     /// Deadline in milliseconds, retries included [default: 10000; status:
-    /// 2000 per node; bench: 30000 per request]
+    /// 2000 per node; bench: 30000 per request; once: how long to wait for
+    /// another holder]
     #[arg(
         long,
         global = true,
