@@ -23,6 +23,7 @@ use oncekv_client::ClaimToken;
 
 use super::guard::exit_code;
 use super::record::{Record, STDOUT_MAX_BYTES};
+use crate::cli::output::EXIT_FAILED;
 
 /// How often the runner looks at the claim's heartbeat for a takeover.
 const FENCE_CHECK: Duration = Duration::from_millis(100);
@@ -48,17 +49,10 @@ pub(super) async fn run(
     token: &ClaimToken,
     live: bool,
 ) -> std::io::Result<Ran> {
-    let mut signals = Vec::new();
-    for kind in [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-    ] {
-        signals.push(signal(kind)?);
-    }
-    let [interrupt, terminate, hangup] = signals.as_mut_slice() else {
-        unreachable!("three signal streams");
-    };
+    // From now on these signals are passed on to the command, not obeyed.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let exe = std::env::current_exe()?;
     // A command in a background process group that reads the terminal is
     // stopped (SIGTTIN) — and would hold the key for ever, heartbeating.
@@ -118,7 +112,9 @@ pub(super) async fn run(
                 }
             }
             exited = guard.wait(), if status.is_none() => {
-                status = Some(exited.map(exit_code)?);
+                // (Waiting cannot fail for a child of ours; were it to, the
+                // run counts as failed rather than as never started.)
+                status = Some(exited.map_or(EXIT_FAILED, exit_code));
                 grace.as_mut().reset(tokio::time::Instant::now() + STDOUT_GRACE);
             }
             () = &mut grace, if status.is_some() => stdout = None,
@@ -135,7 +131,7 @@ pub(super) async fn run(
         }
     }
     let record = Record {
-        exit_code: status.unwrap_or(super::super::output::EXIT_FAILED),
+        exit_code: status.unwrap_or(EXIT_FAILED),
         stdout: kept,
         truncated,
     };

@@ -53,24 +53,20 @@ pub async fn run(args: &GuardArgs) -> i32 {
     // Handlers first: a signal forwarded before the command starts must not
     // kill the guard (it is then passed on once the command runs). Exec
     // resets caught signals, so the command gets the default actions.
-    let kinds = [
-        SignalKind::interrupt(),
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-        SignalKind::user_defined1(),
-    ];
-    let mut streams = Vec::new();
-    for kind in kinds {
-        match signal(kind) {
-            Ok(stream) => streams.push(stream),
-            Err(error) => {
-                eprintln!("oncekv once: cannot handle signals: {error}");
-                return EXIT_FAILED;
-            }
+    let streams = (|| {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+            signal(SignalKind::user_defined1())?,
+        ))
+    })();
+    let (mut interrupt, mut terminate, mut hangup, mut take_over) = match streams {
+        Ok(streams) => streams,
+        Err(error) => {
+            eprintln!("oncekv once: cannot handle signals: {error}");
+            return EXIT_FAILED;
         }
-    }
-    let [interrupt, terminate, hangup, take_over] = streams.as_mut_slice() else {
-        return EXIT_FAILED;
     };
     if getppid() != parent {
         // The runner died before the command started: run nothing.
