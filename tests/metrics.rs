@@ -333,6 +333,10 @@ fn dashboard_queries_name_exported_metrics() {
             result: "ok",
         })
         .inc();
+    metrics
+        .claim_events
+        .get_or_create(&oncekv::metrics::ClaimEventLabels { event: "won" })
+        .inc();
     let registry = oncekv_core::Registry::new();
     let hash = oncekv::shared::StateHashAt {
         applied_index: 0,
@@ -378,6 +382,9 @@ fn dashboard_queries_name_exported_metrics() {
         "oncekv_idempotency_keys_live",
         "oncekv_idempotency_keys_cached_bytes",
         "oncekv_idempotency_keys_expired_total",
+        "oncekv_claim_events_total",
+        "oncekv_claims_live",
+        "oncekv_claims_held",
     ] {
         assert!(groups.contains(wanted), "no panel queries {wanted}");
     }

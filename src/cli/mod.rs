@@ -1,10 +1,12 @@
 //! The `oncekv` command line for people: [`Cli`] is the whole binary's
 //! argument parser (`main.rs` parses, runs `oncekv node` itself and hands
 //! every other command to [`run`]). Each command has its module (`kv/`
-//! for the key-value verbs, `admin/` with a file per group, `status`,
-//! `health`, `bench`, `certs`) holding its arguments and its talking to
-//! the cluster; what they print and how they exit is one library
-//! (`output`, `values`), and why a cluster cannot be reached is `reach`. The flags every cluster command shares ([`CommonArgs`]: endpoints,
+//! for the key-value verbs, `once/` for running a command at most once
+//! under a claim, `admin/` with a file per group, `status`, `health`,
+//! `bench`, `certs`) holding its arguments and its talking to the
+//! cluster; what
+//! they print and how they exit is one library (`output`, `values`), and
+//! why a cluster cannot be reached is `reach`. The flags every cluster command shares ([`CommonArgs`]: endpoints,
 //! `--json`, `--timeout-ms`) are global: they go before or after the
 //! subcommand. Errors are one line of what happened and one of what to do
 //! ([`reach`]); details go to tracing (`RUST_LOG=debug`). Nothing here
@@ -18,6 +20,7 @@ pub mod certs;
 mod common;
 pub mod health;
 pub mod kv;
+pub mod once;
 pub mod output;
 pub mod reach;
 pub mod status;
@@ -54,12 +57,22 @@ pub enum Command {
     /// (--timeout-ms: per request, default 30000). Leader-kill timings are
     /// the harness's `failover-bench` (docs/benchmarks.md).
     Bench(bench::BenchArgs),
-    /// Operator commands: membership, sessions, registry config, snapshots,
-    /// state hashes, local reads.
+    /// Operator commands: membership, sessions, registry config,
+    /// idempotency keys, claims, snapshots, state hashes, local reads.
     Admin(admin::AdminArgs),
     /// Make a local CA, node certificates and client identities with
     /// tokens, for a cluster with TLS and authentication (docs/security.md).
     Certs(certs::CertsArgs),
+    /// Run a command at most once across every machine that asks: KEY is
+    /// claimed, the command runs with ONCEKV_FENCE, ONCEKV_ATTEMPT and
+    /// ONCEKV_CLAIM_KEY in its environment, and its exit code and stdout
+    /// are recorded; a later run with KEY replays them (--timeout-ms: the
+    /// wait for another holder, default 10000).
+    #[command(after_help = output::ONCE_EXIT_CODES_HELP)]
+    Once(once::OnceArgs),
+    /// The guard `once` runs its command under (internal).
+    #[command(name = "once-guard", hide = true)]
+    OnceGuard(once::guard::GuardArgs),
     /// The key-value commands: put, get, del, incr, append, cas, sessions.
     #[command(flatten)]
     Kv(kv::KvCommand),
@@ -78,7 +91,8 @@ pub struct CommonArgs {
     #[arg(long, global = true)]
     pub json: bool,
     /// Deadline in milliseconds, retries included [default: 10000; status:
-    /// 2000 per node; bench: 30000 per request]
+    /// 2000 per node; bench: 30000 per request; once: how long to wait for
+    /// another holder]
     #[arg(
         long,
         global = true,
@@ -196,6 +210,8 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
                 output::EXIT_FAILED
             }
         },
+        Command::Once(args) => args.run(&common).await,
+        Command::OnceGuard(args) => once::guard::run(&args).await,
         Command::Kv(command) => command.run(&common).await,
     }
 }

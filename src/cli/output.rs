@@ -20,9 +20,10 @@
 //! `outcome_unknown`, `session_expired`, `wrong_cluster`, `seq_conflict`,
 //! `response_discarded`, `invalid_argument`, `unauthenticated`,
 //! `permission_denied`, `resource_exhausted`, `limit_exceeded`,
-//! `key_conflict`), else what the CLI found itself (`not_found`,
-//! `overflow`, `wrong_type`; `admin hash`'s `hash_mismatch`,
-//! `incomplete`, `undecided`) — and `outcome` is `"none"` (the
+//! `key_conflict`, `fenced`, `in_progress`), else what the CLI found
+//! itself (`not_found`, `overflow`, `wrong_type`; `admin hash`'s
+//! `hash_mismatch`, `incomplete`, `undecided`; `once`'s `cannot_run`,
+//! `undecodable`) — and `outcome` is `"none"` (the
 //! command had no effect) or `"unknown"` (it may have had one; then `"seq"`
 //! and `"fenced"` are given too). `"hint"` says what to do, when there is
 //! advice; an `unavailable` failure also has `"nodes"`: what each endpoint
@@ -65,6 +66,11 @@
 //!   `--idempotency-key` was used before (by this principal, within its TTL)
 //!   with another command. Nothing executed, like exit 1, but final in a
 //!   stronger sense: the same command with the same key can never succeed.
+//!
+//! `once` passes its command's exit code through (a run now, or a replay)
+//! and gives 1–4 for its own failures in the senses above, plus 5
+//! ([`EXIT_FENCED`]), 75 ([`EXIT_IN_PROGRESS`]), 126 and 127 (the command
+//! cannot be run, not found): [`ONCE_EXIT_CODES_HELP`].
 
 use std::io::Write;
 use std::time::Duration;
@@ -88,6 +94,17 @@ pub const EXIT_UNKNOWN: i32 = 3;
 /// its own code: running the same command again can never succeed — the
 /// key keeps answering its first command — so a script must not retry it.
 pub const EXIT_KEY_CONFLICT: i32 = 4;
+/// Exit code of `once` when the command ran but another holder took the
+/// key over (its lease ran out): FENCED, the run's result not recorded.
+pub const EXIT_FENCED: i32 = 5;
+/// Exit code of `once` when another holder was still running the command
+/// at `--timeout-ms` (sysexits' EX_TEMPFAIL: try again later); nothing ran.
+pub const EXIT_IN_PROGRESS: i32 = 75;
+/// Exit code of `once` when the command exists but cannot be run (as
+/// shells give it).
+pub const EXIT_CANNOT_RUN: i32 = 126;
+/// Exit code of `once` when the command is not found (as shells give it).
+pub const EXIT_NOT_FOUND: i32 = 127;
 
 /// The exit codes, for `--help`.
 pub const EXIT_CODES_HELP: &str = "\
@@ -107,6 +124,27 @@ Exit codes of put, get, del, incr, append, cas and sessions:
 
 With --json the result is one JSON object on stdout: {\"ok\":true,...} or
 {\"ok\":false,\"error\":...,\"kind\":...,\"outcome\":\"none\"|\"unknown\"}.";
+
+/// The exit codes of `once`, for its `--help`.
+pub const ONCE_EXIT_CODES_HELP: &str = "\
+Exit codes of once (the command's own code passes through):
+  N    the command's exit code, when it ran now or its recorded result was
+       replayed (128+S when a signal S killed it)
+  1    nothing ran: the cluster could not be reached, a bad argument or
+       credentials, a limit (key too long), or the claim's outcome unknown
+  2    usage error
+  3    the command ran, but whether its result was recorded is unknown: run
+       the same once again to learn (it replays, or reruns after the lease)
+  4    key conflict: KEY was claimed for another command (fingerprint);
+       nothing ran
+  5    fenced: another holder took KEY over while the command ran (its lease
+       ran out); the command was stopped or its result not recorded
+  75   in progress: another holder was still running it at --timeout-ms;
+       nothing ran here (try again later)
+  126  the command cannot be run; 127: not found (nothing claimed)
+
+With --json the result is one JSON object on stdout: {\"ok\":true,\"exit_code\":...,
+\"stdout\":...,\"replayed\":...} or {\"ok\":false,\"kind\":...,...}.";
 
 /// What a command prints when it succeeds: plain lines, or the fields of
 /// the JSON object (besides `"ok":true`).
@@ -227,6 +265,20 @@ impl Failure {
         }
     }
 
+    /// The same failure, exiting with `exit`.
+    pub(super) fn with_exit(self, exit: i32) -> Failure {
+        Failure { exit, ..self }
+    }
+
+    /// The same failure, after something ran that may have had an effect
+    /// (JSON `"outcome":"unknown"`), keeping its exit code.
+    pub(super) fn may_have_taken_effect(self) -> Failure {
+        Failure {
+            may_have_taken_effect: true,
+            ..self
+        }
+    }
+
     pub(super) fn with(mut self, field: &str, value: Json) -> Failure {
         self.fields.insert(field.to_owned(), value);
         self
@@ -297,6 +349,23 @@ impl Failure {
                 "the key keeps answering the command it first ran (until its TTL): use a new \
                  idempotency key for new work",
             ),
+            Error::Fenced { current_fence } => Failure {
+                exit: EXIT_FENCED,
+                ..failure
+            }
+            .with("current_fence", json!(current_fence))
+            .hint(
+                "another holder owns the effect now: stop; nothing of this holder's was recorded",
+            ),
+            Error::ClaimInProgress { retry_after_ms } => Failure {
+                exit: EXIT_IN_PROGRESS,
+                ..failure
+            }
+            .with("retry_after_ms", json!(retry_after_ms))
+            .hint(format!(
+                "another holder is running it; try again later (its lease runs out within \
+                 {retry_after_ms} ms unless it is renewed)"
+            )),
             _ => failure,
         }
     }
@@ -432,6 +501,21 @@ mod tests {
         );
         assert_eq!(lost.exit, EXIT_UNKNOWN);
         assert_eq!(failure_json(&lost)["outcome"], "unknown");
+
+        // Claims: a stale holder, and a holder still running at the wait's end.
+        let fenced = Failure::from_client(&Error::Fenced { current_fence: 9 }, "k");
+        assert_eq!(fenced.exit, EXIT_FENCED);
+        assert_eq!(failure_json(&fenced)["kind"], "fenced");
+        assert_eq!(failure_json(&fenced)["current_fence"], 9);
+        let waiting = Failure::from_client(
+            &Error::ClaimInProgress {
+                retry_after_ms: 700,
+            },
+            "k",
+        );
+        assert_eq!(waiting.exit, EXIT_IN_PROGRESS);
+        assert_eq!(failure_json(&waiting)["kind"], "in_progress");
+        assert_eq!(failure_json(&waiting)["outcome"], "none");
     }
 
     /// A success prints plain lines or one JSON object; a failure goes to

@@ -346,14 +346,13 @@ impl Client {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                match client.extend_claim(&token.key, token.fence, lease).await {
-                    Err(Error::Fenced { .. }) => {
-                        token.fenced.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                    // Unreachable for now: the next beat tries again, and
-                    // the lease covers the gap until it runs out.
-                    Ok(_) | Err(_) => {}
+                // Another failure (unreachable for now): the next beat
+                // tries again, and the lease covers the gap until it runs out.
+                if let Err(Error::Fenced { .. }) =
+                    client.extend_claim(&token.key, token.fence, lease).await
+                {
+                    token.fenced.store(true, Ordering::SeqCst);
+                    return;
                 }
             }
         })

@@ -1,6 +1,6 @@
 //! `oncekv admin …`: the operator commands over the `Admin` gRPC service —
-//! membership, sessions, the registry config, snapshots, state hashes and
-//! local reads. It owns finding the leader (following `NOT_LEADER` hints),
+//! membership, sessions, the registry config, idempotency keys, claims,
+//! snapshots, state hashes and local reads. It owns finding the leader (following `NOT_LEADER` hints),
 //! composing multi-step operations (`promote`, `replace`, `config set`) from
 //! single RPCs, and the presentation; the cluster decides everything else.
 //! Endpoints, `--json`, `--timeout-ms` (global flags: before `admin`,
@@ -22,6 +22,9 @@
 //! | `keys list [--after-principal P --after-key K] [--limit N]` | live idempotency keys (leader's applied state; [`keys`]) |
 //! | `keys show [--principal P] KEY` | one key's record |
 //! | `keys forget [--principal P] KEY` | removes the key's record through the log |
+//! | `claims list [--after-principal P --after-key K] [--limit N]` | live claim records (leader's applied state; [`claims`]) |
+//! | `claims show [--principal P] KEY` | one claim: held (lease left), released or completed (its result) |
+//! | `claims forget [--principal P] KEY` | removes the claim's record through the log: claimable anew, larger fence |
 //! | `snapshot --node ADDR` | that node builds a snapshot now |
 //! | `hash` | every member's applied index and state hash, and whether they agree |
 //! | `local-get KEY --node ADDR` | the key in that node's applied state (no read index) |
@@ -34,9 +37,10 @@
 //!
 //! This module holds the subcommands' parser and dispatch; each group is
 //! its own module ([`membership`], [`sessions`], [`config`], [`keys`],
-//! [`state`]) with its arguments, its calls and its presentation, on the
-//! cluster client of `cluster`.
+//! [`claims`], [`state`]) with its arguments, its calls and its
+//! presentation, on the cluster client of `cluster`.
 
+pub mod claims;
 mod cluster;
 pub mod config;
 pub mod keys;
@@ -81,9 +85,12 @@ pub enum AdminCommand {
     /// End a session through the log; its client gets SESSION_EXPIRED.
     Expire(SessionArgs),
     /// Show the replicated registry config; `config set` changes it.
-    Config(ConfigArgs),
+    Config(Box<ConfigArgs>),
     /// Idempotency keys: `keys list`, `keys show KEY`, `keys forget KEY`.
     Keys(keys::KeysArgs),
+    /// Claims (`oncekv once`, `Client::once`): `claims list`, `claims show
+    /// KEY`, `claims forget KEY`.
+    Claims(claims::ClaimsArgs),
     /// Make one node build a snapshot now.
     Snapshot(SnapshotArgs),
     /// Every member's applied index and state hash, and whether they agree.
@@ -138,6 +145,7 @@ impl AdminCommand {
                 Some(ConfigAction::Set(set)) => config::set(&admin, set).await,
             },
             AdminCommand::Keys(args) => args.action.execute(&admin).await,
+            AdminCommand::Claims(args) => args.action.execute(&admin).await,
             AdminCommand::Snapshot(args) => state::snapshot(&admin, &args.node).await,
             AdminCommand::Hash(_) => state::hash(&admin).await,
             AdminCommand::LocalGet(args) => state::local_get(&admin, &args.key, &args.node).await,
@@ -226,6 +234,9 @@ mod tests {
             ],
             &["keys", "show", "--principal", "p", "k"],
             &["keys", "forget", "k"],
+            &["claims", "list"],
+            &["claims", "show", "--principal", "p", "k"],
+            &["claims", "forget", "k"],
             &["snapshot", "--node", "n:1"],
             &["hash"],
             &["local-get", "k", "--node", "n:1"],

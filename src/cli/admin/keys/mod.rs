@@ -28,7 +28,8 @@ use super::cluster::Admin;
 use crate::cli::output::{Failure, Success, success};
 use crate::cli::values::{bytes_text, hex};
 use oncekv_wire::proto;
-use record::{key_json, key_line, principal_text};
+pub(super) use record::principal_text;
+use record::{key_json, key_line};
 
 /// Most keys one `ListKeys` call returns (the node's page limit).
 const PAGE_MAX: u32 = 1000;
@@ -114,7 +115,7 @@ impl KeysAction {
 
 /// KEY's bytes: its UTF-8, or with `hex` the bytes its hex digits spell
 /// (a leading `0x` allowed); bad hex is a usage error.
-fn key_bytes(text: &str, hex: bool) -> Result<Vec<u8>, Failure> {
+pub(super) fn key_bytes(text: &str, hex: bool) -> Result<Vec<u8>, Failure> {
     if !hex {
         return Ok(text.as_bytes().to_vec());
     }

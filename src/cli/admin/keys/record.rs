@@ -14,7 +14,7 @@ use super::key_field;
 use crate::cli::values::{bytes_text, hex, kind_name, value_inline, value_json};
 
 /// A principal for people: the empty one is `(anonymous)`.
-pub(super) fn principal_text(principal: &str) -> &str {
+pub(in crate::cli::admin) fn principal_text(principal: &str) -> &str {
     if principal.is_empty() {
         "(anonymous)"
     } else {
