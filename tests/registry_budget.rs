@@ -104,7 +104,7 @@ fn rule21_writes_past_the_budget_are_refused_and_nothing_is_evicted() {
         claim_id: Nonce(9),
     });
     let room = BUDGET - driver.registry.memory_bytes();
-    assert!(room < SESSION_MEMORY_BOOKKEEPING_BYTES + 60 << 10);
+    assert!(room < SESSION_MEMORY_BOOKKEEPING_BYTES + (60 << 10));
     // Fill what is left with small entries (198 bytes each) until even one
     // is refused: a session, a key record or a claim no longer fits.
     let mut filler = 0;
