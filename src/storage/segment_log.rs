@@ -383,6 +383,17 @@ where
     /// Deletes entries with index `>= index`, durably: removed from memory
     /// now (readers stop seeing them), and a record makes replay drop them
     /// too, wherever in older segments they were written.
+    ///
+    /// It returns only once that record is fdatasynced, and openraft awaits
+    /// it before it queues the entries that replace the truncated ones. That
+    /// is what keeps a power loss from reviving them: openraft 0.10 applies
+    /// committed entries as soon as they are queued, before their fdatasync,
+    /// and a snapshot can be fsynced over them; a power loss then drops only
+    /// writes after the last fdatasync — the new entries, never this record —
+    /// so the log comes back ending below the snapshot (a hole openraft
+    /// purges at start-up), not with the old term's entries at or above the
+    /// snapshot's index, on which openraft refuses to start ("inverted log
+    /// order"). Test: `a_snapshot_over_unsynced_entries_survives_a_power_loss`.
     async fn truncate_from(&mut self, index: u64) -> Result<(), SegmentLogError> {
         let frames = Self::record(RecordType::Truncate, &index)?;
         self.log().write().truncate(index);
@@ -469,6 +480,20 @@ where
     C: RaftTypeConfig,
     C::Entry: Clone,
 {
+    /// The entries of `range` still in the log. A range at or below the
+    /// last purge reads as empty, one partly below it as its unpurged part —
+    /// never an error. openraft asks for such a range (while it leads, it
+    /// postpones a purge of what a replication stream still reads) from a
+    /// replication stream of a leader that has just stepped down: the
+    /// stream is closed by dropping its channels, not aborted, so a read it
+    /// had started can land after the purge openraft then runs without
+    /// waiting for the stream (logged by openraft as "limited_get_log_entries
+    /// … returned empty; this violates the API contract"); the stream sends
+    /// nothing from it (after the read it sees the new vote, which openraft
+    /// saved before the purge, and quits). An error here
+    /// would stop the node (openraft takes a replication read error as
+    /// fatal). The store itself never drops an entry openraft did not name
+    /// in a purge or truncation.
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
