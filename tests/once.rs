@@ -59,7 +59,8 @@ async fn once_runs_a_command_once_however_often_it_is_invoked() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("effects");
     let script = format!("echo x >> '{}'; echo ran", file.display());
-    let args = ["job-1", "--", "sh", "-c", script.as_str()];
+    // The spelling, `--key KEY`; the positional KEY below.
+    let args = ["--key", "job-1", "--", "sh", "-c", script.as_str()];
 
     // Five at once: one runs, the others wait for it and replay.
     let mut runs = futures::future::join_all(

@@ -158,10 +158,29 @@ impl Cli {
         T: Into<std::ffi::OsString> + Clone,
     {
         use clap::{CommandFactory, Parser};
-        let cli = Cli::try_parse_from(args)?;
+        let mut cli = Cli::try_parse_from(args)?;
         let conflict = |message: &str| {
             Err(Cli::command().error(clap::error::ErrorKind::ArgumentConflict, message))
         };
+        // `oncekv once --key KEY -- COMMAND`: with no positional KEY, the
+        // global `--key` names the claim (a TLS client key then comes from
+        // ONCEKV_KEY only).
+        if let Command::Once(once) = &mut cli.command {
+            once.key = match (once.key_arg.take(), cli.common.key.take()) {
+                (Some(key), tls_key) => {
+                    cli.common.key = tls_key;
+                    key
+                }
+                (None, Some(key)) => key.to_string_lossy().into_owned(),
+                (None, None) => {
+                    return Err(Cli::command().error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "`oncekv once` needs a KEY: `oncekv once KEY -- COMMAND` or \
+                         `oncekv once --key KEY -- COMMAND`",
+                    ));
+                }
+            };
+        }
         match &cli.command {
             Command::Node(_) if cli.common != CommonArgs::default() => {
                 conflict("`oncekv node` takes none of --endpoints, --json, --timeout-ms")

@@ -58,8 +58,14 @@ use record::{Record, STDOUT_MAX_BYTES};
 #[derive(Debug, Clone, clap::Args)]
 pub struct OnceArgs {
     /// The key naming the run (UTF-8): one command per key, run at most
-    /// once (within the claim record's TTL, `claim_ttl_ms`).
-    #[arg(allow_hyphen_values = true)]
+    /// once (within the claim record's TTL, `claim_ttl_ms`). Also given as
+    /// `--key KEY` when no KEY follows `once` (then a TLS client key comes
+    /// from `ONCEKV_KEY` only).
+    #[arg(value_name = "KEY", allow_hyphen_values = true)]
+    pub key_arg: Option<String>,
+    /// The key, resolved from KEY or `--key` after parsing
+    /// ([`crate::cli::Cli::try_parse_checked`]).
+    #[arg(skip)]
     pub key: String,
     /// The lease, renewed every third of it while the command runs: how
     /// long a holder that dies blocks the key before another may take over.
