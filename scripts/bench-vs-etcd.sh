@@ -9,12 +9,22 @@
 #
 #   scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]      (default: 1 16 64 256)
 #   TLS=1 scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]
+#   CLAIMS=1 scripts/bench-vs-etcd.sh [CLIENT_COUNTS...]
 #
 # With TLS=1 a second oncekv cluster runs beside the first with TLS and
 # authentication on (scripts/cluster.sh start --tls), and every client
 # count also gets an oncekv Execute run against it (loadgen --ca --token,
 # TLS to the leader, a bearer token on every call): the table gains the
 # columns "Execute TLS" and "TLS / plain".
+#
+# With CLAIMS=1 every client count also gets the reserve -> record cycle
+# (rule 20), one new key per cycle, two log writes per cycle on both sides:
+# an etcd-claim run (a Txn putting "in progress" only if the key's
+# create_revision is 0, then a Put of the 64-byte result) and an
+# oncekv-claim run (a Claim that wins the key, then a CompleteClaim of its
+# fence with the 64-byte result), interleaved with the others. One cycle is
+# one operation of loadgen; the table gains the columns "etcd claim cycle/s
+# (p99)", "oncekv claim cycle/s (p99)" and "claim / etcd".
 #
 # Prints one line per run and, last, a markdown table with the same-run
 # ratios. Only the ratios mean much: absolute figures on a small shared
@@ -34,6 +44,9 @@ environment:
   TLS                1: also measure oncekv Execute with TLS and a token,
                      on a second cluster at ONCEKV_TLS_PORT_BASE
                      (default ONCEKV_PORT_BASE + 1000)
+  CLAIMS             1: also measure the claim cycle (etcd Txn put-if-absent
+                     + Put against oncekv Claim + CompleteClaim), one new
+                     key per cycle
 
 needs etcd and etcdctl: apt-get install -y etcd-server etcd-client
 EOF
@@ -57,6 +70,8 @@ ETCD_PORT_BASE=${ETCD_PORT_BASE:-23400}
 ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9400}
 TLS=${TLS:-0}
 [[ $TLS == 0 || $TLS == 1 ]] || { usage >&2; exit 2; }
+CLAIMS=${CLAIMS:-0}
+[[ $CLAIMS == 0 || $CLAIMS == 1 ]] || { usage >&2; exit 2; }
 for number in "$DURATION" "$ETCD_PORT_BASE" "$ONCEKV_PORT_BASE" "$@"; do
     [[ $number =~ ^[1-9][0-9]*$ ]] || { usage >&2; exit 2; }
 done
@@ -235,7 +250,7 @@ run() {
     local mode=$1 clients=$2 leader line
     local load=$mode credentials=()
     case $mode in
-        etcd-put) leader=$(etcd_leader) ;;
+        etcd-*) leader=$(etcd_leader) ;;
         oncekv-exec-tls)
             leader=$(oncekv_tls_leader)
             load=oncekv-exec
@@ -254,6 +269,7 @@ run() {
 
 MODES=(etcd-put oncekv-exec oncekv-plain)
 ((TLS == 1)) && MODES+=(oncekv-exec-tls)
+((CLAIMS == 1)) && MODES+=(etcd-claim oncekv-claim)
 for clients in "${COUNTS[@]}"; do
     for mode in "${MODES[@]}"; do
         run "$mode" "$clients"
@@ -261,14 +277,15 @@ for clients in "${COUNTS[@]}"; do
 done
 
 echo
-if ((TLS == 1)); then
-    echo "| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) | Execute TLS ops/s (p50/p99 ms) | exec/etcd | p99 exec/etcd | exec/plain | TLS/plain exec |"
-    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-else
-    echo "| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) | exec/etcd | p99 exec/etcd | exec/plain |"
-    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-fi
-printf '%s\n' "${LINES[@]}" | awk -v tls="$TLS" '
+header="| clients | etcd Put ops/s (p50/p99 ms) | oncekv Execute ops/s (p50/p99 ms) | ExecutePlain ops/s (p50/p99 ms) |"
+((TLS == 1)) && header+=" Execute TLS ops/s (p50/p99 ms) |"
+header+=" exec/etcd | p99 exec/etcd | exec/plain |"
+((TLS == 1)) && header+=" TLS/plain exec |"
+((CLAIMS == 1)) && header+=" etcd claim cycle/s (p99 ms) | oncekv claim cycle/s (p99 ms) | claim / etcd |"
+echo "$header"
+# One right-aligned rule per column of the header.
+echo "$header" | sed -e 's/[^|]\{1,\}/ ---: /g'
+printf '%s\n' "${LINES[@]}" | awk -v tls="$TLS" -v claims="$CLAIMS" '
     function field(name,    i, kv) {
         for (i = 1; i <= NF; i++) {
             split($i, kv, "=")
@@ -279,6 +296,10 @@ printf '%s\n' "${LINES[@]}" | awk -v tls="$TLS" '
     function cell(m, c) {
         if (!((m, c) in ops)) return "failed"
         return sprintf("%d (%.2f/%.2f)", ops[m, c], p50[m, c], p99[m, c])
+    }
+    function cycles(m, c) {
+        if (!((m, c) in ops)) return "failed"
+        return sprintf("%d (%.2f)", ops[m, c], p99[m, c])
     }
     function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
     {
@@ -298,6 +319,8 @@ printf '%s\n' "${LINES[@]}" | awk -v tls="$TLS" '
                 ratio(p99["oncekv-exec", c], p99["etcd-put", c]),
                 ratio(ops["oncekv-exec", c], ops["oncekv-plain", c])
             if (tls == 1) printf " %s |", ratio(ops["oncekv-exec-tls", c], ops["oncekv-exec", c])
+            if (claims == 1) printf " %s | %s | %s |", cycles("etcd-claim", c), cycles("oncekv-claim", c),
+                ratio(ops["oncekv-claim", c], ops["etcd-claim", c])
             printf "\n"
         }
     }'

@@ -1,7 +1,15 @@
-//! One measured run: `clients` closed-loop clients, each sending one request
-//! at a time until the duration has passed, over channels shared
-//! round-robin. Every request's latency is kept (microseconds) and the run
+//! One measured run: `clients` closed-loop clients, each sending one
+//! operation at a time until the duration has passed, over channels shared
+//! round-robin. Every operation's latency is kept (microseconds) and the run
 //! is summed up in one [`Report`].
+//!
+//! An operation is one request, except in the claim modes, where it is the
+//! whole reserve → record cycle of two requests on a key no earlier cycle
+//! used: on etcd a Txn that puts "in progress" only if the key was never
+//! created (create_revision == 0) and then a Put of the result; on oncekv a
+//! `Claim` that must win the key (a first attempt, not a replay) and then a
+//! `CompleteClaim` of its fence with the result. A cycle whose first step
+//! does not win counts as an error, so a run measures only full cycles.
 //!
 //! Sessions (oncekv Execute) are registered before the clock starts and
 //! unregistered after it stops, so neither is measured.
@@ -21,6 +29,14 @@ use oncekv_testkit::percentile;
 const KEYS_PER_CLIENT: u64 = 1_000;
 /// Deadline of the unregistering after the run (not measured).
 const UNREGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+/// What the claim cycles put on etcd before the result ("in progress").
+const ETCD_IN_PROGRESS: &[u8] = b"in-progress";
+/// What every oncekv claim cycle describes its effect as (the node keeps its
+/// fingerprint; the keys differ, so the description may be the same).
+const CLAIM_DESCRIPTION: &[u8] = b"loadgen claim cycle";
+/// The lease every oncekv claim asks for: far beyond a cycle's deadline, so
+/// no lease runs out during a run.
+const CLAIM_LEASE_MS: u64 = 60_000;
 
 /// What every request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +44,10 @@ pub enum Target {
     EtcdPut,
     OncekvExec,
     OncekvPlain,
+    /// etcd Txn put-if-absent of "in progress", then Put of the result.
+    EtcdClaim,
+    /// oncekv Claim (won), then CompleteClaim of its fence.
+    OncekvClaim,
 }
 
 impl Target {
@@ -36,6 +56,23 @@ impl Target {
             Target::EtcdPut => "etcd-put",
             Target::OncekvExec => "oncekv-exec",
             Target::OncekvPlain => "oncekv-plain",
+            Target::EtcdClaim => "etcd-claim",
+            Target::OncekvClaim => "oncekv-claim",
+        }
+    }
+
+    /// The key of client `number`'s `n`th operation of the run whose salt is
+    /// `salt`: the claim modes take a key no run has used (a claim cycle on
+    /// a used key would replay or be refused, not reserve); the others cycle
+    /// over [`KEYS_PER_CLIENT`] keys per client.
+    fn key(self, salt: u64, number: usize, n: u64) -> Vec<u8> {
+        match self {
+            Target::EtcdClaim | Target::OncekvClaim => {
+                format!("claim/{salt:016x}-{number}-{n}").into_bytes()
+            }
+            Target::EtcdPut | Target::OncekvExec | Target::OncekvPlain => {
+                format!("loadgen-{number}-{}", n % KEYS_PER_CLIENT).into_bytes()
+            }
         }
     }
 }
@@ -90,9 +127,10 @@ impl fmt::Display for Report {
     }
 }
 
-/// One client's way of sending a put.
+/// One client's way of doing one operation.
 enum Caller {
     Etcd(etcd::kv_client::KvClient<Channel>),
+    EtcdClaim(etcd::kv_client::KvClient<Channel>),
     Exec {
         client: oncekv::client_client::ClientClient<Channel>,
         cluster_id: Vec<u8>,
@@ -104,10 +142,62 @@ enum Caller {
         client: oncekv::client_client::ClientClient<Channel>,
         cluster_id: Vec<u8>,
     },
+    Claim {
+        client: oncekv::client_client::ClientClient<Channel>,
+        cluster_id: Vec<u8>,
+        /// Makes every claim's `claim_id` (one per cycle, never reused).
+        claim_ids: ClaimIds,
+    },
+}
+
+/// 16-byte claim ids, distinct for every cycle of every client of every run:
+/// the run's salt, the client's number and the client's cycle count.
+struct ClaimIds {
+    salt: u64,
+    client: u32,
+    cycles: u32,
+}
+
+impl ClaimIds {
+    fn next(&mut self) -> Vec<u8> {
+        self.cycles = self.cycles.wrapping_add(1);
+        let mut id = self.salt.to_le_bytes().to_vec();
+        id.extend_from_slice(&self.client.to_le_bytes());
+        id.extend_from_slice(&self.cycles.to_le_bytes());
+        id
+    }
+}
+
+/// The etcd Txn that reserves `key`: put `value` only if `key` was never
+/// created (its create_revision is 0), nothing otherwise.
+fn put_if_absent(key: Vec<u8>, value: Vec<u8>) -> etcd::TxnRequest {
+    etcd::TxnRequest {
+        compare: vec![etcd::Compare {
+            result: etcd::compare::CompareResult::Equal as i32,
+            target: etcd::compare::CompareTarget::Create as i32,
+            key: key.clone(),
+            target_union: Some(etcd::compare::TargetUnion::CreateRevision(0)),
+        }],
+        success: vec![etcd::RequestOp {
+            request: Some(etcd::request_op::Request::RequestPut(etcd::PutRequest {
+                key,
+                value,
+                ..etcd::PutRequest::default()
+            })),
+        }],
+        failure: Vec::new(),
+    }
+}
+
+/// A status as the run's error text.
+fn failed(status: tonic::Status) -> String {
+    format!("{}: {}", status.code(), status.message())
 }
 
 impl Caller {
-    async fn put(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), tonic::Status> {
+    /// One operation on `key` (a put, or a claim cycle with `value` as its
+    /// result); the error says what failed.
+    async fn operate(&mut self, key: Vec<u8>, value: Vec<u8>) -> Result<(), String> {
         let command = || oncekv::Command {
             op: Some(oncekv::command::Op::Put(oncekv::Put {
                 key: key.clone(),
@@ -124,7 +214,26 @@ impl Caller {
                         value: value.clone(),
                         ..etcd::PutRequest::default()
                     })
-                    .await?;
+                    .await
+                    .map_err(failed)?;
+            }
+            Caller::EtcdClaim(client) => {
+                let reserved = client
+                    .txn(put_if_absent(key.clone(), ETCD_IN_PROGRESS.to_vec()))
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                if !reserved.succeeded {
+                    return Err("etcd Txn: the new key was already created".to_owned());
+                }
+                client
+                    .put(etcd::PutRequest {
+                        key,
+                        value,
+                        ..etcd::PutRequest::default()
+                    })
+                    .await
+                    .map_err(failed)?;
             }
             Caller::Exec {
                 client,
@@ -144,7 +253,8 @@ impl Caller {
                         first_outstanding_seq: *seq,
                         command: Some(command()),
                     })
-                    .await?;
+                    .await
+                    .map_err(failed)?;
             }
             Caller::Plain { client, cluster_id } => {
                 client
@@ -152,7 +262,47 @@ impl Caller {
                         cluster_id: cluster_id.clone(),
                         command: Some(command()),
                     })
-                    .await?;
+                    .await
+                    .map_err(failed)?;
+            }
+            Caller::Claim {
+                client,
+                cluster_id,
+                claim_ids,
+            } => {
+                let answer = client
+                    .claim(oncekv::ClaimRequest {
+                        cluster_id: cluster_id.clone(),
+                        key: key.clone(),
+                        fingerprint: CLAIM_DESCRIPTION.to_vec(),
+                        lease_ms: CLAIM_LEASE_MS,
+                        claim_id: claim_ids.next(),
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner()
+                    .answer;
+                let fence = match answer {
+                    Some(oncekv::claim_reply::Answer::Won(won))
+                        if won.attempt == 1 && !won.duplicate =>
+                    {
+                        won.fence
+                    }
+                    other => return Err(format!("Claim of a new key answered {other:?}")),
+                };
+                let completed = client
+                    .complete_claim(oncekv::CompleteClaimRequest {
+                        cluster_id: cluster_id.clone(),
+                        key,
+                        fence,
+                        result: value,
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                if completed.duplicate {
+                    return Err("CompleteClaim of a new key answered duplicate".to_owned());
+                }
             }
         }
         Ok(())
@@ -171,8 +321,10 @@ pub async fn run(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
     if channels.is_empty() {
         bail!("no connection");
     }
-    let callers = callers(options, channels).await?;
+    let salt = nonce_salt();
+    let callers = callers(options, channels, salt).await?;
     let value = vec![b'v'; options.value_bytes];
+    let target = options.target;
     let started = Instant::now();
     let until = started + options.duration;
     let mut clients = JoinSet::new();
@@ -187,12 +339,13 @@ pub async fn run(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
             };
             let mut n = 0u64;
             while Instant::now() < until {
-                let key = format!("loadgen-{number}-{}", n % KEYS_PER_CLIENT).into_bytes();
+                let key = target.key(salt, number, n);
                 n += 1;
                 let sent = Instant::now();
-                let error = match timeout(request_timeout, caller.put(key, value.clone())).await {
+                let error = match timeout(request_timeout, caller.operate(key, value.clone())).await
+                {
                     Ok(Ok(())) => None,
-                    Ok(Err(status)) => Some(format!("{}: {}", status.code(), status.message())),
+                    Ok(Err(error)) => Some(error),
                     Err(_) => Some(format!("no answer within {request_timeout:?}")),
                 };
                 match error {
@@ -239,13 +392,29 @@ pub async fn run(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
 }
 
 /// Every client's caller, sessions registered (Execute) or the cluster id
-/// learnt (ExecutePlain) before the clock starts.
-async fn callers(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<Vec<Caller>> {
+/// learnt (ExecutePlain, claims) before the clock starts; `salt` makes the
+/// run's session nonces and claim ids its own.
+async fn callers(
+    options: &LoadOptions,
+    channels: &[Channel],
+    salt: u64,
+) -> anyhow::Result<Vec<Caller>> {
     let channel = |number: usize| channels[number % channels.len()].clone();
-    if options.target == Target::EtcdPut {
-        return Ok((0..options.clients)
-            .map(|number| Caller::Etcd(etcd::kv_client::KvClient::new(channel(number))))
-            .collect());
+    match options.target {
+        Target::EtcdPut | Target::EtcdClaim => {
+            let claim = options.target == Target::EtcdClaim;
+            return Ok((0..options.clients)
+                .map(|number| {
+                    let client = etcd::kv_client::KvClient::new(channel(number));
+                    if claim {
+                        Caller::EtcdClaim(client)
+                    } else {
+                        Caller::Etcd(client)
+                    }
+                })
+                .collect());
+        }
+        Target::OncekvExec | Target::OncekvPlain | Target::OncekvClaim => {}
     }
     let cluster_id = timeout(
         options.request_timeout,
@@ -264,7 +433,19 @@ async fn callers(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
             })
             .collect());
     }
-    let salt = nonce_salt();
+    if options.target == Target::OncekvClaim {
+        return Ok((0..options.clients)
+            .map(|number| Caller::Claim {
+                client: oncekv::client_client::ClientClient::new(channel(number)),
+                cluster_id: cluster_id.clone(),
+                claim_ids: ClaimIds {
+                    salt,
+                    client: number as u32,
+                    cycles: 0,
+                },
+            })
+            .collect());
+    }
     let mut registering = JoinSet::new();
     for number in 0..options.clients {
         let mut client = oncekv::client_client::ClientClient::new(channel(number));
@@ -303,8 +484,9 @@ async fn callers(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
     Ok(callers.into_iter().map(|(_, caller)| caller).collect())
 }
 
-/// The first half of every session's nonce: distinct per process and run
-/// (the second half is the client's number).
+/// The first half of every session's nonce and claim id, and part of every
+/// claim key: distinct per process and run (the rest is the client's
+/// number, and its cycle for claims).
 fn nonce_salt() -> u64 {
     // Not the registry: a nonce wants a value no other run has used, and
     // the wall clock with the process id gives one.
@@ -354,6 +536,77 @@ async fn unregister(callers: Vec<Caller>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Claim cycles never reuse a key (within a client, across clients or
+    /// across runs), while puts cycle over each client's own keys.
+    #[test]
+    fn claim_keys_are_new_put_keys_cycle() {
+        for target in [Target::EtcdClaim, Target::OncekvClaim] {
+            let mut seen = std::collections::BTreeSet::new();
+            for salt in [1, 2] {
+                for number in [0, 1, 10] {
+                    for n in [0, 1, KEYS_PER_CLIENT, 10 * KEYS_PER_CLIENT + 1] {
+                        assert!(seen.insert(target.key(salt, number, n)), "{target:?}");
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            Target::OncekvExec.key(1, 3, 5),
+            Target::OncekvExec.key(2, 3, 5 + KEYS_PER_CLIENT)
+        );
+        assert_ne!(Target::EtcdPut.key(1, 3, 5), Target::EtcdPut.key(1, 4, 5));
+    }
+
+    /// Every cycle's claim id is 16 bytes and its own: a repeated id would
+    /// make a claim look like the retry of an earlier one.
+    #[test]
+    fn claim_ids_are_distinct() {
+        let mut seen = std::collections::BTreeSet::new();
+        for salt in [7, 8] {
+            for client in [0, 1, 256] {
+                let mut ids = ClaimIds {
+                    salt,
+                    client,
+                    cycles: 0,
+                };
+                for _ in 0..100 {
+                    let id = ids.next();
+                    assert_eq!(id.len(), 16);
+                    assert!(seen.insert(id));
+                }
+            }
+        }
+    }
+
+    /// The etcd reservation compares the key's create revision with 0 and
+    /// puts "in progress" on that same key only when the compare holds.
+    #[test]
+    fn etcd_reservation_is_put_if_never_created() {
+        let txn = put_if_absent(b"k".to_vec(), ETCD_IN_PROGRESS.to_vec());
+        assert_eq!(txn.compare.len(), 1);
+        let compare = &txn.compare[0];
+        assert_eq!(compare.key, b"k");
+        assert_eq!(compare.result, etcd::compare::CompareResult::Equal as i32);
+        assert_eq!(compare.target, etcd::compare::CompareTarget::Create as i32);
+        assert_eq!(
+            compare.target_union,
+            Some(etcd::compare::TargetUnion::CreateRevision(0))
+        );
+        assert!(txn.failure.is_empty());
+        let [
+            etcd::RequestOp {
+                request: Some(etcd::request_op::Request::RequestPut(put)),
+            },
+        ] = txn.success.as_slice()
+        else {
+            panic!("one put on success: {:?}", txn.success);
+        };
+        assert_eq!(
+            (put.key.as_slice(), put.value.as_slice()),
+            (&b"k"[..], ETCD_IN_PROGRESS)
+        );
+    }
 
     #[test]
     fn report_is_one_greppable_line() {

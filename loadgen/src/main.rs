@@ -2,11 +2,13 @@
 //! `scripts/bench-vs-etcd.sh` drives a local etcd and a local oncekv with, so
 //! that both are measured by the same code in the same run.
 //!
-//! It owns: talking to each system's wire API directly (etcd's `KV.Put`,
-//! oncekv's `Client.Register`/`Execute`/`ExecutePlain`, and each one's
-//! `Status` to find the leader), the closed loop (every client sends one
-//! request at a time over HTTP/2 connections shared round-robin), the clock
-//! and the one-line report (throughput, p50/p99/p999, errors).
+//! It owns: talking to each system's wire API directly (etcd's `KV.Put` and
+//! `KV.Txn`, oncekv's `Client.Register`/`Execute`/`ExecutePlain`/`Claim`/
+//! `CompleteClaim`, and each one's `Status` to find the leader), the closed
+//! loop (every client sends one operation at a time over HTTP/2 connections
+//! shared round-robin; an operation is one request, or in the claim modes
+//! one claim → complete cycle of two), the clock and the one-line report
+//! (operations per second, p50/p99/p999 of whole operations, errors).
 //!
 //! Against an oncekv cluster with TLS and authentication (`scripts/cluster.sh
 //! start --tls`), `--ca` (and `--token`, or `--cert`/`--key`) make every
@@ -57,6 +59,15 @@ enum Mode {
     OncekvExec(LoadArgs),
     /// oncekv `Client.ExecutePlain` of puts (no session, at-least-once).
     OncekvPlain(LoadArgs),
+    /// The reserve → record cycle on etcd, one new key per cycle: a `KV.Txn`
+    /// putting "in progress" only if the key was never created
+    /// (create_revision == 0), then a `KV.Put` of the result (the value).
+    /// One operation = one cycle.
+    EtcdClaim(LoadArgs),
+    /// The claim → complete cycle on oncekv, one new key per cycle: a
+    /// `Client.Claim` that must win (fence), then a `Client.CompleteClaim`
+    /// of that fence with the result (the value). One operation = one cycle.
+    OncekvClaim(LoadArgs),
     /// Print the etcd leader's client address once every member that answers
     /// agrees on it.
     EtcdLeader(LeaderArgs),
@@ -79,10 +90,10 @@ struct LoadArgs {
     /// HTTP/2 connections, shared round-robin by the clients.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_024))]
     connections: u32,
-    /// Bytes per value.
+    /// Bytes per value (the result, in the claim modes).
     #[arg(long, default_value_t = 64)]
     value_bytes: usize,
-    /// Deadline of one request; a request past it counts as an error.
+    /// Deadline of one operation; one past it counts as an error.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     request_timeout_s: u64,
     #[command(flatten)]
@@ -151,6 +162,8 @@ async fn main() -> anyhow::Result<()> {
         Mode::EtcdPut(args) => load(Target::EtcdPut, &args).await,
         Mode::OncekvExec(args) => load(Target::OncekvExec, &args).await,
         Mode::OncekvPlain(args) => load(Target::OncekvPlain, &args).await,
+        Mode::EtcdClaim(args) => load(Target::EtcdClaim, &args).await,
+        Mode::OncekvClaim(args) => load(Target::OncekvClaim, &args).await,
         Mode::EtcdLeader(args) => print_leader(&args, etcd_view).await,
         Mode::OncekvLeader(args) => print_leader(&args, oncekv_view).await,
     }
