@@ -92,8 +92,15 @@ async fn writes_stop_at_the_memory_budget_and_a_small_machine_refuses_to_start()
     }
 
     // A budget larger than this machine: a restarted node refuses to start.
+    // The check reads the budget of the node's newest snapshot, the state
+    // it starts from: take one after the change.
     set_budget(&cluster, 1 << 40).await;
     cluster.wait_converged(&[1, 2, 3], 0).await;
+    cluster
+        .admin(3)
+        .trigger_snapshot(proto::TriggerSnapshotRequest {})
+        .await
+        .expect("node 3 snapshots");
     let log = cluster.restart_expecting_exit(3).await;
     assert!(
         log.contains("memory budget") && log.contains("--allow-small-memory"),
