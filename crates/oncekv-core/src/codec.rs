@@ -139,8 +139,9 @@ mod tests {
         ));
     }
 
-    /// A version 4 entry (written before idempotency keys) decodes to the
-    /// same entry as its version 5 twin: the body did not change.
+    /// A version 4 entry (written before idempotency keys) and a version 5
+    /// one (before claims) decode to the same entry as their version 6
+    /// twin: the body did not change.
     #[test]
     fn version_4_entries_are_read() {
         let entry = Entry::single(
@@ -156,7 +157,9 @@ mod tests {
         let current = encode_entry(&entry);
         let mut previous = current.clone();
         previous[0] = ENTRY_FORMAT_VERSION_4;
-        assert_eq!(current[0], 5);
+        assert_eq!(current[0], 6);
+        assert_eq!(decode_entry(&previous).unwrap(), entry);
+        previous[0] = ENTRY_FORMAT_VERSION_5;
         assert_eq!(decode_entry(&previous).unwrap(), entry);
         let mut older = current;
         older[0] = 3;

@@ -943,10 +943,10 @@ mod tests {
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
         assert_eq!(state_hash(&restored), state_hash(&registry));
         let mut other = to_bytes_v2(&registry);
-        other[8] = 6;
+        other[8] = 7;
         assert!(matches!(
             from_bytes(&other),
-            Err(SnapshotError::UnsupportedVersion(6))
+            Err(SnapshotError::UnsupportedVersion(7))
         ));
     }
 }
