@@ -666,3 +666,344 @@ impl ClaimFigures {
         missing
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Hand-made claims histories: a valid one the checks must pass, and
+    //! one change per violation they must catch.
+    use super::*;
+    use crate::checker::{Findings, Safety};
+    use crate::claims::result_text;
+    use crate::history::{self, Event};
+
+    const KEY: &str = "job-1";
+
+    /// Builds a claims history with explicit times (ms of the run, used as
+    /// both the history's time and, where asked, the cluster time).
+    #[derive(Default)]
+    struct H {
+        events: Vec<Event>,
+        next_op: BTreeMap<u64, u64>,
+        sink_ops: u64,
+    }
+
+    impl H {
+        fn call(
+            &mut self,
+            worker: u64,
+            at: u64,
+            done_at: u64,
+            op: Op,
+            kind: EventType,
+            reply: Option<Reply>,
+            error: Option<&str>,
+        ) -> &mut Self {
+            let op_id = self.next_op.entry(worker).or_default();
+            *op_id += 1;
+            let invoke = Event::invoke(at * 1_000_000, Process::Client(worker), *op_id, op);
+            let mut done = Event::complete(&invoke, kind, done_at * 1_000_000);
+            done.reply = reply;
+            done.error = error.map(str::to_string);
+            self.events.push(invoke);
+            self.events.push(done);
+            self
+        }
+
+        fn claim_op(claim_id: &str, plan: HolderPlan) -> Op {
+            Op::Claim {
+                key: KEY.into(),
+                claim_id: claim_id.into(),
+                lease_ms: 100,
+                plan,
+            }
+        }
+
+        /// A fresh win of `fence` (attempt `attempt`) at cluster time `at`
+        /// with a lease of 100 ms, answered at `at + 1`.
+        fn win(&mut self, worker: u64, claim_id: &str, at: u64, fence: u64, attempt: u64) -> &mut Self {
+            self.call(
+                worker,
+                at,
+                at + 1,
+                H::claim_op(claim_id, HolderPlan::Complete),
+                EventType::Ok,
+                Some(Reply::ClaimWon {
+                    fence,
+                    attempt,
+                    lease_deadline_ms: at + 100,
+                    cluster_time_ms: at,
+                }),
+                None,
+            )
+        }
+
+        fn in_progress(&mut self, worker: u64, claim_id: &str, at: u64) -> &mut Self {
+            self.call(
+                worker,
+                at,
+                at + 1,
+                H::claim_op(claim_id, HolderPlan::Complete),
+                EventType::Ok,
+                Some(Reply::ClaimInProgress {
+                    retry_after_ms: 50,
+                    attempt: 1,
+                }),
+                None,
+            )
+        }
+
+        fn replay(&mut self, worker: u64, claim_id: &str, at: u64, fence: u64, attempt: u64, by: u64) -> &mut Self {
+            self.call(
+                worker,
+                at,
+                at + 1,
+                H::claim_op(claim_id, HolderPlan::Complete),
+                EventType::Ok,
+                Some(Reply::ClaimCompleted {
+                    result: result_text(KEY, fence, attempt, by),
+                    completed_ms: at,
+                    fence,
+                    attempt,
+                }),
+                None,
+            )
+        }
+
+        fn complete(&mut self, worker: u64, at: u64, fence: u64, attempt: u64, kind: EventType) -> &mut Self {
+            let op = Op::CompleteClaim {
+                key: KEY.into(),
+                fence,
+                result: result_text(KEY, fence, attempt, worker),
+            };
+            let (reply, error) = match kind {
+                EventType::Ok => (Some(Reply::ClaimRecorded { completed_ms: at }), None),
+                EventType::Fail => (None, Some(FENCED)),
+                _ => (None, Some("unknown")),
+            };
+            self.call(worker, at, at + 1, op, kind, reply, error)
+        }
+
+        fn release(&mut self, worker: u64, at: u64, fence: u64, kind: EventType) -> &mut Self {
+            let op = Op::ReleaseClaim {
+                key: KEY.into(),
+                fence,
+            };
+            let error = (kind == EventType::Fail).then_some(FENCED);
+            self.call(worker, at, at + 1, op, kind, None, error)
+        }
+
+        fn extend(&mut self, worker: u64, at: u64, fence: u64, deadline: u64) -> &mut Self {
+            let op = Op::ExtendClaim {
+                key: KEY.into(),
+                fence,
+                lease_ms: 100,
+            };
+            let reply = Reply::ClaimExtended {
+                lease_deadline_ms: deadline,
+                cluster_time_ms: at,
+            };
+            self.call(worker, at, at + 1, op, EventType::Ok, Some(reply), None)
+        }
+
+        /// The sink's answer to `worker`'s effect of (`fence`, `attempt`).
+        fn sink(&mut self, at: u64, worker: u64, fence: u64, attempt: u64, accepted: bool) -> &mut Self {
+            self.sink_ops += 1;
+            let invoke = Event::invoke(
+                at * 1_000_000,
+                Process::Sink,
+                self.sink_ops,
+                Op::SinkWrite {
+                    key: KEY.into(),
+                    fence,
+                    attempt,
+                    worker,
+                },
+            );
+            let kind = if accepted { EventType::Ok } else { EventType::Fail };
+            let done = Event::complete(&invoke, kind, at * 1_000_000);
+            self.events.push(invoke);
+            self.events.push(done);
+            self
+        }
+
+        fn check(&self) -> Findings {
+            let operations = history::pair(&self.events).expect("paired");
+            let mut findings = Findings::default();
+            check_claims(&operations, &mut findings);
+            findings
+        }
+    }
+
+    /// Worker 1 wins fence 10, writes, and is paused past its lease;
+    /// worker 2 is told "in progress", then takes over with fence 20
+    /// (attempt 2) after the lease, heartbeats, writes and completes;
+    /// worker 1's stale write is refused and its complete FENCED; worker 3
+    /// gets the result replayed.
+    fn valid() -> H {
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1)
+            .sink(20, 1, 10, 1, true)
+            .in_progress(2, "b", 30)
+            .extend(1, 40, 10, 140)
+            .win(2, "c", 150, 20, 2)
+            .extend(2, 180, 20, 280)
+            .sink(200, 2, 20, 2, true)
+            .sink(210, 1, 10, 1, false)
+            .complete(2, 220, 20, 2, EventType::Ok)
+            .complete(1, 230, 10, 1, EventType::Fail)
+            .replay(3, "d", 240, 20, 2, 2);
+        h
+    }
+
+    fn safety(h: &H) -> Safety {
+        h.check().safety
+    }
+
+    /// The valid history passes, and its figures count what it exercised.
+    #[test]
+    fn a_valid_claims_history_passes() {
+        let h = valid();
+        let findings = h.check();
+        assert_eq!(findings.safety, Safety::default(), "{:?}", findings.problems);
+        let figures = ClaimFigures::of(&history::pair(&h.events).unwrap());
+        assert_eq!(
+            (figures.jobs, figures.jobs_completed, figures.won, figures.takeovers),
+            (1, 1, 2, 1)
+        );
+        assert_eq!((figures.replays, figures.in_progress), (1, 1));
+        assert_eq!((figures.completes_ok, figures.completes_fenced, figures.fenced()), (1, 1, 1));
+        assert_eq!((figures.sink_accepted, figures.sink_refused), (2, 1));
+        assert!(figures.missing().is_empty(), "{:?}", figures.missing());
+    }
+
+    /// What the server without the fence check does: the stale holder's
+    /// complete acknowledged after the takeover; its result then replays.
+    #[test]
+    fn a_stale_complete_acknowledged_is_caught() {
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1)
+            .sink(20, 1, 10, 1, true)
+            .win(2, "c", 150, 20, 2)
+            .complete(1, 170, 10, 1, EventType::Ok)
+            .sink(200, 2, 20, 2, true)
+            .complete(2, 220, 20, 2, EventType::Ok)
+            .replay(3, "d", 240, 20, 2, 1);
+        let s = safety(&h);
+        assert!(s.claim_fences_not_enforced >= 1, "{s:?}");
+        assert!(s.claim_result_violations >= 1, "{s:?}");
+        assert!(s.claim_sink_violations >= 1, "{s:?}");
+    }
+
+    /// A takeover before the earlier lease's (extended) deadline overlaps
+    /// it; after a release of that holder it does not.
+    #[test]
+    fn overlapping_leases_are_caught_unless_released() {
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1).extend(1, 50, 10, 150).win(2, "c", 120, 20, 2);
+        assert_eq!(safety(&h).claim_lease_violations, 1);
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1)
+            .release(1, 40, 10, EventType::Ok)
+            .win(2, "c", 60, 20, 2)
+            .sink(70, 2, 20, 2, true)
+            .complete(2, 80, 20, 2, EventType::Ok);
+        assert_eq!(safety(&h), Safety::default());
+    }
+
+    /// An extend or release acknowledged for a fence superseded before it
+    /// began had to be FENCED.
+    #[test]
+    fn stale_extends_and_releases_acknowledged_are_caught() {
+        let mut h = valid();
+        h.extend(1, 300, 10, 400);
+        assert_eq!(safety(&h).claim_fences_not_enforced, 1);
+        let mut h = valid();
+        h.release(1, 300, 10, EventType::Ok);
+        assert_eq!(safety(&h).claim_fences_not_enforced, 1);
+    }
+
+    /// Fences and attempts must grow with the order of the wins, and one
+    /// fence belongs to one claim.
+    #[test]
+    fn fences_out_of_order_are_caught() {
+        let mut h = H::default();
+        h.win(1, "a", 0, 20, 1).win(2, "c", 150, 10, 2);
+        assert!(safety(&h).claim_fence_violations >= 1);
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 2).win(2, "c", 150, 20, 2);
+        assert!(safety(&h).claim_fence_violations >= 1);
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1).win(2, "c", 150, 10, 1);
+        assert!(safety(&h).claim_fence_violations >= 1);
+    }
+
+    /// After a completion, a claim must replay the same result: a win, an
+    /// "in progress" or another result are caught.
+    #[test]
+    fn answers_after_a_completion_are_caught() {
+        let mut h = valid();
+        h.in_progress(4, "e", 300);
+        assert_eq!(safety(&h).claim_result_violations, 1);
+        let mut h = valid();
+        h.replay(4, "e", 300, 20, 2, 4);
+        assert_eq!(safety(&h).claim_result_violations, 1);
+        let mut h = valid();
+        h.win(4, "e", 300, 30, 3);
+        assert!(safety(&h).claim_result_violations >= 1);
+    }
+
+    /// The sink must refuse lower fences, accept one effect per fence, and
+    /// hear only of fences won.
+    #[test]
+    fn sink_violations_are_caught() {
+        let mut h = valid();
+        h.sink(300, 1, 10, 1, true);
+        assert!(safety(&h).claim_sink_violations >= 1);
+        let mut h = valid();
+        h.sink(300, 2, 20, 2, true);
+        assert_eq!(safety(&h).claim_sink_violations, 1);
+        let mut h = valid();
+        h.sink(300, 3, 20, 2, false);
+        assert_eq!(safety(&h).claim_sink_violations, 2);
+    }
+
+    /// A job claimed and never completed is stuck; a FENCED answer with no
+    /// cause is unjustified.
+    #[test]
+    fn stuck_jobs_and_unjustified_fenced_are_caught() {
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1).sink(20, 1, 10, 1, true);
+        let s = safety(&h);
+        assert_eq!((s.claims_stuck, s.total()), (1, 1));
+        h.complete(1, 30, 10, 1, EventType::Fail);
+        assert_eq!(safety(&h).claim_fenced_unjustified, 1);
+        // A claim of unknown outcome begun before it may have taken over.
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1)
+            .call(
+                2,
+                150,
+                160,
+                H::claim_op("c", HolderPlan::Complete),
+                EventType::Info,
+                None,
+                Some("unknown"),
+            )
+            .complete(1, 170, 10, 1, EventType::Fail);
+        let s = safety(&h);
+        assert_eq!((s.claim_fenced_unjustified, s.claims_stuck), (0, 1));
+    }
+
+    /// A run with claims but no takeover or no FENCED answer is reported
+    /// as not exercised.
+    #[test]
+    fn claims_without_takeovers_or_fenced_are_not_exercised() {
+        let mut h = H::default();
+        h.win(1, "a", 0, 10, 1)
+            .sink(20, 1, 10, 1, true)
+            .complete(1, 30, 10, 1, EventType::Ok);
+        assert_eq!(safety(&h), Safety::default());
+        let missing = ClaimFigures::of(&history::pair(&h.events).unwrap()).missing();
+        assert_eq!(missing.len(), 2, "{missing:?}");
+    }
+}
