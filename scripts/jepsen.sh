@@ -4,7 +4,7 @@
 #   scripts/jepsen.sh smoke [--tls]                    one 45 s run, seed 1, 3 leader kills, release build
 #   scripts/jepsen.sh ci-smoke [--tls]                 the same run on the debug build (what .ci/run runs)
 #   scripts/jepsen.sh long [SEEDS] [DURATION] [--tls]  SEEDS runs (default 20) of DURATION s (default 60), seeds 1..SEEDS
-#   scripts/jepsen.sh broken                           the three deliberately broken servers; each must be found invalid
+#   scripts/jepsen.sh broken                           the four deliberately broken servers; each must be found invalid
 #   scripts/jepsen.sh containers [SECONDS]             a run (default 60 s) against three containers with real kills,
 #                                                      pauses and partitions, then the same against the image of the
 #                                                      server that skips dedup: valid, then INVALID (needs Docker, root)
@@ -92,19 +92,20 @@ run() {
         1) verdict=INVALID ;;
         *) verdict=unknown ;;
     esac
-    local ops reads dups kills faults keyed
+    local ops reads dups kills faults keyed claims
     ops=$(grep -m1 '^operations (writes):' "$out.txt" | sed 's/^operations (writes): //' || true)
     reads=$(grep -m1 '^reads:' "$out.txt" | sed 's/^reads: //' || true)
     dups=$(grep -m1 '^leader changes seen:' "$out.txt" | sed 's/^leader changes seen: //' || true)
     kills=$(grep -m1 '^leader kill' "$out.txt" | sed 's/^leader kill -> first acknowledgement: //' || true)
     faults=$(grep -m1 '^faults:' "$out.txt" || true)
     keyed=$(grep -m1 '^keyed:' "$out.txt" | sed -E 's/^keyed: ([0-9]+) keys .*; ([0-9]+) duplicates .*; ([0-9]+) conflicts sent, ([0-9]+) refused KEY_CONFLICT; keyed violations ([0-9]+)$/keyed \1 keys, \2 dups, \4 conflicts refused, \5 violations/' || true)
+    claims=$(grep -m1 '^claims:' "$out.txt" | sed -E 's/^claims: ([0-9]+) jobs \(([0-9]+) completed\), [0-9]+ claims: ([0-9]+) won \(([0-9]+) takeovers, ([0-9]+) own wins .*, ([0-9]+) replays, ([0-9]+) unknown;.*; FENCED ([0-9]+); claim violations ([0-9]+)$/claims \2\/\1 jobs, \3 won, \4 takeovers, \8 FENCED, \6 replays, \5 won again, \7 unknown, \9 violations/' || true)
     local status=as-required
     if [ "$code" != "$expected" ]; then
         status=NOT-AS-REQUIRED
         failures=$((failures + 1))
     fi
-    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$keyed" "$kills" "$dups" "$faults")")
+    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$keyed" "${claims:-no claims}" "$kills" "$dups" "$faults")")
 }
 
 print_summary() {
@@ -154,7 +155,7 @@ case ${1:-} in
     broken)
         [ -z "$suffix" ] || { echo "jepsen.sh: --tls is for smoke, ci-smoke and long" >&2; exit 2; }
         build_harness
-        for feature in broken-skip-dedup broken-snapshot-drops-sessions broken-stale-reads; do
+        for feature in broken-skip-dedup broken-snapshot-drops-sessions broken-stale-reads broken-no-fence-check; do
             build_broken "$feature"
             run "$feature" 1 "target/broken/oncekv-$feature" --seed 1 --duration 45 --leader-kills 3 --quiet
         done
@@ -170,6 +171,13 @@ case ${1:-} in
         keyed_duplicated=$(grep -m1 -o 'keyed duplicated [0-9]*' target/jepsen/broken-skip-dedup.txt | grep -o '[0-9]*$' || echo 0)
         if [ "${keyed_duplicated:-0}" -eq 0 ]; then
             summary+=("broken-skip-dedup                  NOT-AS-REQUIRED: no keyed duplicate reported")
+            failures=$((failures + 1))
+        fi
+        # The server without the fence check breaks claims only: the
+        # claims checks must find a stale holder's complete acknowledged.
+        not_enforced=$(grep -m1 -o 'claim fences not enforced [0-9]*' target/jepsen/broken-no-fence-check.txt | grep -o '[0-9]*$' || echo 0)
+        if [ "${not_enforced:-0}" -eq 0 ]; then
+            summary+=("broken-no-fence-check              NOT-AS-REQUIRED: no stale complete acknowledged reported")
             failures=$((failures + 1))
         fi
         print_summary

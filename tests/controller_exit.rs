@@ -63,6 +63,8 @@ fn controller() {
                 incrementers: 1,
                 readers: 1,
                 keyed_producers: 0,
+                claim_workers: 0,
+                claim_lease: Duration::from_secs(1),
                 server_bin: env!("CARGO_BIN_EXE_oncekv").into(),
                 out_dir: out.path().to_owned(),
                 keep_cluster_dir: false,

@@ -64,6 +64,12 @@
 //!   session workload's with each acknowledged key counted once (its
 //!   earliest invoke, its first answer) and each unresolved one as unknown.
 //!
+//! Claims (rule 20; the claims workload's calls and its fenced sink's log):
+//! leases that never overlap, fences that grow, FENCED where a fence was
+//! superseded, one recorded result replayed by every later claim, one
+//! accepted effect per fence, and every job completed by the end — see
+//! [`claims`] for each counter.
+//!
 //! Replicas: after healing, every replica has the same applied index, state
 //! hash and values (*divergence* otherwise).
 
@@ -73,6 +79,8 @@ use crate::history::{
 use crate::workload::KEY_CONFLICT;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+
+pub mod claims;
 
 /// How many problem descriptions are kept.
 const PROBLEMS_KEPT: usize = 50;
@@ -132,6 +140,21 @@ pub struct Safety {
     pub keyed_conflicts_applied: u64,
     #[serde(default)]
     pub keyed_counter_violations: u64,
+    /// The claims workload's findings (see [`claims`]).
+    #[serde(default)]
+    pub claim_fence_violations: u64,
+    #[serde(default)]
+    pub claim_lease_violations: u64,
+    #[serde(default)]
+    pub claim_fences_not_enforced: u64,
+    #[serde(default)]
+    pub claim_result_violations: u64,
+    #[serde(default)]
+    pub claim_sink_violations: u64,
+    #[serde(default)]
+    pub claim_fenced_unjustified: u64,
+    #[serde(default)]
+    pub claims_stuck: u64,
 }
 
 impl Safety {
@@ -147,6 +170,18 @@ impl Safety {
             + self.divergence
             + self.malformed
             + self.keyed()
+            + self.claims()
+    }
+
+    /// The claims workload's violations.
+    pub fn claims(&self) -> u64 {
+        self.claim_fence_violations
+            + self.claim_lease_violations
+            + self.claim_fences_not_enforced
+            + self.claim_result_violations
+            + self.claim_sink_violations
+            + self.claim_fenced_unjustified
+            + self.claims_stuck
     }
 
     /// The keyed workload's violations.
@@ -205,6 +240,7 @@ pub fn check(events: &[Event], finals: &[NodeFinal]) -> Findings {
     check_lists(&lists, &reads, &mut findings);
     check_counters(&operations, &reads, &mut findings);
     check_keyed(&operations, &reads, &mut findings);
+    claims::check_claims(&operations, &mut findings);
     check_reads(
         &operations,
         &lists,
@@ -1732,12 +1768,12 @@ pub fn exercise(events: &[Event], planned_leader_kills: u64) -> Exercise {
     let (kills, changes) = leader_kills_and_changes(events);
     result.leader_kills = kills.len() as u64;
     // The session workload's writes only: a read changes nothing a retry
-    // could duplicate, and keyed calls have figures of their own.
+    // could duplicate, and keyed calls and claims have figures of their own.
     let acked: Vec<&Operation> = operations
         .iter()
         .filter(|o| {
             matches!(o.process, Process::Client(_))
-                && !matches!(o.op, Op::Read { .. } | Op::Keyed { .. })
+                && is_session_write(&o.op)
                 && o.outcome() == EventType::Ok
         })
         .collect();
@@ -1830,7 +1866,17 @@ fn not_exercised(
     if result.duplicates_after_leader_change == 0 {
         missing.push("no retry after a leader change was answered as a duplicate".into());
     }
+    missing.extend(claims::ClaimFigures::of(operations).missing());
     missing
+}
+
+/// A write of the session workloads (appends, increments, lifecycle
+/// requests): not a read, a keyed call, a claims call or the sink's log.
+pub fn is_session_write(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Append { .. } | Op::Increment { .. } | Op::Lifecycle { .. }
+    )
 }
 
 /// The run's verdict.

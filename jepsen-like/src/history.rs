@@ -21,14 +21,16 @@ pub enum EventType {
     Info,
 }
 
-/// Who acted: a client task (numbered from 1), the fault injector, or the
-/// leader monitor.
+/// Who acted: a client task (numbered from 1), the fault injector, the
+/// leader monitor, or the claims workload's fenced sink (the downstream
+/// system the claim holders perform their effect on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Process {
     Client(u64),
     Nemesis,
     Monitor,
+    Sink,
 }
 
 /// What was attempted.
@@ -61,6 +63,41 @@ pub enum Op {
     /// client library's `get`. It changes nothing, so it completes as `ok`
     /// (with its value as the reply) or `fail`, never `info`.
     Read { key: String },
+    /// A claim of the job `key` (rule 20, `Client::claim_as`) with the
+    /// claim id `claim_id` (32 hex digits; a call retried after an unknown
+    /// outcome reuses it) and a lease of `lease_ms`; `plan` is what the
+    /// worker does with the key if it wins.
+    Claim {
+        key: String,
+        claim_id: String,
+        lease_ms: u64,
+        plan: HolderPlan,
+    },
+    /// The holder of `fence` records `result` (`Client::complete_claim`).
+    CompleteClaim {
+        key: String,
+        fence: u64,
+        result: String,
+    },
+    /// The holder of `fence` gives the key up (`Client::release_claim`).
+    ReleaseClaim { key: String, fence: u64 },
+    /// The holder of `fence` extends its lease to `lease_ms` from now (a
+    /// heartbeat; the raw RPC, whose reply carries the new deadline).
+    ExtendClaim {
+        key: String,
+        fence: u64,
+        lease_ms: u64,
+    },
+    /// The fenced sink's log (process `sink`): the effect of `worker`'s
+    /// holder of (`fence`, `attempt`) on `key`, `ok` when the sink accepted
+    /// it, `fail` when it refused it (a fence below the highest it had
+    /// accepted for the key).
+    SinkWrite {
+        key: String,
+        fence: u64,
+        attempt: u64,
+        worker: u64,
+    },
     /// A fault: `invoke` when it starts, `info` when it is healed.
     Fault { kind: String, nodes: Vec<u64> },
     /// The monitor saw `leader` lead in `term` (a leader change).
@@ -81,6 +118,51 @@ pub enum Expect {
     Conflict,
     /// A request of a session idle past the TTL: `SESSION_EXPIRED`, nothing applied.
     Expired,
+}
+
+/// What a claims worker does with a key it wins (drawn before it claims).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderPlan {
+    /// The effect on the sink, then complete (release if the sink refused).
+    Complete,
+    /// A long effect with heartbeats (extends), then as `Complete`.
+    Heartbeat,
+    /// A simulated failure: release without an effect.
+    Fail,
+    /// Killed before the effect: no further call.
+    KilledBefore,
+    /// Killed between the effect and the complete: no further call.
+    KilledAfterEffect,
+    /// Killed while heartbeating: a few extends, then nothing.
+    KilledHeartbeating,
+    /// Paused past its lease before the effect, then the effect and the
+    /// complete with its old fence (release if the sink refused).
+    PausedBefore,
+    /// The effect, then paused past its lease, then the complete with its
+    /// old fence.
+    PausedAfterEffect,
+    /// A few extends, paused past its lease, an extend with its old fence
+    /// (stops if FENCED), then the effect and the complete.
+    PausedHeartbeating,
+}
+
+impl HolderPlan {
+    /// The holder is killed (abandons the key with no further call).
+    pub fn killed(self) -> bool {
+        matches!(
+            self,
+            HolderPlan::KilledBefore | HolderPlan::KilledAfterEffect | HolderPlan::KilledHeartbeating
+        )
+    }
+
+    /// The holder sleeps past its lease, then goes on with its old fence.
+    pub fn paused(self) -> bool {
+        matches!(
+            self,
+            HolderPlan::PausedBefore | HolderPlan::PausedAfterEffect | HolderPlan::PausedHeartbeating
+        )
+    }
 }
 
 /// The command of a keyed call.
@@ -136,6 +218,30 @@ pub enum Reply {
     },
     /// A read found no value at the key.
     ReadAbsent,
+    /// A claim won the key (a retry of the winning claim gets the same
+    /// answer again, flagged `duplicate` on the event).
+    ClaimWon {
+        fence: u64,
+        attempt: u64,
+        lease_deadline_ms: u64,
+        cluster_time_ms: u64,
+    },
+    /// Another holder's lease was live.
+    ClaimInProgress { retry_after_ms: u64, attempt: u64 },
+    /// The key was completed: its recorded result, replayed.
+    ClaimCompleted {
+        result: String,
+        completed_ms: u64,
+        fence: u64,
+        attempt: u64,
+    },
+    /// A complete was recorded at this cluster time.
+    ClaimRecorded { completed_ms: u64 },
+    /// An extend moved the lease's deadline (cluster time of the extend).
+    ClaimExtended {
+        lease_deadline_ms: u64,
+        cluster_time_ms: u64,
+    },
     /// Any other result, described.
     Other {
         text: String,

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod checker;
+pub mod claims;
 pub mod cluster;
 pub mod containers;
 pub mod failover;

@@ -39,6 +39,15 @@ struct Args {
     /// on purpose and some reused with another command (0: none).
     #[arg(long, default_value_t = 2)]
     keyed_producers: u64,
+    /// Workers of the claims workload (rule 20): they claim a few
+    /// contended jobs, perform each job's effect on a fenced sink and
+    /// complete it, some killed or paused mid-effect (0: none).
+    #[arg(long, default_value_t = 4)]
+    claim_workers: u64,
+    /// The lease every claim of the claims workload asks for, in
+    /// milliseconds.
+    #[arg(long, default_value_t = 1_000)]
+    claim_lease_ms: u64,
     /// The oncekv binary to run (a release build, with the
     /// `fault-injection` feature for lost replies).
     #[arg(long, default_value = "target/release/oncekv")]
@@ -93,6 +102,8 @@ fn main() {
         incrementers: args.incrementers,
         readers: args.readers,
         keyed_producers: args.keyed_producers,
+        claim_workers: args.claim_workers,
+        claim_lease: Duration::from_millis(args.claim_lease_ms),
         server_bin: args.server_bin,
         out_dir: args
             .out

@@ -11,7 +11,8 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Safety, Verdict};
+use crate::checker::claims::ClaimFigures;
+use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Safety, Verdict, is_session_write};
 use crate::history::{self, Event, EventType, Expect, KeyedIntent, Op, Process};
 use crate::workload::KEY_CONFLICT;
 
@@ -79,6 +80,8 @@ pub struct Figures {
     pub reads_failed: u64,
     /// The keyed workload (not among the operations above).
     pub keyed: KeyedFigures,
+    /// The claims workload (not among the operations above).
+    pub claims: ClaimFigures,
 }
 
 /// The keyed workload's calls (`execute_with_key`, no session).
@@ -164,7 +167,7 @@ pub fn figures(
     // Writes: every figure but the read counts is about them.
     let client_ops: Vec<&history::Operation> = operations
         .iter()
-        .filter(|o| matches!(o.process, Process::Client(_)) && !is_read(o) && !is_keyed(o))
+        .filter(|o| matches!(o.process, Process::Client(_)) && is_session_write(&o.op))
         .collect();
     let reads = ReadCounts::of(&operations);
     let count = |kind: EventType| client_ops.iter().filter(|o| o.outcome() == kind).count() as u64;
@@ -205,6 +208,7 @@ pub fn figures(
         reads_ok_of_counters: reads.ok_of_counters,
         reads_failed: reads.failed,
         keyed: keyed_figures(&operations),
+        claims: ClaimFigures::of(&operations),
     }
 }
 
@@ -309,10 +313,6 @@ fn kill_to_first_ack(
 
 fn is_read(operation: &history::Operation) -> bool {
     matches!(operation.op, Op::Read { .. })
-}
-
-fn is_keyed(operation: &history::Operation) -> bool {
-    matches!(operation.op, Op::Keyed { .. })
 }
 
 /// Counts the keyed workload's calls.
@@ -434,6 +434,7 @@ pub fn summary(
     write_writes(&mut out, figures);
     write_faults(&mut out, figures);
     write_reads_and_keyed(&mut out, figures, &findings.safety);
+    write_claims(&mut out, &figures.claims, &findings.safety);
     let t = &figures.throughput;
     let _ = writeln!(
         out,
@@ -522,13 +523,50 @@ fn write_reads_and_keyed(out: &mut String, f: &Figures, s: &Safety) {
     );
 }
 
+/// The summary's claims line, with its violations (none when the claims
+/// workload did not run).
+fn write_claims(out: &mut String, c: &ClaimFigures, s: &Safety) {
+    if c.claims == 0 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "claims: {} jobs ({} completed), {} claims: {} won ({} takeovers, {} own wins answered again after a lost reply or a retry), {} in progress, {} replays, {} unknown; completes {} ({} ok, {} FENCED), releases {} ({} ok, {} FENCED), extends {} ({} ok, {} FENCED), {} of unknown outcome; holders killed {}, paused {}; sink accepted {}, refused {}; FENCED {}; claim violations {}",
+        c.jobs,
+        c.jobs_completed,
+        c.claims,
+        c.won,
+        c.takeovers,
+        c.won_again,
+        c.in_progress,
+        c.replays,
+        c.claims_unknown,
+        c.completes,
+        c.completes_ok,
+        c.completes_fenced,
+        c.releases,
+        c.releases_ok,
+        c.releases_fenced,
+        c.extends,
+        c.extends_ok,
+        c.extends_fenced,
+        c.calls_unknown,
+        c.holders_killed,
+        c.holders_paused,
+        c.sink_accepted,
+        c.sink_refused,
+        c.fenced(),
+        s.claims()
+    );
+}
+
 /// The summary's safety lines: every counter, the replicas read, the
 /// first problems.
 fn write_safety(out: &mut String, findings: &Findings) {
     let s = &findings.safety;
     let _ = writeln!(
         out,
-        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, read violations {}, keyed duplicated {}, keyed lost {}, keyed phantom {}, keyed reply mismatches {}, keyed conflicts applied {}, keyed counter violations {}, divergence {}{}",
+        "safety: duplicated {}, lost {}, phantom {}, order violations {}, reply mismatches {}, counter violations {}, lifecycle violations {}, read violations {}, keyed duplicated {}, keyed lost {}, keyed phantom {}, keyed reply mismatches {}, keyed conflicts applied {}, keyed counter violations {}, claim fence violations {}, claim lease violations {}, claim fences not enforced {}, claim result violations {}, claim sink violations {}, claim FENCED unjustified {}, claims stuck {}, divergence {}{}",
         s.duplicated,
         s.lost,
         s.phantom,
@@ -543,6 +581,13 @@ fn write_safety(out: &mut String, findings: &Findings) {
         s.keyed_reply_mismatches,
         s.keyed_conflicts_applied,
         s.keyed_counter_violations,
+        s.claim_fence_violations,
+        s.claim_lease_violations,
+        s.claim_fences_not_enforced,
+        s.claim_result_violations,
+        s.claim_sink_violations,
+        s.claim_fenced_unjustified,
+        s.claims_stuck,
         s.divergence,
         if s.malformed > 0 {
             format!(", malformed history {}", s.malformed)
@@ -593,8 +638,7 @@ fn series(events: &[Event], end_s: f64) -> Series {
     let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); buckets];
     for operation in history::pair(events).unwrap_or_default() {
         if !matches!(operation.process, Process::Client(_))
-            || is_read(&operation)
-            || is_keyed(&operation)
+            || !is_session_write(&operation.op)
             || operation.outcome() != EventType::Ok
         {
             continue;

@@ -21,6 +21,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::admin::{Admin, AdminCapabilities};
 use crate::checker::{self, Exercise, FinalValue, Findings, NodeFinal, Verdict};
+use crate::claims::{self, Claims, Jobs, Sink};
 use crate::cluster::{
     Backend, Capabilities, Cluster, ClusterOptions, NODES, agreed_leader, describe,
 };
@@ -43,6 +44,10 @@ pub struct RunOptions {
     pub readers: u64,
     /// Producers of keyed calls (idempotency keys, no session).
     pub keyed_producers: u64,
+    /// Workers of the claims workload (0: none).
+    pub claim_workers: u64,
+    /// The lease every claim of the claims workload asks for.
+    pub claim_lease: Duration,
     pub server_bin: PathBuf,
     pub out_dir: PathBuf,
     pub keep_cluster_dir: bool,
@@ -390,6 +395,7 @@ async fn drive(
         short_ttl_phase: schedule.iter().any(|f| f.kind == FaultKind::ShortTtl),
         list_epoch: Arc::default(),
         credentials: credentials.clone(),
+        writers: Arc::default(),
     };
     // The registry config to restore after the short-TTL phase.
     let original_config = match &tools.admin {
@@ -399,7 +405,21 @@ async fn drive(
     let seen = Arc::new(Mutex::new(Seen::default()));
     let faults_done = Arc::new(AtomicU64::new(0));
 
-    let clients = spawn_clients(options, &context);
+    let mut clients = spawn_clients(options, &context);
+    let jobs = Arc::new(Jobs::default());
+    let claim_workers = spawn_claims(options, &context, &jobs);
+    let drop_episodes = Arc::new(AtomicU64::new(0));
+    let dropper = match (&tools.admin, tools.inject_fault, claim_workers.is_empty()) {
+        (Some(admin), true, false) => Some(tokio::spawn(claims::drop_claim_replies(
+            options.seed,
+            cluster.clone(),
+            admin.clone(),
+            context.clone(),
+            jobs.clone(),
+            drop_episodes.clone(),
+        ))),
+        _ => None,
+    };
     // The leader monitor, then the progress line (unless quiet).
     let mut watchers = vec![tokio::spawn(monitor(
         cluster.clone(),
@@ -433,6 +453,7 @@ async fn drive(
     )
     .await;
     let workload_end_ns = workload_end(options, &recorder, &counts).await;
+    drain_claims(&jobs, &mut clients, claim_workers, dropper, options.quiet).await;
     stop_and_heal(&stop_tx, cluster, tools, original_config, clients, watchers).await;
     let skipped = match nemesis_result {
         Ok(skipped) => skipped,
@@ -465,6 +486,36 @@ async fn workload_end(options: &RunOptions, recorder: &Recorder, counts: &Counts
         sleep(Duration::from_millis(50)).await;
     }
     recorder.now_ns()
+}
+
+/// The quiet phase of the claims workload, after the last fault: no new
+/// jobs, the lost-reply episodes end, and the workers go on until every
+/// open job is completed (they stop by themselves), for at most
+/// [`claims::DRAIN_MAX`]; a job still open then stays uncompleted in the
+/// history, which the checker reports. The workers' handles join the
+/// other clients'.
+async fn drain_claims(
+    jobs: &Jobs,
+    clients: &mut Vec<tokio::task::JoinHandle<u64>>,
+    workers: Vec<tokio::task::JoinHandle<u64>>,
+    dropper: Option<tokio::task::JoinHandle<u64>>,
+    quiet: bool,
+) {
+    if workers.is_empty() {
+        return;
+    }
+    jobs.drain();
+    if let Some(dropper) = dropper {
+        let _ = dropper.await;
+    }
+    let deadline = Instant::now() + claims::DRAIN_MAX;
+    while jobs.open() > 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(50)).await;
+    }
+    if !quiet {
+        eprintln!("claims drained; {} jobs left open", jobs.open());
+    }
+    clients.extend(workers);
 }
 
 /// Stops the clients, heals whatever may still be broken (an error
@@ -536,6 +587,39 @@ fn spawn_clients(options: &RunOptions, context: &Context) -> Vec<tokio::task::Jo
         clients.push(tokio::spawn(run));
     }
     clients
+}
+
+/// Starts the claims workers (numbered after the other clients) and the
+/// fenced sink they write to.
+fn spawn_claims(
+    options: &RunOptions,
+    context: &Context,
+    jobs: &Arc<Jobs>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    if options.claim_workers == 0 {
+        return Vec::new();
+    }
+    let (sink, _sink_task) = Sink::spawn(context.recorder.clone());
+    let claims = Claims {
+        jobs: jobs.clone(),
+        sink,
+        lease: options.claim_lease,
+    };
+    let first = options.appenders
+        + options.incrementers
+        + options.readers
+        + 1
+        + options.keyed_producers
+        + 1;
+    (first..first + options.claim_workers)
+        .map(|number| {
+            tokio::spawn(claims::run_claims_worker(
+                context.clone(),
+                claims.clone(),
+                number,
+            ))
+        })
+        .collect()
 }
 
 /// Lets every stopped client finish its current call (bounded by its
@@ -862,16 +946,27 @@ async fn restore_config(
 }
 
 /// The patch that sets every field of the config to `original`'s: the
-/// registry's and the idempotency keys'.
+/// registry's, the idempotency keys' and the claims'.
 fn restoring_patch(
     original: oncekv_wire::proto::RegistryConfig,
 ) -> anyhow::Result<oncekv_wire::proto::RegistryConfigPatch> {
     let keyed = oncekv_wire::convert::keyed_config_from_proto(&original);
+    let claims = oncekv_wire::convert::claim_config_from_proto(&original);
     let whole = oncekv_wire::convert::registry_config_from_proto(Some(original))?;
-    Ok(oncekv_wire::convert::configs_patch_to_proto(
+    let mut patch = oncekv_wire::convert::configs_patch_to_proto(
         &oncekv_core::ConfigPatch::replacing_with(&whole),
         &oncekv_core::KeyedConfigPatch::replacing_with(&keyed),
-    ))
+    );
+    let claims = oncekv_core::ClaimConfigPatch {
+        claim_ttl_ms: Some(claims.claim_ttl_ms),
+        claims_max: Some(claims.claims_max),
+        claim_key_bytes_max: Some(claims.claim_key_bytes_max),
+        claim_result_bytes_max: Some(claims.claim_result_bytes_max),
+        claim_cached_bytes_max: Some(claims.claim_cached_bytes_max),
+        lease_ms_max: Some(claims.lease_ms_max),
+    };
+    oncekv_wire::convert::claim_config_patch_into_proto(&claims, &mut patch);
+    Ok(patch)
 }
 
 /// Records every new (leader, term) the nodes report, until stopped.
@@ -1102,8 +1197,12 @@ fn finish(
     let findings: Findings = checker::check(&events, &driven.finals);
     let exercise = checker::exercise(&events, u64::from(options.leader_kills));
     let verdict = Verdict::of(&findings, &exercise);
-    let clients =
-        options.appenders + options.incrementers + options.readers + 1 + options.keyed_producers;
+    let clients = options.appenders
+        + options.incrementers
+        + options.readers
+        + 1
+        + options.keyed_producers
+        + options.claim_workers;
     let figures = report::figures(
         options.seed,
         clients,
@@ -1158,7 +1257,8 @@ mod tests {
     use super::*;
 
     /// The restoring patch sets every field of the config, the four
-    /// idempotency-key ones included, to the original's value.
+    /// idempotency-key ones and the six claim ones included, to the
+    /// original's value.
     #[test]
     fn restoring_patch_sets_every_field() {
         let original = oncekv_wire::proto::RegistryConfig {
@@ -1174,6 +1274,12 @@ mod tests {
             idempotency_keys_max: 10,
             idempotency_key_bytes_max: 11,
             idempotency_cached_bytes_max: 12,
+            claim_ttl_ms: 13,
+            claims_max: 14,
+            claim_key_bytes_max: 15,
+            claim_result_bytes_max: 16,
+            claim_cached_bytes_max: 17,
+            lease_ms_max: 18,
             ..oncekv_wire::proto::RegistryConfig::default()
         };
         let patch = restoring_patch(original).unwrap();
@@ -1192,6 +1298,12 @@ mod tests {
                 idempotency_keys_max: Some(10),
                 idempotency_key_bytes_max: Some(11),
                 idempotency_cached_bytes_max: Some(12),
+                claim_ttl_ms: Some(13),
+                claims_max: Some(14),
+                claim_key_bytes_max: Some(15),
+                claim_result_bytes_max: Some(16),
+                claim_cached_bytes_max: Some(17),
+                lease_ms_max: Some(18),
                 ..oncekv_wire::proto::RegistryConfigPatch::default()
             }
         );

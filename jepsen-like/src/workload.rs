@@ -141,18 +141,24 @@ pub struct Context {
     /// What each client shows the nodes (TLS and a principal's token or
     /// certificate on a TLS cluster; nothing otherwise).
     pub credentials: Arc<RunCredentials>,
+    /// The writers' gate: every write of the session, lifecycle and keyed
+    /// workloads holds it shared while it is in flight, so that the claims'
+    /// lost-reply episodes (`crate::claims::drop_claim_replies`) can hold
+    /// them off for a moment and the replies a node drops then are claim
+    /// replies. Reads never take it (they consume no dropped reply).
+    pub writers: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Context {
-    fn rng(&self, client: u64) -> ChaCha8Rng {
+    pub(crate) fn rng(&self, client: u64) -> ChaCha8Rng {
         ChaCha8Rng::seed_from_u64(self.seed.wrapping_mul(1_000_003).wrapping_add(client))
     }
 
-    fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         *self.stop.borrow()
     }
 
-    fn credentials(&self, client: u64) -> Credentials {
+    pub(crate) fn credentials(&self, client: u64) -> Credentials {
         self.credentials.client(client)
     }
 }
@@ -225,9 +231,11 @@ pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        let writing = context.writers.read().await;
         let invoke = Event::invoke(0, process, op_id, op);
         context.recorder.record(invoke.clone());
         let result = client.execute(command).await;
+        drop(writing);
         let seen = std::mem::take(&mut *attempts.lock().unwrap_or_else(PoisonError::into_inner));
         let done = completion(&invoke, result, &seen);
         context.counts.count(done.kind);
@@ -461,6 +469,7 @@ impl KeyedCall<'_> {
                 return KeyedEnd::Unresolved;
             }
             *self.op_id += 1;
+            let writing = self.context.writers.read().await;
             let invoke = Event::invoke(
                 0,
                 self.process,
@@ -487,6 +496,7 @@ impl KeyedCall<'_> {
                 .client
                 .execute_with_key(self.idempotency_key.as_bytes(), request)
                 .await;
+            drop(writing);
             let (done, end) = keyed_completion(&invoke, result);
             let counter = if done.kind == EventType::Ok {
                 &self.context.counts.keyed_ok
@@ -630,7 +640,7 @@ const RAW_BACKOFF: Backoff = Backoff {
 /// same request on "this attempt" failures until its deadline — the client
 /// library's one policy (`oncekv_client::policy`) — nothing more (no floors
 /// or sessions of its own: the lifecycle client sets them).
-struct Raw {
+pub(crate) struct Raw {
     follower: Follower,
     channels: Mutex<BTreeMap<String, ClientClient<AuthChannel>>>,
     credentials: Credentials,
@@ -638,7 +648,7 @@ struct Raw {
 }
 
 impl Raw {
-    fn new(endpoints: Vec<String>, credentials: &Credentials) -> anyhow::Result<Raw> {
+    pub(crate) fn new(endpoints: Vec<String>, credentials: &Credentials) -> anyhow::Result<Raw> {
         let raw = Raw {
             follower: Follower::new(endpoints.clone(), RAW_BACKOFF),
             channels: Mutex::new(BTreeMap::new()),
@@ -674,7 +684,7 @@ impl Raw {
     /// Runs `call` on the leader until it is answered or refused for good,
     /// or `deadline` passes; returns the answer or the last status, and the
     /// number of attempts.
-    async fn call<T, F, Fut>(
+    pub(crate) async fn call<T, F, Fut>(
         &mut self,
         deadline: Instant,
         call: F,
@@ -691,7 +701,7 @@ impl Raw {
         (result.map_err(CallError::into_status), attempts)
     }
 
-    async fn cluster_id(&mut self) -> anyhow::Result<Vec<u8>> {
+    pub(crate) async fn cluster_id(&mut self) -> anyhow::Result<Vec<u8>> {
         if self.cluster_id.is_empty() {
             let deadline = Instant::now() + CALL_TIMEOUT;
             let (status, _) = self
@@ -950,6 +960,7 @@ async fn lifecycle_request(
     value: &str,
     expect: Expect,
 ) -> bool {
+    let writing = context.writers.read().await;
     let invoke = Event::invoke(
         0,
         process,
@@ -968,6 +979,7 @@ async fn lifecycle_request(
     let (outcome, attempts, node) = raw
         .execute(session, seq, first_outstanding_seq, &command)
         .await;
+    drop(writing);
     let (kind, expected) = match &outcome {
         RawOutcome::Answered { duplicate, .. } => (
             EventType::Ok,
