@@ -424,7 +424,10 @@ impl Worker {
                 sleep(self.pause_time()).await;
                 // Back from the pause: a heartbeat first; a holder told it
                 // was fenced stops, as `Client::once`'s effect would.
-                if matches!(self.extend(key, fence).await, CallEnd::Fenced | CallEnd::Failed) {
+                if matches!(
+                    self.extend(key, fence).await,
+                    CallEnd::Fenced | CallEnd::Failed
+                ) {
                     return false;
                 }
                 self.effect_and_record(key, fence, attempt).await
@@ -740,8 +743,7 @@ pub async fn drop_claim_replies(
         }
         let count = rng.gen_range(1..=2);
         // The other writers' calls end first; new ones wait.
-        let Ok(held) =
-            tokio::time::timeout(DROP_EPISODE_GATE_WAIT, context.writers.write()).await
+        let Ok(held) = tokio::time::timeout(DROP_EPISODE_GATE_WAIT, context.writers.write()).await
         else {
             continue;
         };

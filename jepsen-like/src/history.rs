@@ -152,7 +152,9 @@ impl HolderPlan {
     pub fn killed(self) -> bool {
         matches!(
             self,
-            HolderPlan::KilledBefore | HolderPlan::KilledAfterEffect | HolderPlan::KilledHeartbeating
+            HolderPlan::KilledBefore
+                | HolderPlan::KilledAfterEffect
+                | HolderPlan::KilledHeartbeating
         )
     }
 
@@ -160,7 +162,9 @@ impl HolderPlan {
     pub fn paused(self) -> bool {
         matches!(
             self,
-            HolderPlan::PausedBefore | HolderPlan::PausedAfterEffect | HolderPlan::PausedHeartbeating
+            HolderPlan::PausedBefore
+                | HolderPlan::PausedAfterEffect
+                | HolderPlan::PausedHeartbeating
         )
     }
 }
@@ -227,7 +231,10 @@ pub enum Reply {
         cluster_time_ms: u64,
     },
     /// Another holder's lease was live.
-    ClaimInProgress { retry_after_ms: u64, attempt: u64 },
+    ClaimInProgress {
+        retry_after_ms: u64,
+        attempt: u64,
+    },
     /// The key was completed: its recorded result, replayed.
     ClaimCompleted {
         result: String,
@@ -236,7 +243,9 @@ pub enum Reply {
         attempt: u64,
     },
     /// A complete was recorded at this cluster time.
-    ClaimRecorded { completed_ms: u64 },
+    ClaimRecorded {
+        completed_ms: u64,
+    },
     /// An extend moved the lease's deadline (cluster time of the extend).
     ClaimExtended {
         lease_deadline_ms: u64,

@@ -305,7 +305,10 @@ fn check_leases(key: &str, job: &Job, wins: &BTreeMap<u64, Win>, findings: &mut 
         else {
             continue;
         };
-        let fresh = claim.completion.as_ref().is_some_and(|done| !done.duplicate);
+        let fresh = claim
+            .completion
+            .as_ref()
+            .is_some_and(|done| !done.duplicate);
         if fresh && deadline_ms != start_ms.saturating_add(*lease_ms) {
             findings.safety.claim_lease_violations += 1;
             findings.problem(format!(
@@ -318,12 +321,7 @@ fn check_leases(key: &str, job: &Job, wins: &BTreeMap<u64, Win>, findings: &mut 
 
 /// FENCED where the history requires it: no complete of a superseded
 /// fence, no extend or release of a fence superseded before the call.
-fn check_fences_enforced(
-    key: &str,
-    job: &Job,
-    wins: &BTreeMap<u64, Win>,
-    findings: &mut Findings,
-) {
+fn check_fences_enforced(key: &str, job: &Job, wins: &BTreeMap<u64, Win>, findings: &mut Findings) {
     for complete in job.completes.iter().filter(|c| acked(c)) {
         let fence = fence_of(complete);
         if let Some(later) = wins.range(fence + 1..).next_back().map(|(_, w)| w) {
@@ -720,7 +718,14 @@ mod tests {
 
         /// A fresh win of `fence` (attempt `attempt`) at cluster time `at`
         /// with a lease of 100 ms, answered at `at + 1`.
-        fn win(&mut self, worker: u64, claim_id: &str, at: u64, fence: u64, attempt: u64) -> &mut Self {
+        fn win(
+            &mut self,
+            worker: u64,
+            claim_id: &str,
+            at: u64,
+            fence: u64,
+            attempt: u64,
+        ) -> &mut Self {
             self.call(
                 worker,
                 at,
@@ -752,7 +757,15 @@ mod tests {
             )
         }
 
-        fn replay(&mut self, worker: u64, claim_id: &str, at: u64, fence: u64, attempt: u64, by: u64) -> &mut Self {
+        fn replay(
+            &mut self,
+            worker: u64,
+            claim_id: &str,
+            at: u64,
+            fence: u64,
+            attempt: u64,
+            by: u64,
+        ) -> &mut Self {
             self.call(
                 worker,
                 at,
@@ -769,7 +782,14 @@ mod tests {
             )
         }
 
-        fn complete(&mut self, worker: u64, at: u64, fence: u64, attempt: u64, kind: EventType) -> &mut Self {
+        fn complete(
+            &mut self,
+            worker: u64,
+            at: u64,
+            fence: u64,
+            attempt: u64,
+            kind: EventType,
+        ) -> &mut Self {
             let op = Op::CompleteClaim {
                 key: KEY.into(),
                 fence,
@@ -806,7 +826,14 @@ mod tests {
         }
 
         /// The sink's answer to `worker`'s effect of (`fence`, `attempt`).
-        fn sink(&mut self, at: u64, worker: u64, fence: u64, attempt: u64, accepted: bool) -> &mut Self {
+        fn sink(
+            &mut self,
+            at: u64,
+            worker: u64,
+            fence: u64,
+            attempt: u64,
+            accepted: bool,
+        ) -> &mut Self {
             self.sink_ops += 1;
             let invoke = Event::invoke(
                 at * 1_000_000,
@@ -819,7 +846,11 @@ mod tests {
                     worker,
                 },
             );
-            let kind = if accepted { EventType::Ok } else { EventType::Fail };
+            let kind = if accepted {
+                EventType::Ok
+            } else {
+                EventType::Fail
+            };
             let done = Event::complete(&invoke, kind, at * 1_000_000);
             self.events.push(invoke);
             self.events.push(done);
@@ -864,14 +895,31 @@ mod tests {
     fn a_valid_claims_history_passes() {
         let h = valid();
         let findings = h.check();
-        assert_eq!(findings.safety, Safety::default(), "{:?}", findings.problems);
+        assert_eq!(
+            findings.safety,
+            Safety::default(),
+            "{:?}",
+            findings.problems
+        );
         let figures = ClaimFigures::of(&history::pair(&h.events).unwrap());
         assert_eq!(
-            (figures.jobs, figures.jobs_completed, figures.won, figures.takeovers),
+            (
+                figures.jobs,
+                figures.jobs_completed,
+                figures.won,
+                figures.takeovers
+            ),
             (1, 1, 2, 1)
         );
         assert_eq!((figures.replays, figures.in_progress), (1, 1));
-        assert_eq!((figures.completes_ok, figures.completes_fenced, figures.fenced()), (1, 1, 1));
+        assert_eq!(
+            (
+                figures.completes_ok,
+                figures.completes_fenced,
+                figures.fenced()
+            ),
+            (1, 1, 1)
+        );
         assert_eq!((figures.sink_accepted, figures.sink_refused), (2, 1));
         assert!(figures.missing().is_empty(), "{:?}", figures.missing());
     }
@@ -899,7 +947,9 @@ mod tests {
     #[test]
     fn overlapping_leases_are_caught_unless_released() {
         let mut h = H::default();
-        h.win(1, "a", 0, 10, 1).extend(1, 50, 10, 150).win(2, "c", 120, 20, 2);
+        h.win(1, "a", 0, 10, 1)
+            .extend(1, 50, 10, 150)
+            .win(2, "c", 120, 20, 2);
         assert_eq!(safety(&h).claim_lease_violations, 1);
         let mut h = H::default();
         h.win(1, "a", 0, 10, 1)
