@@ -254,7 +254,9 @@ mod chunk_bytes {
         serializer.serialize_bytes(bytes)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<u8>, D::Error> {
         struct Bytes;
         impl<'de> de::Visitor<'de> for Bytes {
             type Value = Vec<u8>;
@@ -279,7 +281,6 @@ mod chunk_bytes {
         deserializer.deserialize_byte_buf(Bytes)
     }
 }
-
 
 /// An append split until each part encodes within the payload limit; each
 /// part continues where the previous one ends. A single entry that does not
@@ -461,7 +462,8 @@ impl PeerClient {
                     }
                 }
             });
-        let call = client.install_snapshot(futures::stream::once(std::future::ready(head)).chain(data));
+        let call =
+            client.install_snapshot(futures::stream::once(std::future::ready(head)).chain(data));
         let reply = tokio::select! {
             biased;
             Some(error) = read_failure.recv() => {
@@ -801,9 +803,7 @@ impl raft_server::Raft for PeerService {
         while let Some(part) = parts.next().await {
             match self.open(&claim, part?)? {
                 SnapshotPart::Data(chunk) => {
-                    if incoming
-                        .received_bytes()
-                        .saturating_add(chunk.len() as u64)
+                    if incoming.received_bytes().saturating_add(chunk.len() as u64)
                         > SNAPSHOT_BYTES_MAX
                     {
                         return Err(invalid("a snapshot larger than SNAPSHOT_BYTES_MAX"));
@@ -907,7 +907,8 @@ mod tests {
         let theirs =
             codec::encode_versioned(PEER_FORMAT_VERSION, &ElementWise::Data(chunk.clone()));
         assert_eq!(ours, theirs);
-        let SnapshotPart::Data(read) = codec::decode_versioned(PEER_FORMAT_VERSION, &theirs).unwrap()
+        let SnapshotPart::Data(read) =
+            codec::decode_versioned(PEER_FORMAT_VERSION, &theirs).unwrap()
         else {
             panic!("a data part");
         };

@@ -81,9 +81,7 @@ fn read_header(input: &mut impl Read) -> io::Result<(SnapshotMeta, u64)> {
         return Err(invalid(format!("meta length {length} beyond the limit")));
     }
     let mut meta_bytes = Vec::new();
-    input
-        .take(u64::from(length))
-        .read_to_end(&mut meta_bytes)?;
+    input.take(u64::from(length)).read_to_end(&mut meta_bytes)?;
     if meta_bytes.len() != length as usize {
         return Err(invalid("meta length beyond the file"));
     }
@@ -273,11 +271,7 @@ impl SnapshotFile {
     /// Takes a received snapshot's temporary file and decoded registry, if
     /// this is one received into `dir` with `meta` in its header; the file
     /// stays open here (for its fsync).
-    pub(super) fn take_received(
-        &mut self,
-        dir: &Path,
-        meta: &SnapshotMeta,
-    ) -> Option<Received> {
+    pub(super) fn take_received(&mut self, dir: &Path, meta: &SnapshotMeta) -> Option<Received> {
         if self.meta != *meta || self.path.parent() != Some(dir) {
             return None;
         }

@@ -432,10 +432,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Durable before the state changes and before openraft purges.
         let files = self.files.clone();
         let installed_meta = meta.clone();
-        let registry = tokio::task::spawn_blocking(move || files.install(&installed_meta, snapshot))
-            .await
-            .map_err(|e| snapshot_error(Some(meta), "installing", e))?
-            .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
+        let registry =
+            tokio::task::spawn_blocking(move || files.install(&installed_meta, snapshot))
+                .await
+                .map_err(|e| snapshot_error(Some(meta), "installing", e))?
+                .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
         let mut applied = self.state.write();
         let previous = std::mem::replace(&mut applied.registry, registry);
         applied.last_applied = meta.last_log_id;
