@@ -420,8 +420,10 @@ impl PeerClient {
     /// Sends `snapshot` as one stream: its meta, then its registry bytes
     /// read from the file a chunk at a time as the stream is sent (one
     /// chunk in memory, never the snapshot). A chunk that cannot be read
-    /// aborts the call (the receiver sees a broken stream, not an end, and
-    /// keeps nothing).
+    /// ends the stream early and fails the call; the receiver, which
+    /// decodes and checks (checksum included) what it received before
+    /// offering it to Raft, refuses the truncated snapshot and keeps
+    /// nothing.
     async fn send_snapshot(
         &self,
         vote: Vote,
@@ -438,41 +440,36 @@ impl PeerClient {
         let (failed, mut read_failure) = tokio::sync::mpsc::unbounded_channel::<std::io::Error>();
         let data = snapshot
             .into_chunks(SNAPSHOT_CHUNK_BYTES)
-            .then(move |chunk| {
-                let cluster_id = cluster_id.clone();
-                let failed = failed.clone();
-                async move {
-                    match chunk {
-                        Ok(chunk) => RaftMessage {
-                            cluster_id,
-                            from_node_id: from,
-                            payload: codec::encode_versioned(
-                                PEER_FORMAT_VERSION,
-                                &SnapshotPart::Data(chunk),
-                            ),
-                        },
-                        Err(error) => {
-                            // Never end the stream short: a clean end
-                            // would offer the receiver a truncated
-                            // snapshot. Report and stall; the call is
-                            // dropped below.
-                            let _ = failed.send(error);
-                            std::future::pending().await
-                        }
+            .filter_map(move |chunk| {
+                let message = match chunk {
+                    Ok(chunk) => Some(RaftMessage {
+                        cluster_id: cluster_id.clone(),
+                        from_node_id: from,
+                        payload: codec::encode_versioned(
+                            PEER_FORMAT_VERSION,
+                            &SnapshotPart::Data(chunk),
+                        ),
+                    }),
+                    // The chunk stream ends after an error.
+                    Err(error) => {
+                        let _ = failed.send(error);
+                        None
                     }
-                }
+                };
+                std::future::ready(message)
             });
-        let call =
-            client.install_snapshot(futures::stream::once(std::future::ready(head)).chain(data));
-        let reply = tokio::select! {
-            biased;
-            Some(error) = read_failure.recv() => {
-                return Err(PeerCallError::Closed(format!("reading the snapshot file: {error}")));
-            }
-            reply = call => reply?,
-        };
+        let reply = client
+            .install_snapshot(futures::stream::once(std::future::ready(head)).chain(data))
+            .await;
+        // A read error is reported before the stream ends, so before any
+        // reply: it wins over whatever the receiver answered.
+        if let Ok(error) = read_failure.try_recv() {
+            return Err(PeerCallError::Closed(format!(
+                "reading the snapshot file: {error}"
+            )));
+        }
         let result: Result<SnapshotResponse<TypeConfig>, Fatal<TypeConfig>> =
-            codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
+            codec::decode_versioned(PEER_FORMAT_VERSION, &reply?.into_inner().payload)
                 .map_err(PeerCallError::Decode)?;
         result.map_err(|fatal| PeerCallError::Closed(fatal.to_string()))
     }

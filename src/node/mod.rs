@@ -301,12 +301,14 @@ async fn open_storage(
 }
 
 /// What a replica needs besides its accounted state: the process, the
-/// runtime, buffers and a snapshot being written.
+/// runtime, and buffers (a snapshot is written, sent and received through
+/// 1 MiB buffers, never held whole).
 const MEMORY_OVERHEAD_BYTES: u64 = 128 << 20;
 
 /// The memory a node needs for a memory budget of `budget_bytes` (rule
 /// 21): the accounted state, as much again for the working copies that
-/// persistent maps, snapshots and catch-up hold, and the process's own.
+/// persistent maps hold and for a snapshot install (the old and the new
+/// state at once), and the process's own.
 pub fn memory_needed_bytes(budget_bytes: u64) -> u64 {
     budget_bytes
         .saturating_mul(2)
