@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::Cursor;
 
 /// What the membership records of a node: where peers reach it and where
 /// clients do (the latter is the `NOT_LEADER` hint).
@@ -62,8 +61,9 @@ openraft::declare_raft_types!(
 );
 
 pub type NodeId = u64;
-/// The bytes of a snapshot as they travel and are installed.
-pub type SnapshotData = Cursor<Vec<u8>>;
+/// A snapshot as it is built, served, sent and installed: an open snapshot
+/// file, never its bytes in memory (`storage::snapshot_file`).
+pub type SnapshotData = crate::storage::SnapshotFile;
 pub type Raft = openraft::Raft<TypeConfig, crate::storage::StateMachineStore>;
 pub type CommittedLeaderId = openraft::type_config::alias::CommittedLeaderIdOf<TypeConfig>;
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;

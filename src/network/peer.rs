@@ -7,11 +7,15 @@
 //!
 //! Replication is pipelined (openraft 0.10's `stream_append`): one gRPC
 //! stream per leader-follower session carries appends back to back, and the
-//! follower answers each in order. Snapshots travel as one client stream.
+//! follower answers each in order. Snapshots travel as one client stream,
+//! read from the sender's snapshot file a chunk at a time as the stream is
+//! sent, and written to a temporary file by the receiver as they arrive:
+//! neither side holds a whole snapshot's bytes in memory.
 
 use super::tls::PeerClaim;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::shared::ClusterIdentity;
+use crate::storage::{ReceiveError, SnapshotInbox};
 use futures::{Stream, StreamExt};
 use oncekv_core::codec;
 use oncekv_wire::convert::{cluster_id_bytes, parse_cluster_id};
@@ -49,13 +53,15 @@ use tonic::transport::{Channel, Endpoint};
 /// snapshots a node of version 4 could not read).
 pub const PEER_FORMAT_VERSION: u8 = 5;
 
-/// Bytes of snapshot data per message of a snapshot stream.
-const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
+/// Bytes of snapshot data per message of a snapshot stream: what a sender
+/// reads from its file at a time (a receiver accepts any size that fits a
+/// message).
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
 /// Most bytes a received snapshot may hold in all: the stream is refused
-/// beyond it instead of growing a buffer for whatever a peer sends. Far
+/// beyond it instead of filling the disk with whatever a peer sends. Far
 /// above any state the registry's limits allow on a machine of this class.
-const SNAPSHOT_BYTES_MAX: usize = 16 << 30;
+const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
 
 // Message sizes between peers, and why they fit together:
 //
@@ -75,10 +81,10 @@ const SNAPSHOT_BYTES_MAX: usize = 16 << 30;
 //   large" answer). Four worst-case entries (≈ 36 MiB) may not fit, three
 //   (≈ 27 MiB) do; an append of one entry (< 9 MiB) always fits, so the
 //   splitting ends.
-// - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (4 MiB) after a
+// - Snapshots travel in chunks of `SNAPSHOT_CHUNK_BYTES` (1 MiB) after a
 //   first message with the vote and the snapshot meta (the membership:
-//   well under 1 MiB); a receiver gathers at most `SNAPSHOT_BYTES_MAX`
-//   (16 GiB) of them.
+//   well under 1 MiB); a receiver writes at most `SNAPSHOT_BYTES_MAX`
+//   (16 GiB) of them to its temporary file.
 // - The gRPC message wraps the payload with the cluster id (16 bytes), the
 //   sender id (≤ 10 bytes) and field tags: `PEER_MESSAGE_BYTES_MAX` leaves
 //   1 MiB for that, and both the peer server and the peer clients set it as
@@ -233,7 +239,47 @@ enum SnapshotPart {
     /// First: the leader's vote and the snapshot's meta.
     Head { vote: Vote, meta: SnapshotMeta },
     /// Then the snapshot's bytes, in order.
-    Data(Vec<u8>),
+    Data(#[serde(with = "chunk_bytes")] Vec<u8>),
+}
+
+/// Chunk bytes on the wire: written as one byte string (a length and the
+/// bytes, copied whole) instead of serde's element by element encoding of
+/// a `Vec<u8>`, which gives the same bytes in bincode but costs a call per
+/// byte. Reads either form.
+mod chunk_bytes {
+    use serde::{Deserializer, Serializer, de};
+    use std::fmt;
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> de::Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(bytes.to_vec())
+            }
+            fn visit_byte_buf<E: de::Error>(self, bytes: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(bytes)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                // Grows only with elements actually read.
+                let mut bytes = Vec::new();
+                while let Some(byte) = seq.next_element::<u8>()? {
+                    bytes.push(byte);
+                }
+                Ok(bytes)
+            }
+        }
+        deserializer.deserialize_byte_buf(Bytes)
+    }
 }
 
 /// An append split until each part encodes within the payload limit; each
@@ -371,6 +417,13 @@ impl PeerClient {
         }
     }
 
+    /// Sends `snapshot` as one stream: its meta, then its registry bytes
+    /// read from the file a chunk at a time as the stream is sent (one
+    /// chunk in memory, never the snapshot). A chunk that cannot be read
+    /// ends the stream early and fails the call; the receiver, which
+    /// decodes and checks (checksum included) what it received before
+    /// offering it to Raft, refuses the truncated snapshot and keeps
+    /// nothing.
     async fn send_snapshot(
         &self,
         vote: Vote,
@@ -378,22 +431,45 @@ impl PeerClient {
     ) -> Result<SnapshotResponse<TypeConfig>, PeerCallError> {
         let mut client = self.client()?;
         let Snapshot { meta, snapshot } = snapshot;
-        let data = snapshot.into_inner();
-        let mut parts = vec![self.message(codec::encode_versioned(
+        let head = self.message(codec::encode_versioned(
             PEER_FORMAT_VERSION,
             &SnapshotPart::Head { vote, meta },
-        ))];
-        for chunk in data.chunks(SNAPSHOT_CHUNK_BYTES) {
-            parts.push(self.message(codec::encode_versioned(
-                PEER_FORMAT_VERSION,
-                &SnapshotPart::Data(chunk.to_vec()),
+        ));
+        let cluster_id = cluster_id_bytes(self.identity.get());
+        let from = self.from;
+        let (failed, mut read_failure) = tokio::sync::mpsc::unbounded_channel::<std::io::Error>();
+        let data = snapshot
+            .into_chunks(SNAPSHOT_CHUNK_BYTES)
+            .filter_map(move |chunk| {
+                let message = match chunk {
+                    Ok(chunk) => Some(RaftMessage {
+                        cluster_id: cluster_id.clone(),
+                        from_node_id: from,
+                        payload: codec::encode_versioned(
+                            PEER_FORMAT_VERSION,
+                            &SnapshotPart::Data(chunk),
+                        ),
+                    }),
+                    // The chunk stream ends after an error.
+                    Err(error) => {
+                        let _ = failed.send(error);
+                        None
+                    }
+                };
+                std::future::ready(message)
+            });
+        let reply = client
+            .install_snapshot(futures::stream::once(std::future::ready(head)).chain(data))
+            .await;
+        // A read error is reported before the stream ends, so before any
+        // reply: it wins over whatever the receiver answered.
+        if let Ok(error) = read_failure.try_recv() {
+            return Err(PeerCallError::Closed(format!(
+                "reading the snapshot file: {error}"
             )));
         }
-        let reply = client
-            .install_snapshot(futures::stream::iter(parts))
-            .await?;
         let result: Result<SnapshotResponse<TypeConfig>, Fatal<TypeConfig>> =
-            codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
+            codec::decode_versioned(PEER_FORMAT_VERSION, &reply?.into_inner().payload)
                 .map_err(PeerCallError::Decode)?;
         result.map_err(|fatal| PeerCallError::Closed(fatal.to_string()))
     }
@@ -539,11 +615,17 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
 pub struct PeerService {
     raft: Raft,
     identity: ClusterIdentity,
+    /// Where a received snapshot is written as it arrives.
+    snapshots: SnapshotInbox,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, identity: ClusterIdentity) -> PeerService {
-        PeerService { raft, identity }
+    pub fn new(raft: Raft, identity: ClusterIdentity, snapshots: SnapshotInbox) -> PeerService {
+        PeerService {
+            raft,
+            identity,
+            snapshots,
+        }
     }
 
     pub fn into_server(self) -> raft_server::RaftServer<PeerService> {
@@ -701,27 +783,46 @@ impl raft_server::Raft for PeerService {
             .next()
             .await
             .ok_or_else(|| invalid("empty snapshot stream"))??;
+        let from_node_id = first.from_node_id;
         let SnapshotPart::Head { vote, meta } = self.open(&claim, first)? else {
             return Err(invalid("a snapshot stream must start with its meta"));
         };
-        let mut data = Vec::new();
+        let unavailable = |error: std::io::Error| {
+            tracing::warn!(%error, "cannot write a received snapshot");
+            reason_status(ErrorReason::Unavailable(format!(
+                "cannot write the snapshot: {error}"
+            )))
+        };
+        // Written to a temporary file as it arrives; on any early return
+        // (a broken stream, a refused part) `incoming` is dropped and its
+        // file deleted, so nothing is replaced.
+        let mut incoming = self.snapshots.receive(&meta).await.map_err(unavailable)?;
         while let Some(part) = parts.next().await {
             match self.open(&claim, part?)? {
                 SnapshotPart::Data(chunk) => {
-                    if data.len().saturating_add(chunk.len()) > SNAPSHOT_BYTES_MAX {
+                    if incoming.received_bytes().saturating_add(chunk.len() as u64)
+                        > SNAPSHOT_BYTES_MAX
+                    {
                         return Err(invalid("a snapshot larger than SNAPSHOT_BYTES_MAX"));
                     }
-                    data.extend_from_slice(&chunk)
+                    incoming.write(chunk).await.map_err(unavailable)?;
                 }
                 SnapshotPart::Head { .. } => {
                     return Err(invalid("a snapshot stream has one meta"));
                 }
             }
         }
-        let snapshot = Snapshot {
-            meta,
-            snapshot: std::io::Cursor::new(data),
-        };
+        // Decoded and checked before openraft sees it: bytes that are not
+        // a snapshot of this meta are the sender's fault and refused here,
+        // instead of failing the install (a storage error stops Raft).
+        let snapshot = incoming.finish().await.map_err(|error| match error {
+            ReceiveError::Invalid(reason) => {
+                tracing::warn!(from_node_id, %reason, "received snapshot refused");
+                invalid(&format!("invalid snapshot: {reason}"))
+            }
+            ReceiveError::Io(error) => unavailable(error),
+        })?;
+        let snapshot = Snapshot { meta, snapshot };
         Ok(tonic::Response::new(seal(
             &self.raft.install_full_snapshot(vote, snapshot).await,
         )))
@@ -786,5 +887,32 @@ mod tests {
         assert_eq!(entries, expected);
         // Within the limit: one message, unchanged.
         assert_eq!(encode_append_within(whole, usize::MAX).len(), 1);
+    }
+
+    /// Snapshot chunks are written as one byte string, which in the codec
+    /// is byte for byte what the element-wise encoding of a `Vec<u8>`
+    /// gives: a node of either encoding reads the other's chunks.
+    #[test]
+    fn snapshot_chunks_keep_their_wire_encoding() {
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        enum ElementWise {
+            Head { vote: Vote, meta: SnapshotMeta },
+            Data(Vec<u8>),
+        }
+        let chunk: Vec<u8> = (0..=255u8).cycle().take(1_000).collect();
+        let ours = codec::encode_versioned(PEER_FORMAT_VERSION, &SnapshotPart::Data(chunk.clone()));
+        let theirs =
+            codec::encode_versioned(PEER_FORMAT_VERSION, &ElementWise::Data(chunk.clone()));
+        assert_eq!(ours, theirs);
+        let SnapshotPart::Data(read) =
+            codec::decode_versioned(PEER_FORMAT_VERSION, &theirs).unwrap()
+        else {
+            panic!("a data part");
+        };
+        assert_eq!(read, chunk);
+        assert_eq!(
+            codec::decode_versioned::<ElementWise>(PEER_FORMAT_VERSION, &ours).unwrap(),
+            ElementWise::Data(chunk)
+        );
     }
 }

@@ -18,7 +18,7 @@ use crate::network::tls::{NodeTls, Port};
 use crate::raft_types::{NodeId, Raft, TypeConfig};
 use crate::read_index::{self, ReadIndex};
 use crate::shared::{ClusterIdentity, SharedState, replace_file_durably};
-use crate::storage::{SegmentLogStore, StateMachineStore};
+use crate::storage::{SegmentLogStore, SnapshotInbox, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
 use oncekv_core::{ClusterId, Entry, Op, Outcome};
@@ -156,6 +156,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let metrics = Arc::new(NodeMetrics::new(config.id));
     let (mut log_store, state_machine, identity) = open_storage(&config, &metrics).await?;
     let state = state_machine.state();
+    let snapshots = state_machine.snapshot_inbox();
 
     let raft_config = raft_config(&config)?;
     let network = PeerNetwork::new(config.id, identity.clone())
@@ -190,6 +191,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         raft: raft.clone(),
         state: state.clone(),
         identity: identity.clone(),
+        snapshots,
         metrics,
         tls,
         auth,
@@ -299,12 +301,14 @@ async fn open_storage(
 }
 
 /// What a replica needs besides its accounted state: the process, the
-/// runtime, buffers and a snapshot being written.
+/// runtime, and buffers (a snapshot is written, sent and received through
+/// 1 MiB buffers, never held whole).
 const MEMORY_OVERHEAD_BYTES: u64 = 128 << 20;
 
 /// The memory a node needs for a memory budget of `budget_bytes` (rule
 /// 21): the accounted state, as much again for the working copies that
-/// persistent maps, snapshots and catch-up hold, and the process's own.
+/// persistent maps hold and for a snapshot install (the old and the new
+/// state at once), and the process's own.
 pub fn memory_needed_bytes(budget_bytes: u64) -> u64 {
     budget_bytes
         .saturating_mul(2)
@@ -421,6 +425,8 @@ struct Wiring<'a> {
     raft: Raft,
     state: SharedState,
     identity: ClusterIdentity,
+    /// Where the peer service writes snapshots a leader sends.
+    snapshots: SnapshotInbox,
     metrics: Arc<NodeMetrics>,
     tls: Option<NodeTls>,
     auth: SharedPolicy,
@@ -513,7 +519,14 @@ impl Wiring<'_> {
     fn serve_peers(&self, listener: tokio::net::TcpListener) -> ServerTask {
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .add_service(PeerService::new(self.raft.clone(), self.identity.clone()).into_server());
+            .add_service(
+                PeerService::new(
+                    self.raft.clone(),
+                    self.identity.clone(),
+                    self.snapshots.clone(),
+                )
+                .into_server(),
+            );
         let stopped = self.stopped();
         match &self.tls {
             None => tokio::spawn(async move {

@@ -1,5 +1,6 @@
 //! The storage adapter: openraft's log store (the segment log) and state
-//! machine (in memory, made durable by snapshot files). It translates
+//! machine (in memory, made durable by snapshot files, which
+//! `snapshot_file` reads and writes a buffer at a time). It translates
 //! between openraft and the registry core and owns the fsync discipline; it
 //! decides nothing. The applied state its state machine writes, and the
 //! network adapter reads, is `crate::shared`'s.
@@ -12,10 +13,12 @@
 pub mod flusher;
 pub mod log_store;
 pub mod segment_log;
+pub mod snapshot_file;
 pub mod state_machine;
 
 pub use log_store::SledLogStore;
 pub use segment_log::{SegmentLogConfig, SegmentLogError, SegmentLogReader, SegmentLogStore};
+pub use snapshot_file::{IncomingSnapshot, ReceiveError, SnapshotFile, SnapshotInbox};
 pub use state_machine::StateMachineStore;
 
 use std::ops::{Bound, RangeBounds};

@@ -10,29 +10,32 @@
 //! is written to a temporary file, fsynced, renamed into place and the
 //! directory fsynced before `build_snapshot` or `install_snapshot` returns,
 //! because openraft purges the log behind it right after. After a crash the
-//! node loads its latest snapshot and openraft re-applies the log after it.
+//! node loads its latest snapshot and openraft re-applies the log after it;
+//! temporary files (a build, a copy or a reception cut short) are deleted.
 //!
-//! Snapshot file: `snapshot-<index>.snap` = meta length (u32 LE) | meta
-//! (codec, version byte 1) | registry snapshot bytes (see
-//! `registry::snapshot`).
+//! Memory: a snapshot is never held in memory as bytes. Building encodes a
+//! copy of the registry (O(1): persistent maps) straight into the file;
+//! the current snapshot is a path, and serving it opens the file; an
+//! install decodes from the file. The file format and the streaming are
+//! `snapshot_file`'s.
 
+use super::snapshot_file::{
+    self, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX,
+    TemporaryFile, check_meta, snapshot_file_name, snapshot_index,
+};
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::shared::SharedState;
 use futures::{FutureExt, Stream, StreamExt};
-use oncekv_core::{Registry, codec, snapshot};
+use oncekv_core::{Registry, snapshot};
 use openraft::storage::{ApplyResponder, EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use std::fs;
-use std::io::{Cursor, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-const META_FORMAT_VERSION: u8 = 1;
-const SNAPSHOT_PREFIX: &str = "snapshot-";
-const SNAPSHOT_SUFFIX: &str = ".snap";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateMachineError {
@@ -55,9 +58,10 @@ pub struct StateMachineStore {
     metrics: Arc<NodeMetrics>,
 }
 
-/// Where snapshots live, and which one is current. The current snapshot's
-/// registry bytes are also kept in memory, so serving it never races with
-/// a newer snapshot replacing the file.
+/// Where snapshots live, and which one is current. Only the current
+/// snapshot's path and header are kept; a reader opens the file under the
+/// lock, so a newer snapshot that deletes it meanwhile cannot pull it from
+/// under the reader (an open file stays readable).
 struct SnapshotFiles {
     dir: PathBuf,
     current: Mutex<Option<CurrentSnapshot>>,
@@ -65,21 +69,21 @@ struct SnapshotFiles {
     /// on it before purging (the log behind a snapshot may only go once the
     /// snapshot is on disk).
     durable_index: tokio::sync::watch::Sender<u64>,
+    inbox: SnapshotInbox,
 }
 
 #[derive(Clone)]
 struct CurrentSnapshot {
     meta: SnapshotMeta,
     path: PathBuf,
-    registry_bytes: Arc<Vec<u8>>,
-}
-
-fn snapshot_index(meta: &SnapshotMeta) -> u64 {
-    meta.last_log_id.as_ref().map_or(0, |id| id.index)
+    /// Where the registry bytes start in the file.
+    registry_offset: u64,
 }
 
 impl StateMachineStore {
-    /// Opens the snapshot directory and restores the latest snapshot, if any.
+    /// Opens the snapshot directory and restores the latest snapshot, if
+    /// any, reading it from the file through a buffer. Temporary files
+    /// (written by a process that died before renaming them) are deleted.
     pub fn open(dir: &Path) -> Result<StateMachineStore, StateMachineError> {
         let io = |source| StateMachineError::Io {
             path: dir.to_path_buf(),
@@ -90,8 +94,10 @@ impl StateMachineStore {
         for entry in fs::read_dir(dir).map_err(io)? {
             let path = entry.map_err(io)?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.ends_with(".tmp") {
-                // A snapshot whose writer crashed before the rename.
+            if name.ends_with(TEMPORARY_SUFFIX) {
+                // A snapshot whose writer or receiver stopped before the
+                // rename: never read.
+                tracing::info!(path = %path.display(), "removing a temporary snapshot file");
                 let _ = fs::remove_file(&path);
                 continue;
             }
@@ -108,16 +114,13 @@ impl StateMachineStore {
         let state = SharedState::default();
         let mut current = None;
         if let Some((_, path)) = latest {
-            let bytes = fs::read(&path).map_err(|source| StateMachineError::Io {
+            let corrupt = |reason: String| StateMachineError::Corrupt {
                 path: path.clone(),
-                source,
-            })?;
-            let (meta, registry) =
-                decode_file(&bytes).map_err(|reason| StateMachineError::Corrupt {
-                    path: path.clone(),
-                    reason,
-                })?;
-            let registry_bytes = Arc::new(snapshot::to_bytes(&registry));
+                reason,
+            };
+            let mut file = SnapshotFile::open(&path).map_err(|e| corrupt(e.to_string()))?;
+            let registry = file.read_registry().map_err(corrupt)?;
+            let meta = file.meta().clone();
             let mut applied = state.write();
             applied.registry = registry;
             applied.last_applied = meta.last_log_id;
@@ -126,9 +129,9 @@ impl StateMachineStore {
             drop(applied);
             tracing::info!(log_index = ?meta.last_log_id.as_ref().map(|id| id.index), path = %path.display(), "restored snapshot");
             current = Some(CurrentSnapshot {
+                registry_offset: file.registry_offset(),
                 meta,
                 path,
-                registry_bytes,
             });
         }
         let durable = current
@@ -141,6 +144,7 @@ impl StateMachineStore {
                 dir: dir.to_path_buf(),
                 current: Mutex::new(current),
                 durable_index: tokio::sync::watch::Sender::new(durable),
+                inbox: SnapshotInbox::new(dir.to_path_buf()),
             }),
         })
     }
@@ -160,52 +164,27 @@ impl StateMachineStore {
     pub fn durable_snapshot_index(&self) -> tokio::sync::watch::Receiver<u64> {
         self.files.durable_index.subscribe()
     }
-}
 
-fn encode_file(meta: &SnapshotMeta, registry_bytes: &[u8]) -> Vec<u8> {
-    let meta_bytes = codec::encode_versioned(META_FORMAT_VERSION, meta);
-    let mut file = Vec::with_capacity(4 + meta_bytes.len() + registry_bytes.len());
-    file.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
-    file.extend_from_slice(&meta_bytes);
-    file.extend_from_slice(registry_bytes);
-    file
-}
-
-fn decode_file(bytes: &[u8]) -> Result<(SnapshotMeta, Registry), String> {
-    let (length, rest) = bytes
-        .split_first_chunk::<4>()
-        .ok_or("shorter than its header")?;
-    let length = u32::from_le_bytes(*length) as usize;
-    if length > rest.len() {
-        return Err("meta length beyond the file".into());
+    /// Where the peer service writes the snapshots a leader sends.
+    pub fn snapshot_inbox(&self) -> SnapshotInbox {
+        self.files.inbox.clone()
     }
-    let (meta_bytes, registry_bytes) = rest.split_at(length);
-    let meta: SnapshotMeta =
-        codec::decode_versioned(META_FORMAT_VERSION, meta_bytes).map_err(|e| e.to_string())?;
-    let registry = snapshot::from_bytes(registry_bytes).map_err(|e| e.to_string())?;
-    check_meta(&meta, &registry)?;
-    Ok((meta, registry))
-}
-
-fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
-    let index = snapshot_index(meta);
-    if index != registry.applied_index() {
-        return Err(format!(
-            "meta says index {index}, registry says {}",
-            registry.applied_index()
-        ));
-    }
-    Ok(())
 }
 
 impl SnapshotFiles {
-    /// Writes a snapshot file durably (temporary file, fsync, rename,
-    /// directory fsync) and makes it current — unless a snapshot at least as
-    /// new is already current (a build can finish after an install), in
-    /// which case the older one is discarded. Only strictly older files are
-    /// ever deleted. Holds the lock throughout, so concurrent builds and
-    /// installs are ordered.
-    fn persist(&self, meta: &SnapshotMeta, registry_bytes: Arc<Vec<u8>>) -> std::io::Result<()> {
+    /// Makes a written and fsynced temporary snapshot file current: renames
+    /// it into place and fsyncs the directory — unless a snapshot at least
+    /// as new is already current (a build can finish after an install), in
+    /// which case the older one is discarded (its file deleted). Only
+    /// strictly older files are ever deleted. Holds the lock throughout, so
+    /// concurrent builds and installs are ordered. Returns the file's path
+    /// if it became current.
+    fn persist(
+        &self,
+        meta: &SnapshotMeta,
+        temporary: TemporaryFile,
+        registry_offset: u64,
+    ) -> io::Result<Option<PathBuf>> {
         let index = snapshot_index(meta);
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = current.as_ref()
@@ -213,22 +192,16 @@ impl SnapshotFiles {
             && existing.meta.last_log_id.is_some()
         {
             tracing::debug!(log_index = index, "older snapshot discarded");
-            return Ok(());
+            return Ok(None);
         }
-        let name = format!("{SNAPSHOT_PREFIX}{index:020}{SNAPSHOT_SUFFIX}");
-        let path = self.dir.join(&name);
-        let temporary = self.dir.join(format!("{name}.tmp"));
-        {
-            let mut file = fs::File::create(&temporary)?;
-            file.write_all(&encode_file(meta, &registry_bytes))?;
-            file.sync_all()?;
-        }
-        fs::rename(&temporary, &path)?;
+        let path = self.dir.join(snapshot_file_name(index));
+        fs::rename(temporary.path(), &path)?;
+        temporary.keep();
         fs::File::open(&self.dir)?.sync_all()?;
         let previous = current.replace(CurrentSnapshot {
             meta: meta.clone(),
             path: path.clone(),
-            registry_bytes,
+            registry_offset,
         });
         if let Some(previous) = previous
             && previous.path != path
@@ -237,14 +210,72 @@ impl SnapshotFiles {
         }
         self.durable_index
             .send_modify(|durable| *durable = (*durable).max(index));
-        Ok(())
+        Ok(Some(path))
     }
 
-    fn current(&self) -> Option<CurrentSnapshot> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// Writes the snapshot of `registry` at `meta` durably and makes it
+    /// current (see [`SnapshotFiles::persist`]): encoded straight into a
+    /// temporary file through one buffer, fsynced, renamed, the directory
+    /// fsynced. Returns a handle on the file written (still readable if a
+    /// newer snapshot made it obsolete at once).
+    fn build(&self, meta: &SnapshotMeta, registry: &Registry) -> io::Result<SnapshotFile> {
+        let (temporary, file, registry_offset) =
+            snapshot_file::write_temporary(&self.dir, meta, |out| snapshot::write(registry, out))?;
+        let written_at = temporary.path().to_path_buf();
+        let path = self
+            .persist(meta, temporary, registry_offset)?
+            .unwrap_or(written_at);
+        Ok(SnapshotFile::written(
+            file,
+            path,
+            meta.clone(),
+            registry_offset,
+        ))
+    }
+
+    /// Makes `snapshot` the durable current snapshot at `meta` and returns
+    /// its registry, decoded and checked. A snapshot received into this
+    /// directory was decoded and checked when it arrived: its temporary
+    /// file is fsynced and renamed into place. Any other (another state
+    /// machine's file) is first copied into a temporary file here, a buffer
+    /// at a time, and decoded from the copy.
+    fn install(&self, meta: &SnapshotMeta, mut snapshot: SnapshotFile) -> io::Result<Registry> {
+        let invalid = |reason: String| io::Error::new(io::ErrorKind::InvalidData, reason);
+        if let Some(received) = snapshot.take_received(&self.dir, meta) {
+            check_meta(meta, &received.registry).map_err(invalid)?;
+            snapshot.file().sync_all()?;
+            let registry_offset = snapshot.registry_offset();
+            self.persist(meta, received.temporary, registry_offset)?;
+            return Ok(received.registry);
+        }
+        let (temporary, file, registry_offset) =
+            snapshot_file::write_temporary(&self.dir, meta, |out| {
+                io::copy(&mut snapshot.registry_reader()?, out).map(drop)
+            })?;
+        let mut copy = SnapshotFile::written(
+            file,
+            temporary.path().to_path_buf(),
+            meta.clone(),
+            registry_offset,
+        );
+        let registry = copy.read_registry().map_err(invalid)?;
+        self.persist(meta, temporary, registry_offset)?;
+        Ok(registry)
+    }
+
+    /// The current snapshot, its file opened under the lock.
+    fn current(&self) -> io::Result<Option<SnapshotFile>> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current
+            .as_ref()
+            .map(|current| {
+                SnapshotFile::open_known(
+                    &current.path,
+                    current.meta.clone(),
+                    current.registry_offset,
+                )
+            })
+            .transpose()
     }
 }
 
@@ -272,9 +303,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
         // One point in time: the meta and an O(1) copy of the registry are
         // taken under the read lock, which apply waits for only that long;
-        // the copy is encoded after the lock is released, on a blocking
-        // thread, so neither apply nor a tokio worker (and the Raft core or
-        // RPCs scheduled on it) waits for the encoding.
+        // the copy is encoded into the file after the lock is released, on
+        // a blocking thread, so neither apply nor a tokio worker (and the
+        // Raft core or RPCs scheduled on it) waits for the encoding.
         let (meta, registry) = {
             let applied = self.state.read();
             let meta = SnapshotMeta {
@@ -283,27 +314,20 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             };
             (meta, applied.registry.clone())
         };
-        let bytes = tokio::task::spawn_blocking(move || snapshot::to_bytes(&registry))
-            .await
-            .map_err(|e| snapshot_error(None, "encoding", e))?;
-        let bytes = Arc::new(bytes);
         let files = self.files.clone();
-        let persisted_meta = meta.clone();
-        let persisted = bytes.clone();
-        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, persisted))
+        let built_meta = meta.clone();
+        let snapshot = tokio::task::spawn_blocking(move || files.build(&built_meta, &registry))
             .await
             .map_err(|e| snapshot_error(Some(&meta), "writing", e))?
             .map_err(|e| snapshot_error(Some(&meta), "writing", e))?;
         self.metrics.snapshots_built.inc();
         tracing::info!(
             log_index = snapshot_index(&meta),
-            bytes = bytes.len(),
+            bytes = snapshot.file().metadata().map_or(0, |m| m.len()),
+            path = %snapshot.path().display(),
             "built snapshot"
         );
-        Ok(Snapshot {
-            meta,
-            snapshot: Cursor::new(bytes.as_ref().clone()),
-        })
+        Ok(Snapshot { meta, snapshot })
     }
 }
 
@@ -405,34 +429,36 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), std::io::Error> {
-        let bytes = snapshot.into_inner();
-        let registry =
-            snapshot::from_bytes(&bytes).map_err(|e| snapshot_error(Some(meta), "decoding", e))?;
-        check_meta(meta, &registry)
-            .map_err(|reason| snapshot_error(Some(meta), "checking", reason))?;
         // Durable before the state changes and before openraft purges.
         let files = self.files.clone();
-        let persisted_meta = meta.clone();
-        let bytes = Arc::new(bytes);
-        tokio::task::spawn_blocking(move || files.persist(&persisted_meta, bytes))
-            .await
-            .map_err(|e| snapshot_error(Some(meta), "writing", e))?
-            .map_err(|e| snapshot_error(Some(meta), "writing", e))?;
+        let installed_meta = meta.clone();
+        let registry =
+            tokio::task::spawn_blocking(move || files.install(&installed_meta, snapshot))
+                .await
+                .map_err(|e| snapshot_error(Some(meta), "installing", e))?
+                .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
         let mut applied = self.state.write();
-        applied.registry = registry;
+        let previous = std::mem::replace(&mut applied.registry, registry);
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
         self.state.publish_cluster_id(&applied);
         drop(applied);
+        // The replaced state is freed here, not under the lock.
+        drop(previous);
         self.metrics.snapshots_installed.inc();
         tracing::info!(log_index = snapshot_index(meta), "installed snapshot");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, std::io::Error> {
-        Ok(self.files.current().map(|current| Snapshot {
-            meta: current.meta,
-            snapshot: Cursor::new(current.registry_bytes.as_ref().clone()),
+        let files = self.files.clone();
+        let current = tokio::task::spawn_blocking(move || files.current())
+            .await
+            .map_err(|e| snapshot_error(None, "opening", e))?
+            .map_err(|e| snapshot_error(None, "opening", e))?;
+        Ok(current.map(|snapshot| Snapshot {
+            meta: snapshot.meta().clone(),
+            snapshot,
         }))
     }
 }
@@ -440,12 +466,28 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::ReceiveError;
 
     fn meta(index: u64) -> SnapshotMeta {
         SnapshotMeta {
             last_log_id: Some(openraft::testing::log_id::<TypeConfig>(1, 1, index)),
             last_membership: StoredMembership::default(),
         }
+    }
+
+    fn registry_at(index: u64) -> Registry {
+        let mut registry = Registry::new();
+        registry.apply_other(index);
+        registry
+    }
+
+    fn file_names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
     }
 
     /// A snapshot that finishes after a newer one (a build overtaken by an
@@ -455,21 +497,172 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = StateMachineStore::open(dir.path()).unwrap();
         let durable = store.durable_snapshot_index();
-        let bytes = |index| {
-            let mut registry = Registry::new();
-            registry.apply_other(index);
-            Arc::new(snapshot::to_bytes(&registry))
-        };
-        store.files.persist(&meta(9), bytes(9)).unwrap();
-        store.files.persist(&meta(4), bytes(4)).unwrap();
-        let current = store.files.current().unwrap();
-        assert_eq!(snapshot_index(&current.meta), 9);
-        assert!(current.path.exists());
+        store.files.build(&meta(9), &registry_at(9)).unwrap();
+        let mut discarded = store.files.build(&meta(4), &registry_at(4)).unwrap();
+        // The discarded build's handle still reads what it wrote.
+        assert_eq!(discarded.read_registry().unwrap().applied_index(), 4);
+        let current = store.files.current().unwrap().unwrap();
+        assert_eq!(snapshot_index(current.meta()), 9);
+        assert!(current.path().exists());
         assert_eq!(*durable.borrow(), 9);
-        let files: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(files.len(), 1, "only the newest snapshot file remains");
+        assert_eq!(
+            file_names(dir.path()),
+            vec![snapshot_file_name(9)],
+            "only the newest snapshot file remains"
+        );
         drop(store);
         let reopened = StateMachineStore::open(dir.path()).unwrap();
         assert_eq!(reopened.state().read().registry.applied_index(), 9);
+    }
+
+    /// The registry bytes of a snapshot at `index`.
+    fn registry_bytes(index: u64) -> Vec<u8> {
+        snapshot::to_bytes(&registry_at(index))
+    }
+
+    fn temporary_files(dir: &Path) -> Vec<String> {
+        file_names(dir)
+            .into_iter()
+            .filter(|name| name.ends_with(TEMPORARY_SUFFIX))
+            .collect()
+    }
+
+    /// A reception that does not end in a whole snapshot of its meta — a
+    /// stream that ends early, one that breaks off (the sender died), bytes
+    /// of another index — replaces nothing and leaves no file behind.
+    #[tokio::test]
+    async fn a_partial_or_wrong_reception_replaces_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateMachineStore::open(dir.path()).unwrap();
+        store.files.build(&meta(5), &registry_at(5)).unwrap();
+        let inbox = store.snapshot_inbox();
+        let bytes = registry_bytes(12);
+
+        let mut cut_short = inbox.receive(&meta(12)).await.unwrap();
+        cut_short
+            .write(bytes[..bytes.len() / 2].to_vec())
+            .await
+            .unwrap();
+        assert!(matches!(
+            cut_short.finish().await,
+            Err(ReceiveError::Invalid(_))
+        ));
+
+        let mut broken_off = inbox.receive(&meta(12)).await.unwrap();
+        broken_off.write(bytes[..10].to_vec()).await.unwrap();
+        assert_eq!(temporary_files(dir.path()).len(), 1, "written as it comes");
+        drop(broken_off);
+
+        let mut other_index = inbox.receive(&meta(12)).await.unwrap();
+        other_index.write(registry_bytes(11)).await.unwrap();
+        assert!(matches!(
+            other_index.finish().await,
+            Err(ReceiveError::Invalid(_))
+        ));
+
+        assert_eq!(file_names(dir.path()), vec![snapshot_file_name(5)]);
+        let current = store.files.current().unwrap().unwrap();
+        assert_eq!(snapshot_index(current.meta()), 5);
+    }
+
+    /// A received snapshot is written as it arrives, decoded from its
+    /// file, and installed by renaming that file into place: the state,
+    /// the current snapshot, the durable index and a reopened store are
+    /// all at its index, and no other file remains.
+    #[tokio::test]
+    async fn a_received_snapshot_is_installed_from_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateMachineStore::open(dir.path()).unwrap();
+        let durable = store.durable_snapshot_index();
+        store.files.build(&meta(5), &registry_at(5)).unwrap();
+        let mut incoming = store.snapshot_inbox().receive(&meta(12)).await.unwrap();
+        for chunk in registry_bytes(12).chunks(3) {
+            incoming.write(chunk.to_vec()).await.unwrap();
+        }
+        let received = incoming.finish().await.unwrap();
+        assert_eq!(temporary_files(dir.path()).len(), 1);
+        store.install_snapshot(&meta(12), received).await.unwrap();
+        assert_eq!(store.state().read().registry.applied_index(), 12);
+        assert_eq!(*durable.borrow(), 12);
+        assert_eq!(file_names(dir.path()), vec![snapshot_file_name(12)]);
+        let current = store.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, meta(12));
+        drop(store);
+        let reopened = StateMachineStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.state().read().registry.applied_index(), 12);
+    }
+
+    /// After a crash, temporary snapshot files — a build killed mid-write,
+    /// a reception killed mid-stream, a reception complete but killed
+    /// before its install renamed it — are deleted unread: the node
+    /// restores the last snapshot renamed into place.
+    #[tokio::test]
+    async fn torn_temporary_files_are_ignored_at_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = StateMachineStore::open(dir.path()).unwrap();
+            store.files.build(&meta(5), &registry_at(5)).unwrap();
+            let bytes = registry_bytes(9);
+            let (torn_build, _, _) = snapshot_file::write_temporary(dir.path(), &meta(9), |out| {
+                io::Write::write_all(out, &bytes[..bytes.len() / 2])
+            })
+            .unwrap();
+            // A crash runs no destructor.
+            torn_build.keep();
+            let inbox = store.snapshot_inbox();
+            let mut torn_reception = inbox.receive(&meta(12)).await.unwrap();
+            torn_reception
+                .write(registry_bytes(12)[..20].to_vec())
+                .await
+                .unwrap();
+            std::mem::forget(torn_reception);
+            let mut uninstalled = inbox.receive(&meta(13)).await.unwrap();
+            uninstalled.write(registry_bytes(13)).await.unwrap();
+            std::mem::forget(uninstalled.finish().await.unwrap());
+            assert_eq!(temporary_files(dir.path()).len(), 3);
+        }
+        let mut reopened = StateMachineStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.state().read().registry.applied_index(), 5);
+        let current = reopened.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, meta(5));
+        assert_eq!(file_names(dir.path()), vec![snapshot_file_name(5)]);
+    }
+
+    /// A snapshot is sent as chunks of at most the chunk size that add up
+    /// to its registry bytes, each read from the file only when the stream
+    /// is polled for it: bytes changed in the file after the first chunk
+    /// was taken show in the later ones, so the sender never held them.
+    #[tokio::test]
+    async fn chunks_are_read_from_the_file_as_the_stream_is_polled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateMachineStore::open(dir.path()).unwrap();
+        store.files.build(&meta(7), &registry_at(7)).unwrap();
+        let bytes = registry_bytes(7);
+        let whole: Vec<u8> = store
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .unwrap()
+            .snapshot
+            .into_chunks(5)
+            .map(|chunk| {
+                let chunk = chunk.unwrap();
+                assert!(!chunk.is_empty() && chunk.len() <= 5);
+                chunk
+            })
+            .concat()
+            .await;
+        assert_eq!(whole, bytes);
+
+        let current = store.get_current_snapshot().await.unwrap().unwrap();
+        let offset = current.snapshot.registry_offset();
+        let path = current.snapshot.path().to_path_buf();
+        let mut chunks = Box::pin(current.snapshot.into_chunks(5));
+        let first = chunks.next().await.unwrap().unwrap();
+        assert_eq!(first, bytes[..5]);
+        let rewritten = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&rewritten, &[0xEE; 5], offset + 5).unwrap();
+        let second = chunks.next().await.unwrap().unwrap();
+        assert_eq!(second, [0xEE; 5], "read after the file changed");
     }
 }

@@ -393,6 +393,13 @@ impl Cluster {
         self.expect(restarted);
     }
 
+    /// Starts `node` again (it must have been killed or terminated) and
+    /// returns at once, without waiting for it to answer: for tests that
+    /// act on what it does while it starts.
+    pub fn spawn(&self, node: u64) {
+        self.expect(self.nodes.spawn(node));
+    }
+
     /// Starts `node` again (SIGKILLing it first if it runs), expecting it
     /// to refuse to start: waits (up to 60 s) until it exits by itself and
     /// returns its log. Panics if it is still running then.

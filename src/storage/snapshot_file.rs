@@ -1,0 +1,459 @@
+//! Snapshot files as openraft handles them: a snapshot is an open file
+//! ([`SnapshotFile`], openraft's `SnapshotData`), never its bytes in
+//! memory. This module owns the file format, reads a snapshot's registry
+//! bytes a chunk at a time for sending, and writes a received snapshot to a
+//! temporary file as its chunks arrive (then decodes and checks it from the
+//! file). It does not decide which snapshot is current, and it neither
+//! renames nor fsyncs anything into place: that is `state_machine`'s.
+//!
+//! File format: meta length (u32 LE) | meta (codec, version byte 1) |
+//! registry snapshot bytes (`oncekv_core::snapshot`). Temporary files (a
+//! snapshot being built, copied or received) end in `.tmp`; a restart
+//! deletes them unread.
+
+use crate::raft_types::SnapshotMeta;
+use futures::Stream;
+use oncekv_core::{Registry, codec, snapshot};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(super) const META_FORMAT_VERSION: u8 = 1;
+pub(super) const SNAPSHOT_PREFIX: &str = "snapshot-";
+pub(super) const SNAPSHOT_SUFFIX: &str = ".snap";
+pub(super) const TEMPORARY_SUFFIX: &str = ".tmp";
+/// Buffer of the readers and writers of snapshot files: large enough that
+/// a read or write system call moves a useful amount, small against any
+/// state.
+const FILE_BUFFER_BYTES: usize = 1 << 20;
+
+/// The log index a snapshot covers (0 for none).
+pub(super) fn snapshot_index(meta: &SnapshotMeta) -> u64 {
+    meta.last_log_id.as_ref().map_or(0, |id| id.index)
+}
+
+/// The final name of the snapshot file covering `index`.
+pub(super) fn snapshot_file_name(index: u64) -> String {
+    format!("{SNAPSHOT_PREFIX}{index:020}{SNAPSHOT_SUFFIX}")
+}
+
+/// Checks that a decoded registry is at the index its meta names.
+pub(super) fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
+    let index = snapshot_index(meta);
+    if index != registry.applied_index() {
+        return Err(format!(
+            "meta says index {index}, registry says {}",
+            registry.applied_index()
+        ));
+    }
+    Ok(())
+}
+
+fn invalid(reason: impl fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, reason.to_string())
+}
+
+/// Writes the header (meta length and meta); returns its length, where the
+/// registry bytes start.
+fn write_header(out: &mut impl Write, meta: &SnapshotMeta) -> io::Result<u64> {
+    let meta_bytes = codec::encode_versioned(META_FORMAT_VERSION, meta);
+    let length = u32::try_from(meta_bytes.len())
+        .ok()
+        .filter(|length| (*length as usize) <= codec::DECODE_LIMIT_BYTES)
+        .ok_or_else(|| io::Error::other("snapshot meta beyond the decode limit"))?;
+    out.write_all(&length.to_le_bytes())?;
+    out.write_all(&meta_bytes)?;
+    Ok(4 + u64::from(length))
+}
+
+/// Reads the header; returns the meta and where the registry bytes start.
+/// The meta length is checked before anything is allocated for it.
+fn read_header(input: &mut impl Read) -> io::Result<(SnapshotMeta, u64)> {
+    let mut length = [0u8; 4];
+    input
+        .read_exact(&mut length)
+        .map_err(|e| invalid(format!("header: {e}")))?;
+    let length = u32::from_le_bytes(length);
+    if length as usize > codec::DECODE_LIMIT_BYTES {
+        return Err(invalid(format!("meta length {length} beyond the limit")));
+    }
+    let mut meta_bytes = Vec::new();
+    input.take(u64::from(length)).read_to_end(&mut meta_bytes)?;
+    if meta_bytes.len() != length as usize {
+        return Err(invalid("meta length beyond the file"));
+    }
+    let meta = codec::decode_versioned(META_FORMAT_VERSION, &meta_bytes).map_err(invalid)?;
+    Ok((meta, 4 + u64::from(length)))
+}
+
+/// Deletes its file when dropped, unless kept: the guard of every
+/// temporary snapshot file, so that no failure (an error, a cancelled
+/// stream, a refused install) leaves one behind in a running node.
+pub(super) struct TemporaryFile {
+    path: Option<PathBuf>,
+}
+
+impl TemporaryFile {
+    pub(super) fn path(&self) -> &Path {
+        self.path.as_deref().unwrap_or(Path::new(""))
+    }
+
+    /// The file is no longer temporary (renamed into place, or gone).
+    pub(super) fn keep(mut self) -> PathBuf {
+        self.path.take().unwrap_or_default()
+    }
+}
+
+impl Drop for TemporaryFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Creates a new temporary file for a snapshot at `index` in `dir`, open
+/// for reading and writing. Names are unique within the process (a build,
+/// a copy and receptions may run at once); a restart deletes them all.
+pub(super) fn create_temporary(dir: &Path, index: u64) -> io::Result<(TemporaryFile, File)> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!(
+            "{}.{n}{TEMPORARY_SUFFIX}",
+            snapshot_file_name(index)
+        ));
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => return Ok((TemporaryFile { path: Some(path) }, file)),
+            // Left by an earlier process of this data directory.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Writes a whole snapshot file to a new temporary file: the header of
+/// `meta`, then the registry bytes `body` writes, through one buffer; then
+/// fsyncs it. Returns the guard, the open file and where its registry
+/// bytes start. Nothing of the snapshot is held in memory beyond the
+/// buffer.
+pub(super) fn write_temporary(
+    dir: &Path,
+    meta: &SnapshotMeta,
+    body: impl FnOnce(&mut BufWriter<&File>) -> io::Result<()>,
+) -> io::Result<(TemporaryFile, File, u64)> {
+    let (temporary, file) = create_temporary(dir, snapshot_index(meta))?;
+    let registry_offset = {
+        let mut out = BufWriter::with_capacity(FILE_BUFFER_BYTES, &file);
+        let offset = write_header(&mut out, meta)?;
+        body(&mut out)?;
+        out.flush()?;
+        offset
+    };
+    file.sync_all()?;
+    Ok((temporary, file, registry_offset))
+}
+
+/// A snapshot received from a leader, not installed yet: decoded and
+/// checked when its stream ended, its file still temporary.
+pub(super) struct Received {
+    pub(super) temporary: TemporaryFile,
+    pub(super) registry: Registry,
+    /// Held until installed or dropped: one received snapshot is decoded
+    /// (a whole state in memory) at a time.
+    _decoding: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// A snapshot as openraft handles it (`SnapshotData`): an open snapshot
+/// file and where its registry bytes start. Built and current snapshots
+/// are read-only handles on their file (which stays readable even if a
+/// newer snapshot deletes it meanwhile); a received one owns its
+/// temporary file, deleted if it is dropped without being installed.
+pub struct SnapshotFile {
+    file: File,
+    path: PathBuf,
+    meta: SnapshotMeta,
+    registry_offset: u64,
+    received: Option<Received>,
+}
+
+impl fmt::Debug for SnapshotFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotFile")
+            .field("path", &self.path)
+            .field("log_index", &snapshot_index(&self.meta))
+            .field("received", &self.received.is_some())
+            .finish()
+    }
+}
+
+impl SnapshotFile {
+    /// Opens a snapshot file and reads its header.
+    pub(super) fn open(path: &Path) -> io::Result<SnapshotFile> {
+        let mut file = File::open(path)?;
+        let (meta, registry_offset) = read_header(&mut BufReader::new(&mut file))?;
+        Ok(SnapshotFile {
+            file,
+            path: path.to_path_buf(),
+            meta,
+            registry_offset,
+            received: None,
+        })
+    }
+
+    /// Opens a snapshot file whose header is known.
+    pub(super) fn open_known(
+        path: &Path,
+        meta: SnapshotMeta,
+        registry_offset: u64,
+    ) -> io::Result<SnapshotFile> {
+        Ok(SnapshotFile {
+            file: File::open(path)?,
+            path: path.to_path_buf(),
+            meta,
+            registry_offset,
+            received: None,
+        })
+    }
+
+    /// A handle on a file just written (`write_temporary`), now at `path`.
+    pub(super) fn written(
+        file: File,
+        path: PathBuf,
+        meta: SnapshotMeta,
+        registry_offset: u64,
+    ) -> SnapshotFile {
+        SnapshotFile {
+            file,
+            path,
+            meta,
+            registry_offset,
+            received: None,
+        }
+    }
+
+    /// The meta in the file's header.
+    pub fn meta(&self) -> &SnapshotMeta {
+        &self.meta
+    }
+
+    pub(super) fn registry_offset(&self) -> u64 {
+        self.registry_offset
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A buffered reader of the registry bytes, from their start.
+    pub(super) fn registry_reader(&mut self) -> io::Result<BufReader<&File>> {
+        self.file.seek(SeekFrom::Start(self.registry_offset))?;
+        Ok(BufReader::with_capacity(FILE_BUFFER_BYTES, &self.file))
+    }
+
+    /// Decodes the registry from the file, checking everything the
+    /// snapshot format checks and that it is at the meta's index.
+    pub(super) fn read_registry(&mut self) -> Result<Registry, String> {
+        let reader = self.registry_reader().map_err(|e| e.to_string())?;
+        let registry = snapshot::read(reader).map_err(|e| e.to_string())?;
+        check_meta(&self.meta, &registry)?;
+        Ok(registry)
+    }
+
+    /// Takes a received snapshot's temporary file and decoded registry, if
+    /// this is one received into `dir` with `meta` in its header; the file
+    /// stays open here (for its fsync).
+    pub(super) fn take_received(&mut self, dir: &Path, meta: &SnapshotMeta) -> Option<Received> {
+        if self.meta != *meta || self.path.parent() != Some(dir) {
+            return None;
+        }
+        self.received.take()
+    }
+
+    /// The open file (for an fsync).
+    pub(super) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The registry bytes, `chunk_bytes` at a time, each read from the file
+    /// (on a blocking thread) only when the stream is polled for it: a
+    /// sender holds one chunk, never the snapshot.
+    pub fn into_chunks(
+        self,
+        chunk_bytes: usize,
+    ) -> impl Stream<Item = io::Result<Vec<u8>>> + Send + 'static {
+        let start = self.registry_offset;
+        futures::stream::unfold(Some((self, start)), move |state| async move {
+            let (mut snapshot, position) = state?;
+            let read = tokio::task::spawn_blocking(move || {
+                let chunk = snapshot.read_chunk(position, chunk_bytes);
+                (snapshot, chunk)
+            })
+            .await;
+            match read {
+                Err(join) => Some((Err(io::Error::other(join)), None)),
+                Ok((_, Err(error))) => Some((Err(error), None)),
+                Ok((_, Ok(chunk))) if chunk.is_empty() => None,
+                Ok((snapshot, Ok(chunk))) => {
+                    let next = position + chunk.len() as u64;
+                    Some((Ok(chunk), Some((snapshot, next))))
+                }
+            }
+        })
+    }
+
+    /// Up to `chunk_bytes` of the file from `position`; empty at its end.
+    fn read_chunk(&mut self, position: u64, chunk_bytes: usize) -> io::Result<Vec<u8>> {
+        self.file.seek(SeekFrom::Start(position))?;
+        let mut chunk = Vec::with_capacity(chunk_bytes);
+        (&self.file)
+            .take(chunk_bytes as u64)
+            .read_to_end(&mut chunk)?;
+        Ok(chunk)
+    }
+}
+
+/// Why a received snapshot was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    /// The bytes are not a snapshot of the meta they came with: the
+    /// sender's fault.
+    #[error("invalid snapshot: {0}")]
+    Invalid(String),
+    /// This node could not write or read its temporary file.
+    #[error("snapshot file: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Where a node receives snapshots from a leader: temporary files in its
+/// snapshot directory, handed to the network adapter by the state machine
+/// (`StateMachineStore::snapshot_inbox`).
+#[derive(Clone)]
+pub struct SnapshotInbox {
+    dir: PathBuf,
+    decoding: Arc<tokio::sync::Semaphore>,
+}
+
+impl SnapshotInbox {
+    pub(super) fn new(dir: PathBuf) -> SnapshotInbox {
+        SnapshotInbox {
+            dir,
+            decoding: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
+    }
+
+    /// Starts receiving the snapshot `meta` describes: a new temporary
+    /// file with its header written.
+    pub async fn receive(&self, meta: &SnapshotMeta) -> io::Result<IncomingSnapshot> {
+        let dir = self.dir.clone();
+        let header_meta = meta.clone();
+        let (temporary, writer, registry_offset) = tokio::task::spawn_blocking(move || {
+            let (temporary, file) = create_temporary(&dir, snapshot_index(&header_meta))?;
+            let mut writer = BufWriter::with_capacity(FILE_BUFFER_BYTES, file);
+            let offset = write_header(&mut writer, &header_meta)?;
+            Ok::<_, io::Error>((temporary, writer, offset))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        Ok(IncomingSnapshot {
+            inbox: self.clone(),
+            temporary: Some(temporary),
+            writer: Some(writer),
+            meta: meta.clone(),
+            registry_offset,
+            received_bytes: 0,
+        })
+    }
+}
+
+/// A snapshot being received: its chunks go to a temporary file as they
+/// arrive. Dropped before [`IncomingSnapshot::finish`] (the sender died,
+/// the stream broke or was refused), it deletes its file: a partial
+/// snapshot never replaces anything.
+pub struct IncomingSnapshot {
+    inbox: SnapshotInbox,
+    temporary: Option<TemporaryFile>,
+    /// `None` only while a write runs on a blocking thread (a write that
+    /// failed or was cancelled leaves it `None`, and later writes fail).
+    writer: Option<BufWriter<File>>,
+    meta: SnapshotMeta,
+    registry_offset: u64,
+    received_bytes: u64,
+}
+
+impl IncomingSnapshot {
+    /// Registry bytes received so far.
+    pub fn received_bytes(&self) -> u64 {
+        self.received_bytes
+    }
+
+    /// Appends the next chunk of registry bytes to the file.
+    pub async fn write(&mut self, chunk: Vec<u8>) -> io::Result<()> {
+        let mut writer = self
+            .writer
+            .take()
+            .ok_or_else(|| io::Error::other("an earlier write to this snapshot failed"))?;
+        let length = chunk.len() as u64;
+        let writer = tokio::task::spawn_blocking(move || {
+            writer.write_all(&chunk)?;
+            Ok::<_, io::Error>(writer)
+        })
+        .await
+        .map_err(io::Error::other)??;
+        self.writer = Some(writer);
+        self.received_bytes += length;
+        Ok(())
+    }
+
+    /// The stream ended: decodes the registry from the file (one received
+    /// snapshot at a time per node) and checks it against the meta. The
+    /// result is ready for openraft to install; the file is fsynced and
+    /// renamed into place by the install, not here.
+    pub async fn finish(mut self) -> Result<SnapshotFile, ReceiveError> {
+        let writer = self
+            .writer
+            .take()
+            .ok_or_else(|| io::Error::other("an earlier write to this snapshot failed"))?;
+        let temporary = self
+            .temporary
+            .take()
+            .ok_or_else(|| io::Error::other("snapshot already finished"))?;
+        let decoding = self
+            .inbox
+            .decoding
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(io::Error::other)?;
+        let meta = self.meta.clone();
+        let registry_offset = self.registry_offset;
+        tokio::task::spawn_blocking(move || {
+            let file = writer.into_inner().map_err(|e| e.into_error())?;
+            let mut snapshot = SnapshotFile {
+                file,
+                path: temporary.path().to_path_buf(),
+                meta,
+                registry_offset,
+                received: None,
+            };
+            // `temporary` is dropped (the file deleted) on every error.
+            let registry = snapshot.read_registry().map_err(ReceiveError::Invalid)?;
+            snapshot.received = Some(Received {
+                temporary,
+                registry,
+                _decoding: decoding,
+            });
+            Ok(snapshot)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+}

@@ -1,0 +1,276 @@
+//! What the snapshot path of the storage adapter allocates, measured
+//! exactly with a counting allocator over a state of ~24 MiB: building a
+//! snapshot, serving the current one, sending it chunk by chunk, and
+//! installing one (received, or copied from another state machine's file)
+//! hold at most a few MiB beyond the state itself — never a copy of the
+//! snapshot's bytes. Before snapshots streamed to and from files, building
+//! held about three copies of the snapshot, serving one more, and
+//! installing two besides the decoded state.
+//!
+//! The allocator counts every thread of the process (blocking threads
+//! included), so the tests of this binary run one at a time.
+
+use futures::StreamExt;
+use oncekv::raft_types::{Entry, TypeConfig};
+use oncekv::storage::StateMachineStore;
+use oncekv_core::{ClusterId, Command, Op, RegistryConfig, Value};
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, RaftSnapshotBuilder};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+/// Bytes live on the heap now, and the most since the last reset.
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+struct Counting;
+
+impl Counting {
+    fn grew(size: usize) {
+        let live = LIVE.fetch_add(size as isize, Ordering::SeqCst) + size as isize;
+        PEAK.fetch_max(live, Ordering::SeqCst);
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counters are only bookkeeping.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        Counting::grew(layout.size());
+        // SAFETY: forwarded unchanged.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        Counting::grew(layout.size());
+        // SAFETY: forwarded unchanged.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::SeqCst);
+        // SAFETY: forwarded unchanged.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // Counted as the new block allocated before the old one is freed,
+        // as a moving realloc does.
+        Counting::grew(new_size);
+        LIVE.fetch_sub(layout.size() as isize, Ordering::SeqCst);
+        // SAFETY: forwarded unchanged.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// One test at a time: the counters are the process's.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `f` and returns its output, the most bytes that were live at once
+/// above those live when it started, and the bytes live at its end above
+/// the start.
+async fn measure<T>(f: impl Future<Output = T>) -> (T, u64, i64) {
+    let start = LIVE.load(Ordering::SeqCst);
+    PEAK.store(start, Ordering::SeqCst);
+    let output = f.await;
+    let peak = PEAK.load(Ordering::SeqCst) - start;
+    let end = LIVE.load(Ordering::SeqCst) - start;
+    (output, peak.max(0) as u64, end as i64)
+}
+
+/// What the adapter may hold beyond the state: its 1 MiB file buffers, a
+/// chunk or two and a record being encoded or decoded.
+const OVERHEAD_MAX_BYTES: u64 = 4 << 20;
+const VALUE_BYTES: usize = 60 << 10;
+const VALUES: u64 = 400;
+
+/// A state machine holding `VALUES` values of `VALUE_BYTES` (~24 MiB).
+async fn filled(dir: &std::path::Path) -> StateMachineStore {
+    let mut state_machine = StateMachineStore::open(dir).expect("open");
+    let cluster_id = ClusterId(7);
+    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
+    let entry = |index: u64, op: Op| Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(oncekv_core::Entry::single(index, op)),
+    };
+    let mut entries = vec![entry(
+        1,
+        Op::Bootstrap {
+            cluster_id,
+            config: RegistryConfig::default(),
+        },
+    )];
+    for i in 0..VALUES {
+        entries.push(entry(
+            i + 2,
+            Op::ExecutePlain {
+                cluster_id,
+                command: Command::Put {
+                    key: format!("key-{i:05}").into_bytes(),
+                    value: Value::Bytes(vec![i as u8; VALUE_BYTES]),
+                },
+            },
+        ));
+    }
+    state_machine
+        .apply(futures::stream::iter(
+            entries.into_iter().map(|entry| Ok((entry, None))),
+        ))
+        .await
+        .expect("apply");
+    assert_eq!(
+        state_machine.state().read().registry.applied_index(),
+        VALUES + 1
+    );
+    state_machine
+}
+
+/// The size of the largest file in `dir` (its snapshot).
+fn snapshot_file_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.metadata().unwrap().len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Building a snapshot encodes the state straight into its file, and
+/// serving the current snapshot opens that file: neither holds the
+/// snapshot's bytes. Installing it into another state machine (a copy of
+/// the file, as openraft's suite does) holds the decoded state and the
+/// buffers, nothing more.
+#[tokio::test(flavor = "current_thread")]
+async fn building_serving_and_installing_hold_no_copy_of_the_snapshot() {
+    let _serial = SERIAL.lock().await;
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = filled(leader_dir.path()).await;
+
+    let (built, build_peak, _) = measure(async {
+        leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build")
+    })
+    .await;
+    let snapshot_bytes = snapshot_file_bytes(leader_dir.path());
+    assert!(snapshot_bytes > VALUES * VALUE_BYTES as u64);
+    eprintln!(
+        "snapshot {} KiB; building held {} KiB",
+        snapshot_bytes >> 10,
+        build_peak >> 10
+    );
+    assert!(
+        build_peak <= OVERHEAD_MAX_BYTES,
+        "building a {} KiB snapshot held {} KiB",
+        snapshot_bytes >> 10,
+        build_peak >> 10
+    );
+    drop(built);
+
+    let (current, serve_peak, _) =
+        measure(async { leader.get_current_snapshot().await.expect("serve") }).await;
+    let current = current.expect("a current snapshot");
+    eprintln!("serving held {} KiB", serve_peak >> 10);
+    assert!(
+        serve_peak <= OVERHEAD_MAX_BYTES,
+        "serving held {} KiB",
+        serve_peak >> 10
+    );
+
+    let follower_dir = tempfile::tempdir().unwrap();
+    let mut follower = StateMachineStore::open(follower_dir.path()).expect("open");
+    let ((), install_peak, state_bytes) = measure(async {
+        follower
+            .install_snapshot(&current.meta, current.snapshot)
+            .await
+            .expect("install")
+    })
+    .await;
+    eprintln!(
+        "installing held {} KiB beyond the {} KiB of state it keeps",
+        install_peak.saturating_sub(state_bytes.max(0) as u64) >> 10,
+        state_bytes >> 10
+    );
+    assert_eq!(follower.state().read().registry.applied_index(), VALUES + 1);
+    assert!(
+        install_peak <= state_bytes.max(0) as u64 + OVERHEAD_MAX_BYTES,
+        "installing held {} KiB for {} KiB of state",
+        install_peak >> 10,
+        state_bytes >> 10
+    );
+}
+
+/// Sending reads the snapshot from its file a chunk at a time, and a
+/// receiver writes each chunk to a temporary file as it arrives: the whole
+/// transfer holds a chunk or two, never the snapshot. Finishing the
+/// reception decodes the state from the file and installing it renames the
+/// file into place: together they hold the decoded state and buffers.
+#[tokio::test(flavor = "current_thread")]
+async fn sending_and_receiving_hold_a_chunk_then_the_state() {
+    let _serial = SERIAL.lock().await;
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = filled(leader_dir.path()).await;
+    leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    let snapshot_bytes = snapshot_file_bytes(leader_dir.path());
+    let current = leader
+        .get_current_snapshot()
+        .await
+        .expect("serve")
+        .expect("a current snapshot");
+    let meta = current.meta.clone();
+
+    let follower_dir = tempfile::tempdir().unwrap();
+    let mut follower = StateMachineStore::open(follower_dir.path()).expect("open");
+    let inbox = follower.snapshot_inbox();
+    let (incoming, transfer_peak, _) = measure(async {
+        let mut incoming = inbox.receive(&meta).await.expect("receive");
+        let mut chunks = std::pin::pin!(current.snapshot.into_chunks(1 << 20));
+        while let Some(chunk) = chunks.next().await {
+            incoming.write(chunk.expect("read")).await.expect("write");
+        }
+        incoming
+    })
+    .await;
+    eprintln!(
+        "snapshot {} KiB; sending and receiving held {} KiB",
+        snapshot_bytes >> 10,
+        transfer_peak >> 10
+    );
+    assert!(
+        transfer_peak <= OVERHEAD_MAX_BYTES,
+        "sending and receiving a {} KiB snapshot held {} KiB",
+        snapshot_bytes >> 10,
+        transfer_peak >> 10
+    );
+
+    let ((), install_peak, state_bytes) = measure(async {
+        let received = incoming.finish().await.expect("a whole snapshot");
+        follower
+            .install_snapshot(&meta, received)
+            .await
+            .expect("install")
+    })
+    .await;
+    eprintln!(
+        "decoding and installing held {} KiB beyond the {} KiB of state it keeps",
+        install_peak.saturating_sub(state_bytes.max(0) as u64) >> 10,
+        state_bytes >> 10
+    );
+    assert_eq!(follower.state().read().registry.applied_index(), VALUES + 1);
+    assert!(
+        install_peak <= state_bytes.max(0) as u64 + OVERHEAD_MAX_BYTES,
+        "decoding and installing held {} KiB for {} KiB of state",
+        install_peak >> 10,
+        state_bytes >> 10
+    );
+}
