@@ -686,6 +686,7 @@ mod tests {
     }
 
     impl H {
+        #[allow(clippy::too_many_arguments)] // one history event: every field of it, in order
         fn call(
             &mut self,
             worker: u64,
