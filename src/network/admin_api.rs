@@ -491,16 +491,13 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::ListClaimsRequest>,
     ) -> Result<Response<proto::ListClaimsReply>, Status> {
         let request = request.into_inner();
-        let limit = match request.limit as usize {
-            0 => KEYS_PAGE_DEFAULT,
-            limit => limit.min(KEYS_PAGE_MAX),
-        };
-        let principal =
-            convert::principal_from_proto(request.after_principal).map_err(convert_status)?;
-        if request.after_key.len() as u64 > oncekv_core::bounds::CLAIM_KEY_BYTES_MAX {
-            return Err(invalid("after_key is longer than any claim key"));
-        }
-        let after_key = oncekv_core::IdempotencyKey(request.after_key);
+        let (principal, after_key, limit) = key_page(
+            request.after_principal,
+            request.after_key,
+            request.limit,
+            oncekv_core::bounds::CLAIM_KEY_BYTES_MAX,
+            "claim key",
+        )?;
         let applied = self.state.read();
         let registry = &applied.registry;
         let (claims, more) = registry.claims_after(&principal, &after_key, limit);
@@ -560,16 +557,13 @@ impl admin_server::Admin for AdminApi {
         request: Request<proto::ListKeysRequest>,
     ) -> Result<Response<proto::ListKeysReply>, Status> {
         let request = request.into_inner();
-        let limit = match request.limit as usize {
-            0 => KEYS_PAGE_DEFAULT,
-            limit => limit.min(KEYS_PAGE_MAX),
-        };
-        let principal =
-            convert::principal_from_proto(request.after_principal).map_err(convert_status)?;
-        if request.after_key.len() as u64 > oncekv_core::bounds::IDEMPOTENCY_KEY_BYTES_MAX {
-            return Err(invalid("after_key is longer than any idempotency key"));
-        }
-        let after_key = oncekv_core::IdempotencyKey(request.after_key);
+        let (principal, after_key, limit) = key_page(
+            request.after_principal,
+            request.after_key,
+            request.limit,
+            oncekv_core::bounds::IDEMPOTENCY_KEY_BYTES_MAX,
+            "idempotency key",
+        )?;
         let applied = self.state.read();
         let registry = &applied.registry;
         let (keys, more) = registry.keys_after(&principal, &after_key, limit);
@@ -717,4 +711,26 @@ impl admin_server::Admin for AdminApi {
             drop_execute_replies_pending: pending,
         }))
     }
+}
+
+/// Where a page of (principal, key) records starts and how long it is
+/// (`ListKeys`, `ListClaims`): the principal and key after which it starts
+/// (a key longer than `key_bytes_max`, the hard bound of such keys, is
+/// malformed), and the limit (0: the default; at most the maximum).
+fn key_page(
+    after_principal: String,
+    after_key: Vec<u8>,
+    limit: u32,
+    key_bytes_max: u64,
+    kind: &str,
+) -> Result<(oncekv_core::Principal, oncekv_core::IdempotencyKey, usize), Status> {
+    let limit = match limit as usize {
+        0 => KEYS_PAGE_DEFAULT,
+        limit => limit.min(KEYS_PAGE_MAX),
+    };
+    let principal = convert::principal_from_proto(after_principal).map_err(convert_status)?;
+    if after_key.len() as u64 > key_bytes_max {
+        return Err(invalid(format!("after_key is longer than any {kind}")));
+    }
+    Ok((principal, oncekv_core::IdempotencyKey(after_key), limit))
 }

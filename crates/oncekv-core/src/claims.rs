@@ -183,15 +183,30 @@ impl ClaimStore {
     }
 
     /// Sets the record of `id`, replacing any it had.
+    /// Sets the record of `id`, replacing any it had. One walk of the
+    /// records; the age index moves only when the TTL base does (a claim
+    /// or complete on the apply path, where a remove and a reinsert walked
+    /// the trees twice as often).
     pub fn put(&mut self, id: KeyId, record: ClaimRecord) {
-        self.remove(&id);
-        self.cached_bytes += record.size_bytes(&id);
-        self.count(&id.0, 1, record.size_bytes(&id) as i64);
-        if matches!(record.state, ClaimState::Held { .. }) {
-            self.held += 1;
+        let size = record.size_bytes(&id);
+        let base = record.ttl_base_ms();
+        let held = matches!(record.state, ClaimState::Held { .. });
+        match self.records.insert(id.clone(), record) {
+            Some(old) => {
+                self.forget_accounting(&id, &old);
+                if old.ttl_base_ms() != base {
+                    let aged = self.by_age.remove(&(old.ttl_base_ms(), id.clone()));
+                    assert!(aged.is_some(), "a claim record missing from the age index");
+                    self.by_age.insert((base, id.clone()));
+                }
+            }
+            None => {
+                self.by_age.insert((base, id.clone()));
+            }
         }
-        self.by_age.insert((record.ttl_base_ms(), id.clone()));
-        self.records.insert(id, record);
+        self.cached_bytes += size;
+        self.count(&id.0, 1, size as i64);
+        self.held += u64::from(held);
     }
 
     /// Removes a key's record; whether it had one.
