@@ -62,7 +62,7 @@ openraft::declare_raft_types!(
 
 pub type NodeId = u64;
 /// A snapshot as it is built, served, sent and installed: an open snapshot
-/// file, never its bytes in memory (`storage::snapshot_file`).
+/// file, never its bytes in memory (`shared::snapshot_file`).
 pub type SnapshotData = crate::storage::SnapshotFile;
 pub type Raft = openraft::Raft<TypeConfig, crate::storage::StateMachineStore>;
 pub type CommittedLeaderId = openraft::type_config::alias::CommittedLeaderIdOf<TypeConfig>;

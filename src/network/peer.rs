@@ -15,7 +15,7 @@
 use super::tls::PeerClaim;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::shared::ClusterIdentity;
-use crate::storage::{ReceiveError, SnapshotInbox};
+use crate::shared::snapshot_file::{ReceiveError, SnapshotInbox};
 use futures::{Stream, StreamExt};
 use oncekv_core::codec;
 use oncekv_wire::convert::{cluster_id_bytes, parse_cluster_id};

@@ -4,7 +4,9 @@
 //! read by the services, the cluster clock and observability) and the
 //! node's cluster identity (`identity`: the id file the peer service checks
 //! and adopts, and the durable replacement of the data directory's small
-//! records).
+//! records), and the snapshot files (`snapshot_file`: the file format,
+//! writing, reading and the inbox that receives a peer's snapshot, used by
+//! the state machine and the peer service alike).
 //!
 //! This module must not depend on `network` or `storage` (both depend on
 //! it); `tests/adapter_direction.rs` fails if it, or either adapter, names
@@ -12,6 +14,7 @@
 
 pub mod applied;
 pub mod identity;
+pub mod snapshot_file;
 
 pub use applied::{AppliedState, HASH_INTERVAL, SharedState, StateHashAt};
 pub use identity::{ClusterIdentity, IdentityError, replace_file_durably};

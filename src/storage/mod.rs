@@ -13,12 +13,13 @@
 pub mod flusher;
 pub mod log_store;
 pub mod segment_log;
-pub mod snapshot_file;
 pub mod state_machine;
 
+pub use crate::shared::snapshot_file::{
+    IncomingSnapshot, ReceiveError, SnapshotFile, SnapshotInbox,
+};
 pub use log_store::SledLogStore;
 pub use segment_log::{SegmentLogConfig, SegmentLogError, SegmentLogReader, SegmentLogStore};
-pub use snapshot_file::{IncomingSnapshot, ReceiveError, SnapshotFile, SnapshotInbox};
 pub use state_machine::StateMachineStore;
 
 use std::ops::{Bound, RangeBounds};

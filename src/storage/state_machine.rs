@@ -19,15 +19,15 @@
 //! install decodes from the file. The file format and the streaming are
 //! `snapshot_file`'s.
 
-use super::snapshot_file::{
-    self, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX,
-    TemporaryFile, check_meta, snapshot_file_name, snapshot_index,
-};
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::shared::SharedState;
+use crate::shared::snapshot_file::{
+    SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX, TemporaryFile,
+    check_meta, snapshot_file_name, snapshot_index,
+};
 use futures::{FutureExt, Stream, StreamExt};
 use oncekv_core::{Registry, snapshot};
 use openraft::storage::{ApplyResponder, EntryResponder, RaftStateMachine};
@@ -220,7 +220,9 @@ impl SnapshotFiles {
     /// newer snapshot made it obsolete at once).
     fn build(&self, meta: &SnapshotMeta, registry: &Registry) -> io::Result<SnapshotFile> {
         let (temporary, file, registry_offset) =
-            snapshot_file::write_temporary(&self.dir, meta, |out| snapshot::write(registry, out))?;
+            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
+                snapshot::write(registry, out)
+            })?;
         let written_at = temporary.path().to_path_buf();
         let path = self
             .persist(meta, temporary, registry_offset)?
@@ -249,7 +251,7 @@ impl SnapshotFiles {
             return Ok(received.registry);
         }
         let (temporary, file, registry_offset) =
-            snapshot_file::write_temporary(&self.dir, meta, |out| {
+            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
                 io::copy(&mut snapshot.registry_reader()?, out).map(drop)
             })?;
         let mut copy = SnapshotFile::written(
@@ -603,10 +605,11 @@ mod tests {
             let store = StateMachineStore::open(dir.path()).unwrap();
             store.files.build(&meta(5), &registry_at(5)).unwrap();
             let bytes = registry_bytes(9);
-            let (torn_build, _, _) = snapshot_file::write_temporary(dir.path(), &meta(9), |out| {
-                io::Write::write_all(out, &bytes[..bytes.len() / 2])
-            })
-            .unwrap();
+            let (torn_build, _, _) =
+                crate::shared::snapshot_file::write_temporary(dir.path(), &meta(9), |out| {
+                    io::Write::write_all(out, &bytes[..bytes.len() / 2])
+                })
+                .unwrap();
             // A crash runs no destructor.
             torn_build.keep();
             let inbox = store.snapshot_inbox();

@@ -21,27 +21,27 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub(super) const META_FORMAT_VERSION: u8 = 1;
-pub(super) const SNAPSHOT_PREFIX: &str = "snapshot-";
-pub(super) const SNAPSHOT_SUFFIX: &str = ".snap";
-pub(super) const TEMPORARY_SUFFIX: &str = ".tmp";
+pub(crate) const META_FORMAT_VERSION: u8 = 1;
+pub(crate) const SNAPSHOT_PREFIX: &str = "snapshot-";
+pub(crate) const SNAPSHOT_SUFFIX: &str = ".snap";
+pub(crate) const TEMPORARY_SUFFIX: &str = ".tmp";
 /// Buffer of the readers and writers of snapshot files: large enough that
 /// a read or write system call moves a useful amount, small against any
 /// state.
 const FILE_BUFFER_BYTES: usize = 1 << 20;
 
 /// The log index a snapshot covers (0 for none).
-pub(super) fn snapshot_index(meta: &SnapshotMeta) -> u64 {
+pub(crate) fn snapshot_index(meta: &SnapshotMeta) -> u64 {
     meta.last_log_id.as_ref().map_or(0, |id| id.index)
 }
 
 /// The final name of the snapshot file covering `index`.
-pub(super) fn snapshot_file_name(index: u64) -> String {
+pub(crate) fn snapshot_file_name(index: u64) -> String {
     format!("{SNAPSHOT_PREFIX}{index:020}{SNAPSHOT_SUFFIX}")
 }
 
 /// Checks that a decoded registry is at the index its meta names.
-pub(super) fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
+pub(crate) fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
     let index = snapshot_index(meta);
     if index != registry.applied_index() {
         return Err(format!(
@@ -92,17 +92,17 @@ fn read_header(input: &mut impl Read) -> io::Result<(SnapshotMeta, u64)> {
 /// Deletes its file when dropped, unless kept: the guard of every
 /// temporary snapshot file, so that no failure (an error, a cancelled
 /// stream, a refused install) leaves one behind in a running node.
-pub(super) struct TemporaryFile {
+pub(crate) struct TemporaryFile {
     path: Option<PathBuf>,
 }
 
 impl TemporaryFile {
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.path.as_deref().unwrap_or(Path::new(""))
     }
 
     /// The file is no longer temporary (renamed into place, or gone).
-    pub(super) fn keep(mut self) -> PathBuf {
+    pub(crate) fn keep(mut self) -> PathBuf {
         self.path.take().unwrap_or_default()
     }
 }
@@ -118,7 +118,7 @@ impl Drop for TemporaryFile {
 /// Creates a new temporary file for a snapshot at `index` in `dir`, open
 /// for reading and writing. Names are unique within the process (a build,
 /// a copy and receptions may run at once); a restart deletes them all.
-pub(super) fn create_temporary(dir: &Path, index: u64) -> io::Result<(TemporaryFile, File)> {
+pub(crate) fn create_temporary(dir: &Path, index: u64) -> io::Result<(TemporaryFile, File)> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -145,7 +145,7 @@ pub(super) fn create_temporary(dir: &Path, index: u64) -> io::Result<(TemporaryF
 /// fsyncs it. Returns the guard, the open file and where its registry
 /// bytes start. Nothing of the snapshot is held in memory beyond the
 /// buffer.
-pub(super) fn write_temporary(
+pub(crate) fn write_temporary(
     dir: &Path,
     meta: &SnapshotMeta,
     body: impl FnOnce(&mut BufWriter<&File>) -> io::Result<()>,
@@ -164,9 +164,9 @@ pub(super) fn write_temporary(
 
 /// A snapshot received from a leader, not installed yet: decoded and
 /// checked when its stream ended, its file still temporary.
-pub(super) struct Received {
-    pub(super) temporary: TemporaryFile,
-    pub(super) registry: Registry,
+pub(crate) struct Received {
+    pub(crate) temporary: TemporaryFile,
+    pub(crate) registry: Registry,
     /// Held until installed or dropped: one received snapshot is decoded
     /// (a whole state in memory) at a time.
     _decoding: tokio::sync::OwnedSemaphorePermit,
@@ -197,7 +197,7 @@ impl fmt::Debug for SnapshotFile {
 
 impl SnapshotFile {
     /// Opens a snapshot file and reads its header.
-    pub(super) fn open(path: &Path) -> io::Result<SnapshotFile> {
+    pub(crate) fn open(path: &Path) -> io::Result<SnapshotFile> {
         let mut file = File::open(path)?;
         let (meta, registry_offset) = read_header(&mut BufReader::new(&mut file))?;
         Ok(SnapshotFile {
@@ -210,7 +210,7 @@ impl SnapshotFile {
     }
 
     /// Opens a snapshot file whose header is known.
-    pub(super) fn open_known(
+    pub(crate) fn open_known(
         path: &Path,
         meta: SnapshotMeta,
         registry_offset: u64,
@@ -225,7 +225,7 @@ impl SnapshotFile {
     }
 
     /// A handle on a file just written (`write_temporary`), now at `path`.
-    pub(super) fn written(
+    pub(crate) fn written(
         file: File,
         path: PathBuf,
         meta: SnapshotMeta,
@@ -245,23 +245,23 @@ impl SnapshotFile {
         &self.meta
     }
 
-    pub(super) fn registry_offset(&self) -> u64 {
+    pub(crate) fn registry_offset(&self) -> u64 {
         self.registry_offset
     }
 
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// A buffered reader of the registry bytes, from their start.
-    pub(super) fn registry_reader(&mut self) -> io::Result<BufReader<&File>> {
+    pub(crate) fn registry_reader(&mut self) -> io::Result<BufReader<&File>> {
         self.file.seek(SeekFrom::Start(self.registry_offset))?;
         Ok(BufReader::with_capacity(FILE_BUFFER_BYTES, &self.file))
     }
 
     /// Decodes the registry from the file, checking everything the
     /// snapshot format checks and that it is at the meta's index.
-    pub(super) fn read_registry(&mut self) -> Result<Registry, String> {
+    pub(crate) fn read_registry(&mut self) -> Result<Registry, String> {
         let reader = self.registry_reader().map_err(|e| e.to_string())?;
         let registry = snapshot::read(reader).map_err(|e| e.to_string())?;
         check_meta(&self.meta, &registry)?;
@@ -271,7 +271,7 @@ impl SnapshotFile {
     /// Takes a received snapshot's temporary file and decoded registry, if
     /// this is one received into `dir` with `meta` in its header; the file
     /// stays open here (for its fsync).
-    pub(super) fn take_received(&mut self, dir: &Path, meta: &SnapshotMeta) -> Option<Received> {
+    pub(crate) fn take_received(&mut self, dir: &Path, meta: &SnapshotMeta) -> Option<Received> {
         if self.meta != *meta || self.path.parent() != Some(dir) {
             return None;
         }
@@ -279,7 +279,7 @@ impl SnapshotFile {
     }
 
     /// The open file (for an fsync).
-    pub(super) fn file(&self) -> &File {
+    pub(crate) fn file(&self) -> &File {
         &self.file
     }
 
@@ -343,7 +343,7 @@ pub struct SnapshotInbox {
 }
 
 impl SnapshotInbox {
-    pub(super) fn new(dir: PathBuf) -> SnapshotInbox {
+    pub(crate) fn new(dir: PathBuf) -> SnapshotInbox {
         SnapshotInbox {
             dir,
             decoding: Arc::new(tokio::sync::Semaphore::new(1)),
