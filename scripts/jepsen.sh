@@ -92,7 +92,7 @@ run() {
         1) verdict=INVALID ;;
         *) verdict=unknown ;;
     esac
-    local ops reads dups kills faults keyed claims
+    local ops reads dups kills faults keyed claims unknowns
     ops=$(grep -m1 '^operations (writes):' "$out.txt" | sed 's/^operations (writes): //' || true)
     reads=$(grep -m1 '^reads:' "$out.txt" | sed 's/^reads: //' || true)
     dups=$(grep -m1 '^leader changes seen:' "$out.txt" | sed 's/^leader changes seen: //' || true)
@@ -100,12 +100,13 @@ run() {
     faults=$(grep -m1 '^faults:' "$out.txt" || true)
     keyed=$(grep -m1 '^keyed:' "$out.txt" | sed -E 's/^keyed: ([0-9]+) keys .*; ([0-9]+) duplicates .*; ([0-9]+) conflicts sent, ([0-9]+) refused KEY_CONFLICT; keyed violations ([0-9]+)$/keyed \1 keys, \2 dups, \4 conflicts refused, \5 violations/' || true)
     claims=$(grep -m1 '^claims:' "$out.txt" | sed -E 's/^claims: ([0-9]+) jobs \(([0-9]+) completed\), [0-9]+ claims: ([0-9]+) won \(([0-9]+) takeovers, ([0-9]+) own wins .*, ([0-9]+) replays, ([0-9]+) unknown;.*; FENCED ([0-9]+); claim violations ([0-9]+)$/claims \2\/\1 jobs, \3 won, \4 takeovers, \8 FENCED, \6 replays, \5 won again, \7 unknown, \9 violations/' || true)
+    unknowns=$(grep -m1 '^unknown outcomes:' "$out.txt" | sed -E 's/^unknown outcomes: ([0-9]+) session writes \(([0-9]+) appends applied, ([0-9]+) never applied, .*\) and ([0-9]+) keyed calls \(keys then answered as duplicates ([0-9]+), executed ([0-9]+), unresolved ([0-9]+)\).*$/unknown: \1 writes (\2 applied, \3 fenced), \4 keyed (\5 dup, \6 executed, \7 open)/; s/^unknown outcomes: none.*/unknown: NONE/' || true)
     local status=as-required
     if [ "$code" != "$expected" ]; then
         status=NOT-AS-REQUIRED
         failures=$((failures + 1))
     fi
-    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$keyed" "${claims:-no claims}" "$kills" "$dups" "$faults")")
+    summary+=("$(printf '%-34s exit %s %-8s %-16s | %s | reads %s | %s | %s | %s | %s | %s | %s' "$name" "$code" "$verdict" "$status" "$ops" "$reads" "$keyed" "${claims:-no claims}" "${unknowns:-unknown: ?}" "$kills" "$dups" "$faults")")
 }
 
 print_summary() {

@@ -81,6 +81,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub mod claims;
+pub mod unknowns;
 
 /// How many problem descriptions are kept.
 const PROBLEMS_KEPT: usize = 50;
@@ -203,6 +204,9 @@ pub struct Findings {
     pub problems: Vec<String>,
     /// Replicas whose values were compared.
     pub replicas_read: u64,
+    /// The calls that ended with their outcome unknown, and how each came
+    /// out (figures, not findings: they make nothing invalid).
+    pub unknowns: unknowns::UnknownFigures,
 }
 
 impl Findings {
@@ -241,6 +245,7 @@ pub fn check(events: &[Event], finals: &[NodeFinal]) -> Findings {
     check_counters(&operations, &reads, &mut findings);
     check_keyed(&operations, &reads, &mut findings);
     claims::check_claims(&operations, &mut findings);
+    findings.unknowns = unknowns::UnknownFigures::of(&operations, reads.first().map(|(_, v)| *v));
     check_reads(
         &operations,
         &lists,
@@ -1866,6 +1871,12 @@ fn not_exercised(
     if result.duplicates_after_leader_change == 0 {
         missing.push("no retry after a leader change was answered as a duplicate".into());
     }
+    // The promises that matter most are about calls that end unknown
+    // (fenced and never applied later; a key re-sent after one answered
+    // from its record): a run with none has not tested them.
+    if unknowns::UnknownFigures::of(operations, None).total() == 0 {
+        missing.push("no session write or keyed call ended with its outcome unknown".into());
+    }
     missing.extend(claims::ClaimFigures::of(operations).missing());
     missing
 }
@@ -2633,6 +2644,9 @@ mod tests {
         h.events[last].duplicate = true;
         h.events[last].attempts = 3;
         h.events.push(fault(45, 1, "kill-leader", EventType::Info));
+        // An append whose outcome is unknown (never applied), so that
+        // only the kill's lack of an acknowledgement is missing.
+        h.append(2, 1, 20, 30, EventType::Info, 0);
         h.events.sort_by_key(|e| e.time_ns);
         let exercise = exercise(&h.events, 1);
         assert_eq!(exercise.leader_kills, 1);
@@ -2872,6 +2886,77 @@ mod tests {
                 ])),
             })
             .collect()
+    }
+
+    /// The unknown outcomes are counted and resolved: the session
+    /// history's unknown appends against the final list (one applied, one
+    /// fenced and never applied), its unknown increment; the keyed
+    /// history's unknown calls by the key's next answer (a duplicate: an
+    /// earlier call executed; an execution: none had; none: unresolved).
+    #[test]
+    fn unknown_outcomes_are_counted_and_resolved() {
+        let (h, finals) = valid();
+        let u = check(&h.events, &finals).unknowns;
+        assert_eq!(
+            (
+                u.session_writes,
+                u.appends_applied,
+                u.appends_not_applied,
+                u.increments
+            ),
+            (3, 1, 1, 1),
+            "{u:?}"
+        );
+        assert_eq!(
+            (u.keyed_calls, u.appends_undetermined, u.cut_off),
+            (0, 0, 0)
+        );
+
+        let mut h = keyed_valid();
+        h.keyed(
+            13,
+            "i7",
+            "kc",
+            kincr(2),
+            KeyedIntent::First,
+            95,
+            96,
+            KDone::Unknown,
+        )
+        .keyed(
+            14,
+            "i7",
+            "kc",
+            kincr(2),
+            KeyedIntent::Retry,
+            97,
+            98,
+            KDone::Ok(Reply::Incremented { value: 12 }, false),
+        );
+        let u = check(&h.events, &keyed_replicas(&["v1", "v2"], 12)).unknowns;
+        assert_eq!(u.keyed_calls, 6, "{u:?}");
+        assert_eq!(
+            (
+                u.keys_resolved_applied,
+                u.keys_resolved_not_applied,
+                u.keys_unresolved
+            ),
+            (2, 1, 2),
+            "{u:?}"
+        );
+        assert_eq!(u.session_writes, 0);
+    }
+
+    /// A run in which nothing ended unknown has not tested the promises
+    /// about unknown outcomes: it is not conclusive.
+    #[test]
+    fn a_run_without_unknown_outcomes_is_not_conclusive() {
+        let unknown = "no session write or keyed call ended with its outcome unknown";
+        let (h, _) = valid();
+        assert!(!exercise(&h.events, 0).missing.iter().any(|m| m == unknown));
+        let mut h = H::default();
+        h.append(1, 1, 0, 10, EventType::Ok, 1);
+        assert!(exercise(&h.events, 0).missing.iter().any(|m| m == unknown));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::checker::claims::ClaimFigures;
+use crate::checker::unknowns::UnknownFigures;
 use crate::checker::{Exercise, Findings, LEADER_KILL_KINDS, Safety, Verdict, is_session_write};
 use crate::history::{self, Event, EventType, Expect, KeyedIntent, Op, Process};
 use crate::workload::KEY_CONFLICT;
@@ -435,6 +436,7 @@ pub fn summary(
     write_faults(&mut out, figures);
     write_reads_and_keyed(&mut out, figures, &findings.safety);
     write_claims(&mut out, &figures.claims, &findings.safety);
+    write_unknowns(&mut out, &findings.unknowns);
     let t = &figures.throughput;
     let _ = writeln!(
         out,
@@ -520,6 +522,33 @@ fn write_reads_and_keyed(out: &mut String, f: &Figures, s: &Safety) {
         k.conflicts_sent,
         k.conflicts_refused,
         s.keyed()
+    );
+}
+
+/// The summary's unknown-outcomes line: how many calls ended unknown and
+/// how they came out.
+fn write_unknowns(out: &mut String, u: &UnknownFigures) {
+    if u.total() == 0 {
+        let _ = writeln!(
+            out,
+            "unknown outcomes: none (no session write or keyed call ended unknown: the run did not test them); {} calls cut off at the end",
+            u.cut_off
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "unknown outcomes: {} session writes ({} appends applied, {} never applied, {} not judged; {} increments) and {} keyed calls (keys then answered as duplicates {}, executed {}, unresolved {}); {} calls cut off at the end",
+        u.session_writes,
+        u.appends_applied,
+        u.appends_not_applied,
+        u.appends_undetermined,
+        u.increments,
+        u.keyed_calls,
+        u.keys_resolved_applied,
+        u.keys_resolved_not_applied,
+        u.keys_unresolved,
+        u.cut_off
     );
 }
 

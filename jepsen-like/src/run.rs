@@ -89,6 +89,8 @@ pub struct Results {
     pub faults_skipped: u64,
     pub figures: Figures,
     pub safety: checker::Safety,
+    /// The calls that ended with their outcome unknown, and how.
+    pub unknowns: checker::unknowns::UnknownFigures,
     pub exercise: Exercise,
     pub problems: Vec<String>,
     /// How the final state was read.
@@ -567,12 +569,12 @@ fn spawn_clients(options: &RunOptions, context: &Context) -> Vec<tokio::task::Jo
         number += 1;
         number
     };
-    for _ in 0..options.appenders {
-        let run = workload::run_client(context.clone(), next(), Role::Appender);
+    for index in 0..options.appenders {
+        let run = workload::run_client(context.clone(), next(), Role::Appender, index);
         clients.push(tokio::spawn(run));
     }
-    for _ in 0..options.incrementers {
-        let run = workload::run_client(context.clone(), next(), Role::Incrementer);
+    for index in 0..options.incrementers {
+        let run = workload::run_client(context.clone(), next(), Role::Incrementer, index);
         clients.push(tokio::spawn(run));
     }
     for _ in 0..options.readers {
@@ -582,8 +584,8 @@ fn spawn_clients(options: &RunOptions, context: &Context) -> Vec<tokio::task::Jo
         context.clone(),
         next(),
     )));
-    for _ in 0..options.keyed_producers {
-        let run = workload::run_keyed_producer(context.clone(), next());
+    for index in 0..options.keyed_producers {
+        let run = workload::run_keyed_producer(context.clone(), next(), index);
         clients.push(tokio::spawn(run));
     }
     clients
@@ -1233,6 +1235,7 @@ fn finish(
         faults_skipped: driven.faults_skipped,
         figures: figures.clone(),
         safety: findings.safety.clone(),
+        unknowns: findings.unknowns.clone(),
         exercise,
         problems: findings.problems.clone(),
         final_read: driven.final_read,

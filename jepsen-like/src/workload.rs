@@ -82,6 +82,27 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline of one attempt (a lost reply is retried after it).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1_500);
 
+/// The impatient clients' deadline of one call, retries included: shorter
+/// than a failover or a paused leader, so the faults outlast it and the
+/// call ends with its outcome unknown (fenced by the library) — the path
+/// the patient clients, whose deadline outlasts every fault, never take.
+pub const IMPATIENT_CALL_TIMEOUT: Duration = Duration::from_millis(600);
+/// The impatient clients' deadline of one attempt.
+pub const IMPATIENT_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(250);
+/// One session client (appender or incrementer) in this many, and one
+/// keyed producer in this many, is impatient (the first of each kind is).
+pub const IMPATIENT_ONE_IN: u64 = 3;
+
+/// The (call, attempt) deadlines of a client: impatient for one in
+/// [`IMPATIENT_ONE_IN`] of its kind (`index` counts from 0 within it).
+pub fn deadlines(index: u64) -> (Duration, Duration) {
+    if index.is_multiple_of(IMPATIENT_ONE_IN) {
+        (IMPATIENT_CALL_TIMEOUT, IMPATIENT_ATTEMPT_TIMEOUT)
+    } else {
+        (CALL_TIMEOUT, ATTEMPT_TIMEOUT)
+    }
+}
+
 /// Every key the history's operations touched, in order.
 pub fn keys_of(events: &[Event]) -> Vec<String> {
     let keys: std::collections::BTreeSet<&String> = events
@@ -172,15 +193,18 @@ pub enum Role {
 
 /// Runs one closed-loop client (one operation at a time) through the
 /// client library until told to stop; returns its number of operations.
-pub async fn run_client(context: Context, client_number: u64, role: Role) -> u64 {
+/// `index` (from 0 among the clients of its role) picks its deadlines
+/// ([`deadlines`]).
+pub async fn run_client(context: Context, client_number: u64, role: Role, index: u64) -> u64 {
     let mut rng = context.rng(client_number);
     let attempts: Arc<Mutex<Vec<AttemptEvent>>> = Arc::default();
     let seen = attempts.clone();
+    let (call_timeout, attempt_timeout) = deadlines(index);
     let client = Client::with_config(
         context.endpoints.clone(),
         ClientConfig {
-            call_timeout: CALL_TIMEOUT,
-            attempt_timeout: ATTEMPT_TIMEOUT,
+            call_timeout,
+            attempt_timeout,
             observer: Some(AttemptObserver::new(move |event| {
                 seen.lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -264,7 +288,7 @@ pub const READ_PAUSE_MAX: Duration = Duration::from_millis(10);
 /// follower without the read index) gets asked.
 pub async fn run_reader(context: Context, client_number: u64) -> u64 {
     let mut rng = context.rng(client_number);
-    let client = rotated_client(&context, client_number);
+    let client = rotated_client(&context, client_number, (CALL_TIMEOUT, ATTEMPT_TIMEOUT));
     let process = Process::Client(client_number);
     // The last list each key was read as, to record the next read of it
     // as a difference (`Reply::ReadList`).
@@ -291,8 +315,13 @@ pub async fn run_reader(context: Context, client_number: u64) -> u64 {
 }
 
 /// A client (of a reader or a keyed producer) whose endpoint list is
-/// rotated by its number, so that such clients start at different nodes.
-fn rotated_client(context: &Context, client_number: u64) -> Client {
+/// rotated by its number, so that such clients start at different nodes,
+/// with the (call, attempt) deadlines given.
+fn rotated_client(
+    context: &Context,
+    client_number: u64,
+    (call_timeout, attempt_timeout): (Duration, Duration),
+) -> Client {
     let mut endpoints = context.endpoints.clone();
     if !endpoints.is_empty() {
         let turn = (client_number % endpoints.len() as u64) as usize;
@@ -301,8 +330,8 @@ fn rotated_client(context: &Context, client_number: u64) -> Client {
     Client::with_config(
         endpoints,
         ClientConfig {
-            call_timeout: CALL_TIMEOUT,
-            attempt_timeout: ATTEMPT_TIMEOUT,
+            call_timeout,
+            attempt_timeout,
             credentials: context.credentials(client_number),
             ..ClientConfig::default()
         },
@@ -389,10 +418,13 @@ enum KeyedEnd {
 /// now and then the same call again on purpose (it must be a duplicate
 /// with the same result), and now and then the key with another command —
 /// an append of `c{client}-k{n}-conflict` — which must be refused as
-/// `KEY_CONFLICT` and never appear.
-pub async fn run_keyed_producer(context: Context, client_number: u64) -> u64 {
+/// `KEY_CONFLICT` and never appear. `index` (from 0 among the keyed
+/// producers) picks its deadlines ([`deadlines`]): an impatient producer's
+/// calls end unknown under faults and are sent again, as a queue consumer
+/// redelivers a message whose handling timed out.
+pub async fn run_keyed_producer(context: Context, client_number: u64, index: u64) -> u64 {
     let mut rng = context.rng(client_number);
-    let client = rotated_client(&context, client_number);
+    let client = rotated_client(&context, client_number, deadlines(index));
     let process = Process::Client(client_number);
     let mut op_id = 0u64;
     let mut n = 0u64;
@@ -701,6 +733,29 @@ impl Raw {
         (result.map_err(CallError::into_status), attempts)
     }
 
+    /// Every endpoint's applied cluster time (its `Status`), asked
+    /// concurrently, each within [`ATTEMPT_TIMEOUT`]; `None` for a node
+    /// that did not answer.
+    async fn cluster_times(&self) -> Vec<Option<u64>> {
+        let endpoints: Vec<String> = self
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let asks = endpoints.iter().map(|endpoint| async move {
+            let mut client = self.channel(endpoint).ok()?;
+            let reply =
+                tokio::time::timeout(ATTEMPT_TIMEOUT, client.status(proto::StatusRequest {}))
+                    .await
+                    .ok()?
+                    .ok()?;
+            Some(reply.into_inner().cluster_time_ms)
+        });
+        futures::future::join_all(asks).await
+    }
+
     pub(crate) async fn cluster_id(&mut self) -> anyhow::Result<Vec<u8>> {
         if self.cluster_id.is_empty() {
             let deadline = Instant::now() + CALL_TIMEOUT;
@@ -917,6 +972,13 @@ async fn expire_session(
     ttl: Duration,
     op_id: &mut u64,
 ) -> bool {
+    // The session's last activity, in cluster time, is at most the
+    // largest applied cluster time of the nodes now, provided every node
+    // answers: the node that answered the cycle's last request applied it
+    // before answering. Without every answer, expiry is not judged.
+    let Some(idle_from_ms) = all_answered_max(&raw.cluster_times().await) else {
+        return true;
+    };
     let mut stop = context.stop.clone();
     tokio::select! {
         () = tokio::time::sleep(ttl * 2 + Duration::from_millis(500)) => {}
@@ -928,6 +990,24 @@ async fn expire_session(
     // its expiry is not certain and nothing is asked of it.
     if ttl_watch.has_changed().unwrap_or(true) {
         return true;
+    }
+    // Idle in cluster time, not in the harness's: the cluster clock does
+    // not count time without a leader (rule 11), and a starved machine's
+    // leader may have stalled for seconds of the wall-clock idle. Wait
+    // (bounded) until some node has applied a cluster time more than a
+    // TTL past `idle_from_ms`: the request below, appended after that, is
+    // applied at a cluster time at least as large (the state machine's
+    // time is the largest seen), so its session has certainly expired.
+    // When that time does not come, nothing is asked of the session.
+    let wait_until = Instant::now() + ttl * 4;
+    loop {
+        if expiry_certain(idle_from_ms, &raw.cluster_times().await, ttl) {
+            break;
+        }
+        if Instant::now() >= wait_until || context.stopped() {
+            return !context.stopped();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     *op_id += 1;
     let value = format!("c{client_number}-s{op_id}");
@@ -944,6 +1024,27 @@ async fn expire_session(
     )
     .await;
     true
+}
+
+/// The largest of the nodes' cluster times, when every node answered.
+fn all_answered_max(times: &[Option<u64>]) -> Option<u64> {
+    times
+        .iter()
+        .copied()
+        .collect::<Option<Vec<u64>>>()?
+        .into_iter()
+        .max()
+}
+
+/// Whether a session last active at cluster time `idle_from_ms` (at most)
+/// has certainly been idle longer than `ttl` once some node reports an
+/// applied cluster time among `times` (`None`: that node did not answer).
+fn expiry_certain(idle_from_ms: u64, times: &[Option<u64>], ttl: Duration) -> bool {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    times
+        .iter()
+        .flatten()
+        .any(|now_ms| *now_ms > idle_from_ms.saturating_add(ttl_ms))
 }
 
 /// Sends one lifecycle request and records it; true when the outcome was
@@ -1035,6 +1136,50 @@ async fn lifecycle_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Expiry is judged in cluster time: a session idle 3.5 s by the
+    /// harness's clock while the cluster clock moved 1.6 s (a starved
+    /// leader's stalls do not count, rule 11) is not expected to have
+    /// expired under a 2 s TTL; once some node applied a time more than a
+    /// TTL past the idle start, it is. And the idle start needs every
+    /// node's answer, or it might be below the session's last activity.
+    #[test]
+    fn expiry_is_judged_in_cluster_time() {
+        let ttl = Duration::from_secs(2);
+        assert_eq!(
+            all_answered_max(&[Some(10_000), Some(10_040), Some(9_990)]),
+            Some(10_040)
+        );
+        assert_eq!(all_answered_max(&[Some(10_000), None, Some(9_990)]), None);
+        assert!(!expiry_certain(
+            10_040,
+            &[Some(11_640), None, Some(11_600)],
+            ttl
+        ));
+        assert!(
+            !expiry_certain(10_040, &[Some(12_040)], ttl),
+            "exactly a TTL is not past it"
+        );
+        assert!(expiry_certain(
+            10_040,
+            &[None, Some(12_041), Some(11_000)],
+            ttl
+        ));
+    }
+
+    /// One session client and one keyed producer in [`IMPATIENT_ONE_IN`]
+    /// has deadlines shorter than a failover, the first of each kind
+    /// among them, so every run with faults has calls ending unknown.
+    #[test]
+    fn the_first_client_of_each_kind_is_impatient() {
+        assert_eq!(
+            deadlines(0),
+            (IMPATIENT_CALL_TIMEOUT, IMPATIENT_ATTEMPT_TIMEOUT)
+        );
+        assert_eq!(deadlines(1), (CALL_TIMEOUT, ATTEMPT_TIMEOUT));
+        assert_eq!(deadlines(IMPATIENT_ONE_IN), deadlines(0));
+        assert!(IMPATIENT_CALL_TIMEOUT < Duration::from_secs(1));
+    }
 
     fn attempt(attempt: u32, outcome: AttemptOutcome) -> AttemptEvent {
         AttemptEvent {
