@@ -1,0 +1,41 @@
+"""Test helpers: a reply-dropping interceptor (a lost reply, without any
+fault injection in the server)."""
+
+import grpc
+
+
+class LostReply(grpc.RpcError):
+    """What a client sees when the network loses a reply: the request was
+    sent and executed, the answer never arrived."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "Socket closed (reply lost by the test)"
+
+    def trailing_metadata(self):
+        return ()
+
+
+class DropReplies(grpc.UnaryUnaryClientInterceptor):
+    """Lets a call of `method` reach the node and run, waits for its reply,
+    then throws the reply away (`count` times): the client must retry the
+    same request."""
+
+    def __init__(self, method: str, count: int = 1):
+        self.method = method
+        self.remaining = count
+        self.dropped = []
+
+    def intercept_unary_unary(self, continuation, details, request):
+        response = continuation(details, request)
+        if details.method.endswith("/" + self.method) and self.remaining > 0:
+            try:
+                reply = response.result()
+            except grpc.RpcError:
+                return response
+            self.remaining -= 1
+            self.dropped.append(reply)
+            raise LostReply()
+        return response
