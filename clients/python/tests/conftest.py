@@ -50,7 +50,7 @@ def cluster(shared_cluster, request):
     yield cluster
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
-        cluster.print_logs(lines=20)
+        cluster.print_logs(lines=8)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

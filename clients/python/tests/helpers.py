@@ -39,3 +39,21 @@ class DropReplies(grpc.UnaryUnaryClientInterceptor):
             self.dropped.append(reply)
             raise LostReply()
         return response
+
+
+class FencedLedger:
+    """A fake payment provider that keeps the highest fence it accepted per
+    order and refuses a lower one (what a downstream does with fences)."""
+
+    def __init__(self):
+        self.charges = {}
+        self.fences = {}
+        self.refused = []
+
+    def charge(self, order, cents, fence):
+        if fence < self.fences.get(order, 0):
+            self.refused.append((order, fence))
+            raise PermissionError(f"stale fence {fence} for {order}")
+        self.fences[order] = fence
+        self.charges.setdefault(order, []).append(cents)
+        return f"receipt-{order}-{fence}"
