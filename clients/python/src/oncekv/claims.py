@@ -240,7 +240,7 @@ class ClaimsMixin:
 
 
 def _json_encode(value) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 
 def _json_decode(data: bytes):
@@ -368,8 +368,9 @@ class Once:
         except (TypeError, ValueError):
             parameters = {}
         passed = [name for name in ("fence", "attempt", "claim") if name in parameters]
-        default_fingerprint = ("py:" + getattr(handler, "__module__", "?") + "."
-                               + getattr(handler, "__qualname__", repr(handler))).encode("utf-8")
+        module = getattr(handler, "__module__", None) or "?"
+        name = getattr(handler, "__qualname__", None) or repr(handler)
+        default_fingerprint = f"py:{module}.{name}".encode("utf-8")
 
         @functools.wraps(handler)
         def wrapper(*args, **kwargs):

@@ -121,13 +121,16 @@ class LocalCluster:
         directory: where data and logs go (default: a temporary directory,
             removed by `stop()` unless `keep` is set).
         timing: Raft (heartbeat, election min, election max) in ms.
-        args: more `oncekv node` flags for every node.
+        args: more `oncekv node` flags for every node (`{node}` in a flag is
+            replaced by the node's id: "--tls-cert", "pki/node-{node}.pem").
+        ca: the cluster CA (PEM path) when the nodes serve TLS: `Status`
+            polls then speak TLS (`Status` needs no identity).
     """
 
     def __init__(self, binary: Optional[str] = None, *, nodes: int = 3,
                  directory: Optional[str] = None, keep: bool = False,
                  timing: Sequence[int] = TEST_TIMING, args: Sequence[str] = (),
-                 name: str = "oncekv-py"):
+                 name: str = "oncekv-py", ca: Optional[str] = None):
         self.binary = binary or find_binary()
         self.ids = list(range(1, nodes + 1))
         self._own_dir = directory is None
@@ -135,6 +138,7 @@ class LocalCluster:
         self.keep = keep
         self.timing = tuple(timing)
         self.args = list(args)
+        self.ca = ca
         ports = free_ports(2 * nodes)
         self.client_addrs: Dict[int, str] = {}
         self.peer_addrs: Dict[int, str] = {}
@@ -189,7 +193,7 @@ class LocalCluster:
             "--heartbeat-ms", str(heartbeat),
             "--election-timeout-min-ms", str(election_min),
             "--election-timeout-max-ms", str(election_max),
-        ] + self.args
+        ] + [arg.replace("{node}", str(node)) for arg in self.args]
         for other in self.ids:
             command += ["--peer", f"{other}={self.peer_addrs[other]}/{self.client_addrs[other]}"]
         if node == self.ids[0]:
@@ -261,11 +265,17 @@ class LocalCluster:
             return None
         channel = self._channels.get(node)
         if channel is None:
-            channel = grpc.insecure_channel(self.client_addrs[node], options=(
+            options = (
                 ("grpc.initial_reconnect_backoff_ms", 50),
                 ("grpc.min_reconnect_backoff_ms", 50),
                 ("grpc.max_reconnect_backoff_ms", 200),
-            ))
+            )
+            if self.ca is not None:
+                with open(self.ca, "rb") as pem:
+                    credentials = grpc.ssl_channel_credentials(root_certificates=pem.read())
+                channel = grpc.secure_channel(self.client_addrs[node], credentials, options=options)
+            else:
+                channel = grpc.insecure_channel(self.client_addrs[node], options=options)
             self._channels[node] = channel
         try:
             return pb_grpc.ClientStub(channel).Status(pb.StatusRequest(), timeout=timeout)
