@@ -57,3 +57,35 @@ class FencedLedger:
         self.fences[order] = fence
         self.charges.setdefault(order, []).append(cents)
         return f"receipt-{order}-{fence}"
+
+
+class Blackhole(grpc.UnaryUnaryClientInterceptor):
+    """Fails every call of `method` as a broken connection would, without
+    sending it, while `on` is set: to the client the request may have
+    reached a leader."""
+
+    def __init__(self, method: str):
+        self.method = method
+        self.on = True
+
+    def intercept_unary_unary(self, continuation, details, request):
+        if self.on and details.method.endswith("/" + self.method):
+            raise LostReply()
+        return continuation(details, request)
+
+
+class ThenRun(grpc.UnaryUnaryClientInterceptor):
+    """After the first call of `method` ran (its reply dropped), runs
+    `action` before the client sees the failure."""
+
+    def __init__(self, method: str, action):
+        self.method, self.action, self.done = method, action, False
+
+    def intercept_unary_unary(self, continuation, details, request):
+        response = continuation(details, request)
+        if not self.done and details.method.endswith("/" + self.method):
+            self.done = True
+            response.result()
+            self.action()
+            raise LostReply()
+        return response

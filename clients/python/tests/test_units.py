@@ -152,3 +152,24 @@ def test_bad_input_is_invalid_argument():
         with pytest.raises(oncekv.InvalidArgument):
             bad()
     assert issubclass(oncekv.InvalidArgument, ValueError)
+
+
+def test_a_call_waiting_for_room_in_the_window_wakes_when_a_seq_finishes():
+    import threading
+    import time
+
+    from oncekv.client import _Session
+
+    client = oncekv.Client("127.0.0.1:1")
+    session = _Session(pb.RegisterReply(client_id=1, window=2, session_ttl_ms=60000))
+    first = client._take_seq(session, time.monotonic() + 5)
+    assert client._take_seq(session, time.monotonic() + 5) == 2
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(client._take_seq(session, time.monotonic() + 5)))
+    waiter.start()
+    time.sleep(0.1)
+    assert got == [], "no room: seq 3 >= floor 1 + window 2"
+    started = time.monotonic()
+    session.finish(first)
+    waiter.join(5)
+    assert got == [3] and time.monotonic() - started < 1

@@ -260,7 +260,6 @@ class Client(ClaimsMixin):
         self._cluster_id = b""
         self._session_lock = threading.Lock()
         self._session: Optional[_Session] = None
-        self._closed = False
 
     @classmethod
     def from_env(cls, **kwargs) -> "Client":
@@ -288,7 +287,7 @@ class Client(ClaimsMixin):
     def close(self) -> bool:
         """Ends the session (best effort: an unconfirmed one expires later)
         and closes the channels. True when the cluster confirmed the end
-        (or there was no session)."""
+        (or there was no session). A later call starts a new session."""
         with self._session_lock:
             session, self._session = self._session, None
         confirmed = True
@@ -505,16 +504,22 @@ class Client(ClaimsMixin):
         up but not yet fenced is freed by fencing them (a keep-alive the
         cluster acknowledges)."""
         while True:
-            seq = session.try_begin()
-            if seq is not None:
-                return seq
-            until = deadline
-            if session.fence_pending():
+            with session.cond:
+                seq = session.seqs.try_begin()
+                if seq is not None:
+                    return seq
+                pending = session.seqs.fence_pending()
+                if not pending:
+                    # Woken when a call of this session finishes (checked
+                    # and waited under one lock: no wake-up is missed).
+                    session.cond.wait(timeout=max(0.0, deadline - _now()))
+            if pending:
                 if self._keep_alive(session, min(deadline, _now() + self.attempt_timeout)) is not None:
                     continue
-                until = min(deadline, _now() + self.backoff.cap)
-            with session.cond:
-                session.cond.wait(timeout=max(0.0, until - _now()))
+                # Not acknowledged: try again after a pause, or sooner if a
+                # call of this session finishes.
+                with session.cond:
+                    session.cond.wait(timeout=max(0.0, min(deadline, _now() + self.backoff.cap) - _now()))
             if _now() >= deadline:
                 raise errors.Unavailable(
                     "the session's window stayed full"
@@ -586,8 +591,6 @@ class Client(ClaimsMixin):
 
     def _get_session(self, deadline: float) -> _Session:
         with self._session_lock:
-            if self._closed:
-                raise errors.InvalidArgument("the client is closed")
             session = self._session
             if session is not None and not session.expired:
                 return session
