@@ -198,8 +198,12 @@ def consume(args) -> int:
             lease=args.lease, wait=60,
         )(charge)
 
+    parent = os.getppid()
     idle_since = time.monotonic()
     while True:
+        if os.getppid() != parent:
+            print("consumer: the orchestrator is gone", file=sys.stderr)
+            return 1
         batch = queue.receive()
         if not batch:
             if queue.empty():
@@ -313,7 +317,12 @@ def check(db_path: str, orders: int) -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # clean up (finally blocks) on SIGTERM too
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("command", nargs="?", choices=["consume"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoints", default="", help="HOST:PORT,... (default: start a cluster)")

@@ -4,6 +4,7 @@ repository), restored to health before each test that needs it; clients
 closed after each test; keys unique per test (the cluster is shared)."""
 
 import os
+import signal
 import uuid
 
 import grpc
@@ -15,6 +16,16 @@ from oncekv._proto import oncekv_pb2_grpc as pb_grpc
 from oncekv.testing import LocalCluster, find_binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A SIGTERM (a CI timeout, `timeout`) interrupts the session like Ctrl-C, so
+# that fixture finalizers stop the clusters; atexit (oncekv.testing) is the
+# backstop.
+signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(scope="session")

@@ -135,7 +135,7 @@ def test_once_context_manager(client, key):
 
 
 def test_heartbeats_hold_the_key_past_the_lease_and_waiters_replay(make_client, key):
-    """The handler runs three leases long; the heartbeat keeps the key, so a
+    """The handler runs 2.5 leases long; the heartbeat keeps the key, so a
     second caller waits (in progress) and then replays the result: one run."""
     job = key("job")
     runs = []
@@ -144,17 +144,17 @@ def test_heartbeats_hold_the_key_past_the_lease_and_waiters_replay(make_client, 
     def handler():
         runs.append(1)
         started.set()
-        time.sleep(1.2)
+        time.sleep(2.0)
         return "slow result"
 
     holder = make_client()
     results = {}
     thread = threading.Thread(target=lambda: results.setdefault(
-        "holder", holder.once(job, lease=0.4, heartbeat=0.1)(handler)()))
+        "holder", holder.once(job, lease=0.8, heartbeat=0.1)(handler)()))
     thread.start()
     assert started.wait(10)
     waiter = make_client()
-    results["waiter"] = waiter.once(job, lease=0.4, wait=10)(handler)()
+    results["waiter"] = waiter.once(job, lease=0.8, wait=10)(handler)()
     thread.join(10)
     assert results == {"holder": "slow result", "waiter": "slow result"}
     assert len(runs) == 1

@@ -4,9 +4,11 @@ paused and restarted as child processes, polled through `Status` — the
 Python counterpart of the Rust testkit's `LocalCluster`.
 
 Every process it starts is killed and reaped by `stop()` (and by the
-context manager's exit), at interpreter exit (atexit), and — on Linux —
-by the kernel when the process that started it dies (PR_SET_PDEATHSIG).
-It binds only 127.0.0.1.
+context manager's exit) and at interpreter exit (atexit); on Linux it also
+asks the kernel to SIGKILL it when the thread that started it dies
+(PR_SET_PDEATHSIG: best effort, some sandboxes ignore it). A caller that
+must survive SIGTERM turns it into an exception (the tests' conftest
+does). It binds only 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -61,17 +63,29 @@ def _kill(process: subprocess.Popen) -> None:
         pass
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL me when my parent dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+def _load_prctl():
+    """libc's prctl, looked up once here: the child between fork and exec
+    (where other threads' locks may be held) only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            PR_SET_PDEATHSIG = 1
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except Exception:
-            pass
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:
+        return None
+
+
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL me when the thread that started me
+    dies (Linux; the flag survives exec). Nodes are therefore started from
+    a thread that lives as long as the cluster (the main thread)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def find_binary(start: Optional[str] = None) -> str:
