@@ -45,6 +45,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --quiet)
 # An earlier install has the same version number: remove it, so that pip
 # installs this tree's code rather than keeping it.
 "${PIP[@]}" uninstall --yes oncekv 2>/dev/null || true
+# setuptools builds in the source tree: a stale build/ could carry removed files.
+rm -rf "$HERE/build"
 "${PIP[@]}" install "$HERE" pytest "grpcio-tools>=1.85.1" || die "pip install failed"
 echo "venv ready in $((SECONDS - started)) s: $VENV"
 

@@ -6,6 +6,7 @@ Raft. See clients/python/README.md.
     balance = client.increment("balance", 5)   # exactly once, or OutcomeUnknown
 """
 
+from .aio import AsyncClient
 from .claims import Completed, InProgress, Once, OnceRun, Won, current_claim
 from .client import AttemptEvent, Client, KeyedReply
 from .commands import (
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "AsyncClient",
     "KeyedReply",
     "AttemptEvent",
     "Backoff",

@@ -239,6 +239,25 @@ class ClaimsMixin:
 # ---- once ---------------------------------------------------------------------
 
 
+def _handler_shape(handler):
+    """Which of `fence`, `attempt`, `claim` the handler's signature names,
+    and its default fingerprint ("py:" + module.qualname)."""
+    try:
+        parameters = inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    passed = [name for name in ("fence", "attempt", "claim") if name in parameters]
+    module = getattr(handler, "__module__", None) or "?"
+    name = getattr(handler, "__qualname__", None) or repr(handler)
+    return passed, f"py:{module}.{name}".encode("utf-8")
+
+
+def _pass_claim(run, passed, kwargs) -> None:
+    extra = {"fence": run.fence, "attempt": run.attempt, "claim": run}
+    for name in passed:
+        kwargs.setdefault(name, extra[name])
+
+
 def _json_encode(value) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
@@ -363,14 +382,7 @@ class Once:
     # ---- the decorator -------------------------------------------------------
 
     def __call__(self, handler: Callable) -> Callable:
-        try:
-            parameters = inspect.signature(handler).parameters
-        except (TypeError, ValueError):
-            parameters = {}
-        passed = [name for name in ("fence", "attempt", "claim") if name in parameters]
-        module = getattr(handler, "__module__", None) or "?"
-        name = getattr(handler, "__qualname__", None) or repr(handler)
-        default_fingerprint = f"py:{module}.{name}".encode("utf-8")
+        passed, default_fingerprint = _handler_shape(handler)
 
         @functools.wraps(handler)
         def wrapper(*args, **kwargs):
@@ -379,9 +391,7 @@ class Once:
             run = self._begin(key, fingerprint)
             if run.replayed:
                 return run.result
-            extra = {"fence": run.fence, "attempt": run.attempt, "claim": run}
-            for name in passed:
-                kwargs.setdefault(name, extra[name])
+            _pass_claim(run, passed, kwargs)
             value = self._run(run, handler, args, kwargs)
             self._finish(run, value)
             return value
