@@ -39,7 +39,8 @@ started=$SECONDS
 if [[ ${ONCEKV_PY_FRESH:-0} == 1 || ! -x $VENV/bin/python ]] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
     rm -rf "$VENV"
     mkdir -p "$(dirname "$VENV")"
-    "$PYTHON" -m venv "$VENV" || die "cannot create a virtual environment with $PYTHON -m venv"
+    "$PYTHON" -m venv "$VENV" ||
+        die "cannot create a virtual environment with $PYTHON -m venv (Debian and Ubuntu: apt-get install python3-venv)"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --quiet)
 # An earlier install has the same version number: remove it, so that pip
