@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -293,6 +294,10 @@ def orchestrate(args) -> int:
                 consumer.wait()
         if cluster is not None:
             cluster.stop()
+        if args.keep:
+            print(f"state kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def check(db_path: str, orders: int) -> int:
@@ -329,6 +334,7 @@ def main() -> int:
     parser.add_argument("--orders", type=int, default=30)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--lease", type=float, default=1.0, help="claim lease, seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the queue and provider state")
     parser.add_argument("--no-once", action="store_true",
                         help="charge without oncekv (shows the double charges)")
     parser.add_argument("--db", help=argparse.SUPPRESS)
