@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs of proto/oncekv.proto (scripts/generate_stubs.py); do not edit."""

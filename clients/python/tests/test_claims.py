@@ -1,0 +1,189 @@
+"""Claims and `once` against a real cluster: the four calls (a lost claim
+reply answered with the caller's own win, FENCED after a lease takeover,
+KEY_CONFLICT), and `once` as a decorator and a context manager (recorded
+value, replay without calling, release on an exception, fence and attempt
+after a takeover, heartbeats past the lease, waiting out a holder)."""
+
+import threading
+import time
+
+import pytest
+
+import oncekv
+from helpers import DropReplies
+
+
+def claim_until_won(client, key, fingerprint, lease, patience=10.0):
+    deadline = time.monotonic() + patience
+    while True:
+        answer = client.claim(key, fingerprint, lease)
+        if isinstance(answer, oncekv.Won):
+            return answer
+        assert isinstance(answer, oncekv.InProgress), answer
+        assert time.monotonic() < deadline, "never won"
+        time.sleep(min(max(answer.retry_after_ms, 10), 200) / 1000)
+
+
+def test_claim_complete_and_replay(client, key):
+    job = key("job")
+    won = client.claim(job, "send invoice 1", lease=5)
+    assert isinstance(won, oncekv.Won) and won.attempt == 1 and not won.duplicate
+    busy = client.claim(job, "send invoice 1", lease=5)
+    assert isinstance(busy, oncekv.InProgress) and busy.retry_after_ms > 0
+    client.complete(job, won.fence, b"sent")
+    done = client.claim(job, "send invoice 1", lease=5)
+    assert isinstance(done, oncekv.Completed)
+    assert (done.result, done.fence, done.attempt) == (b"sent", won.fence, 1)
+    with pytest.raises(oncekv.KeyConflict) as conflict:
+        client.claim(job, "send invoice 2", lease=5)
+    assert not conflict.value.may_have_taken_effect
+
+
+def test_a_claim_retried_after_a_lost_reply_gets_its_own_win_back(make_client, key):
+    dropper = DropReplies("Claim", count=1)
+    client = make_client(interceptors=[dropper])
+    won = client.claim(key("job"), "f", lease=5)
+    assert isinstance(won, oncekv.Won) and won.duplicate, "not 'in progress' against itself"
+    assert dropper.dropped[0].won.fence == won.fence
+
+
+def test_the_old_holder_is_fenced_after_a_lease_takeover(client, key):
+    job = key("job")
+    first = client.claim(job, "f", lease=0.3)
+    second = claim_until_won(client, job, "f", lease=5)
+    assert second.fence > first.fence and second.attempt == 2
+    for stale_call in (lambda: client.complete(job, first.fence, b"late"),
+                       lambda: client.extend(job, first.fence, 5),
+                       lambda: client.release(job, first.fence)):
+        with pytest.raises(oncekv.Fenced) as fenced:
+            stale_call()
+        assert fenced.value.current_fence == second.fence
+        assert fenced.value.reason == "FENCED" and not fenced.value.may_have_taken_effect
+    client.complete(job, second.fence, b"done")
+    assert client.claim(job, "f", lease=5).result == b"done"
+
+
+def test_once_decorator_records_and_replays_without_calling(client, key):
+    calls = []
+
+    @client.once(lambda order: key(f"charge-{order['id']}"), lease=5)
+    def charge(order, fence, attempt):
+        calls.append((order["id"], fence, attempt))
+        return {"receipt": f"r-{order['id']}", "cents": order["cents"]}
+
+    first = charge({"id": 1, "cents": 250})
+    assert first == {"receipt": "r-1", "cents": 250}
+    assert charge({"id": 1, "cents": 250}) == first, "replayed"
+    assert charge({"id": 2, "cents": 99})["receipt"] == "r-2"
+    assert [call[0] for call in calls] == [1, 2]
+    assert calls[0][2] == 1 and calls[0][1] > 0
+
+
+def test_once_releases_on_an_exception_and_the_next_call_runs_again(client, key):
+    attempts = []
+
+    @client.once(key("flaky"), lease=5)
+    def flaky(attempt):
+        attempts.append(attempt)
+        if len(attempts) == 1:
+            raise RuntimeError("provider down")
+        return "ok"
+
+    with pytest.raises(RuntimeError):
+        flaky()
+    assert flaky() == "ok"
+    assert flaky() == "ok"
+    assert len(attempts) == 2 and attempts[1] > attempts[0]
+
+
+def test_once_after_a_dead_holder_passes_a_larger_fence_and_attempt(make_client, key):
+    """A holder claims and dies (never completes); after its lease the next
+    `once` takes over and its handler sees attempt 2 and a larger fence."""
+    job = key("job")
+    dead = make_client()
+    fingerprint = "py:reconcile"
+    first = dead.claim(job, fingerprint, lease=0.4)
+    seen = []
+    client = make_client()
+
+    @client.once(job, fingerprint=fingerprint, lease=5, wait=10)
+    def reconcile(fence, attempt, claim):
+        seen.append((fence, attempt, claim.fence, oncekv.current_claim() is claim))
+        return attempt
+
+    assert reconcile() == 2
+    fence, attempt, claim_fence, current = seen[0]
+    assert fence > first.fence and attempt == 2 and claim_fence == fence and current
+
+
+def test_once_context_manager(client, key):
+    job = key("job")
+    with client.once(job, fingerprint="migrate v7", lease=5) as run:
+        assert not run.replayed and run.attempt == 1
+        run.record({"migrated": 3})
+    with client.once(job, fingerprint="migrate v7", lease=5) as run:
+        assert run.replayed and run.result == {"migrated": 3}
+    with pytest.raises(oncekv.KeyConflict):
+        with client.once(job, fingerprint="migrate v8", lease=5):
+            pass
+    other = key("other")
+    with pytest.raises(ValueError):
+        with client.once(other, lease=5):
+            raise ValueError("boom")
+    with client.once(other, lease=5) as run:
+        assert not run.replayed and run.attempt == 2, "released: runs again"
+
+
+def test_heartbeats_hold_the_key_past_the_lease_and_waiters_replay(make_client, key):
+    """The handler runs 2.5 leases long; the heartbeat keeps the key, so a
+    second caller waits (in progress) and then replays the result: one run."""
+    job = key("job")
+    runs = []
+    started = threading.Event()
+
+    def handler():
+        runs.append(1)
+        started.set()
+        time.sleep(2.0)
+        return "slow result"
+
+    holder = make_client()
+    results = {}
+    thread = threading.Thread(target=lambda: results.setdefault(
+        "holder", holder.once(job, lease=0.8, heartbeat=0.1)(handler)()))
+    thread.start()
+    assert started.wait(10)
+    waiter = make_client()
+    results["waiter"] = waiter.once(job, lease=0.8, wait=10)(handler)()
+    thread.join(10)
+    assert results == {"holder": "slow result", "waiter": "slow result"}
+    assert len(runs) == 1
+
+
+def test_in_progress_past_the_wait_is_claim_in_progress(make_client, key):
+    job = key("job")
+    holder = make_client()
+    holder.claim(job, "py:x", lease=5)
+    with pytest.raises(oncekv.ClaimInProgress) as busy:
+        holder.once(job, fingerprint="py:x", lease=5, wait=0.2)(lambda: "never")()
+    assert busy.value.retry_after_ms > 0 and not busy.value.may_have_taken_effect
+
+
+def test_a_fenced_holder_gets_result_not_recorded(make_client, key):
+    """A handler that stalls past its lease without heartbeats is taken
+    over; its result is not recorded (FENCED) and the new holder's is."""
+    job = key("job")
+    slow = make_client()
+    other = make_client()
+
+    def stall(claim):
+        # Another holder takes over while this one stalls.
+        taken = claim_until_won(other, job, "py:stall", lease=5)
+        other.complete(job, taken.fence, b'"theirs"')
+        return "mine"
+
+    with pytest.raises(oncekv.ResultNotRecorded) as lost:
+        slow.once(job, fingerprint="py:stall", lease=0.3, heartbeat=60)(stall)()
+    assert lost.value.fenced and lost.value.result == "mine"
+    assert lost.value.may_have_taken_effect
+    assert slow.once(job, fingerprint="py:stall", lease=5)(stall)() == "theirs"

@@ -1,0 +1,175 @@
+"""The pure parts, without a cluster: seq numbering and the floor, leader
+following, what each failure means (retry, final, may have reached a
+leader), one error class per wire reason, and the request limits."""
+
+import grpc
+import pytest
+
+import oncekv
+from oncekv import errors
+from oncekv._proto import oncekv_pb2 as pb
+from oncekv.policy import LEARNT_ENDPOINTS_MAX, Backoff, Failure, Leader
+from oncekv.seqs import Seqs
+
+
+def failure(reason=None, code=grpc.StatusCode.UNAVAILABLE, message="m", **detail):
+    if reason is None:
+        return Failure(code=code, message=message)
+    return Failure(code=code, message=message,
+                   detail=pb.ErrorDetail(reason=pb.Reason.Value(reason), **detail))
+
+
+def test_floor_follows_the_lowest_unanswered_seq_in_any_order():
+    seqs = Seqs(16)
+    assert [seqs.try_begin() for _ in range(5)] == [1, 2, 3, 4, 5]
+    assert not seqs.finish(3) and not seqs.finish(5)
+    assert seqs.first_outstanding() == 1
+    assert seqs.finish(1) and seqs.first_outstanding() == 2
+    assert seqs.finish(2) and seqs.first_outstanding() == 4
+    assert seqs.finish(4) and seqs.first_outstanding() == 6
+
+
+def test_window_bounds_new_seqs():
+    seqs = Seqs(3)
+    assert [seqs.try_begin() for _ in range(3)] == [1, 2, 3]
+    assert seqs.try_begin() is None
+    seqs.finish(3)
+    assert seqs.try_begin() is None, "seq 4 >= floor 1 + window 3"
+    seqs.finish(1)
+    assert seqs.try_begin() == 4
+
+
+def test_floor_stays_within_a_window_of_the_confirmed_floor():
+    """Requests given up during an outage never move the floor more than a
+    window past the confirmed one; a confirmation lets it move on."""
+    seqs = Seqs(2)
+    given_up = []
+    while True:
+        seq = seqs.try_begin()
+        if seq is None:
+            break
+        seqs.finish(seq)
+        given_up.append(seq)
+        assert seqs.first_outstanding() <= 3
+    assert given_up == [1, 2, 3, 4]
+    assert seqs.fence_pending() and seqs.first_outstanding() == 3
+    assert seqs.confirm(3)
+    assert seqs.first_outstanding() == 5 and not seqs.fence_pending()
+
+
+def test_hints_are_followed_and_learnt_endpoints_bounded():
+    leader = Leader(["a", "b"])
+    assert leader.target() == "a"
+    assert leader.follow("c") and leader.target() == "c"
+    assert not leader.follow("c"), "the same target: back off"
+    for number in range(100):
+        assert leader.follow(f"learnt-{number}")
+        assert len(leader.endpoints) <= 2 + LEARNT_ENDPOINTS_MAX
+    assert leader.endpoints[:2] == ["a", "b"]
+    visited = set()
+    for _ in range(len(leader.endpoints)):
+        assert not leader.follow(None)
+        visited.add(leader.target())
+    assert visited == set(leader.endpoints), "rotation visits every endpoint"
+
+
+def test_backoff_is_jittered_capped_and_within_the_deadline():
+    backoff = Backoff(base=0.01, cap=0.1)
+    assert [backoff.ceiling(n) for n in range(5)] == [0.01, 0.02, 0.04, 0.08, 0.1]
+    assert backoff.delay(10, remaining=0.005, unit=0.9) == 0.005
+    assert 0 <= backoff.delay(3, remaining=1.0) <= 0.08
+
+
+def test_verdicts_follow_the_error_table():
+    assert failure("NOT_LEADER", leader_client_addr="h:1").retry_hint() == (True, "h:1")
+    assert failure("NOT_LEADER").retry_hint() == (True, None)
+    for reason in ("UNAVAILABLE", "TOO_MANY_OUTSTANDING", "RESOURCE_EXHAUSTED"):
+        assert failure(reason).retry_hint() == (True, None), reason
+    for reason in ("SESSION_EXPIRED", "WRONG_CLUSTER", "SEQ_CONFLICT", "RESPONSE_DISCARDED",
+                   "INVALID_ARGUMENT", "LIMIT_EXCEEDED", "UNAUTHENTICATED",
+                   "PERMISSION_DENIED", "KEY_CONFLICT", "FENCED"):
+        assert failure(reason).retry_hint() == (False, None), reason
+    for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                 grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+        assert failure(code=code).retry_hint() == (True, None)
+    assert failure(code=grpc.StatusCode.UNIMPLEMENTED).retry_hint() == (False, None)
+
+
+def test_only_proof_says_an_attempt_did_not_reach_a_leader():
+    """Rule 22: a refusal at apply (window, capacity) and a connection that
+    could not be made prove nothing was applied; anything else may have
+    reached a leader, NOT_LEADER included."""
+    assert not failure("TOO_MANY_OUTSTANDING").may_have_reached()
+    assert not failure("RESOURCE_EXHAUSTED").may_have_reached()
+    refused = failure(message="failed to connect to all addresses; last error: UNKNOWN: "
+                              "ipv4:127.0.0.1:1: Failed to connect to remote host: "
+                              "Connection refused")
+    assert refused.never_sent() and not refused.may_have_reached()
+    assert failure("NOT_LEADER").may_have_reached()
+    assert failure("UNAVAILABLE").may_have_reached()
+    assert failure(code=grpc.StatusCode.DEADLINE_EXCEEDED).may_have_reached()
+    assert failure(message="Socket closed").may_have_reached()
+
+
+def test_every_wire_reason_has_its_own_exception_class():
+    names = [name for name in pb.Reason.keys() if name != "REASON_UNSPECIFIED"]
+    classes = {name: type(failure(name).error()) for name in names}
+    assert sorted(classes) == sorted(errors.REASON_ERRORS)
+    assert len(set(classes.values())) == len(names), "one class per reason"
+    for name, cls in classes.items():
+        assert cls.reason == name
+        assert issubclass(cls, oncekv.OncekvError)
+        assert cls.may_have_taken_effect is False
+    assert errors.OutcomeUnknown("x").may_have_taken_effect
+    assert errors.KeyOutcomeUnknown("x").may_have_taken_effect
+    assert errors.ResultNotRecorded("x").may_have_taken_effect
+    assert not errors.ClaimInProgress("x").may_have_taken_effect
+    fenced = failure("FENCED", code=grpc.StatusCode.FAILED_PRECONDITION, current_fence=7).error()
+    assert isinstance(fenced, oncekv.Fenced) and fenced.current_fence == 7
+    exceeded = failure("LIMIT_EXCEEDED", limit="value_bytes_max", limit_max=4,
+                       limit_requested=5).error()
+    assert (exceeded.limit, exceeded.limit_max, exceeded.limit_requested) == (
+        "value_bytes_max", 4, 5)
+
+
+def test_request_limits_are_checked_before_sending():
+    limits = pb.RequestLimits(key_bytes_max=4, value_bytes_max=10, list_elements_max=2)
+    oncekv.Put("abcd", b"x" * 10).check_limits(limits)
+    with pytest.raises(oncekv.LimitExceeded) as key:
+        oncekv.Put("abcde", b"x").check_limits(limits)
+    assert key.value.limit == "key_bytes_max"
+    with pytest.raises(oncekv.LimitExceeded) as value:
+        oncekv.Put("k", b"x" * 11).check_limits(limits)
+    assert (value.value.limit_max, value.value.limit_requested) == (10, 11)
+    with pytest.raises(oncekv.LimitExceeded):
+        oncekv.Append("k", b"xxx").check_limits(limits)  # 3 + 8 bytes
+    oncekv.Delete("a-very-long-key").check_limits(limits)  # never refused
+
+
+def test_bad_input_is_invalid_argument():
+    for bad in (lambda: oncekv.Put("", b"v"), lambda: oncekv.Increment("k", 2**63),
+                lambda: oncekv.Increment("k", True), lambda: oncekv.Put("k", 1.5)):
+        with pytest.raises(oncekv.InvalidArgument):
+            bad()
+    assert issubclass(oncekv.InvalidArgument, ValueError)
+
+
+def test_a_call_waiting_for_room_in_the_window_wakes_when_a_seq_finishes():
+    import threading
+    import time
+
+    from oncekv.client import _Session
+
+    client = oncekv.Client("127.0.0.1:1")
+    session = _Session(pb.RegisterReply(client_id=1, window=2, session_ttl_ms=60000))
+    first = client._take_seq(session, time.monotonic() + 5)
+    assert client._take_seq(session, time.monotonic() + 5) == 2
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(client._take_seq(session, time.monotonic() + 5)))
+    waiter.start()
+    time.sleep(0.1)
+    assert got == [], "no room: seq 3 >= floor 1 + window 2"
+    started = time.monotonic()
+    session.finish(first)
+    waiter.join(5)
+    assert got == [3] and time.monotonic() - started < 1
