@@ -88,10 +88,24 @@ struct Args {
     /// principal's token or certificate, the Admin calls the admin's token.
     #[arg(long, conflicts_with = "containers")]
     tls: bool,
+    /// Run nothing: check the saved run in this directory (its
+    /// history.jsonl and results.json) again with this build's checker,
+    /// print what it finds, and exit with the verdict's code.
+    #[arg(long, value_name = "DIR")]
+    recheck: Option<PathBuf>,
 }
 
 fn main() {
     let args = Args::parse();
+    if let Some(dir) = &args.recheck {
+        match oncekv_jepsen::run::recheck(dir) {
+            Ok(verdict) => std::process::exit(verdict.exit_code()),
+            Err(error) => {
+                eprintln!("jepsen-like: recheck {}: {error:#}", dir.display());
+                std::process::exit(2);
+            }
+        }
+    }
     let options = RunOptions {
         seed: args.seed,
         duration: Duration::from_secs(args.duration),

@@ -591,6 +591,17 @@ fn write_claims(out: &mut String, c: &ClaimFigures, s: &Safety) {
 
 /// The summary's safety lines: every counter, the replicas read, the
 /// first problems.
+/// What a re-check of a saved history prints: the unknown outcomes, the
+/// safety counters and problems, and the verdict (the run's throughput and
+/// fault figures stay as the run printed them).
+pub fn recheck_summary(findings: &Findings, exercise: &Exercise, verdict: Verdict) -> String {
+    let mut out = String::new();
+    write_unknowns(&mut out, &findings.unknowns);
+    write_safety(&mut out, findings);
+    write_verdict(&mut out, exercise, verdict);
+    out
+}
+
 fn write_safety(out: &mut String, findings: &Findings) {
     let s = &findings.safety;
     let _ = writeln!(

@@ -1185,6 +1185,33 @@ fn final_value(value: Option<Value>) -> FinalValue {
     }
 }
 
+/// Checks a saved run again (`--recheck DIR`: its `history.jsonl` and the
+/// replicas' final values and planned leader kills of its
+/// `results.json`), with this build's checker — after a checker fix, say;
+/// prints what it found and returns the verdict. Writes nothing.
+pub fn recheck(dir: &std::path::Path) -> anyhow::Result<Verdict> {
+    let history_path = dir.join("history.jsonl");
+    let events = history::read_jsonl(std::io::BufReader::new(
+        std::fs::File::open(&history_path)
+            .with_context(|| format!("open {}", history_path.display()))?,
+    ))?;
+    let results_path = dir.join("results.json");
+    let results: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&results_path)
+            .with_context(|| format!("read {}", results_path.display()))?,
+    )?;
+    let finals: Vec<NodeFinal> =
+        serde_json::from_value(results["finals"].clone()).context("results.json: finals")?;
+    let planned = results["exercise"]["leader_kills_planned"]
+        .as_u64()
+        .context("results.json: exercise.leader_kills_planned")?;
+    let findings = checker::check(&events, &finals);
+    let exercise = checker::exercise(&events, planned);
+    let verdict = Verdict::of(&findings, &exercise);
+    print!("{}", report::recheck_summary(&findings, &exercise, verdict));
+    Ok(verdict)
+}
+
 /// Checks, counts, prints and writes the outputs; returns the verdict.
 fn finish(
     options: &RunOptions,

@@ -499,13 +499,20 @@ fn check_fenced_justified(
     for call in calls.clone().filter(|c| fenced(c)) {
         let fence = fence_of(call);
         let answered_ns = call.complete_ns();
+        // A larger fence seen won, a claim whose outcome is unknown, or an
+        // "in progress" answer naming a later holder (an attempt beyond
+        // this fence's): attempts count the key's holders, so that holder
+        // took over — even when its own win was never seen (its reply was
+        // lost, and its retry, applied after it was taken over in turn,
+        // was answered "in progress").
+        let attempt = wins.get(&fence).map(|w| w.attempt);
         let superseded = wins
             .range(fence + 1..)
             .any(|(_, w)| w.claimed_ns < answered_ns)
-            || job
-                .claims
-                .iter()
-                .any(|c| unknown(c) && c.invoke_ns < answered_ns);
+            || job.claims.iter().any(|c| {
+                c.invoke_ns < answered_ns
+                    && (unknown(c) || attempt.is_some_and(|a| in_progress_attempt(c) > Some(a)))
+            });
         let own = calls.clone().any(|other| {
             !std::ptr::eq(*other, *call)
                 && !matches!(other.op, Op::ExtendClaim { .. })
@@ -520,6 +527,17 @@ fn check_fenced_justified(
                 call.process, call.op_id
             ));
         }
+    }
+}
+
+/// The holder's attempt an acknowledged "in progress" answer names.
+fn in_progress_attempt(claim: &Operation) -> Option<u64> {
+    match claim.completion.as_ref() {
+        Some(done) if done.kind == EventType::Ok => match done.reply {
+            Some(Reply::ClaimInProgress { attempt, .. }) => Some(attempt),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -1043,6 +1061,33 @@ mod tests {
             .complete(1, 170, 10, 1, EventType::Fail);
         let s = safety(&h);
         assert_eq!((s.claim_fenced_unjustified, s.claims_stuck), (0, 1));
+        // So does the holder an "in progress" answer names when its attempt
+        // is beyond the fenced one's (seed 3 of a long run: that holder's
+        // win reply was lost, and its retry came after it was taken over
+        // in turn, so its win is nowhere in the history) — but not one
+        // naming the fenced holder's own attempt.
+        for (attempt, unjustified) in [(2, 0), (1, 1)] {
+            let mut h = H::default();
+            h.win(1, "a", 0, 10, 1)
+                .call(
+                    3,
+                    150,
+                    160,
+                    H::claim_op("d", HolderPlan::Complete),
+                    EventType::Ok,
+                    Some(Reply::ClaimInProgress {
+                        retry_after_ms: 50,
+                        attempt,
+                    }),
+                    None,
+                )
+                .complete(1, 170, 10, 1, EventType::Fail);
+            assert_eq!(
+                safety(&h).claim_fenced_unjustified,
+                unjustified,
+                "attempt {attempt}"
+            );
+        }
     }
 
     /// A run with claims but no takeover or no FENCED answer is reported
