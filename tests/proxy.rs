@@ -9,8 +9,12 @@
 //! through; `--require-key`, `--key-scope`, the size limits (413, 431) and
 //! a cluster out of reach (503, fail closed: nothing forwarded); a proxy
 //! SIGKILLed mid-request leaves a lease, after which a second proxy
-//! forwards with attempt 2; and a leader killed while the upstream works
-//! still leaves exactly one upstream call. Two clusters, in two tests
+//! forwards with attempt 2; one paused past its lease answers 409 FENCED
+//! and the key keeps the new holder's answer; two proxies share the
+//! cluster (in progress behind one is 409 behind the other, after
+//! `--wait-ms`); an answer too large to record reaches its first caller
+//! and is then 502; and a leader killed while the upstream works still
+//! leaves exactly one upstream call. Two clusters, in two tests
 //! that run side by side.
 
 mod support;
@@ -49,7 +53,8 @@ struct Call {
 /// (numbered from 1) and answered `201` with a JSON body naming its
 /// number, fence and attempt. A request may ask for `x-test-sleep-ms: N`
 /// (answer after N ms), `x-test-status: CODE` (answer CODE instead) or
-/// `x-test-crash: 1` (close the connection without answering). Dropping
+/// `x-test-crash: 1` (close the connection without answering) or
+/// `x-test-body-bytes: N` (N more bytes in the body). Dropping
 /// it stops it.
 struct Upstream {
     addr: SocketAddr,
@@ -137,6 +142,7 @@ async fn answer(
     let (fence, attempt) = (number("idempotency-fence"), number("idempotency-attempt"));
     let sleep_ms = number("x-test-sleep-ms");
     let status = number("x-test-status");
+    let padding = number("x-test-body-bytes").unwrap_or(0) as usize;
     let crash = header(&request, "x-test-crash").is_some();
     let key = header(&request, "idempotency-key").map(str::to_owned);
     let path = request.uri().to_string();
@@ -161,6 +167,7 @@ async fn answer(
     }
     let body = serde_json::json!({
         "effect": effect, "path": path, "fence": fence, "attempt": attempt,
+        "padding": "x".repeat(padding),
     })
     .to_string();
     let response = Response::builder()
@@ -465,6 +472,10 @@ async fn proxy_forwards_each_keyed_request_once() {
         &upstream.url(),
         &[
             "--require-key",
+            "--wait-ms",
+            "200",
+            "--response-bytes-max",
+            "1000",
             "--body-bytes-max",
             "16",
             "--header-bytes-max",
@@ -511,6 +522,53 @@ async fn proxy_forwards_each_keyed_request_once() {
         .await
         .unwrap();
     assert_eq!(get.status, 201, "GET is not guarded: it passes");
+
+    // Two proxies share the cluster: a request at work behind one is in
+    // progress behind the other, which waits 200 ms, then answers 409
+    // with Retry-After; once it is done, the other replays it.
+    let http = proxy.http();
+    let slow = tokio::spawn(async move {
+        post(
+            &http,
+            "/orders",
+            &[("Idempotency-Key", "k9"), ("x-test-sleep-ms", "1000")],
+            "x",
+        )
+        .await
+    });
+    upstream.wait_for_calls("k9", 1).await;
+    let busy = post(&strict.http(), "/orders", &[("Idempotency-Key", "k9")], "x").await;
+    assert_problem(&busy, 409, "IN_PROGRESS");
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    let slow = slow.await.unwrap();
+    assert_eq!(slow.status, 201);
+    let replay = post(&strict.http(), "/orders", &[("Idempotency-Key", "k9")], "x").await;
+    assert_eq!((replay.status, &replay.body), (201, &slow.body));
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("k9").len(), 1);
+
+    // An answer larger than --response-bytes-max reaches its first caller
+    // whole; it is recorded without its body, so a retry is told so
+    // (502), and nothing is forwarded again.
+    let large = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "k10"), ("x-test-body-bytes", "5000")],
+        "x",
+    )
+    .await;
+    assert_eq!(large.status, 201);
+    assert!(large.body.len() > 5000);
+    let retry = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "k10")],
+        "x",
+    )
+    .await;
+    assert_problem(&retry, 502, "ANSWER_NOT_RECORDED");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("k10").len(), 1);
 
     // --key-scope: a keyed request needs the tenant; two tenants' equal
     // keys are two requests; one tenant's retry is a replay.
@@ -613,16 +671,86 @@ async fn proxy_survives_its_own_crash_and_the_leaders() {
     assert!(lost.is_err(), "the killed proxy answered: {lost:?}");
     drop(first);
 
-    // The leader killed while the upstream works: the request still ends
-    // with one upstream call and its answer recorded; a concurrent retry
-    // and a later one get the same bytes.
+    // A proxy paused past its lease while the upstream works: another
+    // takes the key over and records its own answer; the paused one,
+    // resumed, gets the upstream's answer but cannot record it: 409
+    // FENCED, and its caller's retry gets the recorded answer.
+    let paused = ProxyProcess::start(&endpoints, &upstream.url(), &args).await;
+    let http = paused.http();
+    let stale = tokio::spawn(async move {
+        post(
+            &http,
+            "/ship",
+            &[("Idempotency-Key", "s3"), ("x-test-sleep-ms", "1000")],
+            "ship 3",
+        )
+        .await
+    });
+    upstream.wait_for_calls("s3", 1).await;
+    let pid = nix::unistd::Pid::from_raw(paused.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let taken_over = post(
+        &second.http(),
+        "/ship",
+        &[("Idempotency-Key", "s3")],
+        "ship 3",
+    )
+    .await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(taken_over.status, 201, "{taken_over:?}");
+    assert_eq!(json(&taken_over)["attempt"], 2);
+    let stale = stale.await.unwrap();
+    assert_problem(&stale, 409, "FENCED");
+    let calls = upstream.calls_with("s3");
+    assert_eq!(json(&stale)["fence"], calls[0].fence.unwrap());
+    assert_eq!(json(&stale)["current_fence"], calls[1].fence.unwrap());
+    let retry = post(
+        &paused.http(),
+        "/ship",
+        &[("Idempotency-Key", "s3")],
+        "ship 3",
+    )
+    .await;
+    assert_eq!((retry.status, &retry.body), (201, &taken_over.body));
+    assert_eq!(upstream.calls_with("s3").len(), 2);
+    drop(paused);
+
+    // The library's `once` cancelled mid-effect (its future dropped, as a
+    // caller that gives up does) stops its heartbeat: the lease runs out
+    // and the next claim takes over.
+    let client = oncekv_client::Client::connect(endpoints.clone());
+    let options = oncekv_client::OnceOptions {
+        lease: Duration::from_millis(600),
+        wait: Duration::from_secs(10),
+        heartbeat: None,
+    };
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(800),
+        client.once(b"cancelled", b"job", &options, |_| {
+            std::future::pending::<Result<Vec<u8>, String>>()
+        }),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the effect never ends");
+    let next = client
+        .once(b"cancelled", b"job", &options, |token| async move {
+            Ok::<_, String>(token.attempt.to_string().into_bytes())
+        })
+        .await
+        .expect("the next claim takes over");
+    assert_eq!(next.result(), b"2");
+
+    // The leader killed while the upstream works — twice as long as the
+    // lease, so the heartbeat must carry the lease across the election:
+    // the request still ends with one upstream call and its answer
+    // recorded; a concurrent retry and a later one get the same bytes.
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let http = second.http();
     let request = tokio::spawn(async move {
         post(
             &http,
             "/ship",
-            &[("Idempotency-Key", "s2"), ("x-test-sleep-ms", "1500")],
+            &[("Idempotency-Key", "s2"), ("x-test-sleep-ms", "3000")],
             "ship 2",
         )
         .await
