@@ -120,6 +120,12 @@ pub enum OnceError<E> {
     Record { result: Vec<u8>, error: Error },
 }
 
+/// The first pause of [`Client::once`] after an "in progress" answer; it
+/// doubles after each one, up to [`WAIT_PAUSE_MAX`].
+const WAIT_FIRST_PAUSE: Duration = Duration::from_millis(25);
+/// The longest pause between two claims while another holder works.
+const WAIT_PAUSE_MAX: Duration = Duration::from_secs(1);
+
 /// A task aborted when its handle is dropped (a plain `JoinHandle`
 /// detaches it instead).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -326,6 +332,9 @@ impl Client {
     ) -> Result<Result<ClaimToken, OnceOutcome>, Error> {
         let claim_id = new_claim_id();
         let give_up = Instant::now() + options.wait;
+        // Most holders finish long before their lease runs out: look again
+        // soon, then less and less often.
+        let mut backoff = WAIT_FIRST_PAUSE;
         loop {
             match self
                 .claim_as(key, fingerprint, options.lease, claim_id)
@@ -358,11 +367,12 @@ impl Client {
                     if now >= give_up {
                         return Err(Error::ClaimInProgress { retry_after_ms });
                     }
-                    // Claim again when the holder's lease would run out (or
-                    // sooner, to see a completion early), never past the
-                    // caller's patience.
+                    // Claim again when the holder's lease would run out, or
+                    // sooner to see a completion early (after 25 ms, doubling
+                    // to a second), never past the caller's patience.
                     let pause = Duration::from_millis(retry_after_ms.clamp(10, 1_000));
-                    tokio::time::sleep(pause.min(give_up - now)).await;
+                    tokio::time::sleep(pause.min(backoff).min(give_up - now)).await;
+                    backoff = (backoff * 2).min(WAIT_PAUSE_MAX);
                 }
             }
         }
