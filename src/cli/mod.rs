@@ -3,8 +3,8 @@
 //! every other command to [`run`]). Each command has its module (`kv/`
 //! for the key-value verbs, `once/` for running a command at most once
 //! under a claim, `admin/` with a file per group, `status`, `health`,
-//! `bench`, `certs`) holding its arguments and its talking to the
-//! cluster; what
+//! `bench`, `certs`, `proxy` for the Idempotency-Key HTTP proxy) holding
+//! its arguments and its talking to the cluster; what
 //! they print and how they exit is one library (`output`, `values`), and
 //! why a cluster cannot be reached is `reach`. The flags every cluster command shares ([`CommonArgs`]: endpoints,
 //! `--json`, `--timeout-ms`) are global: they go before or after the
@@ -22,6 +22,7 @@ pub mod health;
 pub mod kv;
 pub mod once;
 pub mod output;
+pub mod proxy;
 pub mod reach;
 pub mod status;
 mod values;
@@ -70,6 +71,11 @@ pub enum Command {
     /// wait for another holder, default 10000).
     #[command(after_help = output::ONCE_EXIT_CODES_HELP)]
     Once(once::OnceArgs),
+    /// The Idempotency-Key HTTP proxy: forwards every request to
+    /// --upstream; a keyed request on a guarded method is claimed first,
+    /// forwarded once and its final answer replayed to every retry
+    /// (docs/proxy.md; --timeout-ms: each cluster call, default 10000).
+    Proxy(Box<proxy::ProxyArgs>),
     /// The guard `once` runs its command under (internal).
     #[command(name = "once-guard", hide = true)]
     OnceGuard(once::guard::GuardArgs),
@@ -231,6 +237,7 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
         },
         Command::Once(args) => args.run(&common).await,
         Command::OnceGuard(args) => once::guard::run(&args).await,
+        Command::Proxy(args) => args.run(&common).await,
         Command::Kv(command) => command.run(&common).await,
     }
 }

@@ -120,6 +120,22 @@ pub enum OnceError<E> {
     Record { result: Vec<u8>, error: Error },
 }
 
+/// The first pause of [`Client::once`] after an "in progress" answer; it
+/// doubles after each one, up to [`WAIT_PAUSE_MAX`].
+const WAIT_FIRST_PAUSE: Duration = Duration::from_millis(25);
+/// The longest pause between two claims while another holder works.
+const WAIT_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// A task aborted when its handle is dropped (a plain `JoinHandle`
+/// detaches it instead).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A claim request's identity: random, chosen once per logical claim.
 fn new_claim_id() -> u128 {
     #[allow(clippy::disallowed_methods)] // a claim id is random by definition (rule 20)
@@ -253,14 +269,41 @@ impl Client {
         F: FnOnce(ClaimToken) -> Fut,
         Fut: Future<Output = Result<Vec<u8>, E>>,
     {
-        let token = match self.claim_waiting(key, fingerprint, options).await {
+        self.once_observed(key, fingerprint, options, |_| {}, effect)
+            .await
+    }
+
+    /// [`Client::once`], telling `on_in_progress` of every "in progress"
+    /// answer met while claiming (with its `retry_after_ms`): a caller
+    /// that counts how often it waited for another holder (the HTTP
+    /// proxy's metrics) learns it without a claim loop of its own.
+    pub async fn once_observed<F, Fut, E, W>(
+        &self,
+        key: &[u8],
+        fingerprint: &[u8],
+        options: &OnceOptions,
+        on_in_progress: W,
+        effect: F,
+    ) -> Result<OnceOutcome, OnceError<E>>
+    where
+        F: FnOnce(ClaimToken) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+        W: FnMut(u64),
+    {
+        let token = match self
+            .claim_waiting(key, fingerprint, options, on_in_progress)
+            .await
+        {
             Ok(Ok(token)) => token,
             Ok(Err(replayed)) => return Ok(replayed),
             Err(error) => return Err(OnceError::Claim(error)),
         };
-        let heartbeat = self.spawn_heartbeat(&token, options);
+        // Aborted when the effect ends — or when this future is dropped
+        // mid-effect, so that a cancelled caller never leaves a heartbeat
+        // extending its lease for ever.
+        let heartbeat = AbortOnDrop(self.spawn_heartbeat(&token, options));
         let ran = effect(token.clone()).await;
-        heartbeat.abort();
+        drop(heartbeat);
         match ran {
             Ok(result) => match self.complete_claim(key, token.fence, &result).await {
                 Ok(_) => Ok(OnceOutcome::Ran {
@@ -285,9 +328,13 @@ impl Client {
         key: &[u8],
         fingerprint: &[u8],
         options: &OnceOptions,
+        mut on_in_progress: impl FnMut(u64),
     ) -> Result<Result<ClaimToken, OnceOutcome>, Error> {
         let claim_id = new_claim_id();
         let give_up = Instant::now() + options.wait;
+        // Most holders finish long before their lease runs out: look again
+        // soon, then less and less often.
+        let mut backoff = WAIT_FIRST_PAUSE;
         loop {
             match self
                 .claim_as(key, fingerprint, options.lease, claim_id)
@@ -315,15 +362,17 @@ impl Client {
                     }));
                 }
                 ClaimAnswer::InProgress { retry_after_ms, .. } => {
+                    on_in_progress(retry_after_ms);
                     let now = Instant::now();
                     if now >= give_up {
                         return Err(Error::ClaimInProgress { retry_after_ms });
                     }
-                    // Claim again when the holder's lease would run out (or
-                    // sooner, to see a completion early), never past the
-                    // caller's patience.
+                    // Claim again when the holder's lease would run out, or
+                    // sooner to see a completion early (after 25 ms, doubling
+                    // to a second), never past the caller's patience.
                     let pause = Duration::from_millis(retry_after_ms.clamp(10, 1_000));
-                    tokio::time::sleep(pause.min(give_up - now)).await;
+                    tokio::time::sleep(pause.min(backoff).min(give_up - now)).await;
+                    backoff = (backoff * 2).min(WAIT_PAUSE_MAX);
                 }
             }
         }

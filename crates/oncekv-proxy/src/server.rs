@@ -1,0 +1,119 @@
+//! Serving: the proxy's listener (HTTP/1.1 connections, each request
+//! handed to [`Proxy::handle`]), the metrics listener (`GET /metrics`),
+//! and shutdown — stop accepting, let requests in flight finish within a
+//! grace period. It owns connections and nothing of a request's meaning.
+
+use crate::Proxy;
+use crate::body::{ProxyBody, full};
+use crate::metrics::{CONTENT_TYPE, Metrics};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// How long a connection may take to send a request's headers (an idle
+/// keep-alive connection: its next request's).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long requests in flight may finish after the proxy is told to stop
+/// (a keyed request is then recorded or released, not cut).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `proxy` on `listener` until `shutdown` completes; then requests
+/// in flight get [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>) {
+    let service = move |request: Request<Incoming>| {
+        let proxy = Arc::clone(&proxy);
+        async move { Ok::<_, Infallible>(proxy.handle(request).await) }
+    };
+    serve_with(listener, service, shutdown).await;
+}
+
+/// Serves `metrics` on `listener` (`GET /metrics`, anything else 404)
+/// until `shutdown` completes.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let service = move |request: Request<Incoming>| {
+        let metrics = Arc::clone(&metrics);
+        async move { Ok::<_, Infallible>(metrics_answer(&metrics, &request)) }
+    };
+    serve_with(listener, service, shutdown).await;
+}
+
+fn metrics_answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<ProxyBody> {
+    if request.method() == Method::GET && request.uri().path() == "/metrics" {
+        let mut response = Response::new(full(metrics.encode()));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        response
+    } else {
+        let mut response = Response::new(full("not found; the metrics are at GET /metrics\n"));
+        *response.status_mut() = StatusCode::NOT_FOUND;
+        response
+    }
+}
+
+async fn serve_with<S, F>(listener: TcpListener, service: S, shutdown: impl Future<Output = ()>)
+where
+    S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
+{
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(error) => {
+                        // Out of descriptors, say: pause rather than spin.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = service_fn(service.clone());
+                let mut stopped = stopped.clone();
+                connections.spawn(async move {
+                    let mut builder = hyper::server::conn::http1::Builder::new();
+                    builder
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT);
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    let mut connection = std::pin::pin!(connection);
+                    tokio::select! {
+                        result = connection.as_mut() => {
+                            if let Err(error) = result {
+                                tracing::debug!(%error, "connection ended");
+                            }
+                        }
+                        () = async {
+                            // The guard `wait_for` returns is not `Send`: drop it here.
+                            let _ = stopped.wait_for(|stop| *stop).await.map(drop);
+                        } => {
+                            connection.as_mut().graceful_shutdown();
+                            let _ = connection.await;
+                        }
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+}

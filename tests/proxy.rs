@@ -1,0 +1,783 @@
+//! `oncekv proxy` (crates/oncekv-proxy, docs/proxy.md) as it runs: real
+//! `oncekv proxy` processes in front of a small upstream HTTP server in
+//! this test (it counts every call it gets, and sleeps, fails or drops
+//! the connection when a request asks), claiming in real 3-node clusters.
+//! It proves: twenty concurrent identical keyed requests reach the
+//! upstream once and all get the same bytes (nineteen replays); another
+//! body under the key is 422; a 5xx is released and the retry reaches the
+//! upstream again (attempt 2, a larger fence); requests without a key pass
+//! through; `--require-key`, `--key-scope`, the size limits (413, 431) and
+//! a cluster out of reach (503, fail closed: nothing forwarded); a proxy
+//! SIGKILLed mid-request leaves a lease, after which a second proxy
+//! forwards with attempt 2; one paused past its lease answers 409 FENCED
+//! and the key keeps the new holder's answer; two proxies share the
+//! cluster (in progress behind one is 409 behind the other, after
+//! `--wait-ms`); an answer too large to record reaches its first caller
+//! and is then 502; and a leader killed while the upstream works still
+//! leaves exactly one upstream call. Two clusters, in two tests
+//! that run side by side.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use serde_json::Value as Json;
+use support::cluster::Cluster;
+use support::http::{Http, Response as HttpResponse};
+use tokio::time::Instant;
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a condition the test waits for may take.
+const CONDITION_TIMEOUT: Duration = Duration::from_secs(20);
+
+// ---- the upstream ------------------------------------------------------------------
+
+/// One call the upstream received.
+#[derive(Clone, Debug)]
+struct Call {
+    path: String,
+    key: Option<String>,
+    fence: Option<u64>,
+    attempt: Option<u64>,
+    body: Vec<u8>,
+}
+
+/// A small upstream HTTP service: every request is an effect, counted
+/// (numbered from 1) and answered `201` with a JSON body naming its
+/// number, fence and attempt. A request may ask for `x-test-sleep-ms: N`
+/// (answer after N ms), `x-test-status: CODE` (answer CODE instead) or
+/// `x-test-crash: 1` (close the connection without answering) or
+/// `x-test-body-bytes: N` (N more bytes in the body). Dropping
+/// it stops it.
+struct Upstream {
+    addr: SocketAddr,
+    calls: Arc<Mutex<Vec<Call>>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+        let counted = Arc::clone(&calls);
+        let server = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let calls = Arc::clone(&counted);
+                let service =
+                    hyper::service::service_fn(move |request| answer(Arc::clone(&calls), request));
+                connections.spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Upstream {
+            addr,
+            calls,
+            server,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// The calls made with idempotency key `key`.
+    fn calls_with(&self, key: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|call| call.key.as_deref() == Some(key))
+            .collect()
+    }
+
+    /// Waits until `count` calls with `key` have arrived.
+    async fn wait_for_calls(&self, key: &str, count: usize) {
+        let deadline = Instant::now() + CONDITION_TIMEOUT;
+        while self.calls_with(key).len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "the upstream got {:?} for {key}, waited for {count}",
+                self.calls_with(key)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn header<'a>(request: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    request
+        .headers()
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+}
+
+async fn answer(
+    calls: Arc<Mutex<Vec<Call>>>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Box<dyn std::error::Error + Send + Sync>> {
+    let number = |name: &str| header(&request, name).and_then(|v| v.parse::<u64>().ok());
+    let (fence, attempt) = (number("idempotency-fence"), number("idempotency-attempt"));
+    let sleep_ms = number("x-test-sleep-ms");
+    let status = number("x-test-status");
+    let padding = number("x-test-body-bytes").unwrap_or(0) as usize;
+    let crash = header(&request, "x-test-crash").is_some();
+    let key = header(&request, "idempotency-key").map(str::to_owned);
+    let path = request.uri().to_string();
+    let body = request.into_body().collect().await?.to_bytes().to_vec();
+    let effect = {
+        let mut calls = calls.lock().unwrap();
+        calls.push(Call {
+            path: path.clone(),
+            key,
+            fence,
+            attempt,
+            body,
+        });
+        calls.len()
+    };
+    if let Some(ms) = sleep_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if crash {
+        // An error from the service closes the connection unanswered.
+        return Err("crash on demand".into());
+    }
+    let body = serde_json::json!({
+        "effect": effect, "path": path, "fence": fence, "attempt": attempt,
+        "padding": "x".repeat(padding),
+    })
+    .to_string();
+    let response = Response::builder()
+        .status(status.map_or(StatusCode::CREATED, |code| {
+            StatusCode::from_u16(code as u16).unwrap()
+        }))
+        .header("content-type", "application/json")
+        .header("x-effect", effect.to_string())
+        .body(Full::new(Bytes::from(body)))?;
+    Ok(response)
+}
+
+// ---- the proxy -----------------------------------------------------------------------
+
+/// A running `oncekv proxy`; dropping it SIGKILLs and reaps it.
+struct ProxyProcess {
+    child: Child,
+    addr: String,
+    metrics: Option<String>,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ProxyProcess {
+    /// Starts `oncekv --endpoints ENDPOINTS proxy --listen 127.0.0.1:0
+    /// --upstream UPSTREAM ARGS...` and waits for the address it prints.
+    async fn start(endpoints: &[String], upstream: &str, args: &[&str]) -> ProxyProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oncekv"))
+            .arg("--endpoints")
+            .arg(endpoints.join(","))
+            .args([
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--upstream")
+            .arg(upstream)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start oncekv proxy");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut process = ProxyProcess {
+            child,
+            addr: String::new(),
+            metrics: None,
+        };
+        // Its first lines say where it listens.
+        let lines = tokio::task::spawn_blocking(move || {
+            BufReader::new(stdout)
+                .lines()
+                .take(2)
+                .map_while(Result::ok)
+                .collect::<Vec<String>>()
+        });
+        let lines = tokio::time::timeout(CONDITION_TIMEOUT, lines)
+            .await
+            .expect("the proxy said where it listens in time")
+            .unwrap();
+        for line in lines {
+            if let Some(addr) = line.strip_prefix("listening on ") {
+                process.addr = addr.to_owned();
+            } else if let Some(addr) = line.strip_prefix("metrics on ") {
+                process.metrics = Some(addr.to_owned());
+            }
+        }
+        assert!(!process.addr.is_empty(), "the proxy printed no address");
+        process
+    }
+
+    fn http(&self) -> Http {
+        Http::plain(&self.addr)
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Its metrics' text.
+    async fn metrics(&self) -> String {
+        let addr = self.metrics.as_deref().expect("a metrics address");
+        let response = Http::plain(addr)
+            .request("GET", "/metrics", &[], b"")
+            .await
+            .unwrap();
+        String::from_utf8(response.body).unwrap()
+    }
+}
+
+/// `POST path` with `headers` and `body` through `http`; the response.
+async fn post(http: &Http, path: &str, headers: &[(&str, &str)], body: &str) -> HttpResponse {
+    http.request("POST", path, headers, body.as_bytes())
+        .await
+        .unwrap_or_else(|error| panic!("POST {path}: {error}"))
+}
+
+fn json(response: &HttpResponse) -> Json {
+    response.json()
+}
+
+/// A problem answer: `status`, `application/problem+json`, `reason`.
+fn assert_problem(response: &HttpResponse, status: u16, reason: &str) {
+    let body = response.json();
+    assert_eq!(response.status, status, "{body}");
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/problem+json"),
+        "{body}"
+    );
+    assert_eq!(body["reason"], reason, "{body}");
+    assert_eq!(body["status"], status, "{body}");
+}
+
+// ---- the tests -----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_forwards_each_keyed_request_once() {
+    let cluster = Cluster::start("proxy").await;
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let endpoints = cluster.client_addrs();
+    let upstream = Upstream::start().await;
+    let proxy = ProxyProcess::start(
+        &endpoints,
+        &upstream.url(),
+        &["--lease-ms", "2000", "--wait-ms", "15000"],
+    )
+    .await;
+    let http = proxy.http();
+
+    // Twenty identical requests at once: the upstream sees one, and all
+    // twenty get its bytes — one first answer, nineteen replays.
+    let sends = (0..20).map(|_| {
+        post(
+            &http,
+            "/orders?id=1",
+            &[("Idempotency-Key", "k1"), ("x-test-sleep-ms", "300")],
+            "{\"amount\":10}",
+        )
+    });
+    let answers = futures::future::join_all(sends).await;
+    assert_eq!(upstream.calls_with("k1").len(), 1, "{:?}", upstream.calls());
+    let call = &upstream.calls_with("k1")[0];
+    assert_eq!(call.path, "/orders?id=1");
+    assert_eq!(call.body, b"{\"amount\":10}");
+    assert_eq!(call.attempt, Some(1));
+    let fence = call.fence.expect("the upstream saw Idempotency-Fence");
+    for answer in &answers {
+        assert_eq!(answer.status, 201, "{answer:?}");
+        assert_eq!(answer.body, answers[0].body, "identical bodies");
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+    }
+    let replayed = |value: &str| {
+        answers
+            .iter()
+            .filter(|answer| answer.header("idempotent-replayed") == Some(value))
+            .count()
+    };
+    assert_eq!((replayed("false"), replayed("true")), (1, 19));
+    assert_eq!(json(&answers[0])["fence"], fence);
+
+    // Later: a replay, untouched upstream; another body under the key is
+    // 422, forwarded nowhere.
+    let again = post(
+        &http,
+        "/orders?id=1",
+        &[("Idempotency-Key", "k1")],
+        "{\"amount\":10}",
+    )
+    .await;
+    assert_eq!((again.status, &again.body), (201, &answers[0].body));
+    let other = post(
+        &http,
+        "/orders?id=1",
+        &[("Idempotency-Key", "k1")],
+        "{\"amount\":99}",
+    )
+    .await;
+    assert_problem(&other, 422, "KEY_CONFLICT");
+    let other_path = post(
+        &http,
+        "/orders?id=2",
+        &[("Idempotency-Key", "k1")],
+        "{\"amount\":10}",
+    )
+    .await;
+    assert_problem(&other_path, 422, "KEY_CONFLICT");
+    assert_eq!(upstream.calls_with("k1").len(), 1);
+
+    // A 5xx is passed on and releases the key: the retry reaches the
+    // upstream again, as attempt 2 with a larger fence, and is recorded.
+    let failed = post(
+        &http,
+        "/pay",
+        &[("Idempotency-Key", "k2"), ("x-test-status", "500")],
+        "pay 5",
+    )
+    .await;
+    assert_eq!(failed.status, 500, "{failed:?}");
+    assert_eq!(upstream.calls_with("k2").len(), 1);
+    let retried = post(&http, "/pay", &[("Idempotency-Key", "k2")], "pay 5").await;
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert_eq!(retried.header("idempotent-replayed"), Some("false"));
+    let calls = upstream.calls_with("k2");
+    assert_eq!(calls.len(), 2, "the retry reached the upstream");
+    assert_eq!((calls[0].attempt, calls[1].attempt), (Some(1), Some(2)));
+    assert!(calls[1].fence > calls[0].fence, "{calls:?}");
+    let replay = post(&http, "/pay", &[("Idempotency-Key", "k2")], "pay 5").await;
+    assert_eq!((replay.status, &replay.body), (201, &retried.body));
+    assert_eq!(upstream.calls_with("k2").len(), 2);
+    // So is a 429 (not final), and an upstream that drops the connection
+    // (502, released).
+    let busy = post(
+        &http,
+        "/pay",
+        &[("Idempotency-Key", "k3"), ("x-test-status", "429")],
+        "x",
+    )
+    .await;
+    assert_eq!(busy.status, 429);
+    let crashed = post(
+        &http,
+        "/pay",
+        &[("Idempotency-Key", "k3"), ("x-test-crash", "1")],
+        "x",
+    )
+    .await;
+    assert_problem(&crashed, 502, "UPSTREAM_UNREACHABLE");
+    let done = post(&http, "/pay", &[("Idempotency-Key", "k3")], "x").await;
+    assert_eq!(done.status, 201);
+    let calls = upstream.calls_with("k3");
+    assert_eq!(
+        calls.iter().map(|c| c.attempt).collect::<Vec<_>>(),
+        [Some(1), Some(2), Some(3)]
+    );
+    // A 4xx is final: recorded and replayed.
+    let refused = post(
+        &http,
+        "/pay",
+        &[("Idempotency-Key", "k4"), ("x-test-status", "402")],
+        "x",
+    )
+    .await;
+    let refused_again = post(&http, "/pay", &[("Idempotency-Key", "k4")], "x").await;
+    assert_eq!((refused.status, refused_again.status), (402, 402));
+    assert_eq!(refused.body, refused_again.body);
+    assert_eq!(upstream.calls_with("k4").len(), 1);
+
+    // Without a key, or on a method not guarded, requests pass through
+    // (every time), and a caller's own fence header never reaches the
+    // upstream.
+    let before = upstream.calls().len();
+    for _ in 0..2 {
+        let plain = post(&http, "/plain", &[("Idempotency-Fence", "999")], "p").await;
+        assert_eq!(plain.status, 201);
+        assert_eq!(plain.header("idempotent-replayed"), None);
+        let get = http
+            .request("GET", "/plain", &[("Idempotency-Key", "k5")], b"")
+            .await
+            .unwrap();
+        assert_eq!(get.status, 201);
+    }
+    let passed = upstream.calls();
+    assert_eq!(passed.len(), before + 4);
+    assert!(
+        passed[before..].iter().all(|call| call.fence.is_none()),
+        "{passed:?}"
+    );
+
+    // The metrics counted it.
+    let metrics = proxy.metrics().await;
+    for line in [
+        "oncekv_proxy_requests_total{outcome=\"replayed\"} 22",
+        "oncekv_proxy_requests_total{outcome=\"conflict\"} 2",
+        "oncekv_proxy_requests_total{outcome=\"passed_through\"} 4",
+        "oncekv_proxy_upstream_responses_total{class=\"5xx\"} 1",
+        "oncekv_proxy_upstream_responses_total{class=\"unreachable\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    // (How many of the nineteen came while the first was at work, and
+    // waited, depends on the machine's scheduling; some did.)
+    let waits: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("oncekv_proxy_in_progress_waits_total "))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0);
+    assert!((1..=19).contains(&waits), "waits {waits}:\n{metrics}");
+
+    // --require-key and the limits, on a second proxy.
+    let strict = ProxyProcess::start(
+        &endpoints,
+        &upstream.url(),
+        &[
+            "--require-key",
+            "--wait-ms",
+            "200",
+            "--response-bytes-max",
+            "1000",
+            "--body-bytes-max",
+            "16",
+            "--header-bytes-max",
+            "400",
+        ],
+    )
+    .await;
+    let before = upstream.calls().len();
+    let missing = post(&strict.http(), "/orders", &[], "x").await;
+    assert_problem(&missing, 400, "MISSING_IDEMPOTENCY_KEY");
+    let large = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "k6")],
+        &"x".repeat(17),
+    )
+    .await;
+    assert_problem(&large, 413, "BODY_TOO_LARGE");
+    let long_header = "h".repeat(400);
+    let headers = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "k6"), ("x-long", long_header.as_str())],
+        "x",
+    )
+    .await;
+    assert_problem(&headers, 431, "HEADERS_TOO_LARGE");
+    let malformed = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "\"open")],
+        "x",
+    )
+    .await;
+    assert_problem(&malformed, 400, "INVALID_IDEMPOTENCY_KEY");
+    assert_eq!(
+        upstream.calls().len(),
+        before,
+        "nothing refused was forwarded"
+    );
+    let get = strict
+        .http()
+        .request("GET", "/plain", &[], b"")
+        .await
+        .unwrap();
+    assert_eq!(get.status, 201, "GET is not guarded: it passes");
+
+    // Two proxies share the cluster: a request at work behind one is in
+    // progress behind the other, which waits 200 ms, then answers 409
+    // with Retry-After; once it is done, the other replays it.
+    let http = proxy.http();
+    let slow = tokio::spawn(async move {
+        post(
+            &http,
+            "/orders",
+            &[("Idempotency-Key", "k9"), ("x-test-sleep-ms", "1000")],
+            "x",
+        )
+        .await
+    });
+    upstream.wait_for_calls("k9", 1).await;
+    let busy = post(&strict.http(), "/orders", &[("Idempotency-Key", "k9")], "x").await;
+    assert_problem(&busy, 409, "IN_PROGRESS");
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    let slow = slow.await.unwrap();
+    assert_eq!(slow.status, 201);
+    let replay = post(&strict.http(), "/orders", &[("Idempotency-Key", "k9")], "x").await;
+    assert_eq!((replay.status, &replay.body), (201, &slow.body));
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("k9").len(), 1);
+
+    // An answer larger than --response-bytes-max reaches its first caller
+    // whole; it is recorded without its body, so a retry is told so
+    // (502), and nothing is forwarded again.
+    let large = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "k10"), ("x-test-body-bytes", "5000")],
+        "x",
+    )
+    .await;
+    assert_eq!(large.status, 201);
+    assert!(large.body.len() > 5000);
+    let retry = post(
+        &strict.http(),
+        "/orders",
+        &[("Idempotency-Key", "k10")],
+        "x",
+    )
+    .await;
+    assert_problem(&retry, 502, "ANSWER_NOT_RECORDED");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("k10").len(), 1);
+
+    // --key-scope: a keyed request needs the tenant; two tenants' equal
+    // keys are two requests; one tenant's retry is a replay.
+    let scoped = ProxyProcess::start(
+        &endpoints,
+        &upstream.url(),
+        &["--key-scope", "header:X-Tenant"],
+    )
+    .await;
+    let no_tenant = post(&scoped.http(), "/orders", &[("Idempotency-Key", "k7")], "x").await;
+    assert_problem(&no_tenant, 400, "MISSING_TENANT");
+    let mut bodies = Vec::new();
+    for tenant in ["acme", "globex", "acme"] {
+        let answer = post(
+            &scoped.http(),
+            "/orders",
+            &[("Idempotency-Key", "k7"), ("X-Tenant", tenant)],
+            "x",
+        )
+        .await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        bodies.push(answer.body);
+    }
+    assert_eq!(upstream.calls_with("k7").len(), 2, "one call per tenant");
+    assert_ne!(bodies[0], bodies[1]);
+    assert_eq!(bodies[0], bodies[2], "the tenant's retry is a replay");
+
+    // A cluster out of reach: keyed requests are refused (503), never
+    // forwarded; requests without a key still pass.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = vec![closed.local_addr().unwrap().to_string()];
+    drop(closed);
+    let cut_off = ProxyProcess::start(&nowhere, &upstream.url(), &["--timeout-ms", "1000"]).await;
+    let before = upstream.calls().len();
+    let refused = cut_off
+        .http()
+        .request("POST", "/orders", &[("Idempotency-Key", "k8")], b"x")
+        .await
+        .unwrap();
+    assert_problem(&refused, 503, "CLAIM_UNAVAILABLE");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(
+        upstream.calls().len(),
+        before,
+        "fail closed: nothing forwarded"
+    );
+    let plain = post(&cut_off.http(), "/plain", &[], "p").await;
+    assert_eq!(plain.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_survives_its_own_crash_and_the_leaders() {
+    let cluster = Cluster::start("proxy-faults").await;
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let endpoints = cluster.client_addrs();
+    let upstream = Upstream::start().await;
+    let args = ["--lease-ms", "1500", "--wait-ms", "15000"];
+
+    // A proxy SIGKILLed while the upstream works on its request leaves a
+    // lease, not a stuck key: after the lease, the retry through another
+    // proxy forwards again, as attempt 2 with a larger fence.
+    let first = ProxyProcess::start(&endpoints, &upstream.url(), &args).await;
+    let second = ProxyProcess::start(&endpoints, &upstream.url(), &args).await;
+    let http = first.http();
+    let lost = tokio::spawn(async move {
+        http.request(
+            "POST",
+            "/ship",
+            &[("Idempotency-Key", "s1"), ("x-test-sleep-ms", "3000")],
+            b"ship 1",
+        )
+        .await
+    });
+    upstream.wait_for_calls("s1", 1).await;
+    let killed_at = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let retried = post(
+        &second.http(),
+        "/ship",
+        &[("Idempotency-Key", "s1")],
+        "ship 1",
+    )
+    .await;
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert_eq!(retried.header("idempotent-replayed"), Some("false"));
+    let calls = upstream.calls_with("s1");
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!((calls[0].attempt, calls[1].attempt), (Some(1), Some(2)));
+    assert!(calls[1].fence > calls[0].fence, "{calls:?}");
+    assert!(
+        killed_at.elapsed() >= Duration::from_millis(500),
+        "the takeover waited for the dead proxy's lease"
+    );
+    assert_eq!(json(&retried)["attempt"], 2);
+    let lost = lost.await.unwrap();
+    assert!(lost.is_err(), "the killed proxy answered: {lost:?}");
+    drop(first);
+
+    // A proxy paused past its lease while the upstream works: another
+    // takes the key over and records its own answer; the paused one,
+    // resumed, gets the upstream's answer but cannot record it: 409
+    // FENCED, and its caller's retry gets the recorded answer.
+    let paused = ProxyProcess::start(&endpoints, &upstream.url(), &args).await;
+    let http = paused.http();
+    let stale = tokio::spawn(async move {
+        post(
+            &http,
+            "/ship",
+            &[("Idempotency-Key", "s3"), ("x-test-sleep-ms", "1000")],
+            "ship 3",
+        )
+        .await
+    });
+    upstream.wait_for_calls("s3", 1).await;
+    let pid = nix::unistd::Pid::from_raw(paused.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let taken_over = post(
+        &second.http(),
+        "/ship",
+        &[("Idempotency-Key", "s3")],
+        "ship 3",
+    )
+    .await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(taken_over.status, 201, "{taken_over:?}");
+    assert_eq!(json(&taken_over)["attempt"], 2);
+    let stale = stale.await.unwrap();
+    assert_problem(&stale, 409, "FENCED");
+    let calls = upstream.calls_with("s3");
+    assert_eq!(json(&stale)["fence"], calls[0].fence.unwrap());
+    assert_eq!(json(&stale)["current_fence"], calls[1].fence.unwrap());
+    let retry = post(
+        &paused.http(),
+        "/ship",
+        &[("Idempotency-Key", "s3")],
+        "ship 3",
+    )
+    .await;
+    assert_eq!((retry.status, &retry.body), (201, &taken_over.body));
+    assert_eq!(upstream.calls_with("s3").len(), 2);
+    drop(paused);
+
+    // The library's `once` cancelled mid-effect (its future dropped, as a
+    // caller that gives up does) stops its heartbeat: the lease runs out
+    // and the next claim takes over.
+    let client = oncekv_client::Client::connect(endpoints.clone());
+    let options = oncekv_client::OnceOptions {
+        lease: Duration::from_millis(600),
+        wait: Duration::from_secs(10),
+        heartbeat: None,
+    };
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(800),
+        client.once(b"cancelled", b"job", &options, |_| {
+            std::future::pending::<Result<Vec<u8>, String>>()
+        }),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the effect never ends");
+    let next = client
+        .once(b"cancelled", b"job", &options, |token| async move {
+            Ok::<_, String>(token.attempt.to_string().into_bytes())
+        })
+        .await
+        .expect("the next claim takes over");
+    assert_eq!(next.result(), b"2");
+
+    // The leader killed while the upstream works — twice as long as the
+    // lease, so the heartbeat must carry the lease across the election:
+    // the request still ends with one upstream call and its answer
+    // recorded; a concurrent retry and a later one get the same bytes.
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let http = second.http();
+    let request = tokio::spawn(async move {
+        post(
+            &http,
+            "/ship",
+            &[("Idempotency-Key", "s2"), ("x-test-sleep-ms", "3000")],
+            "ship 2",
+        )
+        .await
+    });
+    upstream.wait_for_calls("s2", 1).await;
+    cluster.kill(leader);
+    let http = second.http();
+    let retry =
+        tokio::spawn(
+            async move { post(&http, "/ship", &[("Idempotency-Key", "s2")], "ship 2").await },
+        );
+    let answer = request.await.unwrap();
+    let retry = retry.await.unwrap();
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(answer.header("idempotent-replayed"), Some("false"));
+    assert_eq!(
+        (retry.status, &retry.body),
+        (201, &answer.body),
+        "{retry:?}"
+    );
+    let later = post(
+        &second.http(),
+        "/ship",
+        &[("Idempotency-Key", "s2")],
+        "ship 2",
+    )
+    .await;
+    assert_eq!((later.status, &later.body), (201, &answer.body));
+    assert_eq!(upstream.calls_with("s2").len(), 1, "{:?}", upstream.calls());
+}
