@@ -20,8 +20,9 @@
 #
 # Ends with one line:
 #   keys=N rss_mb_max=M disk_bytes_per_key=B keyed_ops_s=R
-# (N: live idempotency keys the leader reports after the load; a load the
-# cluster refused part of says so on stderr and in a `refused=` line).
+# (N: live idempotency keys node 1 reports after the load; requests that
+# failed — refused at a limit, or lost to an election — are counted in a
+# `failed_requests=` line with the first failure's reason).
 #
 #   scripts/bench-state.sh KEYS
 #
@@ -202,7 +203,7 @@ echo "$load" >&2
 errors=$(grep -o 'errors=[0-9]*' <<<"$load" | cut -d= -f2)
 ops=$(grep -o 'ops/s=[0-9]*' <<<"$load" | cut -d= -f2)
 if ((${errors:-0} > 0)); then
-    echo "refused=$errors first: $(grep -o 'first: .*' "$WORK/load.err" | head -n 1)"
+    echo "failed_requests=$errors $(grep -o 'first: .*' "$WORK/load.err" | head -n 1)"
 fi
 
 keys=$(wait_applied)
