@@ -34,6 +34,8 @@
 #                     "load": load, RSS and disk only
 #   RAISE_LIMITS      1 (default): raise the limits to fit KEYS; 0: keep
 #                     the cluster's defaults (and see where they refuse)
+#   KEEP_DATA         1: keep the data directories and node logs (their
+#                     path is printed at the end); default 0: delete them
 #   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: build target/release)
 set -euo pipefail
 
@@ -50,6 +52,7 @@ readonly CLIENTS=${CLIENTS:-64}
 readonly VALUE_BYTES=${VALUE_BYTES:-64}
 readonly MEASURE=${MEASURE:-all}
 readonly RAISE_LIMITS=${RAISE_LIMITS:-1}
+readonly KEEP_DATA=${KEEP_DATA:-0}
 export ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9700}
 [[ $MEASURE == all || $MEASURE == load ]] || { usage >&2; exit 2; }
 ((ONCEKV_PORT_BASE + 304 <= 65535)) || { echo "bench-state.sh: port base too high" >&2; exit 2; }
@@ -89,7 +92,11 @@ cleanup() {
     [[ -n $SAMPLER_PID ]] && kill "$SAMPLER_PID" 2>/dev/null || true
     scripts/cluster.sh stop >/dev/null 2>&1 \
         || echo "bench-state.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
-    rm -rf "$WORK"
+    if ((KEEP_DATA == 1)); then
+        echo "bench-state.sh: data and node logs kept in $ONCEKV_DATA" >&2
+    else
+        rm -rf "$WORK"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
