@@ -15,6 +15,8 @@
 //! unregistered after it stops, so neither is measured.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -44,6 +46,8 @@ pub enum Target {
     EtcdPut,
     OncekvExec,
     OncekvPlain,
+    /// oncekv ExecuteKeyed of a put, a new idempotency key each time.
+    OncekvKeyed,
     /// etcd Txn put-if-absent of "in progress", then Put of the result.
     EtcdClaim,
     /// oncekv Claim (won), then CompleteClaim of its fence.
@@ -56,6 +60,7 @@ impl Target {
             Target::EtcdPut => "etcd-put",
             Target::OncekvExec => "oncekv-exec",
             Target::OncekvPlain => "oncekv-plain",
+            Target::OncekvKeyed => "oncekv-keyed",
             Target::EtcdClaim => "etcd-claim",
             Target::OncekvClaim => "oncekv-claim",
         }
@@ -70,10 +75,16 @@ impl Target {
             Target::EtcdClaim | Target::OncekvClaim => {
                 format!("claim/{salt:016x}-{number}-{n}").into_bytes()
             }
-            Target::EtcdPut | Target::OncekvExec | Target::OncekvPlain => {
+            Target::EtcdPut | Target::OncekvExec | Target::OncekvPlain | Target::OncekvKeyed => {
                 format!("loadgen-{number}-{}", n % KEYS_PER_CLIENT).into_bytes()
             }
         }
+    }
+
+    /// The idempotency key of client `number`'s `n`th operation (keyed
+    /// mode): one no run has used, so every request makes a new record.
+    fn idempotency_key(salt: u64, number: usize, n: u64) -> Vec<u8> {
+        format!("keyed/{salt:016x}-{number}-{n}").into_bytes()
     }
 }
 
@@ -84,6 +95,9 @@ pub struct LoadOptions {
     pub duration: Duration,
     pub value_bytes: usize,
     pub request_timeout: Duration,
+    /// Stop once this many operations were started, all clients together
+    /// (`None`: at the duration only).
+    pub total_ops: Option<u64>,
 }
 
 /// The figures of one run.
@@ -141,6 +155,15 @@ enum Caller {
     Plain {
         client: oncekv::client_client::ClientClient<Channel>,
         cluster_id: Vec<u8>,
+    },
+    Keyed {
+        client: oncekv::client_client::ClientClient<Channel>,
+        cluster_id: Vec<u8>,
+        /// The run's salt and the client's number: its idempotency keys.
+        salt: u64,
+        number: usize,
+        /// Requests sent so far.
+        sent: u64,
     },
     Claim {
         client: oncekv::client_client::ClientClient<Channel>,
@@ -265,6 +288,28 @@ impl Caller {
                     .await
                     .map_err(failed)?;
             }
+            Caller::Keyed {
+                client,
+                cluster_id,
+                salt,
+                number,
+                sent,
+            } => {
+                let idempotency_key = Target::idempotency_key(*salt, *number, *sent);
+                *sent += 1;
+                let reply = client
+                    .execute_keyed(oncekv::ExecuteKeyedRequest {
+                        cluster_id: cluster_id.clone(),
+                        idempotency_key,
+                        command: Some(command()),
+                    })
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                if reply.duplicate {
+                    return Err("ExecuteKeyed of a new key answered duplicate".to_owned());
+                }
+            }
             Caller::Claim {
                 client,
                 cluster_id,
@@ -328,9 +373,13 @@ pub async fn run(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
     let started = Instant::now();
     let until = started + options.duration;
     let mut clients = JoinSet::new();
+    let budget = options
+        .total_ops
+        .map(|total| (total, Arc::new(AtomicU64::new(0))));
     for (number, mut caller) in callers.into_iter().enumerate() {
         let value = value.clone();
         let request_timeout = options.request_timeout;
+        let budget = budget.clone();
         clients.spawn(async move {
             let mut log = ClientLog {
                 latencies_us: Vec::new(),
@@ -339,6 +388,11 @@ pub async fn run(options: &LoadOptions, channels: &[Channel]) -> anyhow::Result<
             };
             let mut n = 0u64;
             while Instant::now() < until {
+                if let Some((total, started_ops)) = &budget
+                    && started_ops.fetch_add(1, Ordering::Relaxed) >= *total
+                {
+                    break;
+                }
                 let key = target.key(salt, number, n);
                 n += 1;
                 let sent = Instant::now();
@@ -414,7 +468,7 @@ async fn callers(
                 })
                 .collect());
         }
-        Target::OncekvExec | Target::OncekvPlain | Target::OncekvClaim => {}
+        Target::OncekvExec | Target::OncekvPlain | Target::OncekvKeyed | Target::OncekvClaim => {}
     }
     let cluster_id = timeout(
         options.request_timeout,
@@ -425,6 +479,17 @@ async fn callers(
     .context("oncekv Status")?
     .into_inner()
     .cluster_id;
+    if options.target == Target::OncekvKeyed {
+        return Ok((0..options.clients)
+            .map(|number| Caller::Keyed {
+                client: oncekv::client_client::ClientClient::new(channel(number)),
+                cluster_id: cluster_id.clone(),
+                salt,
+                number,
+                sent: 0,
+            })
+            .collect());
+    }
     if options.target == Target::OncekvPlain {
         return Ok((0..options.clients)
             .map(|number| Caller::Plain {
@@ -556,6 +621,20 @@ mod tests {
             Target::OncekvExec.key(2, 3, 5 + KEYS_PER_CLIENT)
         );
         assert_ne!(Target::EtcdPut.key(1, 3, 5), Target::EtcdPut.key(1, 4, 5));
+    }
+
+    /// Keyed requests never reuse an idempotency key (within a client,
+    /// across clients or across runs): each one is a new record.
+    #[test]
+    fn idempotency_keys_are_new() {
+        let mut seen = std::collections::BTreeSet::new();
+        for salt in [1, 2] {
+            for number in [0, 1, 10] {
+                for n in [0, 1, KEYS_PER_CLIENT, 10 * KEYS_PER_CLIENT + 1] {
+                    assert!(seen.insert(Target::idempotency_key(salt, number, n)));
+                }
+            }
+        }
     }
 
     /// Every cycle's claim id is 16 bytes and its own: a repeated id would

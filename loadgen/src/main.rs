@@ -3,8 +3,8 @@
 //! that both are measured by the same code in the same run.
 //!
 //! It owns: talking to each system's wire API directly (etcd's `KV.Put` and
-//! `KV.Txn`, oncekv's `Client.Register`/`Execute`/`ExecutePlain`/`Claim`/
-//! `CompleteClaim`, and each one's `Status` to find the leader), the closed
+//! `KV.Txn`, oncekv's `Client.Register`/`Execute`/`ExecutePlain`/
+//! `ExecuteKeyed`/`Claim`/`CompleteClaim`, and each one's `Status` to find the leader), the closed
 //! loop (every client sends one operation at a time over HTTP/2 connections
 //! shared round-robin; an operation is one request, or in the claim modes
 //! one claim → complete cycle of two), the clock and the one-line report
@@ -59,6 +59,10 @@ enum Mode {
     OncekvExec(LoadArgs),
     /// oncekv `Client.ExecutePlain` of puts (no session, at-least-once).
     OncekvPlain(LoadArgs),
+    /// oncekv `Client.ExecuteKeyed` of puts, a new idempotency key per
+    /// request (each one a new record of the registry), the puts cycling
+    /// over each client's own keys like the other modes.
+    OncekvKeyed(LoadArgs),
     /// The reserve → record cycle on etcd, one new key per cycle: a `KV.Txn`
     /// putting "in progress" only if the key was never created
     /// (create_revision == 0), then a `KV.Put` of the result (the value).
@@ -96,6 +100,11 @@ struct LoadArgs {
     /// Deadline of one operation; one past it counts as an error.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     request_timeout_s: u64,
+    /// Stop after this many operations in all (answered or failed), or at
+    /// --duration-s, whichever comes first: a fixed amount of load, such as
+    /// N new idempotency keys (scripts/bench-state.sh).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    total_ops: Option<u64>,
     #[command(flatten)]
     credentials: CredentialArgs,
 }
@@ -162,6 +171,7 @@ async fn main() -> anyhow::Result<()> {
         Mode::EtcdPut(args) => load(Target::EtcdPut, &args).await,
         Mode::OncekvExec(args) => load(Target::OncekvExec, &args).await,
         Mode::OncekvPlain(args) => load(Target::OncekvPlain, &args).await,
+        Mode::OncekvKeyed(args) => load(Target::OncekvKeyed, &args).await,
         Mode::EtcdClaim(args) => load(Target::EtcdClaim, &args).await,
         Mode::OncekvClaim(args) => load(Target::OncekvClaim, &args).await,
         Mode::EtcdLeader(args) => print_leader(&args, etcd_view).await,
@@ -176,6 +186,7 @@ async fn load(target: Target, args: &LoadArgs) -> anyhow::Result<()> {
         duration: Duration::from_secs(args.duration_s),
         value_bytes: args.value_bytes,
         request_timeout: Duration::from_secs(args.request_timeout_s),
+        total_ops: args.total_ops,
     };
     let credentials = args.credentials.load()?;
     let mut channels = Vec::new();

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# What the registry's state costs a node as it grows (issue 26): starts its
+# own local 3-node cluster (release build, scripts/cluster.sh on a temporary
+# data directory and its own ports), raises the replicated limits that would
+# refuse the load (idempotency_keys_max, idempotency_cached_bytes_max,
+# memory_budget_bytes, through `oncekv admin config set`), loads KEYS new
+# idempotency keys through the normal write path (loadgen oncekv-keyed: 64
+# closed-loop clients, one new key per request, a put of a 64-byte value
+# each, the puts cycling over 64,000 data keys), then measures and stops:
+#
+#   - the largest node RSS after the load (and the largest seen during it,
+#     sampled every second);
+#   - the largest node data directory (Raft log + snapshot files), per key;
+#   - the load's throughput;
+#   - a snapshot built on the leader (`oncekv admin snapshot`), wall time;
+#   - a follower SIGKILLed and restarted: until `oncekv admin hash` finds
+#     every node answering with one hash at one index;
+#   - a new node joining (`scripts/cluster.sh join 4`: added as a learner,
+#     caught up by snapshot and log, promoted), wall time.
+#
+# Ends with one line:
+#   keys=N rss_mb_max=M disk_bytes_per_key=B keyed_ops_s=R
+# (N: live idempotency keys node 1 reports after the load; requests that
+# failed — refused at a limit, or lost to an election — are counted in a
+# `failed_requests=` line with the first failure's reason).
+#
+#   scripts/bench-state.sh KEYS
+#
+# environment:
+#   ONCEKV_PORT_BASE  node N on base+N, base+100+N, ... (default 9700)
+#   CLIENTS           closed-loop clients (default 64)
+#   VALUE_BYTES       bytes of each put's value (default 64)
+#   MEASURE           "all" (default): snapshot, restart and join too;
+#                     "load": load, RSS and disk only
+#   RAISE_LIMITS      1 (default): raise the limits to fit KEYS; 0: keep
+#                     the cluster's defaults (and see where they refuse)
+#   KEEP_DATA         1: keep the data directories and node logs (their
+#                     path is printed at the end); default 0: delete them
+#   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: build target/release)
+set -euo pipefail
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+}
+
+case ${1:-} in
+    -h | --help | help) usage; exit 0 ;;
+esac
+[[ $# == 1 && ${1:-} =~ ^[1-9][0-9]*$ ]] || { usage >&2; exit 2; }
+readonly KEYS=$1
+readonly CLIENTS=${CLIENTS:-64}
+readonly VALUE_BYTES=${VALUE_BYTES:-64}
+readonly MEASURE=${MEASURE:-all}
+readonly RAISE_LIMITS=${RAISE_LIMITS:-1}
+readonly KEEP_DATA=${KEEP_DATA:-0}
+export ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9700}
+[[ $MEASURE == all || $MEASURE == load ]] || { usage >&2; exit 2; }
+((ONCEKV_PORT_BASE + 304 <= 65535)) || { echo "bench-state.sh: port base too high" >&2; exit 2; }
+
+# Bounds of every wait (seconds).
+readonly LEADER_WAIT_S=60
+readonly APPLY_WAIT_S=600
+readonly SNAPSHOT_WAIT_S=600
+readonly RESTART_WAIT_S=900
+readonly JOIN_WAIT_S=900
+# The load itself: loadgen's longest run (at 3,000 keys/s, 10 M keys fit).
+readonly LOAD_MAX_S=3600
+
+die() {
+    echo "bench-state.sh: $*" >&2
+    exit 1
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly ROOT
+cd "$ROOT"
+
+if [[ -z ${ONCEKV_BIN:-} || -z ${LOADGEN:-} ]]; then
+    echo "building release binaries (oncekv, loadgen)" >&2
+    cargo build --release --quiet -p oncekv -p loadgen || die "build failed"
+fi
+export ONCEKV_BIN=${ONCEKV_BIN:-$ROOT/target/release/oncekv}
+readonly LOADGEN=${LOADGEN:-$ROOT/target/release/loadgen}
+[[ -x $ONCEKV_BIN && -x $LOADGEN ]] || die "missing $ONCEKV_BIN or $LOADGEN"
+
+WORK=$(mktemp -d -t oncekv-bench-state.XXXXXX)
+readonly WORK
+export ONCEKV_DATA=$WORK/data
+SAMPLER_PID=
+
+cleanup() {
+    [[ -n $SAMPLER_PID ]] && kill "$SAMPLER_PID" 2>/dev/null || true
+    scripts/cluster.sh stop >/dev/null 2>&1 \
+        || echo "bench-state.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
+    if ((KEEP_DATA == 1)); then
+        echo "bench-state.sh: data and node logs kept in $ONCEKV_DATA" >&2
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+client_addr() { echo "127.0.0.1:$((ONCEKV_PORT_BASE + $1))"; }
+endpoints() {
+    local n list=()
+    for n in "$@"; do list+=("$(client_addr "$n")"); done
+    (IFS=,; echo "${list[*]}")
+}
+NODES=(1 2 3)
+oncekv() { "$ONCEKV_BIN" "$@"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+
+node_pid() { cat "$ONCEKV_DATA/n$1/pid" 2>/dev/null; }
+# Node N's RSS in MiB (0 when it is not running).
+node_rss_mb() {
+    local pid rss
+    pid=$(node_pid "$1") || { echo 0; return; }
+    rss=$(ps -o rss= -p "$pid" 2>/dev/null | tr -d ' ') || rss=0
+    echo $(((${rss:-0} + 512) / 1024))
+}
+max_rss_mb() {
+    local n max=0 rss
+    for n in "${NODES[@]}"; do
+        rss=$(node_rss_mb "$n")
+        ((rss > max)) && max=$rss
+    done
+    echo "$max"
+}
+# The largest node data directory, in bytes (allocated).
+max_disk_bytes() {
+    local n max=0 bytes
+    for n in "${NODES[@]}"; do
+        bytes=$(du -sB1 "$ONCEKV_DATA/n$n/db" 2>/dev/null | cut -f1)
+        ((${bytes:-0} > max)) && max=$bytes
+    done
+    echo "$max"
+}
+
+leader() {
+    "$LOADGEN" oncekv-leader --endpoints "$(endpoints "${NODES[@]}")" --wait-s "$LEADER_WAIT_S"
+}
+
+# Live idempotency keys in node N's applied state (its metrics gauge).
+node_keys() {
+    curl -fsS --max-time 5 "http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + $1))/metrics" 2>/dev/null \
+        | awk '$1 == "oncekv_idempotency_keys_live" { printf "%d", $2 }'
+}
+
+# Waits until every node reports the same applied index (writes have
+# stopped); prints the live idempotency keys node 1 reports then.
+wait_applied() {
+    local deadline=$((SECONDS + APPLY_WAIT_S)) lines indexes keys
+    while true; do
+        lines=$(oncekv status --json --endpoints "$(endpoints "${NODES[@]}")" 2>/dev/null || true)
+        indexes=$(grep -o '"applied_index":[0-9]*' <<<"$lines" | sort -u | wc -l)
+        if (($(grep -c '"applied_index"' <<<"$lines") == ${#NODES[@]} && indexes == 1)); then
+            keys=$(node_keys 1)
+            echo "${keys:-0}"
+            return 0
+        fi
+        ((SECONDS < deadline)) || die "nodes not at one applied index within ${APPLY_WAIT_S}s"
+        sleep 1
+    done
+}
+
+echo "starting a 3-node cluster on $(endpoints "${NODES[@]}")" >&2
+scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
+    || { cat "$WORK/cluster-start.log" >&2; die "the cluster did not start"; }
+LEADER=$(leader) || die "no leader"
+
+# The limits: records are charged 64 + principal + key + response (a put's
+# response: 32) bytes; the keys here are ~34 bytes. Room for 2x that, and a
+# budget above everything the state accounts.
+if ((RAISE_LIMITS == 1)); then
+    keys_max=$((KEYS + KEYS / 10 + 1000))
+    cached=$((keys_max * 256))
+    ((cached < 268435456)) && cached=268435456
+    budget=$((cached + cached / 4 + 536870912))
+    ((budget < 1073741824)) && budget=1073741824
+    oncekv admin config set --endpoints "$(endpoints "${NODES[@]}")" \
+        --idempotency-keys-max "$keys_max" \
+        --idempotency-cached-bytes-max "$cached" \
+        --memory-budget-bytes "$budget" >"$WORK/config.log" 2>&1 \
+        || { cat "$WORK/config.log" >&2; die "raising the limits failed (a node must have 2 x budget + 128 MiB of memory)"; }
+    echo "limits: idempotency_keys_max=$keys_max idempotency_cached_bytes_max=$cached memory_budget_bytes=$budget" >&2
+fi
+
+rss_before=$(max_rss_mb)
+# The largest RSS during the load, sampled every second.
+(
+    peak=0
+    while true; do
+        rss=$(max_rss_mb)
+        ((rss > peak)) && { peak=$rss; echo "$peak" >"$WORK/rss-peak"; }
+        sleep 1
+    done
+) &
+SAMPLER_PID=$!
+
+echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
+started=$(now)
+load=$("$LOADGEN" oncekv-keyed --endpoint "$LEADER" --clients "$CLIENTS" \
+    --value-bytes "$VALUE_BYTES" --total-ops "$KEYS" --duration-s "$LOAD_MAX_S" \
+    --request-timeout-s 30 2>"$WORK/load.err") || { cat "$WORK/load.err" >&2; die "the load failed"; }
+load_s=$(since "$started")
+echo "$load" >&2
+errors=$(grep -o 'errors=[0-9]*' <<<"$load" | cut -d= -f2)
+ops=$(grep -o 'ops/s=[0-9]*' <<<"$load" | cut -d= -f2)
+if ((${errors:-0} > 0)); then
+    echo "failed_requests=$errors $(grep -o 'first: .*' "$WORK/load.err" | head -n 1)"
+fi
+
+keys=$(wait_applied)
+kill "$SAMPLER_PID" 2>/dev/null || true
+wait "$SAMPLER_PID" 2>/dev/null || true
+SAMPLER_PID=
+rss_peak=$(cat "$WORK/rss-peak" 2>/dev/null || echo 0)
+rss_after=$(max_rss_mb)
+disk=$(max_disk_bytes)
+disk_per_key=$((keys > 0 ? disk / keys : 0))
+echo "load: keys=$keys seconds=$load_s ops/s=$ops rss_mb_before=$rss_before rss_mb_peak=$rss_peak rss_mb_after=$rss_after disk_bytes_max_node=$disk"
+echo "rss_mb per node after load: $(for n in "${NODES[@]}"; do printf 'n%s=%s ' "$n" "$(node_rss_mb "$n")"; done)"
+
+if [[ $MEASURE == all ]]; then
+    # A snapshot on the leader, the whole state encoded into a file.
+    started=$(now)
+    oncekv admin snapshot --node "$LEADER" --timeout-ms $((SNAPSHOT_WAIT_S * 1000)) \
+        --endpoints "$(endpoints "${NODES[@]}")" >"$WORK/snapshot.log" 2>&1 \
+        || { cat "$WORK/snapshot.log" >&2; die "the snapshot failed"; }
+    echo "snapshot_on_leader_s=$(since "$started") ($(cat "$WORK/snapshot.log"))"
+
+    # A follower killed and restarted: until every node answers one hash at
+    # one index.
+    follower=
+    for n in "${NODES[@]}"; do
+        [[ $(client_addr "$n") == "$LEADER" ]] || { follower=$n; break; }
+    done
+    started=$(now)
+    scripts/cluster.sh restart "$follower" >"$WORK/restart.log" 2>&1 \
+        || { cat "$WORK/restart.log" >&2; die "restarting node $follower failed"; }
+    deadline=$((SECONDS + RESTART_WAIT_S))
+    until oncekv admin hash --endpoints "$(endpoints "${NODES[@]}")" --timeout-ms 2000 \
+        >"$WORK/hash.log" 2>&1; do
+        ((SECONDS < deadline)) || { cat "$WORK/hash.log" >&2; die "no agreement within ${RESTART_WAIT_S}s"; }
+        sleep 0.2
+    done
+    echo "follower_restart_until_hashes_agree_s=$(since "$started") (node $follower; $(tail -n 1 "$WORK/hash.log"))"
+    echo "rss_mb of the restarted node: $(node_rss_mb "$follower")"
+
+    # A new node: learner, caught up (snapshot + log), promoted.
+    started=$(now)
+    timeout "$JOIN_WAIT_S" scripts/cluster.sh join 4 >"$WORK/join.log" 2>&1 \
+        || { cat "$WORK/join.log" >&2; die "node 4 did not join within ${JOIN_WAIT_S}s"; }
+    echo "new_node_join_s=$(since "$started")"
+fi
+
+echo "keys=$keys rss_mb_max=$rss_after disk_bytes_per_key=$disk_per_key keyed_ops_s=$ops"
