@@ -45,7 +45,7 @@
 //! `--seconds`; a phase cut short says so (its `n`).
 //!
 //! Run from the repository root:
-//! `cargo bench --bench state_store -- --records 1000000` (add
+//! `cargo run --release --manifest-path benches/state-store/Cargo.toml -- --records 1000000` (add
 //! `--stores fjall --layouts grouped` to narrow it, `--dir PATH` to place
 //! the stores on another disk than the system's temporary directory).
 
