@@ -9,9 +9,9 @@
 use http::{HeaderMap, HeaderName};
 
 /// The request header naming a request (the IETF draft's).
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENCY_KEY: &str = oncekv_wire::idempotency_header::IDEMPOTENCY_KEY_HEADER;
 /// Longest key accepted, in bytes (the node's HTTP API's bound too).
-pub const KEY_BYTES_MAX: usize = 255;
+pub const KEY_BYTES_MAX: usize = oncekv_wire::idempotency_header::IDEMPOTENCY_KEY_HEADER_BYTES_MAX;
 /// Longest tenant header value accepted, in bytes.
 pub const TENANT_BYTES_MAX: usize = 255;
 /// Claim keys longer than this are stored by their BLAKE3 hash instead
@@ -21,62 +21,10 @@ pub const CLAIM_KEY_PLAIN_BYTES_MAX: usize = 200;
 
 /// The key of `headers`' `Idempotency-Key`, `None` without one; a
 /// malformed one (given twice, empty, longer than [`KEY_BYTES_MAX`], not
-/// printable ASCII, a bad string) is an error saying why.
+/// printable ASCII, a bad string) is an error saying why — read as the
+/// node's HTTP API reads it (`oncekv_wire::idempotency_header`).
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, String> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    let malformed = |why: &str| format!("malformed Idempotency-Key header: {why}");
-    if values.next().is_some() {
-        return Err(malformed("given more than once"));
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| malformed("not printable ASCII"))?
-        .trim_matches(|c| c == ' ' || c == '\t');
-    let key = match text.strip_prefix('"') {
-        Some(quoted) => {
-            let inner = quoted
-                .strip_suffix('"')
-                .ok_or_else(|| malformed("an unterminated string"))?;
-            let mut key = Vec::with_capacity(inner.len());
-            let mut bytes = inner.bytes();
-            while let Some(byte) = bytes.next() {
-                match byte {
-                    b'\\' => match bytes.next() {
-                        Some(escaped @ (b'"' | b'\\')) => key.push(escaped),
-                        _ => return Err(malformed("a bad escape (only \\\" and \\\\)")),
-                    },
-                    b'"' => return Err(malformed("an unescaped quote inside the string")),
-                    0x20..=0x7e => key.push(byte),
-                    _ => return Err(malformed("not printable ASCII")),
-                }
-            }
-            key
-        }
-        None => {
-            if !text
-                .bytes()
-                .all(|byte| byte.is_ascii_graphic() && byte != b'"')
-            {
-                return Err(malformed(
-                    "quote it as a string (\"...\") or use visible ASCII only",
-                ));
-            }
-            text.as_bytes().to_vec()
-        }
-    };
-    if key.is_empty() {
-        return Err(malformed("empty"));
-    }
-    if key.len() > KEY_BYTES_MAX {
-        return Err(malformed(&format!(
-            "{} bytes, at most {KEY_BYTES_MAX}",
-            key.len()
-        )));
-    }
-    Ok(Some(key))
+    oncekv_wire::idempotency_header::idempotency_key(headers)
 }
 
 /// The tenant a keyed request names in header `name` (`--key-scope

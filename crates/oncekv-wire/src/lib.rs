@@ -2,13 +2,15 @@
 //! the client library, the CLI, the harness): the gRPC types and services
 //! generated from `proto/oncekv.proto` (`proto`), their codec (`codec`),
 //! the only protobuf ↔ core conversion (`convert`), the only mapping of a
-//! failure reason to a gRPC status and back (`status`), and the wire's size
-//! limits. It must not decide anything a node or a client decides, and must
+//! failure reason to a gRPC status and back (`status`), the HTTP
+//! `Idempotency-Key` header's one parser (`idempotency_header`), and the
+//! wire's size limits. It must not decide anything a node or a client decides, and must
 //! not depend on Raft or storage: no openraft, no sled, no server
 //! transport.
 
 pub mod codec;
 pub mod convert;
+pub mod idempotency_header;
 pub mod proto;
 pub mod status;
 

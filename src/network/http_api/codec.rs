@@ -45,67 +45,15 @@ pub fn percent_decode(segment: &str) -> Result<Vec<u8>, HttpError> {
 }
 
 /// Most bytes of an `Idempotency-Key` (inside its quotes).
-pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize =
+    oncekv_wire::idempotency_header::IDEMPOTENCY_KEY_HEADER_BYTES_MAX;
 
 /// The `Idempotency-Key` header's key, if any: a structured-field string
 /// (`"..."`, RFC 8941, as the IETF draft has it) or, leniently, a bare
-/// token of visible ASCII; 1..=255 bytes, printable ASCII.
+/// token of visible ASCII; 1..=255 bytes, printable ASCII
+/// (`oncekv_wire::idempotency_header`, which `oncekv proxy` reads it with too).
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, HttpError> {
-    let mut values = headers.get_all("idempotency-key").iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    let malformed =
-        |why: &str| HttpError::invalid(format!("malformed Idempotency-Key header: {why}"));
-    if values.next().is_some() {
-        return Err(malformed("given more than once"));
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| malformed("not printable ASCII"))?
-        .trim_matches(|c| c == ' ' || c == '\t');
-    let key = match text.strip_prefix('"') {
-        Some(quoted) => {
-            let inner = quoted
-                .strip_suffix('"')
-                .ok_or_else(|| malformed("an unterminated string"))?;
-            let mut key = Vec::with_capacity(inner.len());
-            let mut chars = inner.bytes();
-            while let Some(byte) = chars.next() {
-                match byte {
-                    b'\\' => match chars.next() {
-                        Some(escaped @ (b'"' | b'\\')) => key.push(escaped),
-                        _ => return Err(malformed("a bad escape (only \\\" and \\\\)")),
-                    },
-                    b'"' => return Err(malformed("an unescaped quote inside the string")),
-                    0x20..=0x7e => key.push(byte),
-                    _ => return Err(malformed("not printable ASCII")),
-                }
-            }
-            key
-        }
-        None => {
-            if !text
-                .bytes()
-                .all(|byte| byte.is_ascii_graphic() && byte != b'"')
-            {
-                return Err(malformed(
-                    "quote it as a string (\"...\") or use visible ASCII only",
-                ));
-            }
-            text.as_bytes().to_vec()
-        }
-    };
-    if key.is_empty() {
-        return Err(malformed("empty"));
-    }
-    if key.len() > IDEMPOTENCY_KEY_BYTES_MAX {
-        return Err(malformed(&format!(
-            "{} bytes, at most {IDEMPOTENCY_KEY_BYTES_MAX}",
-            key.len()
-        )));
-    }
-    Ok(Some(key))
+    oncekv_wire::idempotency_header::idempotency_key(headers).map_err(HttpError::invalid)
 }
 
 /// A typed value in JSON: exactly one of these members (docs/http.md).

@@ -1,0 +1,73 @@
+//! The HTTP `Idempotency-Key` header (the IETF draft's), read the same way
+//! by every side that takes it — the node's HTTP API and `oncekv proxy`: a
+//! structured-field string (`"..."`, RFC 8941) or, leniently, a bare token
+//! of visible ASCII, 1 to [`IDEMPOTENCY_KEY_HEADER_BYTES_MAX`] bytes. It
+//! parses; it must not decide what a key names (the node scopes keys by
+//! principal, the proxy by tenant).
+
+use http::HeaderMap;
+
+/// The request header naming a request.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// Most bytes of a key (inside its quotes).
+pub const IDEMPOTENCY_KEY_HEADER_BYTES_MAX: usize = 255;
+
+/// The key of `headers`' `Idempotency-Key`, `None` without one; a
+/// malformed one (given twice, empty, longer than [`IDEMPOTENCY_KEY_HEADER_BYTES_MAX`], not
+/// printable ASCII, a bad string) is an error saying why.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, String> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let malformed = |why: &str| format!("malformed Idempotency-Key header: {why}");
+    if values.next().is_some() {
+        return Err(malformed("given more than once"));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| malformed("not printable ASCII"))?
+        .trim_matches(|c| c == ' ' || c == '\t');
+    let key = match text.strip_prefix('"') {
+        Some(quoted) => {
+            let inner = quoted
+                .strip_suffix('"')
+                .ok_or_else(|| malformed("an unterminated string"))?;
+            let mut key = Vec::with_capacity(inner.len());
+            let mut bytes = inner.bytes();
+            while let Some(byte) = bytes.next() {
+                match byte {
+                    b'\\' => match bytes.next() {
+                        Some(escaped @ (b'"' | b'\\')) => key.push(escaped),
+                        _ => return Err(malformed("a bad escape (only \\\" and \\\\)")),
+                    },
+                    b'"' => return Err(malformed("an unescaped quote inside the string")),
+                    0x20..=0x7e => key.push(byte),
+                    _ => return Err(malformed("not printable ASCII")),
+                }
+            }
+            key
+        }
+        None => {
+            if !text
+                .bytes()
+                .all(|byte| byte.is_ascii_graphic() && byte != b'"')
+            {
+                return Err(malformed(
+                    "quote it as a string (\"...\") or use visible ASCII only",
+                ));
+            }
+            text.as_bytes().to_vec()
+        }
+    };
+    if key.is_empty() {
+        return Err(malformed("empty"));
+    }
+    if key.len() > IDEMPOTENCY_KEY_HEADER_BYTES_MAX {
+        return Err(malformed(&format!(
+            "{} bytes, at most {IDEMPOTENCY_KEY_HEADER_BYTES_MAX}",
+            key.len()
+        )));
+    }
+    Ok(Some(key))
+}
