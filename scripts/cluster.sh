@@ -323,7 +323,7 @@ wait_answers() {
     local n=$1 deadline=$((SECONDS + START_TIMEOUT_S))
     until "$BIN" status --endpoints "$(client_addr "$n")" >/dev/null 2>&1; do
         running_pid "$n" >/dev/null || { print_log_tails; die "node $n exited"; }
-        ((SECONDS < deadline)) || die "node $n silent for ${START_TIMEOUT_S}s"
+        ((SECONDS < deadline)) || { print_log_tails; die "node $n silent for ${START_TIMEOUT_S}s"; }
         sleep 0.2
     done
 }
