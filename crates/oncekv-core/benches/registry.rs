@@ -1,7 +1,10 @@
 //! Benchmark of the registry core alone (no Raft, no IO): applies per second
 //! for new executes, duplicates and a mix, and for keyed executes
 //! (`Op::ExecuteKeyed`: new keys, duplicates); bytes of memory per idle
-//! session and per live idempotency key. Run with `cargo bench -p
+//! session and per live idempotency key; and the loadgen's shape (batches of
+//! 64 puts of 64 bytes over 256 clients' existing keys) through a session
+//! (`Op::Execute`) and without one (`Op::ExecutePlain`), the registry's
+//! share of Execute's cost over ExecutePlain's. Run with `cargo bench -p
 //! oncekv-core --bench registry`.
 
 use criterion::{Criterion, Throughput};
@@ -279,6 +282,76 @@ fn memory_per_live_key() {
     );
 }
 
+/// Clients of the `loadgen_batch` benches, requests per entry, keys per client.
+const LOADGEN_CLIENTS: u64 = 256;
+const LOADGEN_BATCH: u64 = 64;
+const LOADGEN_KEYS: u64 = 1_000;
+
+/// The `n`-th put of the load generator's pattern: client `n % 256` writes
+/// 64 bytes to its key `(n / 256) % 1000`; `session` chooses Execute (the
+/// client's session, acknowledging everything before) or ExecutePlain.
+fn loadgen_put(n: u64, session: bool) -> Op {
+    let worker = n % LOADGEN_CLIENTS;
+    let round = n / LOADGEN_CLIENTS;
+    let command = Command::Put {
+        key: format!("k{worker}-{}", round % LOADGEN_KEYS).into_bytes(),
+        value: oncekv_core::Value::Bytes(vec![b'x'; 64]),
+    };
+    if session {
+        Op::Execute(Execute {
+            cluster_id: CLUSTER,
+            client_id: ClientId(2 + worker),
+            seq: round + 1,
+            first_outstanding_seq: round + 1,
+            command,
+            principal: Principal::anonymous(),
+        })
+    } else {
+        Op::ExecutePlain {
+            cluster_id: CLUSTER,
+            command,
+        }
+    }
+}
+
+/// Entries of [`LOADGEN_BATCH`] puts starting at put `first`, one per ms.
+fn loadgen_entries(first: u64, count: u64, session: bool) -> Vec<Entry> {
+    (0..count)
+        .map(|entry| {
+            let start = first + entry * LOADGEN_BATCH;
+            Entry {
+                stamp_ms: start / LOADGEN_BATCH,
+                ops: (start..start + LOADGEN_BATCH)
+                    .map(|n| loadgen_put(n, session))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn loadgen_batches(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("loadgen_batch");
+    group.throughput(Throughput::Elements(LOADGEN_BATCH));
+    for (name, session) in [("execute", true), ("execute_plain", false)] {
+        group.bench_function(name, |bench| {
+            let (mut registry, mut index) = registry_with_sessions(LOADGEN_CLIENTS);
+            // Every key exists first, as after the benchmark's first run.
+            let warm = LOADGEN_CLIENTS * LOADGEN_KEYS;
+            for entry in loadgen_entries(0, warm / LOADGEN_BATCH, false) {
+                index += 1;
+                registry.apply(index, &entry);
+            }
+            let mut next = warm;
+            bench.iter_custom(|iterations| {
+                let entries = loadgen_entries(next, iterations, session);
+                next += iterations * LOADGEN_BATCH;
+                time_applies(&mut registry, &mut index, entries.into_iter())
+            });
+        });
+    }
+    group.finish();
+}
+
 fn main() {
     memory_per_idle_session();
     memory_per_live_key();
@@ -287,5 +360,6 @@ fn main() {
         .configure_from_args();
     applies(&mut criterion);
     keyed_applies(&mut criterion);
+    loadgen_batches(&mut criterion);
     criterion.final_summary();
 }

@@ -338,26 +338,38 @@ impl Registry {
         };
         let cached_before = session.map_or(0, |id| self.session_cached_bytes(id));
         let outcome = self.apply_op_checked(log_index, op);
-        if let Some(id) = session {
-            let cached_after = self.session_cached_bytes(id);
-            self.sessions_cached_bytes = self.sessions_cached_bytes - cached_before + cached_after;
-            if let Some(owner) = self.sessions.get(&id).map(|session| session.owner.clone()) {
-                let delta = cached_after as i64 - cached_before as i64;
-                self.count_session_usage(&owner, 0, delta);
-            }
+        let Some(id) = session else {
+            return outcome;
+        };
+        // The common case, a response replaced by one of the same size (or
+        // a refusal), changes no total: no owner to clone, no usage to
+        // rewrite (this runs for every Execute, on every node).
+        let (cached_after, owner) = match self.sessions.get(&id) {
+            Some(session) if session.cached_bytes == cached_before => return outcome,
+            Some(session) => (session.cached_bytes, Some(session.owner.clone())),
+            None => (0, None),
+        };
+        self.sessions_cached_bytes = self.sessions_cached_bytes - cached_before + cached_after;
+        if let Some(owner) = owner {
+            self.count_session_usage(&owner, 0, cached_after as i64 - cached_before as i64);
         }
         outcome
     }
 
     /// Adds to `owner`'s session usage.
     fn count_session_usage(&mut self, owner: &Principal, sessions: i64, bytes: i64) {
-        let (count, size) = self.session_usage.get(owner).copied().unwrap_or((0, 0));
-        let count = count.saturating_add_signed(sessions);
-        let size = size.saturating_add_signed(bytes);
-        if count == 0 {
-            self.session_usage.remove(owner);
-        } else {
-            self.session_usage.insert(owner.clone(), (count, size));
+        if let Some((count, size)) = self.session_usage.get_mut(owner) {
+            *count = count.saturating_add_signed(sessions);
+            *size = size.saturating_add_signed(bytes);
+            if *count == 0 {
+                self.session_usage.remove(owner);
+            }
+            return;
+        }
+        let count = 0u64.saturating_add_signed(sessions);
+        if count > 0 {
+            self.session_usage
+                .insert(owner.clone(), (count, 0u64.saturating_add_signed(bytes)));
         }
     }
 
@@ -682,11 +694,18 @@ impl Registry {
         let Some(session) = self.sessions.get_mut(&client_id) else {
             return;
         };
-        if session.last_active_ms != now_ms {
-            let was_idle = self.idle.remove(&(session.last_active_ms, client_id));
+        let previous_ms = std::mem::replace(&mut session.last_active_ms, now_ms);
+        self.move_in_idle_index(client_id, previous_ms);
+    }
+
+    /// Moves `client_id` in the idle index from `previous_ms` to its new
+    /// activity, now; the caller has set the session's `last_active_ms`.
+    fn move_in_idle_index(&mut self, client_id: ClientId, previous_ms: u64) {
+        let now_ms = self.cluster_time_ms;
+        if previous_ms != now_ms {
+            let was_idle = self.idle.remove(&(previous_ms, client_id));
             assert!(was_idle.is_some(), "a session missing from the idle index");
             self.idle.insert((now_ms, client_id));
-            session.last_active_ms = now_ms;
         }
     }
 
@@ -814,6 +833,7 @@ impl Registry {
                 window: config.window,
             });
         }
+        let cached_bytes = session.cached_bytes;
         // Step 7: limits, before any effect.
         check_key(&request.command)?;
         let planned = match self.kv.plan(&request.command, &config) {
@@ -837,7 +857,6 @@ impl Registry {
             Ok(plan) => (Ok(plan.result), Some(plan.effect)),
             Err(exceeded) => (Err(exceeded), None),
         };
-        let cached_bytes = self.session_cached_bytes(request.client_id);
         if cached_bytes + response_size_bytes(&response) > config.cached_bytes_per_session_max {
             return Err(Rejection::ResourceExhausted(Limit::CachedBytesPerSession));
         }
@@ -851,7 +870,9 @@ impl Registry {
             .get_mut(&request.client_id)
             .expect("found above");
         session.cache(request.seq, fingerprint, response.clone());
-        self.touch(request.client_id);
+        // Touched (see `touch`) through the lookup just made.
+        let previous_ms = std::mem::replace(&mut session.last_active_ms, self.cluster_time_ms);
+        self.move_in_idle_index(request.client_id, previous_ms);
         if let Some(effect) = effect {
             self.kv.apply(request.command.key(), effect);
         }

@@ -4,8 +4,9 @@
 //! else: the order of checks lives in the registry.
 
 use super::types::{CommandResult, Fingerprint, LimitExceeded, Nonce, Principal, Seq};
-use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// A response cached for one (client id, seq): the command's result, or the
 /// refusal of a request that breaks a limit by itself (final, so replayed
@@ -31,6 +32,115 @@ pub(crate) fn response_size_bytes(response: &Result<CommandResult, LimitExceeded
     }
 }
 
+/// A session's cached responses in ascending seq order. Seqs mostly arrive
+/// in order and leave from the front as the floor rises, so a deque kept
+/// sorted serves a lookup by binary search and the common insert and
+/// removal at its ends without allocating; behind an `Arc`, a copy of the
+/// registry (for a snapshot or a hash) shares it until either side writes;
+/// a session with nothing cached (every idle one) holds no allocation.
+/// (A persistent ordered map allocated and filled a tree node for every
+/// response cached.)
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Responses(Option<Arc<VecDeque<(Seq, CachedResponse)>>>);
+
+impl PartialEq for Responses {
+    fn eq(&self, other: &Responses) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Responses {}
+
+impl Responses {
+    fn deque(&self) -> Option<&VecDeque<(Seq, CachedResponse)>> {
+        self.0.as_deref()
+    }
+
+    fn deque_mut(&mut self) -> &mut VecDeque<(Seq, CachedResponse)> {
+        Arc::make_mut(self.0.get_or_insert_with(Default::default))
+    }
+
+    fn position(&self, seq: Seq) -> Option<Result<usize, usize>> {
+        self.deque()
+            .map(|deque| deque.binary_search_by_key(&seq, |(cached, _)| *cached))
+    }
+
+    pub fn get(&self, seq: &Seq) -> Option<&CachedResponse> {
+        let index = self.position(*seq)?.ok()?;
+        self.deque()?.get(index).map(|(_, response)| response)
+    }
+
+    /// The lowest seq cached, with its response.
+    pub fn first(&self) -> Option<&(Seq, CachedResponse)> {
+        self.deque()?.front()
+    }
+
+    /// The highest seq cached, with its response.
+    pub fn last(&self) -> Option<&(Seq, CachedResponse)> {
+        self.deque()?.back()
+    }
+
+    pub fn len(&self) -> usize {
+        self.deque().map_or(0, VecDeque::len)
+    }
+
+    /// Every (seq, response), in ascending seq order.
+    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, (Seq, CachedResponse)> {
+        self.deque().map(VecDeque::iter).unwrap_or_default()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &CachedResponse> {
+        self.iter().map(|(_, response)| response)
+    }
+
+    /// Caches `response` for `seq`; returns the one it replaces, if any.
+    pub fn insert(&mut self, seq: Seq, response: CachedResponse) -> Option<CachedResponse> {
+        match self.position(seq) {
+            Some(Ok(index)) => Some(std::mem::replace(&mut self.deque_mut()[index].1, response)),
+            Some(Err(index)) => {
+                self.deque_mut().insert(index, (seq, response));
+                None
+            }
+            None => {
+                self.deque_mut().push_back((seq, response));
+                None
+            }
+        }
+    }
+
+    /// Removes every response below `floor`; returns their cached size.
+    pub fn remove_below(&mut self, floor: Seq) -> u64 {
+        if self.first().is_none_or(|(seq, _)| *seq >= floor) {
+            return 0;
+        }
+        let responses = self.deque_mut();
+        let mut removed_bytes = 0;
+        while responses.front().is_some_and(|(seq, _)| *seq < floor) {
+            if let Some((_, removed)) = responses.pop_front() {
+                removed_bytes += removed.cached_size_bytes();
+            }
+        }
+        if responses.is_empty() {
+            self.0 = None;
+        }
+        removed_bytes
+    }
+
+    /// Drops every response (the deliberately broken snapshot build only).
+    #[cfg(feature = "broken-snapshot-drops-sessions")]
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl FromIterator<(Seq, CachedResponse)> for Responses {
+    /// From pairs in ascending seq order (the caller checks the order).
+    fn from_iter<I: IntoIterator<Item = (Seq, CachedResponse)>>(pairs: I) -> Responses {
+        let deque: VecDeque<_> = pairs.into_iter().collect();
+        Responses((!deque.is_empty()).then(|| Arc::new(deque)))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Session {
     pub nonce: Nonce,
@@ -44,7 +154,7 @@ pub(crate) struct Session {
     pub floor: Seq,
     /// Cluster time of the last request, in milliseconds.
     pub last_active_ms: u64,
-    pub responses: OrdMap<Seq, CachedResponse>,
+    pub responses: Responses,
     /// Sum of `cached_size_bytes` over `responses`.
     pub cached_bytes: u64,
 }
@@ -57,7 +167,7 @@ impl Session {
             highest_seq: 0,
             floor: 0,
             last_active_ms: now_ms,
-            responses: OrdMap::new(),
+            responses: Responses::default(),
             cached_bytes: 0,
         }
     }
@@ -69,14 +179,14 @@ impl Session {
     pub fn check_invariants(&self) -> Result<(), String> {
         if self
             .responses
-            .get_min()
+            .first()
             .is_some_and(|(seq, _)| *seq < self.floor)
         {
             return Err(format!("a cached response below the floor {}", self.floor));
         }
         if self
             .responses
-            .get_max()
+            .last()
             .is_some_and(|(seq, _)| *seq > self.highest_seq)
         {
             return Err(format!(
@@ -103,16 +213,7 @@ impl Session {
             return;
         }
         self.floor = first_outstanding_seq;
-        // Usually only a few responses fall below the new floor: pop them
-        // one by one rather than splitting the map (which allocates).
-        while let Some(&(seq, _)) = self.responses.get_min() {
-            if seq >= first_outstanding_seq {
-                break;
-            }
-            if let Some(removed) = self.responses.remove(&seq) {
-                self.cached_bytes -= removed.cached_size_bytes();
-            }
-        }
+        self.cached_bytes -= self.responses.remove_below(first_outstanding_seq);
     }
 
     pub fn cache(
@@ -165,5 +266,47 @@ impl Session {
             responses: responses.into_iter().collect(),
             cached_bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(value: i64) -> CachedResponse {
+        CachedResponse {
+            fingerprint: Fingerprint(value as u128),
+            result: Ok(CommandResult::Incremented { value }),
+        }
+    }
+
+    /// Seqs cached out of order are kept sorted, found by seq, replaced in
+    /// place, dropped below a rising floor; an emptied cache holds no
+    /// allocation, and a copy is unaffected by writes to the original.
+    #[test]
+    fn responses_stay_sorted_and_copies_stay_apart() {
+        let mut responses = Responses::default();
+        for seq in [5, 2, 9, 7, 3] {
+            assert_eq!(responses.insert(seq, response(seq as i64)), None);
+        }
+        let seqs: Vec<Seq> = responses.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, vec![2, 3, 5, 7, 9]);
+        assert_eq!(responses.get(&7), Some(&response(7)));
+        assert_eq!(responses.get(&4), None);
+        assert_eq!(responses.insert(7, response(70)), Some(response(7)));
+        let copy = responses.clone();
+        let size = response(0).cached_size_bytes();
+        assert_eq!(responses.remove_below(6), 3 * size);
+        assert_eq!(responses.first().map(|(seq, _)| *seq), Some(7));
+        assert_eq!(responses.last().map(|(seq, _)| *seq), Some(9));
+        assert_eq!(copy.len(), 5, "the copy kept what the original dropped");
+        assert_eq!(copy.get(&7), Some(&response(70)));
+        assert_eq!(responses.remove_below(6), 0);
+        assert_eq!(responses.remove_below(100), 2 * size);
+        assert_eq!(responses.len(), 0);
+        assert!(responses.0.is_none(), "an empty cache allocates nothing");
+        assert_eq!(responses, Responses::default());
+        let rebuilt: Responses = copy.iter().cloned().collect();
+        assert_eq!(rebuilt, copy);
     }
 }

@@ -53,13 +53,12 @@
 use super::claims::ClaimRecord;
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::keyed::KeyRecord;
-use super::session::{CachedResponse, Session};
+use super::session::{CachedResponse, Responses, Session};
 use super::types::{
     BudgetConfig, ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey,
     KeyedConfig, Nonce, Principal, RegistryConfig, Seq, Value, bounds,
 };
 use super::{KvStore, Registry};
-use imbl::OrdMap;
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -223,7 +222,7 @@ struct SessionRecordRef<'a> {
     floor: Seq,
     last_active_ms: u64,
     #[serde(serialize_with = "ordered_pairs")]
-    responses: &'a OrdMap<Seq, CachedResponse>,
+    responses: &'a Responses,
 }
 
 /// The owned twin of [`SessionRecordRef`]: the same bytes.
@@ -304,10 +303,7 @@ impl From<SessionRecordV2> for SessionRecord {
     }
 }
 
-fn ordered_pairs<S: Serializer>(
-    map: &&OrdMap<Seq, CachedResponse>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
+fn ordered_pairs<S: Serializer>(map: &&Responses, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_seq(map.iter())
 }
 
