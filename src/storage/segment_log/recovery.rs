@@ -200,7 +200,7 @@ where
         offset = frame.next_offset;
     }
     let rest = bytes.get(offset..).unwrap_or_default();
-    let torn = rest.iter().any(|&byte| byte != 0);
+    let torn = !format::all_zeros(rest);
     if torn {
         // Only the last group written can be cut short (each group is
         // fdatasynced before the next, and a segment before the next one
