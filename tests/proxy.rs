@@ -47,6 +47,8 @@ struct Call {
     fence: Option<u64>,
     attempt: Option<u64>,
     body: Vec<u8>,
+    /// Whether a `Proxy-Authorization` header reached the upstream.
+    proxy_authorization: bool,
 }
 
 /// A small upstream HTTP service: every request is an effect, counted
@@ -145,6 +147,7 @@ async fn answer(
     let padding = number("x-test-body-bytes").unwrap_or(0) as usize;
     let crash = header(&request, "x-test-crash").is_some();
     let key = header(&request, "idempotency-key").map(str::to_owned);
+    let proxy_authorization = header(&request, "proxy-authorization").is_some();
     let path = request.uri().to_string();
     let body = request.into_body().collect().await?.to_bytes().to_vec();
     let effect = {
@@ -155,6 +158,7 @@ async fn answer(
             fence,
             attempt,
             body,
+            proxy_authorization,
         });
         calls.len()
     };
@@ -595,6 +599,74 @@ async fn proxy_forwards_each_keyed_request_once() {
     assert_eq!(upstream.calls_with("k7").len(), 2, "one call per tenant");
     assert_ne!(bodies[0], bodies[1]);
     assert_eq!(bodies[0], bodies[2], "the tenant's retry is a replay");
+
+    // --callers-file: a request without a listed token is 407 and goes
+    // nowhere, keyed or not; the token never reaches the upstream; two
+    // callers' equal keys are two requests (neither can replay or block
+    // the other's), one caller's retry is a replay.
+    let callers = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        callers.path(),
+        "# test callers\nbilling-token-0123456789 billing\nshipping-token-012345678 shipping\n",
+    )
+    .unwrap();
+    let guarded = ProxyProcess::start(
+        &endpoints,
+        &upstream.url(),
+        &["--callers-file", callers.path().to_str().unwrap()],
+    )
+    .await;
+    let before = upstream.calls().len();
+    for headers in [
+        vec![("Idempotency-Key", "k11")],
+        vec![],
+        vec![
+            ("Idempotency-Key", "k11"),
+            ("Proxy-Authorization", "Bearer not-a-listed-token-000"),
+        ],
+    ] {
+        let refused = post(&guarded.http(), "/orders", &headers, "x").await;
+        assert_problem(&refused, 407, "PROXY_UNAUTHENTICATED");
+        assert_eq!(
+            refused.header("proxy-authenticate"),
+            Some("Bearer realm=\"oncekv proxy\"")
+        );
+    }
+    assert_eq!(upstream.calls().len(), before, "nothing forwarded");
+    let mut bodies = Vec::new();
+    for token in [
+        "billing-token-0123456789",
+        "shipping-token-012345678",
+        "billing-token-0123456789",
+    ] {
+        let bearer = format!("Bearer {token}");
+        let answer = post(
+            &guarded.http(),
+            "/orders",
+            &[("Idempotency-Key", "k11"), ("Proxy-Authorization", &bearer)],
+            "x",
+        )
+        .await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        bodies.push(answer.body);
+    }
+    assert_eq!(upstream.calls_with("k11").len(), 2, "one call per caller");
+    assert_ne!(bodies[0], bodies[1]);
+    assert_eq!(bodies[0], bodies[2], "the caller's retry is a replay");
+    let unkeyed = post(
+        &guarded.http(),
+        "/plain",
+        &[("Proxy-Authorization", "Bearer shipping-token-012345678")],
+        "p",
+    )
+    .await;
+    assert_eq!(unkeyed.status, 201);
+    assert!(
+        upstream.calls()[before..]
+            .iter()
+            .all(|call| !call.proxy_authorization),
+        "the proxy's token reached the upstream"
+    );
 
     // A cluster out of reach: keyed requests are refused (503), never
     // forwarded; requests without a key still pass.

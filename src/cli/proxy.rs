@@ -75,6 +75,15 @@ pub struct ProxyArgs {
     /// keyed request without it is 400.
     #[arg(long, value_name = "header:NAME")]
     pub key_scope: Option<String>,
+    /// Only the callers named in this file may use the proxy: one `TOKEN
+    /// NAME` per line (`#` comments; tokens of at least 16 printable
+    /// characters), sent as `Proxy-Authorization: Bearer TOKEN` (407
+    /// otherwise, nothing forwarded; the header never reaches the
+    /// upstream). Each caller's idempotency keys are its own. Without it,
+    /// everyone who reaches the listen address acts as the proxy's own
+    /// cluster identity.
+    #[arg(long, value_name = "FILE")]
+    pub callers_file: Option<std::path::PathBuf>,
     /// Largest keyed request body, read whole to be fingerprinted (413
     /// beyond).
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
@@ -178,6 +187,12 @@ impl ProxyArgs {
             .as_deref()
             .map(oncekv_proxy::parse_key_scope)
             .transpose()?;
+        config.callers = self
+            .callers_file
+            .as_deref()
+            .map(oncekv_proxy::callers::Callers::load)
+            .transpose()?
+            .map(Arc::new);
         config.body_bytes_max = self.body_bytes_max;
         config.header_bytes_max = self.header_bytes_max;
         config.response_bytes_max = self.response_bytes_max;

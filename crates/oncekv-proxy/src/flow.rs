@@ -166,6 +166,25 @@ impl Proxy {
         // of these headers never reaches it, keyed or not.
         parts.headers.remove(IDEMPOTENCY_FENCE);
         parts.headers.remove(IDEMPOTENCY_ATTEMPT);
+        // Who calls, before anything is read, claimed or forwarded.
+        let caller = match &self.config.callers {
+            None => None,
+            Some(callers) => match callers.caller(&parts.headers) {
+                Ok(name) => Some(name.to_owned()),
+                Err(why) => {
+                    self.metrics.request(Outcome::Refused);
+                    return Problem::new(
+                        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                        "PROXY_UNAUTHENTICATED",
+                        format!("{why}; nothing was forwarded"),
+                    )
+                    .response_with_header(
+                        header::PROXY_AUTHENTICATE,
+                        HeaderValue::from_static("Bearer realm=\"oncekv proxy\""),
+                    );
+                }
+            },
+        };
         let answered = if !self.config.methods.contains(&parts.method) {
             self.pass_through(parts, body).await
         } else {
@@ -186,7 +205,7 @@ impl Proxy {
                     Outcome::Refused,
                 ),
                 Ok(None) => self.pass_through(parts, body).await,
-                Ok(Some(key)) => self.keyed(parts, body, key).await,
+                Ok(Some(key)) => self.keyed(parts, body, key, caller).await,
             }
         };
         self.metrics.request(answered.outcome);
@@ -253,7 +272,13 @@ impl Proxy {
 
     /// A keyed request: checked, read, fingerprinted, then claimed and
     /// forwarded in a task of its own.
-    async fn keyed(self: &Arc<Self>, parts: Parts, body: Incoming, key: Vec<u8>) -> Answered {
+    async fn keyed(
+        self: &Arc<Self>,
+        parts: Parts,
+        body: Incoming,
+        key: Vec<u8>,
+        caller: Option<String>,
+    ) -> Answered {
         let header_bytes: usize = parts
             .headers
             .iter()
@@ -288,7 +313,7 @@ impl Proxy {
                 }
             },
         };
-        let claim_key = key::claim_key(tenant.as_deref(), &key);
+        let claim_key = key::caller_claim_key(caller.as_deref(), tenant.as_deref(), &key);
         let deadline = Instant::now() + self.config.body_timeout;
         let body =
             match body::read_request(&parts.headers, body, self.config.body_bytes_max, deadline)

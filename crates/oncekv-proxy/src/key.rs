@@ -53,6 +53,36 @@ pub fn tenant(headers: &HeaderMap, name: &HeaderName) -> Result<Vec<u8>, String>
     Ok(bytes.to_vec())
 }
 
+/// The claim key of `key` for a request of `caller` (`--callers-file`)
+/// and `tenant` (`--key-scope`): without a caller, [`claim_key`]; with
+/// one, `idem-c:`, the caller's name and the tenant (empty without
+/// `--key-scope`), each length-prefixed, then the key (hashed as in
+/// [`claim_key`] when long, under `idem-c#`). The prefix keeps a caller's
+/// keys apart from every key of a proxy without callers, whatever a
+/// tenant header says.
+pub fn caller_claim_key(caller: Option<&str>, tenant: Option<&[u8]>, key: &[u8]) -> Vec<u8> {
+    let Some(caller) = caller else {
+        return claim_key(tenant, key);
+    };
+    let tenant = tenant.unwrap_or_default();
+    let plain = [
+        b"idem-c:".as_slice(),
+        caller.len().to_string().as_bytes(),
+        b":",
+        caller.as_bytes(),
+        tenant.len().to_string().as_bytes(),
+        b":",
+        tenant,
+        key,
+    ]
+    .concat();
+    if plain.len() <= CLAIM_KEY_PLAIN_BYTES_MAX {
+        return plain;
+    }
+    let hash = blake3::hash(&plain);
+    [b"idem-c#".as_slice(), hash.to_hex().as_bytes()].concat()
+}
+
 /// The claim key of `key`, scoped by `tenant` when the proxy scopes keys.
 ///
 /// - unscoped: `idem:` then the key;
@@ -146,6 +176,35 @@ mod tests {
         let scoped = claim_key(Some(&[b't'; TENANT_BYTES_MAX]), &long);
         assert!(scoped.starts_with(b"idem-t#") && scoped.len() == 7 + 64);
         assert_ne!(claim_key(Some(b"t"), &long), claim_key(Some(b"u"), &long));
+        // A caller's keys: apart from other callers', from tenants' and
+        // from unscoped keys, whatever the names.
+        assert_eq!(
+            caller_claim_key(None, Some(b"acme"), b"k1"),
+            claim_key(Some(b"acme"), b"k1")
+        );
+        assert_eq!(
+            caller_claim_key(Some("acme"), None, b"k1"),
+            b"idem-c:4:acme0:k1"
+        );
+        assert_eq!(
+            caller_claim_key(Some("acme"), Some(b"eu"), b"k1"),
+            b"idem-c:4:acme2:euk1"
+        );
+        assert_ne!(
+            caller_claim_key(Some("ab"), None, b"c"),
+            caller_claim_key(Some("a"), None, b"bc")
+        );
+        assert_ne!(
+            caller_claim_key(Some("a"), Some(b"b"), b"c"),
+            caller_claim_key(Some("a"), None, b"bc")
+        );
+        assert_ne!(
+            caller_claim_key(Some("acme"), None, b"k1"),
+            claim_key(Some(b"acme"), b"k1")
+        );
+        let hashed = caller_claim_key(Some("acme"), None, &long);
+        assert!(hashed.starts_with(b"idem-c#"));
+        assert_ne!(hashed, caller_claim_key(Some("acmf"), None, &long));
     }
 
     /// The tenant header must be there once, non-empty and bounded.

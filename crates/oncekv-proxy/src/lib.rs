@@ -33,6 +33,7 @@
 //! flags into a [`Config`] and runs [`server::serve`].
 
 pub mod body;
+pub mod callers;
 pub mod fingerprint;
 pub mod flow;
 pub mod key;
@@ -100,6 +101,9 @@ pub struct Config {
     pub record_headers: Vec<HeaderName>,
     /// `--key-scope header:NAME`: keys are scoped by this header's value.
     pub key_scope: Option<HeaderName>,
+    /// `--callers-file`: only these callers may use the proxy (407
+    /// otherwise), and each one's keys are its own.
+    pub callers: Option<std::sync::Arc<callers::Callers>>,
     /// Largest keyed request body (read whole, to be fingerprinted): 413.
     pub body_bytes_max: usize,
     /// Largest keyed request's headers, names and values: 431.
@@ -124,6 +128,7 @@ impl Config {
             fingerprint_headers: Vec::new(),
             record_headers: Vec::new(),
             key_scope: None,
+            callers: None,
             body_bytes_max: 1 << 20,
             header_bytes_max: 16 << 10,
             response_bytes_max: 64 << 10,

@@ -53,6 +53,17 @@ impl Problem {
         self.status
     }
 
+    /// The answer with one more header (`Proxy-Authenticate` on a 407).
+    pub fn response_with_header(
+        self,
+        name: header::HeaderName,
+        value: HeaderValue,
+    ) -> Response<ProxyBody> {
+        let mut response = self.response();
+        response.headers_mut().insert(name, value);
+        response
+    }
+
     /// The answer.
     pub fn response(self) -> Response<ProxyBody> {
         let body = Json::Object(self.members).to_string();

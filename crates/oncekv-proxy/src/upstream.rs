@@ -124,6 +124,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         header::CONNECTION,
         HeaderName::from_static("keep-alive"),
         HeaderName::from_static("proxy-connection"),
+        // The caller's credential for this proxy (`--callers-file`), never
+        // the upstream's.
+        header::PROXY_AUTHORIZATION,
         header::TE,
         header::TRAILER,
         header::TRANSFER_ENCODING,
