@@ -282,6 +282,30 @@ fn json(response: &HttpResponse) -> Json {
     response.json()
 }
 
+/// `POST /orders` with Idempotency-Key `key` through `proxy`, once per
+/// value of header `name` in `values` (in order): each answered 201; the
+/// bodies.
+async fn created_bodies(
+    proxy: &ProxyProcess,
+    key: &str,
+    name: &str,
+    values: &[&str],
+) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    for value in values {
+        let answer = post(
+            &proxy.http(),
+            "/orders",
+            &[("Idempotency-Key", key), (name, value)],
+            "x",
+        )
+        .await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        bodies.push(answer.body);
+    }
+    bodies
+}
+
 /// A problem answer: `status`, `application/problem+json`, `reason`.
 fn assert_problem(response: &HttpResponse, status: u16, reason: &str) {
     let body = response.json();
@@ -584,18 +608,7 @@ async fn proxy_forwards_each_keyed_request_once() {
     .await;
     let no_tenant = post(&scoped.http(), "/orders", &[("Idempotency-Key", "k7")], "x").await;
     assert_problem(&no_tenant, 400, "MISSING_TENANT");
-    let mut bodies = Vec::new();
-    for tenant in ["acme", "globex", "acme"] {
-        let answer = post(
-            &scoped.http(),
-            "/orders",
-            &[("Idempotency-Key", "k7"), ("X-Tenant", tenant)],
-            "x",
-        )
-        .await;
-        assert_eq!(answer.status, 201, "{answer:?}");
-        bodies.push(answer.body);
-    }
+    let bodies = created_bodies(&scoped, "k7", "X-Tenant", &["acme", "globex", "acme"]).await;
     assert_eq!(upstream.calls_with("k7").len(), 2, "one call per tenant");
     assert_ne!(bodies[0], bodies[1]);
     assert_eq!(bodies[0], bodies[2], "the tenant's retry is a replay");
@@ -633,23 +646,17 @@ async fn proxy_forwards_each_keyed_request_once() {
         );
     }
     assert_eq!(upstream.calls().len(), before, "nothing forwarded");
-    let mut bodies = Vec::new();
-    for token in [
-        "billing-token-0123456789",
-        "shipping-token-012345678",
-        "billing-token-0123456789",
-    ] {
-        let bearer = format!("Bearer {token}");
-        let answer = post(
-            &guarded.http(),
-            "/orders",
-            &[("Idempotency-Key", "k11"), ("Proxy-Authorization", &bearer)],
-            "x",
-        )
-        .await;
-        assert_eq!(answer.status, 201, "{answer:?}");
-        bodies.push(answer.body);
-    }
+    let bodies = created_bodies(
+        &guarded,
+        "k11",
+        "Proxy-Authorization",
+        &[
+            "Bearer billing-token-0123456789",
+            "Bearer shipping-token-012345678",
+            "Bearer billing-token-0123456789",
+        ],
+    )
+    .await;
     assert_eq!(upstream.calls_with("k11").len(), 2, "one call per caller");
     assert_ne!(bodies[0], bodies[1]);
     assert_eq!(bodies[0], bodies[2], "the caller's retry is a replay");
