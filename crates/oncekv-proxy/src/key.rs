@@ -76,11 +76,17 @@ pub fn caller_claim_key(caller: Option<&str>, tenant: Option<&[u8]>, key: &[u8])
         key,
     ]
     .concat();
+    bounded(plain, b"idem-c#")
+}
+
+/// `plain`, or beyond [`CLAIM_KEY_PLAIN_BYTES_MAX`] bytes `hashed_prefix`
+/// and the hex BLAKE3 of it.
+fn bounded(plain: Vec<u8>, hashed_prefix: &[u8]) -> Vec<u8> {
     if plain.len() <= CLAIM_KEY_PLAIN_BYTES_MAX {
         return plain;
     }
     let hash = blake3::hash(&plain);
-    [b"idem-c#".as_slice(), hash.to_hex().as_bytes()].concat()
+    [hashed_prefix, hash.to_hex().as_bytes()].concat()
 }
 
 /// The claim key of `key`, scoped by `tenant` when the proxy scopes keys.
@@ -111,11 +117,7 @@ pub fn claim_key(tenant: Option<&[u8]>, key: &[u8]) -> Vec<u8> {
             b"idem-t#",
         ),
     };
-    if plain.len() <= CLAIM_KEY_PLAIN_BYTES_MAX {
-        return plain;
-    }
-    let hash = blake3::hash(&plain);
-    [hashed_prefix, hash.to_hex().as_bytes()].concat()
+    bounded(plain, hashed_prefix)
 }
 
 #[cfg(test)]
