@@ -37,6 +37,13 @@ pub struct ReplyLabels {
     pub result: &'static str,
 }
 
+/// A request answered from the applied state without a log entry, by
+/// method.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: &'static str,
+}
+
 /// One claim event applied, by kind.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClaimEventLabels {
@@ -70,6 +77,7 @@ pub struct NodeMetrics {
     pub snapshots_installed: Counter,
     // Counted at the client API of this node.
     pub client_replies: Family<ReplyLabels, Counter>,
+    pub answered_from_applied: Family<MethodLabels, Counter>,
     pub overloaded: Counter,
     pub pending_proposals: Gauge,
     pub proposal_duration: Histogram,
@@ -133,6 +141,7 @@ impl NodeMetrics {
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
             client_replies: Family::default(),
+            answered_from_applied: Family::default(),
             overloaded: Counter::default(),
             pending_proposals: Gauge::default(),
             proposal_duration: latency_histogram(),
@@ -263,6 +272,11 @@ impl NodeMetrics {
             "client_replies",
             "Replies of the client gRPC API of this node, by method and result (ok, or the error reason: not_leader, unavailable, deadline, too_many_outstanding, resource_exhausted, session_expired, wrong_cluster, seq_conflict, response_discarded, invalid_argument, limit_exceeded, permission_denied, unauthenticated, other)",
             self.client_replies.clone(),
+        );
+        self.registry.register(
+            "answered_from_applied",
+            "Client requests this node answered from its applied state after a read index, without a log entry (rule 3's one shortcut), by method: claim (a completed key claimed again with the same fingerprint), execute_keyed (a key repeated with the same command)",
+            self.answered_from_applied.clone(),
         );
         self.registry.register(
             "overloaded",

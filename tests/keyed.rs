@@ -156,6 +156,12 @@ async fn keyed_increment_retried_across_a_leader_kill_applies_once() {
         ),
         executed(5, true)
     );
+    // Rule 3's one shortcut: once the leader has applied the record (it
+    // has, having answered from it), a repeat is answered from it after a
+    // read index, with no log entry.
+    let repeat = client.execute_with_key(b"pay-1", incr("n", 5)).await;
+    assert_eq!(answer(repeat.unwrap()), executed(5, true));
+    assert!(cluster.answered_from_applied("execute_keyed").await >= 1.0);
     let error = client
         .execute_with_key(b"pay-1", incr("n", 6))
         .await

@@ -114,6 +114,67 @@ fn rule20_first_claim_wins_and_others_are_in_progress() {
     );
 }
 
+/// Rule 3's one shortcut for claims: a completed record's answer, read
+/// without a log entry, exists only where the log would give that very
+/// answer and change nothing; another fingerprint (KEY_CONFLICT), a lease
+/// or key the log refuses, another principal's or another cluster's
+/// request, and a held or released record all go through the log.
+#[test]
+fn rule3_a_completed_claim_may_be_answered_without_the_log() {
+    let request = |op: Op| match op {
+        Op::Claim(claim) => claim,
+        other => panic!("not a claim: {other:?}"),
+    };
+    let mut driver = Driver::new();
+    let (fence, ..) = won(driver.apply(claim("paid", "charge 10", 1)));
+    assert_eq!(
+        driver
+            .registry
+            .completed_claim_answer(&request(claim("paid", "charge 10", 2))),
+        None,
+        "held"
+    );
+    driver.apply(complete("paid", fence, b"receipt"));
+    let again = request(claim("paid", "charge 10", 2));
+    let shortcut = driver.registry.completed_claim_answer(&again);
+    assert!(matches!(
+        &shortcut,
+        Some(ClaimAnswer::Completed { result, fence: f, attempt: 1, .. })
+            if result == b"receipt" && *f == fence
+    ));
+    let before = driver.registry.clone();
+    assert_eq!(
+        driver.apply(Op::Claim(again)),
+        Outcome::Claimed(shortcut.unwrap())
+    );
+    assert_eq!(driver.registry.claim_count(), before.claim_count());
+    for refused in [
+        claim("paid", "charge 20", 3),
+        claim_as("", "paid", "charge 10", 0, 3),
+        claim_as("", "paid", "charge 10", u64::MAX, 3),
+        claim_as("other", "paid", "charge 10", LEASE_MS, 3),
+    ] {
+        let refused = request(refused);
+        assert_eq!(driver.registry.completed_claim_answer(&refused), None);
+        assert!(!matches!(
+            driver.apply(Op::Claim(refused)),
+            Outcome::Claimed(ClaimAnswer::Completed { .. })
+        ));
+    }
+    let mut elsewhere = request(claim("paid", "charge 10", 3));
+    elsewhere.cluster_id = oncekv_core::ClusterId(CLUSTER.0 + 1);
+    assert_eq!(driver.registry.completed_claim_answer(&elsewhere), None);
+    let (fence, ..) = won(driver.apply(claim("gone", "mail", 4)));
+    driver.apply(release("gone", fence));
+    assert_eq!(
+        driver
+            .registry
+            .completed_claim_answer(&request(claim("gone", "mail", 5))),
+        None,
+        "released"
+    );
+}
+
 /// Rule 20: a claim retried after a lost reply (same claim id) gets its own
 /// win back, same fence and deadline, marked duplicate — never "in
 /// progress" against itself.
@@ -543,7 +604,21 @@ proptest! {
                 Step::Claim { key: k, holder } => {
                     let name = format!("k{k}");
                     let now = driver.now_ms;
-                    match driver.apply(claim(&name, "run", u128::from(holder) + 1)) {
+                    let op = claim(&name, "run", u128::from(holder) + 1);
+                    // The shortcut a leader may take (rule 3) answers
+                    // exactly what the log would, and only for a
+                    // completed record.
+                    let Op::Claim(request) = &op else { unreachable!() };
+                    let shortcut = driver.registry.completed_claim_answer(request);
+                    let outcome = driver.apply(op);
+                    match &shortcut {
+                        Some(answer) => prop_assert_eq!(&outcome, &Outcome::Claimed(answer.clone())),
+                        None => prop_assert!(
+                            !matches!(outcome, Outcome::Claimed(ClaimAnswer::Completed { .. })),
+                            "the log replayed a completion the shortcut did not see"
+                        ),
+                    }
+                    match outcome {
                         Outcome::Claimed(ClaimAnswer::Won { fence, lease_deadline_ms, duplicate, .. }) => {
                             prop_assert!(done[k as usize].is_none(), "won a completed key");
                             match latest[k as usize] {

@@ -8,21 +8,33 @@
 //! shared `Proposer` applies: beyond `--max-pending-proposals` proposals in
 //! flight a request is refused at once with `UNAVAILABLE` ("overloaded",
 //! this attempt only), so overload never builds an unbounded queue.
+//!
+//! Rule 3's one shortcut, in one direction only: a claim of a completed key
+//! with the same fingerprint, and a keyed request repeated with the same
+//! command, are answered from the applied record after a read index —
+//! when the core says applying them would answer exactly that and change
+//! nothing (`Registry::completed_claim_answer`,
+//! `Registry::keyed_duplicate_answer`). Nothing is ever refused or decided
+//! new that way; everything else is proposed.
 
 use super::auth::principal_of;
 use super::faults::FaultControl;
 use super::proposer::Proposer;
 use super::status::{check_cluster, read_status, required_cluster};
+use crate::metrics::{MethodLabels, NodeMetrics};
 use crate::raft_types::{NodeId, Raft};
 use crate::read_index::ReadIndex;
 use crate::shared::SharedState;
-use oncekv_core::{Claim, ClientId, Execute, IdempotencyKey, Nonce, Op, Outcome, Registration};
+use oncekv_core::{
+    Claim, ClientId, Execute, IdempotencyKey, Nonce, Op, Outcome, Registration, Registry,
+};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert::{self, cluster_id_bytes};
 use oncekv_wire::proto::{self, client_server};
 use oncekv_wire::status::{ErrorReason, convert_status, invalid, reason_status, rejected};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
@@ -36,6 +48,7 @@ pub struct ClientApi {
     request_timeout: Duration,
     /// Test-only: executes whose replies are dropped (see `FaultControl`).
     faults: FaultControl,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl ClientApi {
@@ -48,6 +61,7 @@ impl ClientApi {
         request_timeout: Duration,
         faults: FaultControl,
     ) -> ClientApi {
+        let metrics = proposer.metrics().clone();
         ClientApi {
             node_id,
             raft,
@@ -56,6 +70,7 @@ impl ClientApi {
             read_index,
             request_timeout,
             faults,
+            metrics,
         }
     }
 
@@ -67,6 +82,42 @@ impl ClientApi {
 
     async fn propose(&self, op: Op) -> Result<(Outcome, u64), Status> {
         self.proposer.propose(op).await
+    }
+
+    /// Rule 3's one shortcut: `answer` reads, from an applied state, the
+    /// answer the log would give a request while changing nothing (the core
+    /// decides which requests have one). When this node's state has it, a
+    /// read index confirms this node leads and has applied everything
+    /// committed before now, and the answer is read again from that state:
+    /// `Ok(Some((answer, applied index)))`, no log entry. `Ok(None)`: no
+    /// such answer here, or this node cannot confirm it leads (a follower,
+    /// an election) — propose the request. The read index's deadline is
+    /// the request's: past it, `DEADLINE_EXCEEDED` (nothing was proposed).
+    async fn answer_from_applied<T>(
+        &self,
+        method: &'static str,
+        answer: impl Fn(&Registry) -> Option<T>,
+    ) -> Result<Option<(T, u64)>, Status> {
+        // DELIBERATELY BROKEN builds (`broken-skip-dedup`) must reach the
+        // registry with every repeat, or the harness could not catch them.
+        if cfg!(feature = "broken-skip-dedup") || answer(&self.state.read().registry).is_none() {
+            return Ok(None);
+        }
+        let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
+            .await
+            .map_err(|_| reason_status(ErrorReason::Deadline))?;
+        if confirmed.is_err() {
+            return Ok(None);
+        }
+        let applied = self.state.read();
+        let Some(answer) = answer(&applied.registry) else {
+            return Ok(None);
+        };
+        self.metrics
+            .answered_from_applied
+            .get_or_create(&MethodLabels { method })
+            .inc();
+        Ok(Some((answer, applied.registry.applied_index())))
     }
 
     /// Test-only (fault injection): a reply that made a change is dropped,
@@ -225,6 +276,14 @@ impl client_server::Client for ClientApi {
         let key =
             convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
+        let answered = self
+            .answer_from_applied("execute_keyed", |registry| {
+                registry.keyed_duplicate_answer(cluster_id, &key, &command, &principal)
+            })
+            .await?;
+        if let Some((outcome, applied_index)) = answered {
+            return Ok(Response::new(execute_reply(outcome, applied_index)?));
+        }
         let op = Op::ExecuteKeyed {
             cluster_id,
             key,
@@ -248,7 +307,7 @@ impl client_server::Client for ClientApi {
         let principal = principal_of(&request);
         let request = request.into_inner();
         let cluster_id = required_cluster(&self.state, &request.cluster_id)?;
-        let op = Op::Claim(Claim {
+        let claim = Claim {
             cluster_id,
             principal,
             key: convert::claim_key_from_proto(request.key).map_err(convert_status)?,
@@ -256,8 +315,17 @@ impl client_server::Client for ClientApi {
                 .map_err(convert_status)?,
             lease_ms: request.lease_ms,
             claim_id: convert::claim_id_from_proto(&request.claim_id).map_err(convert_status)?,
-        });
-        match self.propose(op).await? {
+        };
+        let answered = self
+            .answer_from_applied("claim", |registry| registry.completed_claim_answer(&claim))
+            .await?;
+        if let Some((answer, applied_index)) = answered {
+            return Ok(Response::new(convert::claim_answer_to_proto(
+                &answer,
+                applied_index,
+            )));
+        }
+        match self.propose(Op::Claim(claim)).await? {
             (Outcome::Claimed(answer), log_index) => {
                 let won = matches!(
                     answer,

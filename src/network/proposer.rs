@@ -123,6 +123,11 @@ impl Proposer {
         }
     }
 
+    /// The metrics of the node this proposer serves.
+    pub fn metrics(&self) -> &Arc<NodeMetrics> {
+        &self.metrics
+    }
+
     /// Proposes `op` and waits, within the request timeout, for the entry
     /// carrying it to be committed and applied; returns its outcome and the
     /// entry's log index.

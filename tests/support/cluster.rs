@@ -224,6 +224,24 @@ impl Cluster {
         addr.to_string()
     }
 
+    /// How many client requests the running nodes answered from their
+    /// applied state after a read index, with no log entry (rule 3's one
+    /// shortcut), for `method` (`claim`, `execute_keyed`).
+    pub async fn answered_from_applied(&self, method: &str) -> f64 {
+        let mut total = 0.0;
+        for node in self.nodes.ids() {
+            if self.is_running(node) {
+                let text = self.scrape(node).await.expect("scrapes");
+                total += super::metrics::counter(
+                    &text,
+                    "oncekv_answered_from_applied_total",
+                    &[("method", method)],
+                );
+            }
+        }
+        total
+    }
+
     /// `node`'s Prometheus exposition, scraped once (within
     /// [`STATUS_TIMEOUT`]; over HTTPS on a secure cluster), or why it could
     /// not be.

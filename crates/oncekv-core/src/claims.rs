@@ -426,6 +426,34 @@ impl Registry {
         Ok(())
     }
 
+    /// The answer a claim would get from a *completed* record, without
+    /// applying anything: `Some` only when applying `claim` now would pass
+    /// steps 1–3 and answer the record's result at step 4 while changing
+    /// nothing. A leader may serve that answer after a read index (rule
+    /// 3's one shortcut: a response already applied); anything else —
+    /// no record, another fingerprint, a held or released record, a refused
+    /// key or lease — is `None` and goes through the log.
+    pub fn completed_claim_answer(&self, claim: &Claim) -> Option<ClaimAnswer> {
+        self.check_cluster(Some(claim.cluster_id)).ok()?;
+        self.check_claim_key(&claim.key).ok()?;
+        self.check_lease(claim.lease_ms).ok()?;
+        let record = self
+            .claims
+            .get(&(claim.principal.clone(), claim.key.clone()))?;
+        match &record.state {
+            ClaimState::Completed {
+                completed_ms,
+                result,
+            } if record.fingerprint == claim.fingerprint => Some(ClaimAnswer::Completed {
+                result: result.clone(),
+                completed_ms: *completed_ms,
+                fence: record.fence,
+                attempt: record.attempt,
+            }),
+            _ => None,
+        }
+    }
+
     /// A claim, in the order of checks of the module doc.
     pub(crate) fn claim(&mut self, log_index: u64, claim: &Claim) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(claim.cluster_id))?;

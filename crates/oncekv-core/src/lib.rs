@@ -1010,6 +1010,27 @@ impl Registry {
         Ok((config, keyed_patched, claim_config, budget))
     }
 
+    /// The answer a keyed request would get from its key's record, without
+    /// applying anything: `Some` only when applying it now would pass steps
+    /// 1–2 and answer the record's cached response as a duplicate at step 3
+    /// (same fingerprint), which changes nothing. A leader may serve that
+    /// answer after a read index (rule 3's one shortcut); anything else —
+    /// no record, another fingerprint, a refused key — is `None` and goes
+    /// through the log.
+    pub fn keyed_duplicate_answer(
+        &self,
+        cluster_id: ClusterId,
+        key: &IdempotencyKey,
+        command: &Command,
+        principal: &Principal,
+    ) -> Option<Outcome> {
+        self.check_cluster(Some(cluster_id)).ok()?;
+        check_idempotency_key(key, &self.keyed_config).ok()?;
+        let record = self.keys.get(&(principal.clone(), key.clone()))?;
+        (record.response.fingerprint == fingerprint::fingerprint(command))
+            .then(|| answer(record.response.result.clone(), true))
+    }
+
     /// A keyed request (rule 18), in the order of checks of the module doc.
     fn execute_keyed(
         &mut self,

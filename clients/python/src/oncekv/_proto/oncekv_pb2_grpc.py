@@ -127,6 +127,9 @@ class ClientServicer:
         """Executes a command exactly once per (principal, idempotency key) while
         the key lives, with no session (see IDEMPOTENCY KEYS above). The reply's
         `duplicate` is set when the key's record answered (nothing executed).
+        A repeat with the same command may be answered by the leader from its
+        applied record after a read index, with no log entry (`log_index` is
+        then the applied index it was read at).
         Errors: KEY_CONFLICT (final), LIMIT_EXCEEDED (final), RESOURCE_EXHAUSTED
         (this attempt), INVALID_ARGUMENT, and the usual this-attempt ones.
         """
@@ -160,7 +163,10 @@ class ClientServicer:
     def Claim(self, request, context):
         """Claims a key for an effect outside oncekv (see CLAIMS above): won
         (fence, attempt, lease), in progress (retry after), or completed
-        (the recorded result). Errors: KEY_CONFLICT (final), LIMIT_EXCEEDED
+        (the recorded result). A completed key claimed with the same
+        fingerprint may be answered by the leader from its applied record after
+        a read index, with no log entry (`log_index` is then the applied index
+        it was read at). Errors: KEY_CONFLICT (final), LIMIT_EXCEEDED
         (final), INVALID_ARGUMENT, RESOURCE_EXHAUSTED (this attempt) and the
         usual this-attempt ones (retry with the SAME claim_id).
         """
