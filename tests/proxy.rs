@@ -129,6 +129,19 @@ impl Upstream {
     }
 }
 
+/// Waits (polling, within [`CONDITION_TIMEOUT`]) until `condition` holds.
+async fn wait_until<F, Fut>(what: &str, condition: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + CONDITION_TIMEOUT;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "waited in vain until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn header<'a>(request: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
     request
         .headers()
@@ -674,6 +687,75 @@ async fn proxy_forwards_each_keyed_request_once() {
             .all(|call| !call.proxy_authorization),
         "the proxy's token reached the upstream"
     );
+    // SIGHUP reloads the callers file: a file that does not parse leaves
+    // the callers in force; one that does is in force from then on (a
+    // token removed is refused, one added is let in, keys stay per caller).
+    let reloads = |result: &'static str| {
+        let guarded = &guarded;
+        async move {
+            support::metrics::counter(
+                &guarded.metrics().await,
+                "oncekv_proxy_callers_reloads_total",
+                &[("result", result)],
+            )
+        }
+    };
+    std::fs::write(callers.path(), "short shipping\n").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guarded.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_until("the broken callers file is refused", || async {
+        reloads("failed").await >= 1.0
+    })
+    .await;
+    let still = post(
+        &guarded.http(),
+        "/plain",
+        &[("Proxy-Authorization", "Bearer shipping-token-012345678")],
+        "p",
+    )
+    .await;
+    assert_eq!(still.status, 201, "the previous callers stay in force");
+    std::fs::write(
+        callers.path(),
+        "billing-token-0123456789 billing\naudit-token-0123456789x audit\n",
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guarded.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_until("the new callers file is in force", || async {
+        reloads("ok").await >= 1.0
+    })
+    .await;
+    let removed = post(
+        &guarded.http(),
+        "/plain",
+        &[("Proxy-Authorization", "Bearer shipping-token-012345678")],
+        "p",
+    )
+    .await;
+    assert_problem(&removed, 407, "PROXY_UNAUTHENTICATED");
+    let bodies = created_bodies(
+        &guarded,
+        "k11",
+        "Proxy-Authorization",
+        &[
+            "Bearer audit-token-0123456789x",
+            "Bearer billing-token-0123456789",
+        ],
+    )
+    .await;
+    assert_eq!(
+        upstream.calls_with("k11").len(),
+        3,
+        "the new caller's own key"
+    );
+    assert_ne!(bodies[0], bodies[1]);
 
     // A cluster out of reach: keyed requests are refused (503), never
     // forwarded; requests without a key still pass.

@@ -190,7 +190,7 @@ impl ProxyArgs {
         config.callers = self
             .callers_file
             .as_deref()
-            .map(oncekv_proxy::callers::Callers::load)
+            .map(oncekv_proxy::callers::SharedCallers::load)
             .transpose()?
             .map(Arc::new);
         config.body_bytes_max = self.body_bytes_max;
@@ -234,22 +234,59 @@ impl ProxyArgs {
         let metrics_server = metrics_listener.map(|listener| {
             tokio::spawn(oncekv_proxy::server::serve_metrics(
                 listener,
-                metrics,
+                metrics.clone(),
                 until_stopped(stopped.clone()),
             ))
         });
+        let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|error| format!("cannot listen for SIGHUP: {error}"))?;
+        let reloader = tokio::spawn(reload_on_hangup(
+            hangups,
+            proxy.config().callers.clone(),
+            metrics,
+        ));
         let proxy_server = tokio::spawn(oncekv_proxy::server::serve(
             listener,
             proxy,
             until_stopped(stopped),
         ));
         stop_requested().await;
+        reloader.abort();
         let _ = stop.send(true);
         let _ = proxy_server.await;
         if let Some(server) = metrics_server {
             let _ = server.await;
         }
         Ok(())
+    }
+}
+
+/// On every SIGHUP, reads the callers file again (if the proxy has one):
+/// a file that reads and parses is in force for every request from then
+/// on, one that does not leaves the old list in force. Either way stderr
+/// says which. (Without a handler, SIGHUP — a closed terminal — would end
+/// the proxy.)
+async fn reload_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    callers: Option<Arc<oncekv_proxy::callers::SharedCallers>>,
+    metrics: Arc<Metrics>,
+) {
+    while hangups.recv().await.is_some() {
+        let Some(callers) = &callers else {
+            eprintln!("oncekv proxy: SIGHUP: no callers file to reload");
+            continue;
+        };
+        let reloaded = callers.reload();
+        metrics.callers_reload(reloaded.is_ok());
+        match reloaded {
+            Ok(count) => eprintln!(
+                "oncekv proxy: SIGHUP: reloaded {} ({count} callers): every request from now on is checked against it",
+                callers.path().display()
+            ),
+            Err(error) => eprintln!(
+                "oncekv proxy: SIGHUP: callers file not reloaded, the previous callers stay in force: {error}"
+            ),
+        }
     }
 }
 

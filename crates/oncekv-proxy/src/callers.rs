@@ -7,9 +7,15 @@
 //! replay nor block another's key). It owns the file's format and the
 //! check; it never forwards the header (the upstream has its own
 //! `Authorization`) and never holds a token, only its hash.
+//!
+//! The file can change while the proxy runs: [`SharedCallers`] holds the
+//! list in force, and `oncekv proxy` reloads it on SIGHUP — a file that
+//! reads and parses replaces the list for every request from then on; one
+//! that does not leaves the old list in force.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use http::{HeaderMap, header};
 
@@ -107,6 +113,50 @@ impl Callers {
     }
 }
 
+/// The callers list in force and the file it came from; replaced whole by
+/// [`SharedCallers::reload`].
+#[derive(Debug)]
+pub struct SharedCallers {
+    path: PathBuf,
+    current: RwLock<Arc<Callers>>,
+}
+
+impl SharedCallers {
+    /// Reads the file at `path` (an error if it does not read and parse).
+    pub fn load(path: &Path) -> Result<SharedCallers, String> {
+        Ok(SharedCallers {
+            path: path.to_owned(),
+            current: RwLock::new(Arc::new(Callers::load(path)?)),
+        })
+    }
+
+    /// The list in force now.
+    pub fn current(&self) -> Arc<Callers> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Reads the file again: on success the new list is in force for every
+    /// request from now on and the number of callers it names is returned;
+    /// on failure the old list stays in force and the error says why.
+    pub fn reload(&self) -> Result<usize, String> {
+        let callers = Callers::load(&self.path)?;
+        let count = callers.len();
+        *self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(callers);
+        Ok(count)
+    }
+
+    /// The file the list is read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +226,29 @@ mod tests {
             assert!(error.contains(line), "{text:?}: {error}");
         }
         assert!(Callers::parse("# nobody\n", "callers").is_err());
+    }
+
+    #[test]
+    fn a_reload_replaces_the_list_only_when_the_file_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("callers");
+        std::fs::write(&path, FILE).unwrap();
+        let shared = SharedCallers::load(&path).unwrap();
+        let billing = with("Bearer billing-token-0123456789");
+        let audit = with("Bearer audit-token-0123456789x");
+        assert!(shared.current().caller(&billing).is_ok());
+        assert!(shared.current().caller(&audit).is_err());
+        // A token removed and one added.
+        std::fs::write(&path, "audit-token-0123456789x audit\n").unwrap();
+        assert_eq!(shared.reload(), Ok(1));
+        assert!(shared.current().caller(&billing).is_err());
+        assert_eq!(shared.current().caller(&audit), Ok("audit"));
+        // A broken file leaves the list in force.
+        std::fs::write(&path, "short audit\n").unwrap();
+        assert!(shared.reload().is_err());
+        assert_eq!(shared.current().caller(&audit), Ok("audit"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(shared.reload().is_err());
+        assert_eq!(shared.current().caller(&audit), Ok("audit"));
     }
 }

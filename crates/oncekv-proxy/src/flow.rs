@@ -169,7 +169,7 @@ impl Proxy {
         // Who calls, before anything is read, claimed or forwarded.
         let caller = match &self.config.callers {
             None => None,
-            Some(callers) => match callers.caller(&parts.headers) {
+            Some(callers) => match callers.current().caller(&parts.headers) {
                 Ok(name) => Some(name.to_owned()),
                 Err(why) => {
                     self.metrics.request(Outcome::Refused);

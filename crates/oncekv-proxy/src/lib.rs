@@ -102,8 +102,8 @@ pub struct Config {
     /// `--key-scope header:NAME`: keys are scoped by this header's value.
     pub key_scope: Option<HeaderName>,
     /// `--callers-file`: only these callers may use the proxy (407
-    /// otherwise), and each one's keys are its own.
-    pub callers: Option<std::sync::Arc<callers::Callers>>,
+    /// otherwise), and each one's keys are its own; reloadable.
+    pub callers: Option<std::sync::Arc<callers::SharedCallers>>,
     /// Largest keyed request body (read whole, to be fingerprinted): 413.
     pub body_bytes_max: usize,
     /// Largest keyed request's headers, names and values: 431.

@@ -73,6 +73,11 @@ struct ClassLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PathLabels {
     path: &'static str,
 }
@@ -94,6 +99,7 @@ pub struct Metrics {
     in_progress_waits: Counter,
     upstream_responses: Family<ClassLabels, Counter>,
     added_latency: Family<PathLabels, Histogram, fn() -> Histogram>,
+    callers_reloads: Family<ResultLabels, Counter>,
 }
 
 /// Added latency buckets: 50 µs doubling to about 6.5 s.
@@ -116,6 +122,7 @@ impl Metrics {
             in_progress_waits: Counter::default(),
             upstream_responses: Family::default(),
             added_latency: Family::new_with_constructor(latency_histogram),
+            callers_reloads: Family::default(),
         };
         metrics.registry.register(
             "requests",
@@ -138,7 +145,20 @@ impl Metrics {
             Unit::Seconds,
             metrics.added_latency.clone(),
         );
+        metrics.registry.register(
+            "callers_reloads",
+            "Reloads of --callers-file on SIGHUP, by result: ok (the new list in force), failed (the file did not read or parse; the previous list stays in force)",
+            metrics.callers_reloads.clone(),
+        );
         metrics
+    }
+
+    /// Counts a reload of the callers file.
+    pub fn callers_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.callers_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// Counts a request that ended with `outcome`.
@@ -203,12 +223,14 @@ mod tests {
         metrics.waited();
         metrics.upstream(UpstreamResult::Status(http::StatusCode::CREATED));
         metrics.added_latency("forwarded", Duration::from_micros(300));
+        metrics.callers_reload(false);
         let text = metrics.encode();
         for line in [
             "oncekv_proxy_requests_total{outcome=\"replayed\"} 1",
             "oncekv_proxy_in_progress_waits_total 1",
             "oncekv_proxy_upstream_responses_total{class=\"2xx\"} 1",
             "oncekv_proxy_added_latency_seconds_count{path=\"forwarded\"} 1",
+            "oncekv_proxy_callers_reloads_total{result=\"failed\"} 1",
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
