@@ -15,7 +15,7 @@ use oncekv_core::{
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Counts live heap bytes, to measure memory per session.
 struct Counting;
@@ -282,6 +282,31 @@ fn memory_per_live_key() {
     );
 }
 
+/// The state hash and the snapshot encoding of a registry holding 200,000
+/// live idempotency keys (and nothing else to speak of): what a node pays
+/// for a `Status` hash or a snapshot at that size.
+fn hash_and_snapshot_with_keys() {
+    const COUNT: u64 = 200_000;
+    let (mut registry, mut index) = registry_for_keys(24 * 3_600_000);
+    for n in 0..COUNT {
+        index += 1;
+        registry.apply(index, &keyed_execute(n, 0));
+    }
+    let started = Instant::now();
+    let hash = oncekv_core::snapshot::state_hash(&registry);
+    let hashed = started.elapsed();
+    let started = Instant::now();
+    let bytes = oncekv_core::snapshot::to_bytes(&registry);
+    let encoded = started.elapsed();
+    println!(
+        "with {COUNT} keys: state hash {:.2} ms ({}…), snapshot {:.1} ms ({} bytes)",
+        hashed.as_secs_f64() * 1e3,
+        &hash.to_string()[..8],
+        encoded.as_secs_f64() * 1e3,
+        bytes.len()
+    );
+}
+
 /// Clients of the `loadgen_batch` benches, requests per entry, keys per client.
 const LOADGEN_CLIENTS: u64 = 256;
 const LOADGEN_BATCH: u64 = 64;
@@ -355,6 +380,7 @@ fn loadgen_batches(criterion: &mut Criterion) {
 fn main() {
     memory_per_idle_session();
     memory_per_live_key();
+    hash_and_snapshot_with_keys();
     let mut criterion = Criterion::default()
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();

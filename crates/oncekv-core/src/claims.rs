@@ -3,13 +3,14 @@
 //! time), or that its holder released it, or the result its holder
 //! completed it with; an index of the records by the cluster time their
 //! TTL counts from, for expiry; and the bookkeeping of their size. It owns
-//! those invariants (the index and the byte count always match the records)
+//! those invariants (the index, the byte count and the records' multiset hash
+//! always match the records)
 //! and the state transitions of one record; it does not decide the order
 //! of checks, the limits or the cluster's clock — the registry does.
 //!
 //! Records are ordered by (principal, key), the index by (TTL base,
-//! principal, key): expiry, paging, snapshots and the state hash walk them
-//! in that fixed order (rule 10).
+//! principal, key): expiry, paging and snapshots walk them in that fixed
+//! order (rule 10); the state hash takes their multiset hash instead.
 //!
 //! The second half is the registry's side of claims: the order of checks
 //! of the four claim requests, identical on every replica.
@@ -47,6 +48,7 @@
 
 use super::Registry;
 use super::keyed::KeyId;
+use super::snapshot::{RecordsHash, claim_record_hash};
 use super::types::{
     Claim, ClaimAnswer, ClaimConfig, ClusterId, Fingerprint, IdempotencyKey, InvalidArgument,
     Limit, LimitExceeded, Nonce, Outcome, Principal, Rejection, claim_record_size_bytes,
@@ -127,9 +129,16 @@ pub(crate) struct ClaimStore {
     held: u64,
     /// Per principal: (records, bytes) — what its quota counts (rule 21).
     by_principal: OrdMap<Principal, (u64, u64)>,
+    /// The records' multiset hash (the state hash's part for them).
+    hash: RecordsHash,
 }
 
 impl ClaimStore {
+    /// The multiset hash of the records.
+    pub(crate) fn records_hash(&self) -> RecordsHash {
+        self.hash
+    }
+
     pub fn len(&self) -> usize {
         self.records.len()
     }
@@ -191,6 +200,7 @@ impl ClaimStore {
         let size = record.size_bytes(&id);
         let base = record.ttl_base_ms();
         let held = matches!(record.state, ClaimState::Held { .. });
+        self.hash.add(&claim_record_hash(&id, &record));
         match self.records.insert(id.clone(), record) {
             Some(old) => {
                 self.forget_accounting(&id, &old);
@@ -221,6 +231,7 @@ impl ClaimStore {
     }
 
     fn forget_accounting(&mut self, id: &KeyId, record: &ClaimRecord) {
+        self.hash.subtract(&claim_record_hash(id, record));
         self.cached_bytes -= record.size_bytes(id);
         self.count(&id.0, -1, -(record.size_bytes(id) as i64));
         if matches!(record.state, ClaimState::Held { .. }) {
@@ -258,15 +269,20 @@ impl ClaimStore {
         }
         let mut sum = 0u64;
         let mut held = 0u64;
+        let mut hash = RecordsHash::default();
         for (id, record) in &self.records {
             if !self.by_age.contains(&(record.ttl_base_ms(), id.clone())) {
                 return Err("a claim record missing from the age index".to_owned());
             }
+            hash.add(&claim_record_hash(id, record));
             if record.attempt == 0 || record.fence == 0 {
                 return Err("a claim record without a holder".to_owned());
             }
             sum += record.size_bytes(id);
             held += u64::from(matches!(record.state, ClaimState::Held { .. }));
+        }
+        if hash != self.hash {
+            return Err("the claim records' hash disagrees with the records".to_owned());
         }
         if sum != self.cached_bytes || held != self.held {
             return Err(format!(

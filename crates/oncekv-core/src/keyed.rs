@@ -2,14 +2,17 @@
 //! cluster time of its first execution and its cached response with the
 //! command's fingerprint, an index of the records oldest first for expiry,
 //! and the bookkeeping of their size. It owns those invariants (the index
-//! and the byte count always match the records) and nothing else: the order
-//! of checks and the limits live in the registry.
+//! and the byte count always match the records; so does the records'
+//! multiset hash, kept at every insert and removal so that the state hash
+//! never walks the records) and nothing else: the order of checks and the
+//! limits live in the registry.
 //!
 //! Records are ordered by (principal, key), the index by (creation time,
-//! principal, key): expiry, paging, snapshots and the state hash walk them
-//! in that fixed order (rule 10).
+//! principal, key): expiry, paging and snapshots walk them in that fixed
+//! order (rule 10); the state hash takes their multiset hash instead.
 
 use super::session::CachedResponse;
+use super::snapshot::{RecordsHash, key_record_hash};
 use super::types::{IdempotencyKey, Principal, key_record_size_bytes};
 use imbl::{OrdMap, OrdSet};
 use std::ops::Bound;
@@ -42,9 +45,16 @@ pub(crate) struct KeyStore {
     cached_bytes: u64,
     /// Per principal: (records, bytes) — what its quota counts (rule 21).
     by_principal: OrdMap<Principal, (u64, u64)>,
+    /// The records' multiset hash (the state hash's part for them).
+    hash: RecordsHash,
 }
 
 impl KeyStore {
+    /// The multiset hash of the records.
+    pub(crate) fn records_hash(&self) -> RecordsHash {
+        self.hash
+    }
+
     pub fn len(&self) -> usize {
         self.records.len()
     }
@@ -99,6 +109,7 @@ impl KeyStore {
         self.count(&id.0, 1, record.size_bytes(&id) as i64);
         self.by_age
             .insert((record.created_ms, id.0.clone(), id.1.clone()));
+        self.hash.add(&key_record_hash(&id, &record));
         let previous = self.records.insert(id, record);
         debug_assert!(previous.is_none(), "a key executed twice");
     }
@@ -110,6 +121,7 @@ impl KeyStore {
         };
         self.cached_bytes -= record.size_bytes(id);
         self.count(&id.0, -1, -(record.size_bytes(id) as i64));
+        self.hash.subtract(&key_record_hash(id, &record));
         let aged = self
             .by_age
             .remove(&(record.created_ms, id.0.clone(), id.1.clone()));
@@ -131,6 +143,7 @@ impl KeyStore {
             let record = record.expect("a key in the age index without a record");
             self.cached_bytes -= record.size_bytes(&id);
             self.count(&id.0, -1, -(record.size_bytes(&id) as i64));
+            self.hash.subtract(&key_record_hash(&id, &record));
             expired += 1;
         }
         expired
@@ -147,6 +160,7 @@ impl KeyStore {
             ));
         }
         let mut sum = 0u64;
+        let mut hash = RecordsHash::default();
         for (id, record) in &self.records {
             if !self
                 .by_age
@@ -155,6 +169,10 @@ impl KeyStore {
                 return Err("a key record missing from the age index".to_owned());
             }
             sum += record.size_bytes(id);
+            hash.add(&key_record_hash(id, record));
+        }
+        if hash != self.hash {
+            return Err("the key records' hash disagrees with the records".to_owned());
         }
         if sum != self.cached_bytes {
             return Err(format!(

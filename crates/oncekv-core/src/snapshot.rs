@@ -18,10 +18,26 @@
 //! ```
 //!
 //! The state hash is BLAKE3 in key-derivation mode with context
-//! `"oncekv 2026-11 state hash v1"` over the same bytes as the trailer, i.e.
-//! over the canonical encoding of the state at its applied index. Maps are
-//! ordered, so the bytes — and the hash — do not depend on platform, process
-//! or insertion order.
+//! `"oncekv 2026-12 state hash v2"` over the same bytes as the snapshot up
+//! to the last record before the idempotency key records (magic, version,
+//! header, sessions, data), then one record of the records' summary
+//! instead of the records themselves: (key records' count and multiset
+//! hash, claim records' count and multiset hash). Maps are ordered, so the
+//! bytes — and the hash — do not depend on platform, process or insertion
+//! order.
+//!
+//! Records whose number grows with rate × TTL (idempotency keys, claims)
+//! are hashed incrementally: each record's hash is BLAKE3 (keyed by a key
+//! derived from `"oncekv 2026-12 key record hash v1"`, or `… claim record
+//! …`) of its snapshot record's bytes, and a store keeps the sum of its
+//! records' hashes modulo 2^256 ([`RecordsHash`]), adding at insert and
+//! subtracting at removal — so hashing a state costs its sessions and data,
+//! not its records. A sum, not an XOR: a record present twice counts twice,
+//! and 257 records cannot cancel out by linear algebra (a multiset hash,
+//! Bellare–Micciancio's AdHash; for divergences that come from bugs, not
+//! from someone choosing records to collide, two different record sets sum
+//! equal with probability 2^-256). A restored registry rebuilds the sums
+//! from the records it reads, so it hashes as the replica that replayed.
 //!
 //! Reading checks everything: a record's length is checked before any
 //! buffer grows, buffers grow only with bytes actually read, decoding is
@@ -52,7 +68,7 @@
 
 use super::claims::ClaimRecord;
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
-use super::keyed::KeyRecord;
+use super::keyed::{KeyId, KeyRecord};
 use super::session::{CachedResponse, Responses, Session};
 use super::types::{
     BudgetConfig, ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey,
@@ -71,7 +87,89 @@ const SNAPSHOT_FORMAT_VERSION_4: u32 = 4;
 const SNAPSHOT_FORMAT_VERSION_3: u32 = 3;
 const SNAPSHOT_FORMAT_VERSION_2: u32 = 2;
 const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
-const STATE_HASH_CONTEXT: &str = "oncekv 2026-11 state hash v1";
+const STATE_HASH_CONTEXT: &str = "oncekv 2026-12 state hash v2";
+const KEY_RECORD_HASH_CONTEXT: &str = "oncekv 2026-12 key record hash v1";
+const CLAIM_RECORD_HASH_CONTEXT: &str = "oncekv 2026-12 claim record hash v1";
+
+/// The keys of the per-record hashes, derived once from their contexts.
+static KEY_RECORD_HASH_KEY: std::sync::LazyLock<[u8; 32]> =
+    std::sync::LazyLock::new(|| blake3::derive_key(KEY_RECORD_HASH_CONTEXT, b""));
+static CLAIM_RECORD_HASH_KEY: std::sync::LazyLock<[u8; 32]> =
+    std::sync::LazyLock::new(|| blake3::derive_key(CLAIM_RECORD_HASH_CONTEXT, b""));
+
+/// The multiset hash of a set of records: the sum of their hashes modulo
+/// 2^256 (see the module doc). Equal record sets give equal sums whatever
+/// the order they were added and removed in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RecordsHash([u64; 4]);
+
+impl RecordsHash {
+    fn limbs(hash: &[u8; 32]) -> [u64; 4] {
+        std::array::from_fn(|i| {
+            u64::from_le_bytes(hash[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+        })
+    }
+
+    /// Counts one record of hash `hash` in.
+    pub(crate) fn add(&mut self, hash: &[u8; 32]) {
+        let mut carry = false;
+        for (limb, add) in self.0.iter_mut().zip(Self::limbs(hash)) {
+            let (sum, over) = limb.overflowing_add(add);
+            let (sum, over_carry) = sum.overflowing_add(u64::from(carry));
+            *limb = sum;
+            carry = over || over_carry;
+        }
+    }
+
+    /// Counts one record of hash `hash` out.
+    pub(crate) fn subtract(&mut self, hash: &[u8; 32]) {
+        let mut borrow = false;
+        for (limb, sub) in self.0.iter_mut().zip(Self::limbs(hash)) {
+            let (difference, under) = limb.overflowing_sub(sub);
+            let (difference, under_borrow) = difference.overflowing_sub(u64::from(borrow));
+            *limb = difference;
+            borrow = under || under_borrow;
+        }
+    }
+
+    fn to_bytes(self) -> [u8; 32] {
+        let mut bytes = [0u8; 32];
+        for (chunk, limb) in bytes.chunks_exact_mut(8).zip(self.0) {
+            chunk.copy_from_slice(&limb.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+/// The hash of one idempotency key's record: of its snapshot record's bytes.
+pub(crate) fn key_record_hash(id: &KeyId, record: &KeyRecord) -> [u8; 32] {
+    let bytes = codec::encode(&KeyRecordRef {
+        principal: &id.0,
+        key: &id.1,
+        created_ms: record.created_ms,
+        response: &record.response,
+    });
+    *blake3::keyed_hash(&KEY_RECORD_HASH_KEY, &bytes).as_bytes()
+}
+
+/// The hash of one claim record: of its snapshot record's bytes.
+pub(crate) fn claim_record_hash(id: &KeyId, record: &ClaimRecord) -> [u8; 32] {
+    let bytes = codec::encode(&ClaimRecordRef {
+        principal: &id.0,
+        key: &id.1,
+        record,
+    });
+    *blake3::keyed_hash(&CLAIM_RECORD_HASH_KEY, &bytes).as_bytes()
+}
+
+/// What the state hash says of the records instead of the records.
+#[derive(Serialize)]
+struct RecordsSummary {
+    keys: u64,
+    keys_hash: [u8; 32],
+    claims: u64,
+    claims_hash: [u8; 32],
+}
 
 /// The state hash: equal on every node for equal state.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -351,31 +449,21 @@ pub fn state_hash(registry: &Registry) -> StateHash {
         inner: io::sink(),
         hasher: blake3::Hasher::new_derive_key(STATE_HASH_CONTEXT),
     };
-    write_body(registry, &mut out).expect("writing into a sink cannot fail");
+    let mut buffer = Vec::new();
+    write_head(registry, &mut out, &mut buffer).expect("writing into a sink cannot fail");
+    let summary = RecordsSummary {
+        keys: registry.keys.len() as u64,
+        keys_hash: registry.keys.records_hash().to_bytes(),
+        claims: registry.claims.len() as u64,
+        claims_hash: registry.claims.records_hash().to_bytes(),
+    };
+    write_record(&mut out, &mut buffer, &summary).expect("writing into a sink cannot fail");
     StateHash(*out.hasher.finalize().as_bytes())
 }
 
 fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
-    out.write_all(MAGIC)?;
-    out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
     let mut buffer = Vec::new();
-    let header = HeaderV6::of(registry);
-    write_record(out, &mut buffer, &header)?;
-    for (client_id, session) in &registry.sessions {
-        let record = SessionRecordRef {
-            client_id: *client_id,
-            nonce: session.nonce,
-            owner: &session.owner,
-            highest_seq: session.highest_seq,
-            floor: session.floor,
-            last_active_ms: session.last_active_ms,
-            responses: &session.responses,
-        };
-        write_record(out, &mut buffer, &record)?;
-    }
-    for pair in registry.kv.iter() {
-        write_record(out, &mut buffer, &pair)?;
-    }
+    write_head(registry, out, &mut buffer)?;
     for ((principal, key), record) in registry.keys.iter() {
         let record = KeyRecordRef {
             principal,
@@ -392,6 +480,31 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
             record,
         };
         write_record(out, &mut buffer, &record)?;
+    }
+    Ok(())
+}
+
+/// Magic, version, header, sessions and data: what the snapshot and the
+/// state hash share.
+fn write_head<W: Write>(registry: &Registry, out: &mut W, buffer: &mut Vec<u8>) -> io::Result<()> {
+    out.write_all(MAGIC)?;
+    out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+    let header = HeaderV6::of(registry);
+    write_record(out, buffer, &header)?;
+    for (client_id, session) in &registry.sessions {
+        let record = SessionRecordRef {
+            client_id: *client_id,
+            nonce: session.nonce,
+            owner: &session.owner,
+            highest_seq: session.highest_seq,
+            floor: session.floor,
+            last_active_ms: session.last_active_ms,
+            responses: &session.responses,
+        };
+        write_record(out, buffer, &record)?;
+    }
+    for pair in registry.kv.iter() {
+        write_record(out, buffer, &pair)?;
     }
     Ok(())
 }
@@ -708,6 +821,91 @@ mod tests {
     use crate::{Command, Entry, Execute, Op, Registry};
 
     const CLUSTER: ClusterId = ClusterId(7);
+
+    /// A sum modulo 2^256: order does not matter, a subtraction undoes an
+    /// addition, a record counted twice differs from once, and carries and
+    /// borrows cross every limb.
+    #[test]
+    fn records_hash_is_a_multiset_sum() {
+        let a = *blake3::hash(b"a").as_bytes();
+        let b = *blake3::hash(b"b").as_bytes();
+        let mut ab = RecordsHash::default();
+        ab.add(&a);
+        ab.add(&b);
+        let mut ba = RecordsHash::default();
+        ba.add(&b);
+        ba.add(&a);
+        assert_eq!(ab, ba);
+        ab.subtract(&a);
+        let mut only_b = RecordsHash::default();
+        only_b.add(&b);
+        assert_eq!(ab, only_b);
+        let mut twice = only_b;
+        twice.add(&b);
+        assert_ne!(twice, only_b);
+        assert_ne!(twice, RecordsHash::default(), "no XOR cancellation");
+        let mut wrap = RecordsHash::default();
+        wrap.add(&[0xff; 32]);
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        wrap.add(&one);
+        assert_eq!(wrap.to_bytes(), [0u8; 32], "2^256 - 1 + 1 wraps to 0");
+        wrap.subtract(&one);
+        assert_eq!(wrap.to_bytes(), [0xff; 32], "0 - 1 borrows through");
+    }
+
+    fn keyed(index: u64, key: &str) -> (u64, Entry) {
+        let op = Op::ExecuteKeyed {
+            cluster_id: CLUSTER,
+            key: crate::IdempotencyKey(key.as_bytes().to_vec()),
+            command: Command::Put {
+                key: b"x".to_vec(),
+                value: crate::Value::Int(1),
+            },
+            principal: crate::Principal::anonymous(),
+        };
+        (index, Entry::single(10, op))
+    }
+
+    fn forget(index: u64, key: &str) -> (u64, Entry) {
+        let op = Op::ForgetKey {
+            cluster_id: CLUSTER,
+            principal: crate::Principal::anonymous(),
+            key: crate::IdempotencyKey(key.as_bytes().to_vec()),
+        };
+        (index, Entry::single(10, op))
+    }
+
+    fn applied(entries: &[(u64, Entry)]) -> Registry {
+        let mut registry = Registry::new();
+        let bootstrap = Op::Bootstrap {
+            cluster_id: CLUSTER,
+            config: crate::RegistryConfig::default(),
+        };
+        registry.apply(1, &Entry::single(0, bootstrap));
+        for (index, entry) in entries {
+            registry.apply(*index, entry);
+        }
+        registry.check_invariants().unwrap();
+        registry
+    }
+
+    /// The state hash takes the key records through their multiset hash:
+    /// the same records reached in another order hash alike; states that
+    /// differ only in which record is live (same data, same index) do not.
+    #[test]
+    fn the_state_hash_sees_every_record_and_no_history() {
+        let one = applied(&[keyed(2, "k1"), keyed(3, "k2")]);
+        let other = applied(&[keyed(2, "k2"), keyed(3, "k1")]);
+        assert_eq!(state_hash(&one), state_hash(&other));
+        let keeps_k1 = applied(&[keyed(2, "k1"), keyed(3, "k2"), forget(4, "k2")]);
+        let keeps_k2 = applied(&[keyed(2, "k1"), keyed(3, "k2"), forget(4, "k1")]);
+        assert_eq!(keeps_k1.data(), keeps_k2.data());
+        assert_eq!(keeps_k1.key_count(), 1);
+        assert_ne!(state_hash(&keeps_k1), state_hash(&keeps_k2));
+        let restored = from_bytes(&to_bytes(&keeps_k2)).unwrap();
+        assert_eq!(state_hash(&restored), state_hash(&keeps_k2));
+    }
 
     /// The snapshot of `registry` in format version 2, as builds before
     /// version 3 wrote it (every cached response must be a result).
