@@ -129,6 +129,27 @@ impl Upstream {
     }
 }
 
+/// Rewrites the callers file with `text`, sends `proxy` SIGHUP and waits
+/// until it says (`oncekv_proxy_callers_reloads_total{result}`) that a
+/// reload ended with `result`.
+async fn reload_callers(proxy: &ProxyProcess, file: &std::path::Path, text: &str, result: &str) {
+    std::fs::write(file, text).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(proxy.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_until("the callers file's reload", || async {
+        let text = proxy.metrics().await;
+        support::metrics::counter(
+            &text,
+            "oncekv_proxy_callers_reloads_total",
+            &[("result", result)],
+        ) >= 1.0
+    })
+    .await;
+}
+
 /// Waits (polling, within [`CONDITION_TIMEOUT`]) until `condition` holds.
 async fn wait_until<F, Fut>(what: &str, condition: F)
 where
@@ -690,55 +711,21 @@ async fn proxy_forwards_each_keyed_request_once() {
     // SIGHUP reloads the callers file: a file that does not parse leaves
     // the callers in force; one that does is in force from then on (a
     // token removed is refused, one added is let in, keys stay per caller).
-    let reloads = |result: &'static str| {
-        let guarded = &guarded;
-        async move {
-            support::metrics::counter(
-                &guarded.metrics().await,
-                "oncekv_proxy_callers_reloads_total",
-                &[("result", result)],
-            )
-        }
+    let shipping = || async {
+        let token = [("Proxy-Authorization", "Bearer shipping-token-012345678")];
+        post(&guarded.http(), "/plain", &token, "p").await
     };
-    std::fs::write(callers.path(), "short shipping\n").unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(guarded.pid()),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-    wait_until("the broken callers file is refused", || async {
-        reloads("failed").await >= 1.0
-    })
-    .await;
-    let still = post(
-        &guarded.http(),
-        "/plain",
-        &[("Proxy-Authorization", "Bearer shipping-token-012345678")],
-        "p",
-    )
-    .await;
+    reload_callers(&guarded, callers.path(), "short shipping\n", "failed").await;
+    let still = shipping().await;
     assert_eq!(still.status, 201, "the previous callers stay in force");
-    std::fs::write(
+    reload_callers(
+        &guarded,
         callers.path(),
         "billing-token-0123456789 billing\naudit-token-0123456789x audit\n",
-    )
-    .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(guarded.pid()),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-    wait_until("the new callers file is in force", || async {
-        reloads("ok").await >= 1.0
-    })
-    .await;
-    let removed = post(
-        &guarded.http(),
-        "/plain",
-        &[("Proxy-Authorization", "Bearer shipping-token-012345678")],
-        "p",
+        "ok",
     )
     .await;
+    let removed = shipping().await;
     assert_problem(&removed, 407, "PROXY_UNAUTHENTICATED");
     let bodies = created_bodies(
         &guarded,
