@@ -12,7 +12,9 @@
 #   scripts/cpu-per-request.sh CLIENTS SECONDS MODE...
 #   scripts/cpu-per-request.sh 256 8 oncekv-exec oncekv-exec oncekv-plain oncekv-plain
 #
-# env: ONCEKV_PORT_BASE (default 9600). Linux only (/proc).
+# env: ONCEKV_PORT_BASE (default 9600); ONCEKV_BIN, the server binary
+# (default: this tree's release build; another build's copy compares two
+# builds on the same machine). Linux only (/proc).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -30,7 +32,7 @@ ticks_per_second=$(getconf CLK_TCK)
 
 ONCEKV_DATA=$(mktemp -d -t oncekv-cpu.XXXXXX)
 export ONCEKV_DATA ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9600}
-export ONCEKV_BIN=$ROOT/target/release/oncekv
+export ONCEKV_BIN=${ONCEKV_BIN:-$ROOT/target/release/oncekv}
 trap 'scripts/cluster.sh stop >/dev/null 2>&1 || true; rm -rf "$ONCEKV_DATA"' EXIT
 scripts/cluster.sh start >/dev/null || die "the cluster did not start"
 endpoints="127.0.0.1:$((ONCEKV_PORT_BASE + 1)),127.0.0.1:$((ONCEKV_PORT_BASE + 2)),127.0.0.1:$((ONCEKV_PORT_BASE + 3))"
