@@ -285,6 +285,7 @@ fn memory_per_live_key() {
 /// The state hash and the snapshot encoding of a registry holding 200,000
 /// live idempotency keys (and nothing else to speak of): what a node pays
 /// for a `Status` hash or a snapshot at that size.
+#[allow(clippy::disallowed_methods)] // a benchmark measures wall time
 fn hash_and_snapshot_with_keys() {
     const COUNT: u64 = 200_000;
     let (mut registry, mut index) = registry_for_keys(24 * 3_600_000);
