@@ -1,0 +1,377 @@
+//! The record store's promises, on a real fjall directory: a flush and its
+//! checkpoint are one atomic, durable step (reopened after a clean close,
+//! after SIGKILL at any point, after a torn journal tail); views keep their
+//! checkpoint's records while flushes and compactions go on; expired
+//! groups leave the disk only when no readable checkpoint needs them; an
+//! install replaces the generation in force only once it is whole.
+
+use oncekv_records::{Checkpoint, Error, Options, RecordStore, StoredRecord};
+use std::collections::BTreeMap;
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Records per flush in the batch workload.
+const PER_BATCH: u32 = 50;
+/// A flush removes the records of the batch this many flushes back.
+const KEPT_BATCHES: u64 = 3;
+
+fn key(batch: u64, n: u32) -> Vec<u8> {
+    format!("b{batch:08}-{n:04}").into_bytes()
+}
+
+fn record(group: u64, text: &str) -> StoredRecord {
+    StoredRecord {
+        group,
+        bytes: text.as_bytes().to_vec(),
+    }
+}
+
+fn checkpoint(watermark: u64, applied: u64) -> Checkpoint {
+    Checkpoint {
+        watermark,
+        applied: applied.to_be_bytes().to_vec(),
+    }
+}
+
+/// Flush `batch` of the batch workload: its own records in, the records of
+/// the batch `KEPT_BATCHES` back out, checkpoint "applied = batch".
+fn flush_batch(store: &RecordStore, batch: u64) {
+    let mut changes: Vec<(Vec<u8>, Option<StoredRecord>)> = (0..PER_BATCH)
+        .map(|n| {
+            (
+                key(batch, n),
+                Some(record(batch, &format!("answer {batch} {n}"))),
+            )
+        })
+        .collect();
+    if batch > KEPT_BATCHES {
+        changes.extend((0..PER_BATCH).map(|n| (key(batch - KEPT_BATCHES, n), None)));
+    }
+    store.flush(changes, &checkpoint(0, batch)).expect("flush");
+}
+
+/// The store holds exactly what its checkpoint says the batch workload
+/// flushed: batches (c − KEPT_BATCHES, c] whole, nothing else. Returns c.
+fn assert_consistent(store: &RecordStore) -> u64 {
+    let view = store.view().expect("view");
+    let applied = view.checkpoint().map_or(0, |checkpoint| {
+        u64::from_be_bytes(checkpoint.applied.as_slice().try_into().expect("8 bytes"))
+    });
+    let mut batches: BTreeMap<u64, u32> = BTreeMap::new();
+    for item in view.records() {
+        let (key, record) = item.expect("record");
+        let batch: u64 = std::str::from_utf8(&key[1..9])
+            .expect("utf-8")
+            .parse()
+            .expect("batch");
+        assert_eq!(record.group, batch);
+        *batches.entry(batch).or_default() += 1;
+    }
+    let expected: BTreeMap<u64, u32> = (applied.saturating_sub(KEPT_BATCHES) + 1..=applied)
+        .map(|batch| (batch, PER_BATCH))
+        .collect();
+    assert_eq!(
+        batches, expected,
+        "records of batches (count each) at checkpoint {applied}"
+    );
+    applied
+}
+
+/// A flush is there after the store is closed and opened again; removals
+/// too.
+#[test]
+fn flushes_survive_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+        assert_eq!(store.checkpoint().expect("checkpoint"), None);
+        for batch in 1..=10 {
+            flush_batch(&store, batch);
+        }
+        assert_eq!(assert_consistent(&store), 10);
+    }
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(assert_consistent(&store), 10);
+    assert_eq!(
+        store.get(&key(10, 7)).expect("get"),
+        Some(record(10, "answer 10 7"))
+    );
+    assert_eq!(store.get(&key(1, 7)).expect("get"), None);
+}
+
+/// A view reads its own checkpoint and records while later flushes
+/// change both.
+#[test]
+fn a_view_is_frozen_at_its_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    for batch in 1..=4 {
+        flush_batch(&store, batch);
+    }
+    let view = store.view().expect("view");
+    for batch in 5..=8 {
+        flush_batch(&store, batch);
+    }
+    assert_eq!(view.checkpoint(), Some(&checkpoint(0, 4)));
+    assert_eq!(
+        view.records().count(),
+        (KEPT_BATCHES as usize) * PER_BATCH as usize
+    );
+    assert!(view.get(&key(2, 0)).expect("get").is_some());
+    assert!(view.get(&key(8, 0)).expect("get").is_none());
+    assert_eq!(assert_consistent(&store), 8);
+}
+
+/// Records below the watermark are absent to views at once and leave the
+/// disk at compaction, but not while an older view still reads them.
+#[test]
+fn expired_groups_leave_only_when_no_view_needs_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    let changes = (1..=5u64)
+        .flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))));
+    store.flush(changes, &checkpoint(0, 1)).expect("flush");
+    let old_view = store.view().expect("view");
+    store
+        .flush(Vec::new(), &checkpoint(3, 2))
+        .expect("raise the watermark");
+    let new_view = store.view().expect("view");
+    assert_eq!(new_view.records().count(), 30, "groups 3..=5 live");
+    assert_eq!(
+        old_view.records().count(),
+        50,
+        "the old view keeps its records"
+    );
+
+    store.compact().expect("compact");
+    assert_eq!(
+        old_view.records().count(),
+        50,
+        "compaction waits for the old view"
+    );
+    assert!(store.get(&key(1, 0)).expect("get").is_some());
+
+    drop(old_view);
+    drop(new_view);
+    store.compact().expect("compact");
+    assert_eq!(store.get(&key(1, 0)).expect("get"), None, "group 1 dropped");
+    assert_eq!(store.get(&key(2, 9)).expect("get"), None, "group 2 dropped");
+    assert!(
+        store.get(&key(3, 0)).expect("get").is_some(),
+        "group 3 kept"
+    );
+
+    assert!(matches!(
+        store.flush(Vec::new(), &checkpoint(2, 3)),
+        Err(Error::WatermarkBackwards {
+            durable: 3,
+            requested: 2
+        })
+    ));
+}
+
+/// An install builds a new generation from streamed records and switches
+/// to it only when whole; a failed install leaves the old one in force.
+#[test]
+fn an_install_replaces_the_generation_only_when_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    for batch in 1..=5 {
+        flush_batch(&store, batch);
+    }
+    let incoming: Vec<(Vec<u8>, StoredRecord)> = (9..=11)
+        .flat_map(|batch| {
+            (0..PER_BATCH)
+                .map(move |n| (key(batch, n), record(batch, &format!("answer {batch} {n}"))))
+        })
+        .collect();
+
+    // Out of order: refused, and nothing changes.
+    let mut shuffled = incoming.clone();
+    shuffled.swap(3, 60);
+    let refused = store.install(shuffled.into_iter().map(Ok), &checkpoint(0, 11));
+    assert!(matches!(refused, Err(Error::OutOfOrder)));
+    // A source that fails midway: refused, and nothing changes.
+    let failing = incoming
+        .iter()
+        .cloned()
+        .map(Ok)
+        .take(70)
+        .chain(std::iter::once(Err("connection reset".to_owned())));
+    assert!(matches!(
+        store.install(failing, &checkpoint(0, 11)),
+        Err(Error::Incoming(_))
+    ));
+    drop(store);
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(assert_consistent(&store), 5);
+    assert_eq!(store.generation(), 1);
+
+    let installed = store
+        .install(incoming.into_iter().map(Ok), &checkpoint(0, 11))
+        .expect("install");
+    assert_eq!(assert_consistent(&installed), 11);
+    assert_eq!(installed.generation(), 2);
+    drop(installed);
+    drop(store);
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(store.generation(), 2);
+    assert_eq!(assert_consistent(&store), 11);
+    assert!(
+        !dir.path().join("gen-000001").exists(),
+        "the replaced generation is deleted at open"
+    );
+}
+
+/// Kills a child process (SIGKILL) and reaps it, whatever happens.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The writer the crash test kills: flushes batches forever (bounded),
+/// printing each batch number once its flush returned.
+#[test]
+#[ignore = "run by flushes_are_atomic_under_sigkill in a child process"]
+fn crash_child_writer() {
+    let Ok(dir) = std::env::var("ONCEKV_RECORDS_CRASH_DIR") else {
+        return;
+    };
+    let store = RecordStore::open(Path::new(&dir), &Options::default()).expect("open");
+    let first = store.checkpoint().expect("checkpoint").map_or(0, |c| {
+        u64::from_be_bytes(c.applied.as_slice().try_into().expect("8 bytes"))
+    });
+    for batch in first + 1..first + 100_000 {
+        flush_batch(&store, batch);
+        println!("flushed {batch}");
+    }
+}
+
+/// SIGKILL at any point of a stream of flushes: the reopened store holds
+/// exactly the records of its checkpoint — never half a batch, never a
+/// checkpoint without its records — and nothing acknowledged is lost.
+#[test]
+fn flushes_are_atomic_under_sigkill() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut acknowledged = 0;
+    for (round, wait_for) in [3u64, 17, 40, 9, 64].into_iter().enumerate() {
+        let child = Command::new(&exe)
+            .args(["--exact", "crash_child_writer", "--ignored", "--nocapture"])
+            .env("ONCEKV_RECORDS_CRASH_DIR", dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the writer");
+        let mut child = ChildGuard(child);
+        let stdout = child.0.stdout.take().expect("stdout");
+        let mut seen = 0;
+        #[allow(clippy::disallowed_methods)] // a test's deadline, not the registry's time
+        let started = std::time::Instant::now();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line.expect("read");
+            if let Some(batch) = line.strip_prefix("flushed ") {
+                seen += 1;
+                acknowledged = batch.parse().expect("batch");
+            }
+            if seen >= wait_for {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the writer is too slow"
+            );
+        }
+        drop(child); // SIGKILL mid-stream, then reaped
+        let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+        let applied = assert_consistent(&store);
+        assert!(
+            applied >= acknowledged,
+            "round {round}: checkpoint {applied} but flush {acknowledged} had returned"
+        );
+        acknowledged = applied;
+    }
+}
+
+/// The newest journal file of the generation in force.
+fn newest_journal(root: &Path) -> PathBuf {
+    let generation = std::fs::read_dir(root)
+        .expect("root")
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("gen-"))
+        })
+        .max()
+        .expect("a generation");
+    let mut journals: Vec<(u64, PathBuf)> = std::fs::read_dir(&generation)
+        .expect("generation")
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?.to_owned();
+            let id = name.strip_suffix(".jnl")?.parse().ok()?;
+            Some((id, path))
+        })
+        .collect();
+    journals.sort();
+    journals.pop().expect("a journal").1
+}
+
+fn write_batches_and_close(root: &Path, batches: u64) {
+    let store = RecordStore::open(root, &Options::default()).expect("open");
+    for batch in 1..=batches {
+        flush_batch(&store, batch);
+    }
+}
+
+/// Where the journal's data ends: fjall preallocates its journal file
+/// (zeros), so a torn write is a tail of the last batch left as zeros.
+fn journal_data_end(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .rposition(|&byte| byte != 0)
+        .expect("a written journal")
+        + 1
+}
+
+/// A torn write at the journal's tail (the last batch half on disk) loses
+/// that whole flush and nothing else.
+#[test]
+fn a_torn_journal_tail_loses_the_whole_last_flush() {
+    for cut in [1usize, 7, 300] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_batches_and_close(dir.path(), 12);
+        let journal = newest_journal(dir.path());
+        let mut bytes = std::fs::read(&journal).expect("journal");
+        let end = journal_data_end(&bytes);
+        bytes[end - cut..end].fill(0);
+        std::fs::write(&journal, bytes).expect("journal");
+        let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+        let applied = assert_consistent(&store);
+        assert_eq!(applied, 11, "{cut} bytes torn: the last flush goes, whole");
+    }
+}
+
+/// A flipped bit inside the journal's last batch is not read as data:
+/// fjall's recovery cuts the journal at the first batch whose checksum
+/// fails, so the store opens without that flush — never a half or altered
+/// one. (A flip further back would cut every later flush as well: fjall
+/// treats the first bad batch as the journal's end.)
+#[test]
+fn a_corrupt_journal_tail_is_never_read_as_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_batches_and_close(dir.path(), 12);
+    let journal = newest_journal(dir.path());
+    let mut bytes = std::fs::read(&journal).expect("journal");
+    let at = journal_data_end(&bytes) - 200;
+    bytes[at] ^= 0x10;
+    std::fs::write(&journal, bytes).expect("journal");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(assert_consistent(&store), 11);
+}
