@@ -319,9 +319,20 @@ impl RecordStore {
         std::fs::create_dir_all(root).map_err(|source| io_error(root, source))?;
         let number = match read_current(root)? {
             Some(number) => number,
-            None => {
+            None if generations(root)?.is_empty() => {
                 write_current(root, 1)?;
                 1
+            }
+            // Never guess which generation is whole: deleting the others
+            // could delete the only good one.
+            None => {
+                return Err(Error::Corrupt {
+                    path: root.join(CURRENT),
+                    why: "missing, but generation directories exist: restore it (it names \
+                          the generation in force, `gen-NNNNNN`) or remove the directory to \
+                          rebuild this node's records from a snapshot"
+                        .to_owned(),
+                });
             }
         };
         remove_other_generations(root, number)?;
@@ -610,20 +621,27 @@ fn write_current(root: &Path, number: u64) -> Result<()> {
         .map_err(|source| io_error(root, source))
 }
 
-fn remove_other_generations(root: &Path, keep: u64) -> Result<()> {
+/// The generation directories under `root`: (number, path).
+fn generations(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let entries = std::fs::read_dir(root).map_err(|source| io_error(root, source))?;
+    let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|source| io_error(root, source))?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(number) = name
-            .strip_prefix("gen-")
-            .and_then(|number| number.parse::<u64>().ok())
-        else {
-            continue;
-        };
+        let number = name
+            .to_str()
+            .and_then(|name| name.strip_prefix("gen-"))
+            .and_then(|number| number.parse::<u64>().ok());
+        if let Some(number) = number {
+            found.push((number, entry.path()));
+        }
+    }
+    Ok(found)
+}
+
+fn remove_other_generations(root: &Path, keep: u64) -> Result<()> {
+    for (number, path) in generations(root)? {
         if number != keep {
-            let path = entry.path();
             std::fs::remove_dir_all(&path).map_err(|source| io_error(&path, source))?;
         }
     }

@@ -225,6 +225,25 @@ fn an_install_replaces_the_generation_only_when_whole() {
     );
 }
 
+/// A store whose `CURRENT` is gone is refused, not guessed at: nothing
+/// is deleted, and restoring the file brings everything back.
+#[test]
+fn a_missing_current_is_refused_and_deletes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_batches_and_close(dir.path(), 4);
+    let current = dir.path().join("CURRENT");
+    let saved = std::fs::read(&current).expect("CURRENT");
+    std::fs::remove_file(&current).expect("remove CURRENT");
+    match RecordStore::open(dir.path(), &Options::default()) {
+        Err(Error::Corrupt { why, .. }) => assert!(why.contains("generation"), "{why}"),
+        Err(other) => panic!("expected Corrupt, got {other}"),
+        Ok(_) => panic!("opened without CURRENT"),
+    }
+    std::fs::write(&current, saved).expect("restore CURRENT");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(assert_consistent(&store), 4);
+}
+
 /// Kills a child process (SIGKILL) and reaps it, whatever happens.
 struct ChildGuard(Child);
 
