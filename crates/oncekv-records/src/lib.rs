@@ -75,24 +75,34 @@ pub struct StoredRecord {
 
 impl StoredRecord {
     fn encode(&self) -> Vec<u8> {
-        let mut value = Vec::with_capacity(9 + self.bytes.len());
-        value.push(VALUE_FORMAT);
-        value.extend_from_slice(&self.group.to_be_bytes());
-        value.extend_from_slice(&self.bytes);
-        value
+        frame(VALUE_FORMAT, self.group, &self.bytes)
     }
 
     fn decode(value: &[u8]) -> Option<StoredRecord> {
-        let (&format, rest) = value.split_first()?;
-        if format != VALUE_FORMAT || rest.len() < 8 {
-            return None;
+        match unframe(value)? {
+            (VALUE_FORMAT, group, bytes) => Some(StoredRecord {
+                group,
+                bytes: bytes.to_vec(),
+            }),
+            _ => None,
         }
-        let (group, bytes) = rest.split_at(8);
-        Some(StoredRecord {
-            group: u64::from_be_bytes(group.try_into().ok()?),
-            bytes: bytes.to_vec(),
-        })
     }
+}
+
+/// Both stored shapes, a value and the checkpoint row: a format byte, a
+/// big-endian number (the group, the watermark), then opaque bytes.
+fn frame(format: u8, number: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut framed = Vec::with_capacity(9 + bytes.len());
+    framed.push(format);
+    framed.extend_from_slice(&number.to_be_bytes());
+    framed.extend_from_slice(bytes);
+    framed
+}
+
+fn unframe(framed: &[u8]) -> Option<(u8, u64, &[u8])> {
+    let (&format, rest) = framed.split_first()?;
+    let (number, bytes) = rest.split_first_chunk::<8>()?;
+    Some((format, u64::from_be_bytes(*number), bytes))
 }
 
 /// The row that says which applied state the records belong to: written
@@ -109,11 +119,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     fn encode(&self) -> Vec<u8> {
-        let mut row = Vec::with_capacity(9 + self.applied.len());
-        row.push(CHECKPOINT_FORMAT);
-        row.extend_from_slice(&self.watermark.to_be_bytes());
-        row.extend_from_slice(&self.applied);
-        row
+        frame(CHECKPOINT_FORMAT, self.watermark, &self.applied)
     }
 
     fn decode(path: &Path, row: &[u8]) -> Result<Checkpoint> {
@@ -121,22 +127,16 @@ impl Checkpoint {
             path: path.to_owned(),
             why,
         };
-        let (&format, rest) = row
-            .split_first()
-            .ok_or_else(|| corrupt("an empty checkpoint row".to_owned()))?;
-        if format != CHECKPOINT_FORMAT {
-            return Err(corrupt(format!(
+        match unframe(row) {
+            Some((CHECKPOINT_FORMAT, watermark, applied)) => Ok(Checkpoint {
+                watermark,
+                applied: applied.to_vec(),
+            }),
+            Some((format, _, _)) => Err(corrupt(format!(
                 "checkpoint format {format}, this build reads {CHECKPOINT_FORMAT}"
-            )));
+            ))),
+            None => Err(corrupt("a truncated checkpoint row".to_owned())),
         }
-        if rest.len() < 8 {
-            return Err(corrupt("a truncated checkpoint row".to_owned()));
-        }
-        let (watermark, applied) = rest.split_at(8);
-        Ok(Checkpoint {
-            watermark: u64::from_be_bytes(watermark.try_into().unwrap_or_default()),
-            applied: applied.to_vec(),
-        })
     }
 }
 
@@ -284,6 +284,18 @@ impl Generation {
         }
     }
 
+    /// Commits `batch` with `checkpoint` in it, atomically, and fsyncs the
+    /// journal; only then may compaction drop below its watermark.
+    fn commit(&self, mut batch: fjall::OwnedWriteBatch, checkpoint: &Checkpoint) -> Result<()> {
+        batch.insert(&self.meta, CHECKPOINT_KEY, checkpoint.encode());
+        batch
+            .commit()
+            .and_then(|()| self.db.persist(PersistMode::SyncData))
+            .map_err(|source| self.store_error(source))?;
+        self.pins.lock().durable = checkpoint.watermark;
+        Ok(())
+    }
+
     fn checkpoint(&self) -> Result<Option<Checkpoint>> {
         let row = self
             .meta
@@ -385,17 +397,7 @@ impl RecordStore {
                 None => batch.remove(&generation.records, key),
             }
         }
-        batch.insert(&generation.meta, CHECKPOINT_KEY, checkpoint.encode());
-        batch
-            .commit()
-            .map_err(|source| generation.store_error(source))?;
-        generation
-            .db
-            .persist(PersistMode::SyncData)
-            .map_err(|source| generation.store_error(source))?;
-        // Only a durable checkpoint lets compaction drop a group.
-        generation.pins.lock().durable = checkpoint.watermark;
-        Ok(())
+        generation.commit(batch, checkpoint)
     }
 
     /// A point-in-time view: the checkpoint flushed last when it was taken
@@ -471,16 +473,7 @@ impl RecordStore {
                 .finish()
                 .map_err(|source| generation.store_error(source))?;
         }
-        let mut batch = generation.db.batch();
-        batch.insert(&generation.meta, CHECKPOINT_KEY, checkpoint.encode());
-        batch
-            .commit()
-            .map_err(|source| generation.store_error(source))?;
-        generation
-            .db
-            .persist(PersistMode::SyncData)
-            .map_err(|source| generation.store_error(source))?;
-        generation.pins.lock().durable = checkpoint.watermark;
+        generation.commit(generation.db.batch(), checkpoint)?;
         write_current(&self.root, number)?;
         Ok(RecordStore {
             root: self.root.clone(),
