@@ -2,32 +2,55 @@
 //! 60 KiB values under fresh keys is refused at the budget with
 //! RESOURCE_EXHAUSTED naming `memory_budget_bytes`, every node stays alive
 //! with its memory within what the budget needs; and a node whose machine
-//! cannot hold the budget refuses to start, saying why.
+//! cannot hold the budget refuses to start, saying why. A capacity limit
+//! that refused every attempt of a call is reported as that limit — not as
+//! an unknown outcome — by the library's session, keyed and claim calls
+//! and by the HTTP API (429), as docs/http.md and docs/operating.md say.
 
 mod support;
 
 use oncekv_client::{Client, ClientConfig, Error};
+use oncekv_core::Command;
 use oncekv_core::Value;
 use oncekv_wire::proto;
 use std::time::Duration;
 use support::cluster::Cluster;
+use support::http::Http;
 
 const BUDGET: u64 = 16 << 20;
 
 async fn set_budget(cluster: &Cluster, bytes: u64) {
+    set_config(
+        cluster,
+        proto::RegistryConfigPatch {
+            memory_budget_bytes: Some(bytes),
+            ..proto::RegistryConfigPatch::default()
+        },
+    )
+    .await;
+}
+
+async fn set_config(cluster: &Cluster, patch: proto::RegistryConfigPatch) {
     let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
     let cluster_id = cluster.status(leader).await.expect("status").cluster_id;
     cluster
         .admin(leader)
         .set_config(proto::SetConfigRequest {
             cluster_id,
-            patch: Some(proto::RegistryConfigPatch {
-                memory_budget_bytes: Some(bytes),
-                ..proto::RegistryConfigPatch::default()
-            }),
+            patch: Some(patch),
         })
         .await
-        .expect("set the budget");
+        .expect("set the config");
+}
+
+/// `result` is the library's `ResourceExhausted` naming `limit`.
+fn assert_exhausted<T: std::fmt::Debug>(result: Result<T, Error>, limit: &str) {
+    match result {
+        Err(Error::ResourceExhausted(message)) => {
+            assert!(message.contains(limit), "{message}")
+        }
+        other => panic!("expected ResourceExhausted naming {limit}, got {other:?}"),
+    }
 }
 
 /// VmRSS of `pid`, in bytes.
@@ -55,6 +78,26 @@ async fn writes_stop_at_the_memory_budget_and_a_small_machine_refuses_to_start()
             ..ClientConfig::default()
         },
     );
+    // A claim past `claims_max`: every attempt refused, none could have
+    // run, so the limit is said (not "unknown").
+    set_config(
+        &cluster,
+        proto::RegistryConfigPatch {
+            claims_max: Some(1),
+            ..proto::RegistryConfigPatch::default()
+        },
+    )
+    .await;
+    let lease = Duration::from_secs(60);
+    client
+        .claim(b"job-1", b"fingerprint", lease)
+        .await
+        .expect("the first claim");
+    assert_exhausted(
+        client.claim(b"job-2", b"fingerprint", lease).await,
+        "claims_max",
+    );
+
     let mut written = 0u64;
     let refusal = loop {
         let key = format!("blob-{written:05}");
@@ -67,15 +110,7 @@ async fn writes_stop_at_the_memory_budget_and_a_small_machine_refuses_to_start()
         }
         assert!(written < 1_000, "the budget never refused");
     };
-    match &refusal {
-        Error::ResourceExhausted(message)
-        | Error::OutcomeUnknown {
-            reason: message, ..
-        } => {
-            assert!(message.contains("memory_budget_bytes"), "{message}")
-        }
-        other => panic!("expected the memory budget's refusal, got {other:?}"),
-    }
+    assert_exhausted::<()>(Err(refusal), "memory_budget_bytes");
     // 16 MiB of 60 KiB values, less the bookkeeping.
     assert!((250..=273).contains(&written), "{written} writes");
     let needed = 2 * BUDGET + (128 << 20);
@@ -96,6 +131,47 @@ async fn writes_stop_at_the_memory_budget_and_a_small_machine_refuses_to_start()
             rss >> 20,
             needed >> 20
         );
+    }
+
+    // After the measurement (refused attempts are log entries too, held
+    // until a snapshot): the same budget refuses a new idempotency key,
+    // through the library and through HTTP (429, as docs/http.md says), and
+    // nothing runs.
+    let big = || Command::Put {
+        key: b"blob-keyed".to_vec(),
+        value: Value::Bytes(vec![0xCD; 60 << 10]),
+    };
+    assert_exhausted(
+        client.execute_with_key(b"new-key", big()).await,
+        "memory_budget_bytes",
+    );
+    let http = Http::plain(&cluster.http_addr(1));
+    let body = format!(r#"{{"value":{{"bytes":"{}"}}}}"#, "x".repeat(60 << 10));
+    let response = http
+        .request(
+            "PUT",
+            "/v1/kv/blob-http",
+            &[
+                ("Idempotency-Key", "http-key"),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+        .await
+        .expect("an HTTP answer");
+    assert_eq!(
+        response.status,
+        429,
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    assert!(
+        String::from_utf8_lossy(&response.body).contains("memory_budget_bytes"),
+        "{}",
+        String::from_utf8_lossy(&response.body)
+    );
+    for key in [&b"blob-keyed"[..], b"blob-http"] {
+        assert_eq!(client.get(key).await.expect("read"), None, "nothing ran");
     }
 
     // A budget larger than this machine: a restarted node refuses to start.

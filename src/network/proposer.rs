@@ -317,6 +317,7 @@ fn not_leading(
     Some(reason_status(ErrorReason::NotLeader {
         leader_id: metrics.current_leader,
         leader_client_addr,
+        nothing_proposed: true,
     }))
 }
 

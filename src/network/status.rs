@@ -43,9 +43,11 @@ pub fn required_cluster(state: &SharedState, bytes: &[u8]) -> Result<ClusterId, 
 /// The cluster clock could not stamp: not the leader, or not yet able to.
 pub fn clock_status(error: ClockError) -> Status {
     match error {
+        // The stamp comes before the proposal: nothing was proposed.
         ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
             leader_id,
             leader_client_addr: leader.map(|node| node.client_addr),
+            nothing_proposed: true,
         }),
         ClockError::Unavailable(why) => reason_status(ErrorReason::Unavailable(why)),
     }
@@ -63,6 +65,7 @@ pub fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) 
         ) => reason_status(ErrorReason::NotLeader {
             leader_id: forward.leader_id,
             leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+            nothing_proposed: false,
         }),
         other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
@@ -76,6 +79,7 @@ pub fn read_status(error: RaftError<TypeConfig, LinearizableReadError<TypeConfig
             reason_status(ErrorReason::NotLeader {
                 leader_id: forward.leader_id,
                 leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+                nothing_proposed: false,
             })
         }
         other => reason_status(ErrorReason::Unavailable(other.to_string())),
@@ -105,6 +109,7 @@ pub fn not_leader(metrics: &RaftMetrics<TypeConfig>) -> Status {
     reason_status(ErrorReason::NotLeader {
         leader_id: metrics.current_leader,
         leader_client_addr,
+        nothing_proposed: false,
     })
 }
 

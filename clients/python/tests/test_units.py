@@ -8,7 +8,7 @@ import pytest
 import oncekv
 from oncekv import errors
 from oncekv._proto import oncekv_pb2 as pb
-from oncekv.policy import LEARNT_ENDPOINTS_MAX, Backoff, Failure, Leader
+from oncekv.policy import LEARNT_ENDPOINTS_MAX, Backoff, Failure, Failures, Leader
 from oncekv.seqs import Seqs
 
 
@@ -96,9 +96,10 @@ def test_verdicts_follow_the_error_table():
 
 
 def test_only_proof_says_an_attempt_did_not_reach_a_leader():
-    """Rule 22: a refusal at apply (window, capacity) and a connection that
-    could not be made prove nothing was applied; anything else may have
-    reached a leader, NOT_LEADER included."""
+    """Rule 22: a refusal at apply (window, capacity), a NOT_LEADER from a
+    node that proposed nothing and a connection that could not be made
+    prove nothing was applied; anything else may have reached a leader,
+    any other NOT_LEADER included."""
     assert not failure("TOO_MANY_OUTSTANDING").may_have_reached()
     assert not failure("RESOURCE_EXHAUSTED").may_have_reached()
     refused = failure(message="failed to connect to all addresses; last error: UNKNOWN: "
@@ -106,9 +107,28 @@ def test_only_proof_says_an_attempt_did_not_reach_a_leader():
                               "Connection refused")
     assert refused.never_sent() and not refused.may_have_reached()
     assert failure("NOT_LEADER").may_have_reached()
+    assert not failure("NOT_LEADER", nothing_proposed=True).may_have_reached()
     assert failure("UNAVAILABLE").may_have_reached()
     assert failure(code=grpc.StatusCode.DEADLINE_EXCEEDED).may_have_reached()
     assert failure(message="Socket closed").may_have_reached()
+
+
+def test_a_capacity_limit_that_refused_every_attempt_is_said_as_such():
+    """Out of time after capacity refusals, none of which can have run
+    (with NOT_LEADER hops that proposed nothing between them): the limit
+    (`ResourceExhausted`), not "unknown"; after any attempt that may have
+    reached a leader, nothing is said; with time left for another
+    attempt, nothing is decided yet."""
+    failures = Failures()
+    failures.note(failure("NOT_LEADER", nothing_proposed=True))
+    failures.note(failure("RESOURCE_EXHAUSTED", limit="claims_max"))
+    failures.note(failure("NOT_LEADER", nothing_proposed=True))
+    exhausted = failures.exhausted_before_any_reach(reached=False)
+    assert isinstance(exhausted, errors.ResourceExhausted), exhausted
+    assert failures.exhausted_before_any_reach(reached=True) is None
+    assert failures.exhausted_and_out_of_time(False, deadline=10.0, now=9.995) is not None
+    assert failures.exhausted_and_out_of_time(False, deadline=10.0, now=9.0) is None
+    assert Failures().exhausted_before_any_reach(reached=False) is None
 
 
 def test_every_wire_reason_has_its_own_exception_class():

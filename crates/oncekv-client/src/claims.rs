@@ -8,7 +8,10 @@
 //! retry of each call; it must not decide who holds a key (the registry
 //! does, at apply) or re-claim under a new claim id within one call.
 
-use super::{Attempt, AuthChannel, Client, ClientClient, Error, Failures, classify};
+use super::{
+    Attempt, AuthChannel, Client, ClientClient, Error, Failures, classify,
+    exhausted_and_out_of_time, exhausted_before_any_reach, may_have_reached,
+};
 use oncekv_core::ClaimAnswer;
 use oncekv_wire::convert;
 use oncekv_wire::proto;
@@ -412,7 +415,9 @@ impl Client {
     /// FENCED, a limit, a malformed request: nothing recorded for this
     /// request); any other final refusal after an attempt that may have
     /// reached the leader leaves the outcome unknown (rule 22), and so does
-    /// the deadline — the same request again learns it.
+    /// the deadline — the same request again learns it — unless a capacity
+    /// limit refused every attempt before any could have run
+    /// (`ResourceExhausted`).
     async fn claim_call<Req, Reply, F, Fut>(
         &self,
         key: &[u8],
@@ -432,6 +437,7 @@ impl Client {
         };
         let mut attempt: u32 = 0;
         let mut failures = Failures::default();
+        let mut reached = false;
         loop {
             let target = self.leader_endpoint()?;
             let client = self.channel(&target)?;
@@ -459,13 +465,19 @@ impl Client {
                 }
                 Attempt::Retry { status, hint } => {
                     failures.note(&status);
+                    reached |= may_have_reached(&status);
                     if Instant::now() >= deadline {
-                        return Err(unknown(failures.reason()));
+                        return Err(exhausted_before_any_reach(&failures, reached)
+                            .unwrap_or_else(|| unknown(failures.reason())));
                     }
                     self.inner
                         .follower
                         .follow(hint.as_deref(), attempt, deadline)
                         .await;
+                    if let Some(exhausted) = exhausted_and_out_of_time(&failures, reached, deadline)
+                    {
+                        return Err(exhausted);
+                    }
                 }
             }
             attempt += 1;

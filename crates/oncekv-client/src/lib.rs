@@ -118,7 +118,11 @@ pub enum Error {
     /// service, or the session belongs to another principal (final).
     #[error("permission denied: {0}")]
     PermissionDenied(String),
-    /// A replicated limit refused the request until the deadline.
+    /// A replicated capacity limit refused the request until the deadline,
+    /// and no attempt of it can have run: each was refused when its entry
+    /// applied, or by a node that proposed nothing (rule 22). Nothing was
+    /// executed. After an attempt that may have reached a leader, the same
+    /// refusal is reported as an unknown outcome instead.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
     /// The request itself breaks a replicated limit (a key, value or list
@@ -444,21 +448,61 @@ enum Sent<T> {
 }
 
 /// Whether a failed attempt may have reached a leader that applies it, now
-/// or later (rule 22). Only two failures prove it did not: a refusal the
+/// or later (rule 22). Only three failures prove it did not: a refusal the
 /// registry made when that attempt's entry applied (`TOO_MANY_OUTSTANDING`,
-/// `RESOURCE_EXHAUSTED`: the entry is spent, nothing executed), and a
-/// connection refused (nothing was sent). Everything else may have: a
-/// timeout or a broken connection; `UNAVAILABLE` (a proposal that ended
-/// without an answer, an entry still to commit); even `NOT_LEADER`, which
-/// a node also answers after appending the entry, when a leader change
-/// drops or purges it (openraft's `LogEntryDiscarded`). Stricter than
+/// `RESOURCE_EXHAUSTED`: the entry is spent, nothing executed), a
+/// `NOT_LEADER` whose node says it proposed nothing (`nothing_proposed`: it
+/// did not lead when the request came), and a connection refused (nothing
+/// was sent). Everything else may have: a timeout or a broken connection;
+/// `UNAVAILABLE` (a proposal that ended without an answer, an entry still
+/// to commit); any other `NOT_LEADER`, which a node also answers after
+/// appending the entry, when a leader change drops or purges it
+/// (openraft's `LogEntryDiscarded`). Stricter than
 /// [`policy::may_have_applied`], which judges idempotent and admin calls.
-fn may_have_reached(status: &tonic::Status) -> bool {
-    match error_detail(status).map(|detail| detail.reason()) {
-        Some(Reason::TooManyOutstanding | Reason::ResourceExhausted) => false,
-        Some(_) => true,
+pub(crate) fn may_have_reached(status: &tonic::Status) -> bool {
+    match error_detail(status) {
+        Some(detail) => match detail.reason() {
+            Reason::TooManyOutstanding | Reason::ResourceExhausted => false,
+            Reason::NotLeader => !detail.nothing_proposed,
+            _ => true,
+        },
         None => !connection_refused(status),
     }
+}
+
+/// The error of a call whose deadline passed after a capacity limit
+/// refused its attempts, when none of them may have reached a leader that
+/// applies it (`reached` false): nothing ran, so the caller is told the
+/// limit and backs off (docs/http.md's 429, the CLI's
+/// `resource_exhausted`) instead of hearing "unknown". `None` otherwise.
+pub(crate) fn exhausted_before_any_reach(failures: &Failures, reached: bool) -> Option<Error> {
+    if reached {
+        return None;
+    }
+    match Error::from_reason(failures.exhausted.as_ref()?, 0) {
+        Some(exhausted @ Error::ResourceExhausted(_)) => Some(exhausted),
+        _ => None,
+    }
+}
+
+/// An attempt given less than this before the deadline would be cut off
+/// in flight (a loopback round trip with the leader's and a follower's
+/// `fdatasync` takes about a millisecond; a loaded machine, tens).
+const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(20);
+
+/// After the backoff that follows a failed attempt: `Some` when a capacity
+/// limit refused the call's attempts, none may have reached a leader, and
+/// too little time is left for another — which the deadline would cut off
+/// in flight, turning a definite "refused, nothing ran" into "unknown".
+pub(crate) fn exhausted_and_out_of_time(
+    failures: &Failures,
+    reached: bool,
+    deadline: Instant,
+) -> Option<Error> {
+    if deadline.saturating_duration_since(Instant::now()) >= MIN_ATTEMPT_TIME {
+        return None;
+    }
+    exhausted_before_any_reach(failures, reached)
 }
 
 /// Whether `status` reports a connection the peer refused (nothing sent):
@@ -614,6 +658,8 @@ struct Failures {
     best: Option<(u8, String)>,
     last: Option<String>,
     count: u32,
+    /// The latest refusal by a capacity limit, if any.
+    exhausted: Option<tonic::Status>,
 }
 
 impl Failures {
@@ -628,6 +674,9 @@ impl Failures {
         }
         self.last = Some(text);
         self.count += 1;
+        if error_detail(status).is_some_and(|detail| detail.reason() == Reason::ResourceExhausted) {
+            self.exhausted = Some(status.clone());
+        }
     }
 
     /// The reason to report: the most informative failure, and the last one
@@ -973,6 +1022,9 @@ impl Client {
                     failures.note(&status);
                     reached |= may_have_reached(&status);
                     if Instant::now() >= deadline {
+                        if let Some(exhausted) = exhausted_before_any_reach(&failures, reached) {
+                            return Err(SeqError::Call(exhausted));
+                        }
                         return Err(SeqError::Call(Error::OutcomeUnknown {
                             seq,
                             reason: failures.reason(),
@@ -983,6 +1035,10 @@ impl Client {
                         .follower
                         .follow(hint.as_deref(), attempt, deadline)
                         .await;
+                    if let Some(exhausted) = exhausted_and_out_of_time(&failures, reached, deadline)
+                    {
+                        return Err(SeqError::Call(exhausted));
+                    }
                 }
             }
             attempt += 1;
@@ -1077,9 +1133,11 @@ impl Client {
             } => Err(if reached {
                 unknown(failures.reason())
             } else {
-                give_up(CallError::GaveUp {
-                    status: last,
-                    maybe_applied: false,
+                exhausted_before_any_reach(&failures, reached).unwrap_or_else(|| {
+                    give_up(CallError::GaveUp {
+                        status: last,
+                        maybe_applied: false,
+                    })
                 })
             }),
             Sent::Unsendable { error, reached } => Err(if reached {
@@ -1134,6 +1192,13 @@ impl Client {
                         .follower
                         .follow(hint.as_deref(), attempt, deadline)
                         .await;
+                    if exhausted_and_out_of_time(&failures, reached, deadline).is_some() {
+                        return Sent::GaveUp {
+                            failures,
+                            last: status,
+                            reached,
+                        };
+                    }
                 }
             }
             attempt += 1;
@@ -1206,8 +1271,13 @@ impl Client {
             }
             Sent::Refused { status, reached } => Err(final_keyed_error(&status, key, reached)),
             // The fate of a keyed call that ran out of time can be learnt:
-            // unknown, whether or not an attempt may have been applied.
-            Sent::GaveUp { failures, .. } => Err(unknown(failures.reason())),
+            // unknown, whether or not an attempt may have been applied —
+            // but for a capacity limit that refused every attempt before
+            // any could have run, which is said as such.
+            Sent::GaveUp {
+                failures, reached, ..
+            } => Err(exhausted_before_any_reach(&failures, reached)
+                .unwrap_or_else(|| unknown(failures.reason()))),
             Sent::Unsendable { error, reached } => Err(if reached {
                 unknown(format!(
                     "{error} (after an attempt that may have been applied)"
@@ -1700,6 +1770,7 @@ mod tests {
                 ErrorReason::NotLeader {
                     leader_id: None,
                     leader_client_addr: None,
+                    nothing_proposed: false,
                 },
                 "unavailable",
             ),
@@ -1891,14 +1962,16 @@ mod tests {
 
     /// Which failed attempts may have reached a leader that applies them:
     /// all but a refusal made when the attempt's entry applied (the window,
-    /// a capacity limit) and a connection refused, nothing sent. NOT_LEADER
-    /// counts: a node answers it after appending too.
+    /// a capacity limit), a NOT_LEADER from a node that proposed nothing,
+    /// and a connection refused, nothing sent. Any other NOT_LEADER counts:
+    /// a node answers it after appending too.
     #[tokio::test]
     async fn only_proof_says_an_attempt_did_not_reach_a_leader() {
         for reached in [
             reason_status(ErrorReason::NotLeader {
                 leader_id: None,
                 leader_client_addr: None,
+                nothing_proposed: false,
             }),
             reason_status(ErrorReason::Unavailable("no quorum".into())),
             reason_status(ErrorReason::Deadline),
@@ -1914,6 +1987,11 @@ mod tests {
                 window: 2,
             }),
             reason_status(ErrorReason::ResourceExhausted(Limit::Keys)),
+            reason_status(ErrorReason::NotLeader {
+                leader_id: Some(2),
+                leader_client_addr: None,
+                nothing_proposed: true,
+            }),
         ] {
             assert!(!may_have_reached(&spent), "{spent:?}");
         }
@@ -1941,6 +2019,7 @@ mod tests {
         failures.note(&reason_status(ErrorReason::NotLeader {
             leader_id: None,
             leader_client_addr: None,
+            nothing_proposed: false,
         }));
         failures.note(&tonic::Status::deadline_exceeded("attempt timed out"));
         let reason = failures.reason();

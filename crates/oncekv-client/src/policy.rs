@@ -87,6 +87,7 @@ pub fn not_leader(hint: String) -> tonic::Status {
     reason_status(ErrorReason::NotLeader {
         leader_id: None,
         leader_client_addr: Some(hint).filter(|hint| !hint.is_empty()),
+        nothing_proposed: false,
     })
 }
 
@@ -326,6 +327,7 @@ mod tests {
         let hinted = reason_status(ErrorReason::NotLeader {
             leader_id: Some(2),
             leader_client_addr: Some("127.0.0.1:7102".into()),
+            nothing_proposed: false,
         });
         assert_eq!(
             verdict(&hinted),

@@ -24,6 +24,9 @@ pub enum ErrorReason {
     NotLeader {
         leader_id: Option<u64>,
         leader_client_addr: Option<String>,
+        /// This node refused without proposing: proof that this attempt
+        /// never applies (`ErrorDetail.nothing_proposed`).
+        nothing_proposed: bool,
     },
     Unavailable(String),
     Deadline,
@@ -104,7 +107,9 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
         ErrorReason::NotLeader {
             leader_id,
             leader_client_addr,
+            nothing_proposed,
         } => {
+            detail.nothing_proposed = nothing_proposed;
             detail.leader_id = leader_id.unwrap_or(0);
             detail.leader_client_addr = leader_client_addr.clone().unwrap_or_default();
             let message = match leader_client_addr {
@@ -289,6 +294,7 @@ mod tests {
                 ErrorReason::NotLeader {
                     leader_id: Some(2),
                     leader_client_addr: Some("127.0.0.1:7102".into()),
+                    nothing_proposed: false,
                 },
                 Code::Unavailable,
                 Reason::NotLeader,

@@ -254,6 +254,7 @@ mod tests {
                 reason_status(ErrorReason::NotLeader {
                     leader_id: None,
                     leader_client_addr: None,
+                    nothing_proposed: false,
                 }),
                 "unavailable",
             ),

@@ -213,6 +213,9 @@ class ClaimsMixin:
                                   errors.WrongCluster)) or not sent.reached:
                 raise error
             raise unknown(error, cause=error)
+        exhausted = sent.failures.exhausted_before_any_reach(sent.reached)
+        if exhausted is not None:
+            raise exhausted
         if not sent.reached:
             raise errors.Unavailable(f"cluster unavailable: {sent.failures.reason()}")
         raise unknown(sent.failures.reason(), cause=sent.failures.cause())

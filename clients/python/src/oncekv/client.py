@@ -473,10 +473,16 @@ class Client(ClaimsMixin):
             failures.note(failure)
             reached = reached or failure.may_have_reached()
             if _now() >= deadline:
+                exhausted = failures.exhausted_before_any_reach(reached)
+                if exhausted is not None:
+                    raise exhausted
                 raise errors.OutcomeUnknown(
                     f"outcome unknown for seq {seq}: {failures.reason()}",
                     seq=seq, cause=failures.cause())
             self._follow(hint, attempt, deadline)
+            exhausted = failures.exhausted_and_out_of_time(reached, deadline, _now())
+            if exhausted is not None:
+                raise exhausted
             attempt += 1
 
     def _final_execute_error(self, session: _Session, failure: Failure, seq: int,
@@ -699,7 +705,11 @@ class Client(ClaimsMixin):
                 raise error
             raise unknown(_refused_after_send(error), cause=error)
         # Out of time: unknown, whether or not an attempt may have applied
-        # (the key's fate can be learnt by calling again).
+        # (the key's fate can be learnt by calling again) — but for a
+        # capacity limit that refused every attempt before any could run.
+        exhausted = sent.failures.exhausted_before_any_reach(sent.reached)
+        if exhausted is not None:
+            raise exhausted
         raise unknown(sent.failures.reason(), cause=sent.failures.cause())
 
     def execute_plain(self, command: cmd.Command) -> cmd.Result:
@@ -723,7 +733,8 @@ class Client(ClaimsMixin):
             raise errors.PlainOutcomeUnknown(_refused_after_send(error), cause=error)
         if sent.reached:
             raise errors.PlainOutcomeUnknown(sent.failures.reason(), cause=sent.failures.cause())
-        raise errors.Unavailable(sent.failures.reason())
+        raise (sent.failures.exhausted_before_any_reach(False)
+               or errors.Unavailable(sent.failures.reason()))
 
     # ---- the one leader-following loop ---------------------------------------
 
@@ -821,6 +832,8 @@ class Client(ClaimsMixin):
             if _now() >= deadline:
                 return _Sent("gave_up", failure=failure, failures=failures, reached=reached)
             self._follow(hint, attempt, deadline)
+            if failures.exhausted_and_out_of_time(reached, deadline, _now()) is not None:
+                return _Sent("gave_up", failure=failure, failures=failures, reached=reached)
             attempt += 1
 
     def _give_up(self, error) -> errors.OncekvError:

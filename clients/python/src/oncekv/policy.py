@@ -118,13 +118,17 @@ class Failure:
 
     def may_have_reached(self) -> bool:
         """Whether this failed attempt of a change may have reached a leader
-        that applies it, now or later (rule 22). Only two failures prove it
-        did not: a refusal the registry made when the attempt's entry
-        applied (TOO_MANY_OUTSTANDING, RESOURCE_EXHAUSTED), and a connection
-        that could not be made (nothing sent). A timeout, a broken
-        connection, UNAVAILABLE, even NOT_LEADER (a node also answers it
-        after appending the entry, when a leader change drops it) may have."""
+        that applies it, now or later (rule 22). Only three failures prove
+        it did not: a refusal the registry made when the attempt's entry
+        applied (TOO_MANY_OUTSTANDING, RESOURCE_EXHAUSTED), a NOT_LEADER
+        whose node says it proposed nothing (`nothing_proposed`), and a
+        connection that could not be made (nothing sent). A timeout, a
+        broken connection, UNAVAILABLE, any other NOT_LEADER (a node also
+        answers it after appending the entry, when a leader change drops
+        it) may have."""
         reason = self.reason
+        if reason == "NOT_LEADER":
+            return not self.detail.nothing_proposed
         if reason is not None:
             return reason not in ("TOO_MANY_OUTSTANDING", "RESOURCE_EXHAUSTED")
         return not self.never_sent()
@@ -178,6 +182,12 @@ class Failure:
         return self.text()
 
 
+# An attempt given less than this (seconds) before the deadline would be cut
+# off in flight: a loopback round trip with the leader's and a follower's
+# fdatasync takes about a millisecond, tens on a loaded machine.
+MIN_ATTEMPT_TIME = 0.020
+
+
 class Failures:
     """The failed attempts of one call, so that an unknown outcome reports
     the most informative reason seen, and the last one when it differs."""
@@ -186,12 +196,34 @@ class Failures:
         self.best: Optional[Failure] = None
         self.last: Optional[Failure] = None
         self.count = 0
+        # The latest refusal by a capacity limit, if any.
+        self.exhausted: Optional[Failure] = None
 
     def note(self, failure: Failure) -> None:
         if self.best is None or failure.informativeness() >= self.best.informativeness():
             self.best = failure
         self.last = failure
         self.count += 1
+        if failure.reason == "RESOURCE_EXHAUSTED":
+            self.exhausted = failure
+
+    def exhausted_before_any_reach(self, reached: bool) -> Optional[errors.OncekvError]:
+        """For a call out of time: when a capacity limit refused its
+        attempts and none may have reached a leader, nothing ran, and the
+        caller is told the limit (`ResourceExhausted`) instead of "unknown"
+        or "unavailable". None otherwise."""
+        if reached or self.exhausted is None:
+            return None
+        return self.exhausted.error()
+
+    def exhausted_and_out_of_time(self, reached: bool, deadline: float,
+                                  now: float) -> Optional[errors.OncekvError]:
+        """After the backoff: the same, when too little time is left for
+        another attempt (MIN_ATTEMPT_TIME), which the deadline would cut
+        off in flight, turning "refused, nothing ran" into "unknown"."""
+        if deadline - now >= MIN_ATTEMPT_TIME:
+            return None
+        return self.exhausted_before_any_reach(reached)
 
     def reason(self) -> str:
         if self.best is None:

@@ -938,7 +938,7 @@ class InjectFaultReply(_message.Message):
     def __init__(self, drop_execute_replies_pending: _Optional[int] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
-    __slots__ = ("reason", "leader_client_addr", "leader_id", "floor", "window", "limit", "expected_cluster_id", "limit_max", "limit_requested", "floor_bound", "current_fence")
+    __slots__ = ("reason", "leader_client_addr", "leader_id", "floor", "window", "limit", "expected_cluster_id", "limit_max", "limit_requested", "floor_bound", "current_fence", "nothing_proposed")
     REASON_FIELD_NUMBER: _ClassVar[int]
     LEADER_CLIENT_ADDR_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -950,6 +950,7 @@ class ErrorDetail(_message.Message):
     LIMIT_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     FLOOR_BOUND_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FENCE_FIELD_NUMBER: _ClassVar[int]
+    NOTHING_PROPOSED_FIELD_NUMBER: _ClassVar[int]
     reason: Reason
     leader_client_addr: str
     leader_id: int
@@ -961,7 +962,8 @@ class ErrorDetail(_message.Message):
     limit_requested: int
     floor_bound: int
     current_fence: int
-    def __init__(self, reason: _Optional[_Union[Reason, str]] = ..., leader_client_addr: _Optional[str] = ..., leader_id: _Optional[int] = ..., floor: _Optional[int] = ..., window: _Optional[int] = ..., limit: _Optional[str] = ..., expected_cluster_id: _Optional[bytes] = ..., limit_max: _Optional[int] = ..., limit_requested: _Optional[int] = ..., floor_bound: _Optional[int] = ..., current_fence: _Optional[int] = ...) -> None: ...
+    nothing_proposed: bool
+    def __init__(self, reason: _Optional[_Union[Reason, str]] = ..., leader_client_addr: _Optional[str] = ..., leader_id: _Optional[int] = ..., floor: _Optional[int] = ..., window: _Optional[int] = ..., limit: _Optional[str] = ..., expected_cluster_id: _Optional[bytes] = ..., limit_max: _Optional[int] = ..., limit_requested: _Optional[int] = ..., floor_bound: _Optional[int] = ..., current_fence: _Optional[int] = ..., nothing_proposed: _Optional[bool] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
     __slots__ = ("cluster_id", "from_node_id", "payload")
