@@ -344,9 +344,13 @@ async fn client_and_cli_fail_at_once_and_config_changes_are_patches() {
 }
 
 /// An unknown outcome reports the most informative reason its attempts
-/// met: a call refused for a capacity limit (keys_max) until a majority of
-/// the cluster died names that limit, not the "not the leader" or the
-/// refused connection its last attempts got.
+/// met: a call refused for a capacity limit (keys_max) until the leader
+/// froze and a follower died names that limit, not the timeouts, "not the
+/// leader" or refused connections its last attempts got. (Had every
+/// attempt been refused provably unapplied — the limit, a node that
+/// proposed nothing, a refused connection — the call would report the
+/// limit itself: `tests/budget.rs`. An attempt that times out on the
+/// frozen leader may still apply when it wakes: unknown.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcome_unknown_names_the_most_informative_reason() {
     let cluster = Cluster::start("limits-unknown").await;
@@ -381,9 +385,10 @@ async fn outcome_unknown_names_the_most_informative_reason() {
     });
     refused.notified().await;
     let leader = cluster.wait_for_leader(CALL_DEADLINE).await;
-    cluster.kill(leader);
+    cluster.pause(leader);
     cluster.kill((1..=3).find(|node| *node != leader).unwrap());
     let error = call.await.unwrap().unwrap_err();
+    cluster.resume(leader);
     let Error::OutcomeUnknown { reason, .. } = &error else {
         panic!("expected an unknown outcome, got {error:?}");
     };
