@@ -187,3 +187,36 @@ def test_a_fenced_holder_gets_result_not_recorded(make_client, key):
     assert lost.value.fenced and lost.value.result == "mine"
     assert lost.value.may_have_taken_effect
     assert slow.once(job, fingerprint="py:stall", lease=5)(stall)() == "theirs"
+
+
+def test_a_claim_refused_for_claims_max_on_every_attempt_is_resource_exhausted(
+        make_client, key, admin_stub):
+    """At `claims_max` every attempt of a new claim is refused when its
+    entry applies (and a follower first asked proposes nothing): nothing
+    can have run, so the call raises `ResourceExhausted` naming the limit
+    (not `Unavailable`, not an unknown outcome) — rule 22's proof."""
+    from oncekv._proto import oncekv_pb2 as pb
+
+    stub = admin_stub()
+    config = stub.GetConfig(pb.GetConfigRequest(), timeout=5).config
+    cluster_id = make_client().status().cluster_id
+
+    def set_claims_max(value):
+        stub.SetConfig(pb.SetConfigRequest(
+            cluster_id=cluster_id, patch=pb.RegistryConfigPatch(claims_max=value)), timeout=5)
+
+    client = make_client(call_timeout=2.0)
+    set_claims_max(1)
+    try:
+        # At most one claim is live under the limit: this one, or another
+        # test's, so the next one is refused either way.
+        try:
+            client.claim(key("first"), b"f", lease=60.0)
+        except oncekv.ResourceExhausted:
+            pass
+        with pytest.raises(oncekv.ResourceExhausted) as refused:
+            client.claim(key("second"), b"f", lease=60.0)
+        assert "claims_max" in str(refused.value), refused.value
+        assert not refused.value.may_have_taken_effect
+    finally:
+        set_claims_max(config.claims_max)
