@@ -9,8 +9,7 @@
 //! does, at apply) or re-claim under a new claim id within one call.
 
 use super::{
-    Attempt, AuthChannel, Client, ClientClient, Error, Failures, classify,
-    exhausted_and_out_of_time, exhausted_before_any_reach, may_have_reached,
+    Attempt, AuthChannel, Client, ClientClient, Error, Failures, classify, may_have_reached,
 };
 use oncekv_core::ClaimAnswer;
 use oncekv_wire::convert;
@@ -467,15 +466,15 @@ impl Client {
                     failures.note(&status);
                     reached |= may_have_reached(&status);
                     if Instant::now() >= deadline {
-                        return Err(exhausted_before_any_reach(&failures, reached)
+                        return Err(failures
+                            .exhausted_before_any_reach(reached)
                             .unwrap_or_else(|| unknown(failures.reason())));
                     }
                     self.inner
                         .follower
                         .follow(hint.as_deref(), attempt, deadline)
                         .await;
-                    if let Some(exhausted) = exhausted_and_out_of_time(&failures, reached, deadline)
-                    {
+                    if let Some(exhausted) = failures.exhausted_and_out_of_time(reached, deadline) {
                         return Err(exhausted);
                     }
                 }

@@ -470,40 +470,10 @@ pub(crate) fn may_have_reached(status: &tonic::Status) -> bool {
     }
 }
 
-/// The error of a call whose deadline passed after a capacity limit
-/// refused its attempts, when none of them may have reached a leader that
-/// applies it (`reached` false): nothing ran, so the caller is told the
-/// limit and backs off (docs/http.md's 429, the CLI's
-/// `resource_exhausted`) instead of hearing "unknown". `None` otherwise.
-pub(crate) fn exhausted_before_any_reach(failures: &Failures, reached: bool) -> Option<Error> {
-    if reached {
-        return None;
-    }
-    match Error::from_reason(failures.exhausted.as_ref()?, 0) {
-        Some(exhausted @ Error::ResourceExhausted(_)) => Some(exhausted),
-        _ => None,
-    }
-}
-
 /// An attempt given less than this before the deadline would be cut off
 /// in flight (a loopback round trip with the leader's and a follower's
 /// `fdatasync` takes about a millisecond; a loaded machine, tens).
 const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(20);
-
-/// After the backoff that follows a failed attempt: `Some` when a capacity
-/// limit refused the call's attempts, none may have reached a leader, and
-/// too little time is left for another — which the deadline would cut off
-/// in flight, turning a definite "refused, nothing ran" into "unknown".
-pub(crate) fn exhausted_and_out_of_time(
-    failures: &Failures,
-    reached: bool,
-    deadline: Instant,
-) -> Option<Error> {
-    if deadline.saturating_duration_since(Instant::now()) >= MIN_ATTEMPT_TIME {
-        return None;
-    }
-    exhausted_before_any_reach(failures, reached)
-}
 
 /// Whether `status` reports a connection the peer refused (nothing sent):
 /// an `io::Error` of kind `ConnectionRefused` somewhere in its sources.
@@ -677,6 +647,32 @@ impl Failures {
         if error_detail(status).is_some_and(|detail| detail.reason() == Reason::ResourceExhausted) {
             self.exhausted = Some(status.clone());
         }
+    }
+
+    /// The error of a call whose deadline passed after a capacity limit
+    /// refused its attempts, when none of them may have reached a leader
+    /// that applies it (`reached` false): nothing ran, so the caller is told
+    /// the limit and backs off (docs/http.md's 429, the CLI's
+    /// `resource_exhausted`) instead of hearing "unknown". `None` otherwise.
+    pub(crate) fn exhausted_before_any_reach(&self, reached: bool) -> Option<Error> {
+        if reached {
+            return None;
+        }
+        Error::from_reason(self.exhausted.as_ref()?, 0)
+    }
+
+    /// After the backoff that follows a failed attempt: the same, when too
+    /// little time is left for another attempt — which the deadline would
+    /// cut off in flight, turning "refused, nothing ran" into "unknown".
+    pub(crate) fn exhausted_and_out_of_time(
+        &self,
+        reached: bool,
+        deadline: Instant,
+    ) -> Option<Error> {
+        if deadline.saturating_duration_since(Instant::now()) >= MIN_ATTEMPT_TIME {
+            return None;
+        }
+        self.exhausted_before_any_reach(reached)
     }
 
     /// The reason to report: the most informative failure, and the last one
@@ -1022,7 +1018,7 @@ impl Client {
                     failures.note(&status);
                     reached |= may_have_reached(&status);
                     if Instant::now() >= deadline {
-                        if let Some(exhausted) = exhausted_before_any_reach(&failures, reached) {
+                        if let Some(exhausted) = failures.exhausted_before_any_reach(reached) {
                             return Err(SeqError::Call(exhausted));
                         }
                         return Err(SeqError::Call(Error::OutcomeUnknown {
@@ -1035,8 +1031,7 @@ impl Client {
                         .follower
                         .follow(hint.as_deref(), attempt, deadline)
                         .await;
-                    if let Some(exhausted) = exhausted_and_out_of_time(&failures, reached, deadline)
-                    {
+                    if let Some(exhausted) = failures.exhausted_and_out_of_time(reached, deadline) {
                         return Err(SeqError::Call(exhausted));
                     }
                 }
@@ -1133,12 +1128,14 @@ impl Client {
             } => Err(if reached {
                 unknown(failures.reason())
             } else {
-                exhausted_before_any_reach(&failures, reached).unwrap_or_else(|| {
-                    give_up(CallError::GaveUp {
-                        status: last,
-                        maybe_applied: false,
+                failures
+                    .exhausted_before_any_reach(reached)
+                    .unwrap_or_else(|| {
+                        give_up(CallError::GaveUp {
+                            status: last,
+                            maybe_applied: false,
+                        })
                     })
-                })
             }),
             Sent::Unsendable { error, reached } => Err(if reached {
                 unknown(format!(
@@ -1192,7 +1189,10 @@ impl Client {
                         .follower
                         .follow(hint.as_deref(), attempt, deadline)
                         .await;
-                    if exhausted_and_out_of_time(&failures, reached, deadline).is_some() {
+                    if failures
+                        .exhausted_and_out_of_time(reached, deadline)
+                        .is_some()
+                    {
                         return Sent::GaveUp {
                             failures,
                             last: status,
@@ -1276,7 +1276,8 @@ impl Client {
             // any could have run, which is said as such.
             Sent::GaveUp {
                 failures, reached, ..
-            } => Err(exhausted_before_any_reach(&failures, reached)
+            } => Err(failures
+                .exhausted_before_any_reach(reached)
                 .unwrap_or_else(|| unknown(failures.reason()))),
             Sent::Unsendable { error, reached } => Err(if reached {
                 unknown(format!(

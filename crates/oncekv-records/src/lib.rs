@@ -220,9 +220,10 @@ struct ExpiredGroupsFilter(u64);
 
 impl CompactionFilter for ExpiredGroupsFilter {
     fn filter_item(&mut self, item: ItemAccessor<'_>, _: &Context) -> CompactionFilterResult {
+        // Only the group is read: compaction meets every record.
         let value = item.value()?;
-        Ok(match StoredRecord::decode(&value) {
-            Some(record) if record.group < self.0 => Verdict::Remove,
+        Ok(match unframe(&value) {
+            Some((VALUE_FORMAT, group, _)) if group < self.0 => Verdict::Remove,
             _ => Verdict::Keep,
         })
     }
@@ -410,26 +411,23 @@ impl RecordStore {
         // needs (watermarks only grow).
         let pin = generation.pins.pin();
         let snapshot = generation.db.snapshot();
-        let row = snapshot
-            .get(&generation.meta, CHECKPOINT_KEY)
-            .map_err(|source| generation.store_error(source));
-        let checkpoint = match row {
-            Ok(row) => row.map(|row| Checkpoint::decode(&generation.dir, &row)),
-            Err(error) => Some(Err(error)),
-        };
-        let checkpoint = match checkpoint.transpose() {
-            Ok(checkpoint) => checkpoint,
-            Err(error) => {
-                generation.pins.unpin(pin);
-                return Err(error);
-            }
-        };
-        Ok(View {
+        // Built first, so that an error below unpins through its drop.
+        let mut view = View {
             generation,
             snapshot,
-            checkpoint,
+            checkpoint: None,
             pin,
-        })
+        };
+        let generation = &view.generation;
+        let row = view
+            .snapshot
+            .get(&generation.meta, CHECKPOINT_KEY)
+            .map_err(|source| generation.store_error(source))?;
+        let checkpoint = row
+            .map(|row| Checkpoint::decode(&generation.dir, &row))
+            .transpose()?;
+        view.checkpoint = checkpoint;
+        Ok(view)
     }
 
     /// Builds a new generation from a received state — `records` in
