@@ -200,6 +200,17 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
     .await;
     let raw = raw_client(&cluster).await;
     let client = patient(&cluster);
+    // Ten minutes: keys expire by creation-time group (a 1,024th of the
+    // TTL wide, here 585 ms), so under the default 24 h TTL they would
+    // outlive the second set below by up to a minute.
+    set_config(
+        &raw,
+        proto::RegistryConfigPatch {
+            idempotency_key_ttl_ms: Some(600_000),
+            ..Default::default()
+        },
+    )
+    .await;
     let leader = cluster.wait_for_leader(DEADLINE).await;
     let lagging = (1..=3).find(|node| *node != leader).unwrap();
     cluster.kill(lagging);
@@ -273,10 +284,10 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
     assert!(matches!(error, Error::KeyConflict { .. }), "{error}");
     assert_eq!(raw.read(b"s").await, Some(Value::Int(123)));
 
-    // A TTL of one second. Keys older than it are forgotten at the config
-    // entry itself, the rest at the first entry stamped a second after
-    // their first execution: plain increments (no key) move cluster time
-    // on until the leader holds no key.
+    // A TTL of one second. Keys whose group is older than it are forgotten
+    // at the config entry itself, the rest at the first entry stamped a
+    // second after their group's end: plain increments (no key) move
+    // cluster time on until the leader holds no key.
     let reply = set_config(
         &raw,
         proto::RegistryConfigPatch {

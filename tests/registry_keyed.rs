@@ -6,9 +6,10 @@ mod support;
 
 use oncekv_core::snapshot;
 use oncekv_core::{
-    Command, CommandResult, ConfigPatch, Entry, IdempotencyKey, InvalidArgument,
-    KEY_RECORD_BOOKKEEPING_BYTES, KeyedConfig, KeyedConfigPatch, Limit, LimitExceeded, Op, Outcome,
-    Principal, Registry, RegistryConfig, Rejection, Value, key_record_size_bytes,
+    Command, CommandResult, ConfigPatch, Entry, GroupedRecord, IdempotencyKey, InvalidArgument,
+    KEY_GROUP_WIDTH_MAX_MS, KEY_RECORD_BOOKKEEPING_BYTES, KeyId, KeyedConfig, KeyedConfigPatch,
+    Limit, LimitExceeded, Op, Outcome, Prefetched, Principal, Registry, RegistryConfig, Rejection,
+    Value, key_record_size_bytes,
 };
 use proptest::prelude::*;
 use support::registry::{CLUSTER, Driver, append, incr, put};
@@ -247,13 +248,47 @@ fn rule18_expiry_is_oldest_first_and_inclusive() {
     assert_eq!(driver.int("n"), Some(2));
 }
 
+/// Rule 18 with creation-time groups: a key lives at least its TTL and
+/// less than its TTL plus its group's width (a 1,024th of the TTL): it goes
+/// with its whole group, at the first entry stamped past the group's end -
+/// 1 + TTL, as `expires_after_ms` says.
+#[test]
+fn rule18_a_key_lives_its_ttl_and_less_than_one_group_more() {
+    let mut driver = Driver::new();
+    let ttl_ms = 1_024_000;
+    assert_eq!(oncekv_core::key_group_width_ms(ttl_ms), 1_000);
+    driver.apply(patch_keyed(ttl(ttl_ms)));
+    driver.now_ms = 1_500;
+    driver.apply(anonymous("k", incr("n", 1)));
+    let id = (Principal::anonymous(), IdempotencyKey(b"k".to_vec()));
+    let view = driver.registry.key(&id.0, &id.1).expect("live");
+    assert_eq!(view.created_ms, 1_500);
+    // Its group is [1000, 2000): its newest record could be made at 1999.
+    assert_eq!(view.expires_after_ms, 1_999 + ttl_ms);
+    for now_ms in [1_500 + ttl_ms, 1_999 + ttl_ms] {
+        driver.now_ms = now_ms;
+        assert_eq!(
+            driver.apply(anonymous("k", incr("n", 1))),
+            incremented(1, true),
+            "at {now_ms}"
+        );
+    }
+    driver.now_ms = 2_000 + ttl_ms;
+    assert_eq!(
+        driver.apply(anonymous("k", incr("n", 1))),
+        incremented(2, false)
+    );
+}
+
 /// Rule 18: a shorter TTL takes effect at the config entry itself, on
-/// every replica: keys older than it are gone at that index.
+/// every replica: keys whose whole creation-time group is older than it
+/// are gone at that index (under the default 24 h TTL groups are a minute
+/// wide: a key made in the last minute may live up to a minute more).
 #[test]
 fn rule18_shorter_ttl_expires_keys_at_its_entry() {
     let mut driver = Driver::new();
     driver.apply(anonymous("k", incr("n", 1)));
-    driver.advance(5_000);
+    driver.advance(KEY_GROUP_WIDTH_MAX_MS + 1_000);
     assert_eq!(driver.registry.key_count(), 1);
     let outcome = driver.apply(patch_keyed(ttl(1_000)));
     let Outcome::ConfigsSet { keyed, config } = outcome else {
@@ -635,6 +670,12 @@ enum Step {
         delta_ms: i64,
     },
     SnapshotRestore,
+    /// The flushing replica writes its changes into its store; with
+    /// `compact`, the store also drops the records of expired groups (what
+    /// the store's compaction filter may do at any time).
+    Flush {
+        compact: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -643,9 +684,11 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(principal, key, command)| Step::Keyed { principal, key, command }),
         1 => (0..PRINCIPALS.len(), 0..KEYS.len())
             .prop_map(|(principal, key)| Step::Forget { principal, key }),
-        1 => prop_oneof![Just(200u64), Just(1_000), Just(5_000)].prop_map(|ttl_ms| Step::Ttl { ttl_ms }),
+        1 => prop_oneof![Just(200u64), Just(1_000), Just(5_000), Just(20_000)]
+            .prop_map(|ttl_ms| Step::Ttl { ttl_ms }),
         4 => (-1_000i64..2_000).prop_map(|delta_ms| Step::Clock { delta_ms }),
         1 => Just(Step::SnapshotRestore),
+        2 => any::<bool>().prop_map(|compact| Step::Flush { compact }),
     ]
 }
 
@@ -657,14 +700,19 @@ fn model_command(kind: u8) -> Command {
     }
 }
 
-/// A literal reading of rule 18 with a vector and linear scans.
+/// A literal reading of rule 18 with a vector and linear scans: a record
+/// lives until its creation-time group's newest possible record is older
+/// than the TTL (groups opened as the module doc of the core's `keyed`
+/// says: `key_group_width_ms(ttl)` wide, aligned, never overlapping).
 #[derive(Default)]
 struct Model {
     now_ms: u64,
     ttl_ms: u64,
     keys_max: usize,
-    /// (principal, key, created, command, result).
+    /// (principal, key, end of its group, command, result).
     records: Vec<(usize, usize, u64, Command, CommandResult)>,
+    /// The newest group opened: (start, end).
+    group: Option<(u64, u64)>,
     n: i64,
     l: u64,
 }
@@ -678,7 +726,22 @@ impl Model {
     fn expire(&mut self) {
         let (now, ttl) = (self.now_ms, self.ttl_ms);
         self.records
-            .retain(|(_, _, created, ..)| now.saturating_sub(*created) <= ttl);
+            .retain(|(_, _, group_end, ..)| group_end - 1 + ttl >= now);
+    }
+
+    /// The end of the group a record made now belongs in.
+    fn group_end(&mut self) -> u64 {
+        let now = self.now_ms;
+        match self.group {
+            Some((_, end)) if now < end => end,
+            _ => {
+                let width = oncekv_core::key_group_width_ms(self.ttl_ms);
+                let floor = self.group.map_or(0, |(_, end)| end);
+                let start = (now - now % width).max(floor);
+                self.group = Some((start, start + width));
+                start + width
+            }
+        }
     }
 
     fn keyed(&mut self, principal: usize, key: usize, command: Command) -> Outcome {
@@ -706,8 +769,9 @@ impl Model {
                 CommandResult::Appended { length: self.l }
             }
         };
+        let group_end = self.group_end();
         self.records
-            .push((principal, key, self.now_ms, command, result.clone()));
+            .push((principal, key, group_end, command, result.clone()));
         executed(result, false)
     }
 }
@@ -741,6 +805,7 @@ proptest! {
             },
         });
         let mut replica = driver.registry.clone();
+        let mut flushing = FlushingReplica::new(driver.registry.clone());
         let mut model = Model {
             now_ms: driver.now_ms,
             ttl_ms: 1_000,
@@ -762,6 +827,10 @@ proptest! {
                     let bytes = snapshot::to_bytes(&driver.registry);
                     driver.registry = snapshot::from_bytes(&bytes).expect("reads back");
                     prop_assert_eq!(&driver.registry, &replica);
+                    continue;
+                }
+                Step::Flush { compact } => {
+                    flushing.flush(*compact);
                     continue;
                 }
             };
@@ -809,13 +878,80 @@ proptest! {
                 prop_assert!(clock_moves, "the shortcut saw a duplicate the log did not: {:?}", step);
             }
             replica.apply(driver.index, &entry);
+            prop_assert_eq!(&flushing.apply(driver.index, &entry), &outcome, "step {:?}", step);
             prop_assert_eq!(driver.registry.key_count(), model.records.len());
+            prop_assert_eq!(flushing.registry.key_count(), model.records.len());
         }
         prop_assert_eq!(
             snapshot::state_hash(&driver.registry),
             snapshot::state_hash(&replica)
         );
+        // The replica whose records went to its store at random points
+        // decided the same, hashes the same and shows the same records.
+        prop_assert_eq!(
+            snapshot::state_hash(&driver.registry),
+            snapshot::state_hash(&flushing.registry)
+        );
+        for principal in PRINCIPALS {
+            for key in KEYS {
+                let principal = Principal(principal.to_owned());
+                let key = IdempotencyKey(key.as_bytes().to_vec());
+                prop_assert_eq!(
+                    driver.registry.key(&principal, &key),
+                    flushing.key(&principal, &key)
+                );
+            }
+        }
         prop_assert_eq!(driver.int("n").unwrap_or(0), model.n);
+    }
+}
+
+/// A registry whose key records go to a store (here a map) at random
+/// points, as the storage adapter's do at snapshots: it fetches what the
+/// registry names before each entry and writes what it took.
+struct FlushingReplica {
+    registry: Registry,
+    store: std::collections::BTreeMap<KeyId, GroupedRecord>,
+}
+
+impl FlushingReplica {
+    fn new(registry: Registry) -> FlushingReplica {
+        FlushingReplica {
+            registry,
+            store: std::collections::BTreeMap::new(),
+        }
+    }
+
+    fn apply(&mut self, index: u64, entry: &Entry) -> Outcome {
+        let mut fetched = Prefetched::none();
+        for id in self.registry.keys_to_fetch(entry) {
+            let stored = self.store.get(&id).cloned();
+            fetched.insert(id, stored);
+        }
+        let outcomes = self.registry.apply_prefetched(index, entry, &fetched);
+        if let Err(broken) = self.registry.check_invariants() {
+            panic!("flushing replica after entry {index}: {broken}");
+        }
+        outcomes.into_iter().next().expect("one outcome")
+    }
+
+    fn flush(&mut self, compact: bool) {
+        let changes = self.registry.take_key_changes();
+        for (id, change) in changes.records {
+            match change {
+                Some(stored) => self.store.insert(id, stored),
+                None => self.store.remove(&id),
+            };
+        }
+        if compact {
+            self.store
+                .retain(|_, stored| stored.group_ms >= changes.first_live_group_ms);
+        }
+    }
+
+    fn key(&self, principal: &Principal, key: &IdempotencyKey) -> Option<oncekv_core::KeyView> {
+        let stored = self.store.get(&(principal.clone(), key.clone())).cloned();
+        self.registry.key_over(principal, key, stored)
     }
 }
 

@@ -1,24 +1,51 @@
 //! The records of idempotency keys (rule 18): for each (principal, key), the
 //! cluster time of its first execution and its cached response with the
-//! command's fingerprint, an index of the records oldest first for expiry,
-//! and the bookkeeping of their size. It owns those invariants (the index
-//! and the byte count always match the records; so does the records'
-//! multiset hash, kept at every insert and removal so that the state hash
-//! never walks the records) and nothing else: the order of checks and the
-//! limits live in the registry.
+//! command's fingerprint, grouped by creation time so that expiry costs per
+//! group, not per record (docs/state-beyond-ram.md §4.3).
 //!
-//! Records are ordered by (principal, key), the index by (creation time,
-//! principal, key): expiry, paging and snapshots walk them in that fixed
-//! order (rule 10); the state hash takes their multiset hash instead.
+//! It owns those invariants and nothing else (the order of checks and the
+//! limits live in the registry):
+//! - **groups**: every record belongs to the creation-time group open when
+//!   it was made; groups are disjoint intervals of cluster time, opened in
+//!   order, each `key_group_width_ms(ttl)` wide when opened. A group expires
+//!   whole once its newest possible record is older than the TTL, so a key
+//!   lives at least its TTL and less than its TTL plus one group's width;
+//! - **summaries**: per group, the count, bytes, multiset hash and
+//!   per-principal usage of its records, and their totals — what the limits
+//!   check and the state hash covers, so neither walks the records;
+//! - **the overlay**: the records it holds. Until an adapter first takes the
+//!   changes ([`KeyStore::take_changes`]) that is every live record; after,
+//!   the records changed since the last take (a removal kept as `None`, for
+//!   the adapter's store to delete), and a record it does not hold must be
+//!   handed to it, read from the adapter's store, as [`Prefetched`]. A
+//!   record found there whose group has expired is absent, wherever it
+//!   still lies.
+//!
+//! It does no IO: the adapter fetches what the registry names and stores
+//! what it changed. Records are ordered by (principal, key), groups by start
+//! time: expiry, paging and snapshots walk them in that fixed order (rule 10).
 
 use super::session::CachedResponse;
 use super::snapshot::{RecordsHash, key_record_hash};
 use super::types::{IdempotencyKey, Principal, key_record_size_bytes};
 use imbl::{OrdMap, OrdSet};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 /// Who owns a key and the key: the address of a record.
 pub type KeyId = (Principal, IdempotencyKey);
+
+/// Groups per TTL: a key lives at most its TTL plus 1/1024 of it.
+pub const KEY_GROUPS_PER_TTL: u64 = 1024;
+/// The widest group, whatever the TTL: a key lives at most a minute past it.
+pub const KEY_GROUP_WIDTH_MAX_MS: u64 = 60_000;
+
+/// The width of the groups opened under a key TTL of `ttl_ms`: a 1,024th of
+/// it, at least 1 ms (so a TTL under 2,048 ms expires keys exactly as it
+/// says) and at most [`KEY_GROUP_WIDTH_MAX_MS`].
+pub fn key_group_width_ms(ttl_ms: u64) -> u64 {
+    (ttl_ms / KEY_GROUPS_PER_TTL).clamp(1, KEY_GROUP_WIDTH_MAX_MS)
+}
 
 /// One key's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,158 +63,450 @@ impl KeyRecord {
     }
 }
 
+/// A record with the start of the creation-time group it belongs to: what
+/// an adapter stores and hands back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupedRecord {
+    pub group_ms: u64,
+    pub record: KeyRecord,
+}
+
+/// Records an adapter read from its store for the entries about to apply:
+/// for each id the registry named ([`crate::Registry::keys_to_fetch`]), the
+/// record stored under it or `None`.
+#[derive(Clone, Debug, Default)]
+pub struct Prefetched {
+    records: BTreeMap<KeyId, Option<GroupedRecord>>,
+}
+
+impl Prefetched {
+    /// Nothing fetched: for a registry that holds all of its records.
+    pub fn none() -> Prefetched {
+        Prefetched::default()
+    }
+
+    /// Adds what the store holds under `id`.
+    pub fn insert(&mut self, id: KeyId, stored: Option<GroupedRecord>) {
+        self.records.insert(id, stored);
+    }
+}
+
+/// The record changes since the last take, for the adapter's store: a
+/// record to write, or `None` to delete; and the start of the oldest live
+/// group (records of older groups are expired wherever they lie).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyChanges {
+    pub records: OrdMap<KeyId, Option<GroupedRecord>>,
+    pub first_live_group_ms: u64,
+}
+
+/// What a group holds, without its records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GroupSummary {
+    /// The group covers records created in [start, end_ms).
+    pub(crate) end_ms: u64,
+    pub(crate) usage: Usage,
+}
+
+/// Counts of a set of records: how many, their bytes, their multiset hash
+/// and, per principal, (records, bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub(crate) records: u64,
+    pub(crate) bytes: u64,
+    pub(crate) hash: RecordsHash,
+    pub(crate) by_principal: OrdMap<Principal, (u64, u64)>,
+}
+
+impl Usage {
+    fn add(&mut self, id: &KeyId, record: &KeyRecord) {
+        let size = record.size_bytes(id);
+        self.records += 1;
+        self.bytes += size;
+        self.hash.add(&key_record_hash(id, record));
+        let entry = self.by_principal.entry(id.0.clone()).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += size;
+    }
+
+    fn subtract(&mut self, id: &KeyId, record: &KeyRecord) {
+        let size = record.size_bytes(id);
+        self.records -= 1;
+        self.bytes -= size;
+        self.hash.subtract(&key_record_hash(id, record));
+        self.count(&id.0, 1, size);
+    }
+
+    /// Takes `records` and `bytes` of `principal` out.
+    fn count(&mut self, principal: &Principal, records: u64, bytes: u64) {
+        if let Some(entry) = self.by_principal.get_mut(principal) {
+            entry.0 -= records;
+            entry.1 -= bytes;
+            if entry.0 == 0 {
+                self.by_principal.remove(principal);
+            }
+        }
+    }
+
+    /// Takes a whole group's usage out.
+    fn subtract_all(&mut self, group: &Usage) {
+        self.records -= group.records;
+        self.bytes -= group.bytes;
+        self.hash.subtract_sum(&group.hash);
+        for (principal, &(records, bytes)) in &group.by_principal {
+            self.count(principal, records, bytes);
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct KeyStore {
-    records: OrdMap<KeyId, KeyRecord>,
-    /// (created, principal, key) of every record, oldest first.
-    by_age: OrdSet<(u64, Principal, IdempotencyKey)>,
-    /// Sum of `size_bytes` over the records.
-    cached_bytes: u64,
-    /// Per principal: (records, bytes) — what its quota counts (rule 21).
-    by_principal: OrdMap<Principal, (u64, u64)>,
-    /// The records' multiset hash (the state hash's part for them).
-    hash: RecordsHash,
+    /// The records held (see the module doc): every live record while
+    /// `outside` is false, else the changes since the last take.
+    overlay: OrdMap<KeyId, Option<GroupedRecord>>,
+    /// (group, id) of every record in the overlay (not of removals).
+    by_group: OrdSet<(u64, KeyId)>,
+    /// Live groups by start.
+    groups: OrdMap<u64, GroupSummary>,
+    /// The end of the newest group ever opened: a new group never starts
+    /// before it, so groups never overlap, even across expiry and TTL
+    /// changes.
+    groups_floor_ms: u64,
+    /// The sum of the live groups' usage.
+    totals: Usage,
+    /// Whether records may lie outside the overlay (changes were taken).
+    outside: bool,
 }
 
 impl KeyStore {
-    /// The multiset hash of the records.
-    pub(crate) fn records_hash(&self) -> RecordsHash {
-        self.hash
-    }
-
-    pub fn len(&self) -> usize {
-        self.records.len()
+    /// Live records.
+    pub fn len(&self) -> u64 {
+        self.totals.records
     }
 
     pub fn cached_bytes(&self) -> u64 {
-        self.cached_bytes
+        self.totals.bytes
     }
 
     /// (records, bytes) of `principal`'s keys.
     pub fn usage(&self, principal: &Principal) -> (u64, u64) {
-        self.by_principal.get(principal).copied().unwrap_or((0, 0))
+        self.totals
+            .by_principal
+            .get(principal)
+            .copied()
+            .unwrap_or((0, 0))
     }
 
-    fn count(&mut self, principal: &Principal, records: i64, bytes: i64) {
-        let (count, size) = self.usage(principal);
-        let count = count.saturating_add_signed(records);
-        let size = size.saturating_add_signed(bytes);
-        if count == 0 {
-            self.by_principal.remove(principal);
-        } else {
-            self.by_principal.insert(principal.clone(), (count, size));
-        }
+    /// The live groups, oldest first: (start, summary).
+    pub(crate) fn groups(&self) -> impl Iterator<Item = (&u64, &GroupSummary)> {
+        self.groups.iter()
     }
 
-    pub fn get(&self, id: &KeyId) -> Option<&KeyRecord> {
-        self.records.get(id)
+    /// The end of the live group starting at `start`, if it lives.
+    pub(crate) fn group_end_ms(&self, start: u64) -> Option<u64> {
+        self.groups.get(&start).map(|group| group.end_ms)
     }
 
-    /// Every record in (principal, key) order.
-    pub fn iter(&self) -> impl Iterator<Item = (&KeyId, &KeyRecord)> {
-        self.records.iter()
+    pub(crate) fn groups_floor_ms(&self) -> u64 {
+        self.groups_floor_ms
     }
 
-    /// The greatest (principal, key) with a record.
-    pub fn last_id(&self) -> Option<&KeyId> {
-        self.records.get_max().map(|(id, _)| id)
+    /// The start of the oldest live group, or where the next group will
+    /// start if none lives: records of older groups are expired.
+    pub fn first_live_group_ms(&self) -> u64 {
+        self.groups
+            .get_min()
+            .map_or(self.groups_floor_ms, |(start, _)| *start)
     }
 
-    /// Records strictly after `after`, in (principal, key) order.
+    /// Whether records may lie outside the overlay.
+    pub fn has_records_outside(&self) -> bool {
+        self.outside
+    }
+
+    /// Whether the record of `id`, if any, must be fetched from outside.
+    pub fn must_fetch(&self, id: &KeyId) -> bool {
+        self.outside && !self.overlay.contains_key(id)
+    }
+
+    /// The live record of `id`: from the overlay, else from what was
+    /// fetched.
+    ///
+    /// # Panics
+    /// If records lie outside and `id`'s was neither held nor fetched: the
+    /// adapter did not fetch what the registry named, and deciding without
+    /// the record could execute a key twice.
+    pub fn get<'a>(&'a self, id: &KeyId, fetched: &'a Prefetched) -> Option<&'a GroupedRecord> {
+        let stored = match self.overlay.get(id) {
+            Some(held) => held.as_ref(),
+            None if !self.outside => None,
+            None => fetched
+                .records
+                .get(id)
+                .unwrap_or_else(|| panic!("key record {id:?} neither held nor fetched"))
+                .as_ref(),
+        };
+        stored.filter(|stored| self.groups.contains_key(&stored.group_ms))
+    }
+
+    /// The live record of `id` among those held; `None` also when it may
+    /// lie outside. For reads that may fall back to the log.
+    pub fn get_held(&self, id: &KeyId) -> Option<&GroupedRecord> {
+        self.overlay
+            .get(id)?
+            .as_ref()
+            .filter(|stored| self.groups.contains_key(&stored.group_ms))
+    }
+
+    /// Held live records in (principal, key) order.
+    pub fn iter(&self) -> impl Iterator<Item = (&KeyId, &GroupedRecord)> {
+        self.overlay
+            .iter()
+            .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
+    }
+
+    /// Held live records strictly after `after`, in (principal, key) order.
     pub fn after<'a>(
         &'a self,
         after: &KeyId,
-    ) -> impl Iterator<Item = (&'a KeyId, &'a KeyRecord)> + 'a {
-        self.records
+    ) -> impl Iterator<Item = (&'a KeyId, &'a GroupedRecord)> + 'a {
+        self.overlay
             .range((Bound::Excluded(after.clone()), Bound::Unbounded))
+            .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
     }
 
-    /// Records a key's first execution. The caller checked that the key
-    /// has no record.
-    pub fn insert(&mut self, id: KeyId, record: KeyRecord) {
-        self.cached_bytes += record.size_bytes(&id);
-        self.count(&id.0, 1, record.size_bytes(&id) as i64);
-        self.by_age
-            .insert((record.created_ms, id.0.clone(), id.1.clone()));
-        self.hash.add(&key_record_hash(&id, &record));
-        let previous = self.records.insert(id, record);
-        debug_assert!(previous.is_none(), "a key executed twice");
+    /// The greatest held (principal, key).
+    pub fn last_id(&self) -> Option<&KeyId> {
+        self.overlay.get_max().map(|(id, _)| id)
     }
 
-    /// Removes a key's record; whether it had one.
-    pub fn remove(&mut self, id: &KeyId) -> bool {
-        let Some(record) = self.records.remove(id) else {
+    /// The group a record created at `created_ms` belongs in, opening it
+    /// (`width_ms` wide, aligned to it, never before the floor) if the
+    /// newest group has ended. Cluster time never goes back, so the newest
+    /// group starts at or before `created_ms`.
+    fn group_for(&mut self, created_ms: u64, width_ms: u64) -> u64 {
+        if let Some((start, group)) = self.groups.get_max()
+            && created_ms < group.end_ms
+        {
+            return *start;
+        }
+        let start = (created_ms - created_ms % width_ms).max(self.groups_floor_ms);
+        let end_ms = start.saturating_add(width_ms);
+        self.groups.insert(
+            start,
+            GroupSummary {
+                end_ms,
+                usage: Usage::default(),
+            },
+        );
+        self.groups_floor_ms = end_ms;
+        start
+    }
+
+    /// Records a key's first execution, in the group open at its creation
+    /// time (groups `width_ms` wide are opened as needed). The caller
+    /// checked that the key has no live record.
+    pub fn insert(&mut self, id: KeyId, record: KeyRecord, width_ms: u64) {
+        let group_ms = self.group_for(record.created_ms, width_ms);
+        self.insert_into(id, GroupedRecord { group_ms, record });
+    }
+
+    fn insert_into(&mut self, id: KeyId, stored: GroupedRecord) {
+        let group = self
+            .groups
+            .get_mut(&stored.group_ms)
+            .expect("a record inserted into a live group");
+        group.usage.add(&id, &stored.record);
+        self.totals.add(&id, &stored.record);
+        self.by_group.insert((stored.group_ms, id.clone()));
+        let previous = self.overlay.insert(id, Some(stored));
+        debug_assert!(
+            previous.is_none_or(|previous| previous.is_none()),
+            "a key executed twice"
+        );
+    }
+
+    /// Removes a key's live record; whether it had one.
+    pub fn remove(&mut self, id: &KeyId, fetched: &Prefetched) -> bool {
+        let Some(stored) = self.get(id, fetched).cloned() else {
             return false;
         };
-        self.cached_bytes -= record.size_bytes(id);
-        self.count(&id.0, -1, -(record.size_bytes(id) as i64));
-        self.hash.subtract(&key_record_hash(id, &record));
-        let aged = self
-            .by_age
-            .remove(&(record.created_ms, id.0.clone(), id.1.clone()));
-        assert!(aged.is_some(), "a key record missing from the age index");
+        let group = self
+            .groups
+            .get_mut(&stored.group_ms)
+            .expect("a live record's group");
+        group.usage.subtract(id, &stored.record);
+        self.totals.subtract(id, &stored.record);
+        self.by_group.remove(&(stored.group_ms, id.clone()));
+        if self.outside {
+            self.overlay.insert(id.clone(), None);
+        } else {
+            self.overlay.remove(id);
+        }
         true
     }
 
-    /// Removes, oldest first, every record older than `ttl_ms` at
-    /// `now_ms`; how many went.
-    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
+    /// Expires, oldest first, every group whose newest possible record is
+    /// older than `ttl_ms` at `now_ms` (created at or before `now_ms -
+    /// ttl_ms - 1`): its summary goes, and so do the records of it held
+    /// here (those outside are expired where they lie). How many records
+    /// went.
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> u64 {
         let mut expired = 0;
-        while let Some(oldest) = self.by_age.get_min().cloned() {
-            if now_ms.saturating_sub(oldest.0) <= ttl_ms {
+        while let Some(&(start, ref group)) = self.groups.get_min() {
+            if group.end_ms.saturating_sub(1).saturating_add(ttl_ms) >= now_ms {
                 break;
             }
-            self.by_age.remove(&oldest);
-            let id = (oldest.1, oldest.2);
-            let record = self.records.remove(&id);
-            let record = record.expect("a key in the age index without a record");
-            self.cached_bytes -= record.size_bytes(&id);
-            self.count(&id.0, -1, -(record.size_bytes(&id) as i64));
-            self.hash.subtract(&key_record_hash(&id, &record));
-            expired += 1;
+            let group = self.groups.remove(&start).expect("the oldest group");
+            self.totals.subtract_all(&group.usage);
+            expired += group.usage.records;
+            let from = (
+                start,
+                (Principal(String::new()), IdempotencyKey(Vec::new())),
+            );
+            let held: Vec<(u64, KeyId)> = self
+                .by_group
+                .range(from..)
+                .take_while(|(group_ms, _)| *group_ms == start)
+                .cloned()
+                .collect();
+            for entry in held {
+                self.by_group.remove(&entry);
+                // While records lie outside, kept as a removal: an entry
+                // whose ids were fetched before this expiry (found held,
+                // so not fetched) must still find the id held. Whatever
+                // the store holds under it is of this group or an older
+                // one: deleting it loses nothing live.
+                if self.outside {
+                    self.overlay.insert(entry.1, None);
+                } else {
+                    self.overlay.remove(&entry.1);
+                }
+            }
         }
         expired
     }
 
-    /// The age index names exactly the records, with their creation times,
-    /// and the byte count is the sum of the records' sizes.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        if self.by_age.len() != self.records.len() {
-            return Err(format!(
-                "{} key records, {} in the age index",
-                self.records.len(),
-                self.by_age.len()
-            ));
+    /// The changes since the last take (every record, the first time):
+    /// from now on records may lie outside, and the registry reads them
+    /// from what the adapter fetches.
+    pub fn take_changes(&mut self) -> KeyChanges {
+        self.outside = true;
+        self.by_group = OrdSet::new();
+        KeyChanges {
+            records: std::mem::take(&mut self.overlay),
+            first_live_group_ms: self.first_live_group_ms(),
         }
-        let mut sum = 0u64;
-        let mut hash = RecordsHash::default();
-        for (id, record) in &self.records {
-            if !self
-                .by_age
-                .contains(&(record.created_ms, id.0.clone(), id.1.clone()))
-            {
-                return Err("a key record missing from the age index".to_owned());
+    }
+
+    /// Restores the groups of a snapshot: (start, end) in start order,
+    /// before any record. Whether they are disjoint, ordered and below the
+    /// floor.
+    pub(crate) fn restore_groups(
+        &mut self,
+        groups: &[(u64, u64)],
+        floor_ms: u64,
+    ) -> Result<(), &'static str> {
+        let mut previous_end = 0;
+        for &(start, end_ms) in groups {
+            if start < previous_end || end_ms <= start || end_ms > floor_ms {
+                return Err("idempotency key groups overlap or out of order");
             }
-            sum += record.size_bytes(id);
-            hash.add(&key_record_hash(id, record));
+            previous_end = end_ms;
+            self.groups.insert(
+                start,
+                GroupSummary {
+                    end_ms,
+                    usage: Usage::default(),
+                },
+            );
         }
-        if hash != self.hash {
-            return Err("the key records' hash disagrees with the records".to_owned());
+        self.groups_floor_ms = floor_ms;
+        Ok(())
+    }
+
+    /// Restores a record of a snapshot into the restored group that covers
+    /// its creation time.
+    pub(crate) fn restore(&mut self, id: KeyId, record: KeyRecord) -> Result<(), &'static str> {
+        let (&group_ms, group) = self
+            .groups
+            .range(..=record.created_ms)
+            .next_back()
+            .ok_or("an idempotency key record in no live group")?;
+        if record.created_ms >= group.end_ms {
+            return Err("an idempotency key record in no live group");
         }
-        if sum != self.cached_bytes {
-            return Err(format!(
-                "key bytes {} but records sum to {sum}",
-                self.cached_bytes
-            ));
+        self.insert_into(id, GroupedRecord { group_ms, record });
+        Ok(())
+    }
+
+    /// Groups are disjoint, ordered and live; their summaries add up to the
+    /// totals; the overlay's records lie in their groups and the group
+    /// index names exactly them; while no record lies outside, every
+    /// group's summary is the sum of its held records.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut previous_end = 0;
+        let mut totals = Usage::default();
+        for (&start, group) in &self.groups {
+            if start < previous_end || group.end_ms <= start {
+                return Err("idempotency key groups overlap".to_owned());
+            }
+            previous_end = group.end_ms;
+            totals.records += group.usage.records;
+            totals.bytes += group.usage.bytes;
+            totals.hash.add_sum(&group.usage.hash);
+            for (principal, &(records, bytes)) in &group.usage.by_principal {
+                let entry = totals
+                    .by_principal
+                    .entry(principal.clone())
+                    .or_insert((0, 0));
+                entry.0 += records;
+                entry.1 += bytes;
+            }
         }
-        let mut usage: OrdMap<Principal, (u64, u64)> = OrdMap::new();
-        for (id, record) in &self.records {
-            let entry = usage.entry(id.0.clone()).or_insert((0, 0));
-            entry.0 += 1;
-            entry.1 += record.size_bytes(id);
+        if previous_end > self.groups_floor_ms {
+            return Err("an idempotency key group beyond the floor".to_owned());
         }
-        if usage != self.by_principal {
-            return Err("per-principal key usage disagrees with the records".to_owned());
+        if totals != self.totals {
+            return Err("key record totals disagree with the groups".to_owned());
+        }
+        let mut held: OrdMap<u64, Usage> = OrdMap::new();
+        let mut indexed = 0;
+        for (id, stored) in &self.overlay {
+            let Some(stored) = stored else {
+                if !self.outside {
+                    return Err("a removal kept while no record lies outside".to_owned());
+                }
+                continue;
+            };
+            let Some(group) = self.groups.get(&stored.group_ms) else {
+                return Err("a held key record of an expired group".to_owned());
+            };
+            if stored.record.created_ms < stored.group_ms
+                || stored.record.created_ms >= group.end_ms
+            {
+                return Err("a key record outside its group's interval".to_owned());
+            }
+            if !self.by_group.contains(&(stored.group_ms, id.clone())) {
+                return Err("a key record missing from the group index".to_owned());
+            }
+            indexed += 1;
+            held.entry(stored.group_ms)
+                .or_default()
+                .add(id, &stored.record);
+        }
+        if indexed != self.by_group.len() {
+            return Err("the group index names records not held".to_owned());
+        }
+        if !self.outside {
+            for (start, group) in &self.groups {
+                let sum = held.get(start).cloned().unwrap_or_default();
+                if sum != group.usage {
+                    return Err(format!(
+                        "key group {start}: summary disagrees with its records"
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -85,7 +85,10 @@ pub mod snapshot;
 pub mod types;
 
 pub use claims::{ClaimRecord, ClaimState, ClaimView};
-pub use keyed::{KeyId, KeyRecord};
+pub use keyed::{
+    GroupedRecord, KEY_GROUP_WIDTH_MAX_MS, KEY_GROUPS_PER_TTL, KeyChanges, KeyId, KeyRecord,
+    Prefetched, key_group_width_ms,
+};
 pub use session::CachedResponse;
 pub use types::*;
 
@@ -204,7 +207,7 @@ impl Registry {
 
     /// Live idempotency keys, all principals.
     pub fn key_count(&self) -> usize {
-        self.keys.len()
+        usize::try_from(self.keys.len()).unwrap_or(usize::MAX)
     }
 
     /// Bytes charged for all idempotency key records.
@@ -212,17 +215,75 @@ impl Registry {
         self.keys.cached_bytes()
     }
 
-    /// The record of `key` of `principal`, if it is live.
+    /// The record of `key` of `principal`, if it is live and held here
+    /// (every live record is, unless an adapter took the changes: see
+    /// [`Registry::take_key_changes`]).
     pub fn key(&self, principal: &Principal, key: &IdempotencyKey) -> Option<KeyView> {
         let id = (principal.clone(), key.clone());
-        let record = self.keys.get(&id)?;
-        Some(self.key_view(&id, record))
+        let stored = self.keys.get_held(&id)?;
+        Some(self.key_view(&id, stored))
+    }
+
+    /// The live record of `key` of `principal`, when the adapter's store
+    /// holds `stored` under it: the registry's own change if it holds one
+    /// (a newer record, or a removal), else `stored` if its group lives.
+    pub fn key_over(
+        &self,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        stored: Option<GroupedRecord>,
+    ) -> Option<KeyView> {
+        let id = (principal.clone(), key.clone());
+        let mut fetched = Prefetched::none();
+        fetched.insert(id.clone(), stored);
+        let live = self.keys.get(&id, &fetched)?;
+        Some(self.key_view(&id, live))
+    }
+
+    /// Whether records of the group starting at `group_ms` are live.
+    pub fn key_group_is_live(&self, group_ms: u64) -> bool {
+        self.keys.group_end_ms(group_ms).is_some()
+    }
+
+    /// The start of the oldest live key group: records of older groups are
+    /// expired wherever they still lie.
+    pub fn first_live_key_group_ms(&self) -> u64 {
+        self.keys.first_live_group_ms()
+    }
+
+    /// The ids of the key records `entry` reads that this registry does not
+    /// hold: what an adapter whose store holds the rest must fetch before
+    /// applying it ([`Registry::apply_prefetched`]). Empty while every
+    /// record is held.
+    pub fn keys_to_fetch(&self, entry: &Entry) -> Vec<KeyId> {
+        entry
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::ExecuteKeyed { key, principal, .. } | Op::ForgetKey { principal, key, .. } => {
+                    Some((principal.clone(), key.clone()))
+                }
+                _ => None,
+            })
+            .filter(|id| self.keys.must_fetch(id))
+            .collect()
+    }
+
+    /// The key records changed since the last call (every record, the
+    /// first time), for an adapter to write into its store. From then on
+    /// the registry holds only the records changed since, and reads the
+    /// others from what the adapter fetches ([`Registry::keys_to_fetch`]);
+    /// the decisions, the counts and the state hash do not depend on when
+    /// (or whether) changes are taken.
+    pub fn take_key_changes(&mut self) -> KeyChanges {
+        self.keys.take_changes()
     }
 
     /// One page of live idempotency keys for operators: at most `limit` of
     /// them after (`principal`, `key`) in (principal, key) order (the
     /// anonymous principal and the empty key come first: start there), and
-    /// whether more follow.
+    /// whether more follow. Of the records held here (see
+    /// [`Registry::key`]).
     pub fn keys_after(
         &self,
         principal: &Principal,
@@ -233,20 +294,25 @@ impl Registry {
         let mut following = self
             .keys
             .after(&after)
-            .map(|(id, record)| self.key_view(id, record));
+            .map(|(id, stored)| self.key_view(id, stored));
         let page: Vec<KeyView> = following.by_ref().take(limit).collect();
         let more = following.next().is_some();
         (page, more)
     }
 
-    fn key_view(&self, id: &KeyId, record: &KeyRecord) -> KeyView {
+    fn key_view(&self, id: &KeyId, stored: &GroupedRecord) -> KeyView {
+        let record = &stored.record;
+        // The newest record its group can hold is created at its end - 1.
+        let group_end_ms = self
+            .keys
+            .group_end_ms(stored.group_ms)
+            .unwrap_or(record.created_ms.saturating_add(1));
         KeyView {
             principal: id.0.clone(),
             key: id.1.clone(),
             created_ms: record.created_ms,
             age_ms: self.cluster_time_ms.saturating_sub(record.created_ms),
-            expires_after_ms: record
-                .created_ms
+            expires_after_ms: (group_end_ms - 1)
                 .saturating_add(self.keyed_config.idempotency_key_ttl_ms),
             fingerprint: record.response.fingerprint,
             response: record.response.result.clone(),
@@ -318,17 +384,33 @@ impl Registry {
     /// applied an entry twice or out of order, and going on would break
     /// exactly-once.
     pub fn apply(&mut self, log_index: u64, entry: &Entry) -> Vec<Outcome> {
+        self.apply_prefetched(log_index, entry, &Prefetched::none())
+    }
+
+    /// [`Registry::apply`], with the key records an adapter fetched from its
+    /// store for the ids [`Registry::keys_to_fetch`] named for `entry`.
+    ///
+    /// # Panics
+    /// As [`Registry::apply`]; and if a key record the entry reads is
+    /// neither held nor fetched (an adapter bug: deciding without it could
+    /// execute a key twice).
+    pub fn apply_prefetched(
+        &mut self,
+        log_index: u64,
+        entry: &Entry,
+        fetched: &Prefetched,
+    ) -> Vec<Outcome> {
         self.advance_index(log_index);
         self.advance_time(entry.stamp_ms);
         entry
             .ops
             .iter()
-            .map(|op| self.apply_op(log_index, op))
+            .map(|op| self.apply_op(log_index, op, fetched))
             .collect()
     }
 
     /// One request of an entry, after the entry advanced index and time.
-    fn apply_op(&mut self, log_index: u64, op: &Op) -> Outcome {
+    fn apply_op(&mut self, log_index: u64, op: &Op, fetched: &Prefetched) -> Outcome {
         // A session's cached bytes change only under its own requests (and
         // its removal, counted there): keep the total in step here.
         let session = match op {
@@ -337,7 +419,7 @@ impl Registry {
             _ => None,
         };
         let cached_before = session.map_or(0, |id| self.session_cached_bytes(id));
-        let outcome = self.apply_op_checked(log_index, op);
+        let outcome = self.apply_op_checked(log_index, op, fetched);
         let Some(id) = session else {
             return outcome;
         };
@@ -448,7 +530,7 @@ impl Registry {
     }
 
     /// One request, in the order of checks.
-    fn apply_op_checked(&mut self, log_index: u64, op: &Op) -> Outcome {
+    fn apply_op_checked(&mut self, log_index: u64, op: &Op, fetched: &Prefetched) -> Outcome {
         let result = match op {
             Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
             Op::Register {
@@ -481,12 +563,12 @@ impl Registry {
                 key,
                 command,
                 principal,
-            } => self.execute_keyed(*cluster_id, key, command, principal),
+            } => self.execute_keyed(*cluster_id, key, command, principal, fetched),
             Op::ForgetKey {
                 cluster_id,
                 principal,
                 key,
-            } => self.forget_key(*cluster_id, principal, key),
+            } => self.forget_key(*cluster_id, principal, key, fetched),
             Op::PatchConfigs {
                 cluster_id,
                 patch,
@@ -1026,7 +1108,10 @@ impl Registry {
     ) -> Option<Outcome> {
         self.check_cluster(Some(cluster_id)).ok()?;
         check_idempotency_key(key, &self.keyed_config).ok()?;
-        let record = self.keys.get(&(principal.clone(), key.clone()))?;
+        let record = &self
+            .keys
+            .get_held(&(principal.clone(), key.clone()))?
+            .record;
         (record.response.fingerprint == fingerprint::fingerprint(command))
             .then(|| answer(record.response.result.clone(), true))
     }
@@ -1038,6 +1123,7 @@ impl Registry {
         key: &IdempotencyKey,
         command: &Command,
         principal: &Principal,
+        fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
         let keyed = self.keyed_config;
@@ -1051,14 +1137,14 @@ impl Registry {
         #[cfg(feature = "broken-skip-dedup")]
         let skip_dedup = self
             .keys
-            .get(&id)
-            .is_some_and(|record| record.response.fingerprint == fingerprint);
+            .get(&id, fetched)
+            .is_some_and(|stored| stored.record.response.fingerprint == fingerprint);
         #[cfg(not(feature = "broken-skip-dedup"))]
         let skip_dedup = false;
         if skip_dedup {
-            self.keys.remove(&id);
+            self.keys.remove(&id, fetched);
         }
-        if let Some(record) = self.keys.get(&id) {
+        if let Some(GroupedRecord { record, .. }) = self.keys.get(&id, fetched) {
             return if record.response.fingerprint == fingerprint {
                 Ok(answer(record.response.result.clone(), true))
             } else {
@@ -1067,7 +1153,7 @@ impl Registry {
         }
         // Step 4: limits, before any effect.
         let (response, effect) = self.plan_keyed(command, principal, key)?;
-        if self.keys.len() as u64 >= keyed.idempotency_keys_max {
+        if self.keys.len() >= keyed.idempotency_keys_max {
             return Err(Rejection::ResourceExhausted(Limit::IdempotencyKeys));
         }
         let size = key_record_size_bytes(principal, key, response_size_bytes(&response));
@@ -1094,6 +1180,7 @@ impl Registry {
                     result: response.clone(),
                 },
             },
+            key_group_width_ms(keyed.idempotency_key_ttl_ms),
         );
         if let Some(effect) = effect {
             self.kv.apply(command.key(), effect);
@@ -1138,9 +1225,10 @@ impl Registry {
         cluster_id: ClusterId,
         principal: &Principal,
         key: &IdempotencyKey,
+        fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        let existed = self.keys.remove(&(principal.clone(), key.clone()));
+        let existed = self.keys.remove(&(principal.clone(), key.clone()), fetched);
         Ok(Outcome::KeyForgotten { existed })
     }
 }

@@ -2,7 +2,7 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 6 (all integers inside records use the codec module's
+//! Format version 7 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
@@ -10,21 +10,29 @@
 //! record  = length u32 | body (at most 64 MiB)
 //! records = header (applied index, cluster id, config, cluster time,
 //!           last client id, counts, idempotency-key config, claim config,
-//!           memory budget, last fence), then one per session (client id order), then one
-//!           per key (byte order), then one per idempotency key record
-//!           ((principal, key) order), then one per claim record
+//!           memory budget, last fence, key groups' floor and count), then
+//!           one per session (client id order), then one per key (byte
+//!           order), then one per live key group ((start, end), start
+//!           order), then one per idempotency key record ((principal, key)
+//!           order; each falls in one group), then one per claim record
 //!           ((principal, key) order)
 //! trailer = BLAKE3 of every byte before it (32 bytes)
 //! ```
 //!
 //! The state hash is BLAKE3 in key-derivation mode with context
-//! `"oncekv 2026-12 state hash v2"` over the same bytes as the snapshot up
-//! to the last record before the idempotency key records (magic, version,
-//! header, sessions, data), then one record of the records' summary
-//! instead of the records themselves: (key records' count and multiset
-//! hash, claim records' count and multiset hash). Maps are ordered, so the
-//! bytes — and the hash — do not depend on platform, process or insertion
-//! order.
+//! `"oncekv 2026-12 state hash v3"` over the same bytes as the snapshot up
+//! to the data (magic, version, header, sessions, data), then the records'
+//! summary instead of the records themselves: one record of (key groups'
+//! floor and count, claim records' count and multiset hash), then one per
+//! live key group (start, end, records, bytes, multiset hash). Maps are
+//! ordered, so the bytes — and the hash — do not depend on platform,
+//! process or insertion order.
+//!
+//! Version 7 adds the creation-time groups of idempotency keys (expiry by
+//! group, docs/state-beyond-ram.md §4.3). Version 6 had none and is still
+//! read: its records are grouped as if inserted in creation order under the
+//! TTL in force (what a registry that made them so holds), and it is
+//! written as version 7.
 //!
 //! Records whose number grows with rate × TTL (idempotency keys, claims)
 //! are hashed incrementally: each record's hash is BLAKE3 (keyed by a key
@@ -80,14 +88,15 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 7;
 /// Previous versions, still read (see the module doc).
+const SNAPSHOT_FORMAT_VERSION_6: u32 = 6;
 const SNAPSHOT_FORMAT_VERSION_5: u32 = 5;
 const SNAPSHOT_FORMAT_VERSION_4: u32 = 4;
 const SNAPSHOT_FORMAT_VERSION_3: u32 = 3;
 const SNAPSHOT_FORMAT_VERSION_2: u32 = 2;
 const RECORD_BYTES_MAX: u64 = DECODE_LIMIT_BYTES as u64;
-const STATE_HASH_CONTEXT: &str = "oncekv 2026-12 state hash v2";
+const STATE_HASH_CONTEXT: &str = "oncekv 2026-12 state hash v3";
 const KEY_RECORD_HASH_CONTEXT: &str = "oncekv 2026-12 key record hash v1";
 const CLAIM_RECORD_HASH_CONTEXT: &str = "oncekv 2026-12 claim record hash v1";
 
@@ -132,6 +141,16 @@ impl RecordsHash {
         }
     }
 
+    /// Counts every record of the set `other` in.
+    pub(crate) fn add_sum(&mut self, other: &RecordsHash) {
+        self.add(&other.to_bytes());
+    }
+
+    /// Counts every record of the set `other` out.
+    pub(crate) fn subtract_sum(&mut self, other: &RecordsHash) {
+        self.subtract(&other.to_bytes());
+    }
+
     fn to_bytes(self) -> [u8; 32] {
         let mut bytes = [0u8; 32];
         for (chunk, limb) in bytes.chunks_exact_mut(8).zip(self.0) {
@@ -162,13 +181,33 @@ pub(crate) fn claim_record_hash(id: &KeyId, record: &ClaimRecord) -> [u8; 32] {
     *blake3::keyed_hash(&CLAIM_RECORD_HASH_KEY, &bytes).as_bytes()
 }
 
-/// What the state hash says of the records instead of the records.
+/// What the state hash says of the records instead of the records: the
+/// key groups' floor and count (one [`KeyGroupSummary`] record per group
+/// follows), the claim records' count and multiset hash.
 #[derive(Serialize)]
 struct RecordsSummary {
-    keys: u64,
-    keys_hash: [u8; 32],
+    key_groups_floor_ms: u64,
+    key_groups: u64,
     claims: u64,
     claims_hash: [u8; 32],
+}
+
+/// One live key group as the state hash sees it.
+#[derive(Serialize)]
+struct KeyGroupSummary {
+    start_ms: u64,
+    end_ms: u64,
+    records: u64,
+    bytes: u64,
+    hash: [u8; 32],
+}
+
+/// One live key group as a snapshot holds it: its interval (the records
+/// that follow fall in one each).
+#[derive(Serialize, Deserialize)]
+struct KeyGroupRecord {
+    start_ms: u64,
+    end_ms: u64,
 }
 
 /// The state hash: equal on every node for equal state.
@@ -249,7 +288,7 @@ impl HeaderV5 {
         HeaderV5 {
             base: Header::of(registry),
             keyed_config: registry.keyed_config,
-            idempotency_keys: registry.keys.len() as u64,
+            idempotency_keys: registry.keys.len(),
         }
     }
 }
@@ -273,6 +312,26 @@ impl HeaderV6 {
             budget: *registry.budget_config(),
             last_fence: registry.last_fence(),
             claims: registry.claim_count() as u64,
+        }
+    }
+}
+
+/// The header of format version 7: version 6's, then the key groups' floor
+/// (the end of the newest group ever opened) and the number of live key
+/// groups.
+#[derive(Serialize, Deserialize)]
+struct HeaderV7 {
+    base: HeaderV6,
+    key_groups_floor_ms: u64,
+    key_groups: u64,
+}
+
+impl HeaderV7 {
+    fn of(registry: &Registry) -> HeaderV7 {
+        HeaderV7 {
+            base: HeaderV6::of(registry),
+            key_groups_floor_ms: registry.keys.groups_floor_ms(),
+            key_groups: registry.keys.groups().count() as u64,
         }
     }
 }
@@ -452,24 +511,45 @@ pub fn state_hash(registry: &Registry) -> StateHash {
     let mut buffer = Vec::new();
     write_head(registry, &mut out, &mut buffer).expect("writing into a sink cannot fail");
     let summary = RecordsSummary {
-        keys: registry.keys.len() as u64,
-        keys_hash: registry.keys.records_hash().to_bytes(),
+        key_groups_floor_ms: registry.keys.groups_floor_ms(),
+        key_groups: registry.keys.groups().count() as u64,
         claims: registry.claims.len() as u64,
         claims_hash: registry.claims.records_hash().to_bytes(),
     };
     write_record(&mut out, &mut buffer, &summary).expect("writing into a sink cannot fail");
+    for (&start_ms, group) in registry.keys.groups() {
+        let group = KeyGroupSummary {
+            start_ms,
+            end_ms: group.end_ms,
+            records: group.usage.records,
+            bytes: group.usage.bytes,
+            hash: group.usage.hash.to_bytes(),
+        };
+        write_record(&mut out, &mut buffer, &group).expect("writing into a sink cannot fail");
+    }
     StateHash(*out.hasher.finalize().as_bytes())
 }
 
 fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
+    assert!(
+        !registry.keys.has_records_outside(),
+        "a snapshot of a registry whose key records lie outside it"
+    );
     let mut buffer = Vec::new();
     write_head(registry, out, &mut buffer)?;
-    for ((principal, key), record) in registry.keys.iter() {
+    for (&start_ms, group) in registry.keys.groups() {
+        let group = KeyGroupRecord {
+            start_ms,
+            end_ms: group.end_ms,
+        };
+        write_record(out, &mut buffer, &group)?;
+    }
+    for ((principal, key), stored) in registry.keys.iter() {
         let record = KeyRecordRef {
             principal,
             key,
-            created_ms: record.created_ms,
-            response: &record.response,
+            created_ms: stored.record.created_ms,
+            response: &stored.record.response,
         };
         write_record(out, &mut buffer, &record)?;
     }
@@ -489,7 +569,7 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
 fn write_head<W: Write>(registry: &Registry, out: &mut W, buffer: &mut Vec<u8>) -> io::Result<()> {
     out.write_all(MAGIC)?;
     out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
-    let header = HeaderV6::of(registry);
+    let header = HeaderV7::of(registry);
     write_record(out, buffer, &header)?;
     for (client_id, session) in &registry.sessions {
         let record = SessionRecordRef {
@@ -542,8 +622,22 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
-    let (header, claim_config, budget, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_5
+    // Key groups: the floor and count of a version 7 snapshot; none before
+    // (its records are grouped as they are read).
+    let mut key_groups = None;
+    let (header, claim_config, budget, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_6
     {
+        let header: HeaderV7 = read_record(&mut input, &mut buffer)?;
+        key_groups = Some((header.key_groups_floor_ms, header.key_groups));
+        let header = header.base;
+        (
+            header.base,
+            header.claim_config,
+            header.budget,
+            header.last_fence,
+            header.claims,
+        )
+    } else if version > SNAPSHOT_FORMAT_VERSION_5 {
         let header: HeaderV6 = read_record(&mut input, &mut buffer)?;
         (
             header.base,
@@ -627,9 +721,45 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     }
     registry.kv =
         KvStore::from_ordered(pairs).ok_or(SnapshotError::Inconsistent("keys out of order"))?;
-    for _ in 0..idempotency_keys {
-        let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
-        restore_key(&mut registry, record)?;
+    if let Some((floor_ms, count)) = key_groups {
+        // Each group at least 1 ms wide and below the floor: no more of
+        // them than the floor's milliseconds (checked before the vector
+        // grows with what a peer or the disk claims).
+        if count > floor_ms {
+            return Err(SnapshotError::Inconsistent("more key groups than time"));
+        }
+        let mut groups = Vec::new();
+        for _ in 0..count {
+            let group: KeyGroupRecord = read_record(&mut input, &mut buffer)?;
+            groups.push((group.start_ms, group.end_ms));
+        }
+        registry
+            .keys
+            .restore_groups(&groups, floor_ms)
+            .map_err(SnapshotError::Inconsistent)?;
+        for _ in 0..idempotency_keys {
+            let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
+            let (id, record) = checked_key(&registry, registry.keys.last_id(), record)?;
+            registry
+                .keys
+                .restore(id, record)
+                .map_err(SnapshotError::Inconsistent)?;
+        }
+    } else {
+        // Before version 7: group the records as if inserted in creation
+        // order under the TTL in force (ties in (principal, key) order).
+        let mut records = Vec::new();
+        for _ in 0..idempotency_keys {
+            let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
+            let last = records.last().map(|(id, _)| id);
+            let checked = checked_key(&registry, last, record)?;
+            records.push(checked);
+        }
+        records.sort_by_key(|(_, record)| record.created_ms);
+        let width_ms = crate::key_group_width_ms(registry.keyed_config.idempotency_key_ttl_ms);
+        for (id, record) in records {
+            registry.keys.insert(id, record, width_ms);
+        }
     }
     for _ in 0..claims {
         let record: ClaimRecordOwned = read_record(&mut input, &mut buffer)?;
@@ -700,9 +830,15 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     Ok(())
 }
 
-fn restore_key(registry: &mut Registry, record: KeyRecordOwned) -> Result<(), SnapshotError> {
+/// A key record of a snapshot, checked against the registry restored so
+/// far and the record before it (`last`).
+fn checked_key(
+    registry: &Registry,
+    last: Option<&KeyId>,
+    record: KeyRecordOwned,
+) -> Result<(KeyId, KeyRecord), SnapshotError> {
     let id = (record.principal, record.key);
-    if registry.keys.last_id().is_some_and(|last| *last >= id) {
+    if last.is_some_and(|last| *last >= id) {
         return Err(SnapshotError::Inconsistent("idempotency keys out of order"));
     }
     if id.1.0.is_empty() || id.1.0.len() as u64 > bounds::IDEMPOTENCY_KEY_BYTES_MAX {
@@ -720,14 +856,13 @@ fn restore_key(registry: &mut Registry, record: KeyRecordOwned) -> Result<(), Sn
             "idempotency key from the future",
         ));
     }
-    registry.keys.insert(
+    Ok((
         id,
         KeyRecord {
             created_ms: record.created_ms,
             response: record.response,
         },
-    );
-    Ok(())
+    ))
 }
 
 fn restore_claim(registry: &mut Registry, record: ClaimRecordOwned) -> Result<(), SnapshotError> {
@@ -1022,6 +1157,96 @@ mod tests {
         bytes
     }
 
+    /// The snapshot of `registry` in format version 6: no key groups in
+    /// the header or before the records.
+    fn to_bytes_v6(registry: &Registry) -> Vec<u8> {
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        out.write_all(MAGIC).unwrap();
+        out.write_all(&SNAPSHOT_FORMAT_VERSION_6.to_le_bytes())
+            .unwrap();
+        let mut buffer = Vec::new();
+        write_record(&mut out, &mut buffer, &HeaderV6::of(registry)).unwrap();
+        assert_eq!(registry.session_count(), 0);
+        for pair in registry.kv.iter() {
+            write_record(&mut out, &mut buffer, &pair).unwrap();
+        }
+        for ((principal, key), stored) in registry.keys.iter() {
+            let record = KeyRecordRef {
+                principal,
+                key,
+                created_ms: stored.record.created_ms,
+                response: &stored.record.response,
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        assert_eq!(registry.claim_count(), 0);
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        bytes
+    }
+
+    /// A version 6 snapshot (before key groups) restores with its records
+    /// grouped as if inserted in creation order under the TTL in force:
+    /// the same groups, hash and bytes as the registry that made them in
+    /// that order, and written as version 7.
+    #[test]
+    fn version_6_snapshots_are_read_into_groups() {
+        let at = |stamp: u64, (index, entry): (u64, Entry)| {
+            (
+                index,
+                Entry {
+                    stamp_ms: stamp,
+                    ..entry
+                },
+            )
+        };
+        // Minute-wide groups under the default TTL: k1 and k2 share one,
+        // k3 opens the next.
+        let registry = applied(&[
+            at(1_000, keyed(2, "k2")),
+            at(2_000, keyed(3, "k1")),
+            at(61_000, keyed(4, "k3")),
+        ]);
+        assert_eq!(registry.keys.groups().count(), 2);
+        let restored = from_bytes(&to_bytes_v6(&registry)).expect("version 6 reads");
+        restored.check_invariants().unwrap();
+        assert_eq!(restored, registry);
+        assert_eq!(state_hash(&restored), state_hash(&registry));
+        assert_eq!(to_bytes(&restored), to_bytes(&registry));
+    }
+
+    /// Version 7 records must fall in the groups the snapshot names.
+    #[test]
+    fn a_key_record_outside_every_group_is_refused() {
+        let at = |stamp: u64, (index, entry): (u64, Entry)| {
+            (
+                index,
+                Entry {
+                    stamp_ms: stamp,
+                    ..entry
+                },
+            )
+        };
+        let registry = applied(&[at(1_000, keyed(2, "k1")), at(61_000, keyed(3, "k2"))]);
+        let mut stripped = Registry {
+            keys: crate::keyed::KeyStore::default(),
+            ..registry.clone()
+        };
+        stripped
+            .keys
+            .restore_groups(&[(60_000, 120_000)], 120_000)
+            .unwrap();
+        let (id, stored) = registry.keys.iter().next().unwrap();
+        assert_eq!(
+            stripped.keys.restore(id.clone(), stored.record.clone()),
+            Err("an idempotency key record in no live group")
+        );
+    }
+
     /// A version 4 snapshot (before idempotency keys) restores with no
     /// keys and the default keyed config, is written and hashed as version
     /// 5 like the registry it came from, and keyed requests work on it.
@@ -1137,10 +1362,10 @@ mod tests {
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
         assert_eq!(state_hash(&restored), state_hash(&registry));
         let mut other = to_bytes_v2(&registry);
-        other[8] = 7;
+        other[8] = 99;
         assert!(matches!(
             from_bytes(&other),
-            Err(SnapshotError::UnsupportedVersion(7))
+            Err(SnapshotError::UnsupportedVersion(99))
         ));
     }
 }
