@@ -91,6 +91,8 @@ pub struct NodeMetrics {
     sessions_live: Gauge,
     idempotency_keys_live: Gauge,
     idempotency_keys_cached_bytes: Gauge,
+    idempotency_keys_in_memory: Gauge,
+    record_store_disk_bytes: Gauge,
     claims_live: Gauge,
     claims_held: Gauge,
     cached_responses: Gauge,
@@ -152,6 +154,8 @@ impl NodeMetrics {
             sessions_live: Gauge::default(),
             idempotency_keys_live: Gauge::default(),
             idempotency_keys_cached_bytes: Gauge::default(),
+            idempotency_keys_in_memory: Gauge::default(),
+            record_store_disk_bytes: Gauge::default(),
             claims_live: Gauge::default(),
             claims_held: Gauge::default(),
             cached_responses: Gauge::default(),
@@ -209,6 +213,17 @@ impl NodeMetrics {
             "Size of the idempotency key records as idempotency_cached_bytes_max counts it",
             Unit::Bytes,
             self.idempotency_keys_cached_bytes.clone(),
+        );
+        self.registry.register(
+            "idempotency_keys_in_memory",
+            "Idempotency key records (and removals) held in memory: those changed since the last snapshot build, which moves them into the record store (all of them after a restart or an install, until the next build)",
+            self.idempotency_keys_in_memory.clone(),
+        );
+        self.registry.register_with_unit(
+            "record_store_disk",
+            "Bytes on disk of the record store (state/) holding the idempotency key records",
+            Unit::Bytes,
+            self.record_store_disk_bytes.clone(),
         );
         self.registry.register(
             "claim_events",
@@ -471,6 +486,11 @@ impl NodeMetrics {
         }
     }
 
+    /// Sets the record store's size on disk (scrape time).
+    pub fn set_record_store_disk_bytes(&self, bytes: u64) {
+        self.record_store_disk_bytes.set(saturating_i64(bytes));
+    }
+
     /// Sets every scrape-time gauge from Raft's metrics, the applied state
     /// (one pass over its sessions), the newest state hash (`None` before
     /// the first; see `SharedState::latest_hash`) and how many hashes the
@@ -506,6 +526,8 @@ impl NodeMetrics {
             .set(saturating_i64(registry.key_count() as u64));
         self.idempotency_keys_cached_bytes
             .set(saturating_i64(registry.keyed_cached_bytes()));
+        self.idempotency_keys_in_memory
+            .set(saturating_i64(registry.key_records_held() as u64));
         self.claims_live
             .set(saturating_i64(registry.claim_count() as u64));
         self.claims_held.set(saturating_i64(registry.claims_held()));

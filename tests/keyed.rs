@@ -338,3 +338,127 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
         executed(126, false)
     );
 }
+
+/// Every live key of `node`, paged `limit` at a time through ListKeys.
+async fn all_keys(cluster: &Cluster, node: u64, limit: u32) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    let mut after = Vec::new();
+    loop {
+        let page = cluster
+            .admin(node)
+            .list_keys(proto::ListKeysRequest {
+                after_principal: String::new(),
+                after_key: after.clone(),
+                limit,
+            })
+            .await
+            .unwrap_or_else(|status| panic!("ListKeys on node {node}: {status}"))
+            .into_inner();
+        keys.extend(page.keys.iter().map(|key| key.idempotency_key.clone()));
+        match page.keys.last() {
+            Some(last) if page.more => after = last.idempotency_key.clone(),
+            _ => return keys,
+        }
+    }
+}
+
+/// Key records move out of memory into the record store (`state/`) at
+/// every snapshot build (docs/state-beyond-ram.md §4.5). With a snapshot
+/// every 25 entries, keys written across many builds live in the store:
+/// repeats of the oldest are still duplicates (the record is fetched from
+/// the store before its entry applies), GetKey and ListKeys see every key
+/// through the layers and the store (in order, across pages, on every
+/// node), a forgotten stored key executes anew, and a restarted node
+/// agrees with the others and still answers repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_records_in_the_record_store_still_answer_repeats() {
+    let cluster = Cluster::start_with(
+        "keyed-store",
+        &[
+            "--snapshot-every-entries",
+            "25",
+            "--logs-kept-after-snapshot",
+            "5",
+        ],
+    )
+    .await;
+    let raw = raw_client(&cluster).await;
+    let client = patient(&cluster);
+    let count = 150;
+    let name = |n: u32| format!("store-{n:03}").into_bytes();
+    for n in 0..count {
+        let reply = client
+            .execute_with_key(&name(n), incr("s", 1))
+            .await
+            .unwrap();
+        assert_eq!(answer(reply), executed(i64::from(n) + 1, false));
+    }
+    for node in 1..=3 {
+        let store = cluster.data_dir(node).join("state");
+        assert!(
+            store.join("CURRENT").exists(),
+            "node {node} has a record store"
+        );
+        let status = cluster.status(node).await.unwrap();
+        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
+    }
+    // The oldest keys went to the store many builds ago.
+    for n in [0, 1, 70] {
+        let reply = client
+            .execute_with_key(&name(n), incr("s", 1))
+            .await
+            .unwrap();
+        assert_eq!(answer(reply), executed(i64::from(n) + 1, true), "key {n}");
+    }
+    let error = client
+        .execute_with_key(&name(2), incr("s", 9))
+        .await
+        .expect_err("another command with a stored key");
+    assert!(matches!(error, Error::KeyConflict { .. }), "{error}");
+    let leader = cluster.wait_for_leader(DEADLINE).await;
+    let status = cluster.status(leader).await.unwrap();
+    wait_hashes_agree(&cluster, &[1, 2, 3], status.applied_index).await;
+    let expected: Vec<Vec<u8>> = (0..count).map(name).collect();
+    for node in 1..=3 {
+        assert_eq!(all_keys(&cluster, node, 7).await, expected, "node {node}");
+        let reply = key_on(&cluster, node, &name(0)).await;
+        let key = reply.key.expect("the oldest key");
+        assert_eq!(key.idempotency_key, name(0));
+    }
+
+    // Forget a stored key: it executes anew, as new.
+    let request = proto::ForgetKeyRequest {
+        cluster_id: raw.cluster_id.clone(),
+        principal: String::new(),
+        idempotency_key: name(3),
+    };
+    let forgotten = raw
+        .admin_on_leader(DEADLINE, |mut admin: AdminClient<Channel>| {
+            let request = request.clone();
+            async move { admin.forget_key(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+        .expect("ForgetKey");
+    assert!(forgotten.existed, "the stored key existed");
+    let reply = client
+        .execute_with_key(&name(3), incr("s", 1))
+        .await
+        .unwrap();
+    assert_eq!(answer(reply), executed(i64::from(count) + 1, false));
+
+    // A restarted follower agrees and answers repeats of stored keys.
+    let leader = cluster.wait_for_leader(DEADLINE).await;
+    let follower = (1..=3).find(|node| *node != leader).unwrap();
+    cluster.restart(follower).await;
+    let status = cluster.status(leader).await.unwrap();
+    wait_hashes_agree(&cluster, &[1, 2, 3], status.applied_index).await;
+    assert_eq!(all_keys(&cluster, follower, 50).await, expected);
+    for n in [0, 3, 149] {
+        let reply = client
+            .execute_with_key(&name(n), incr("s", 1))
+            .await
+            .unwrap();
+        assert!(reply.duplicate, "key {n} after the restart");
+    }
+    assert_eq!(raw.read(b"s").await, Some(Value::Int(i64::from(count) + 1)));
+}

@@ -566,7 +566,10 @@ impl admin_server::Admin for AdminApi {
         )?;
         let applied = self.state.read();
         let registry = &applied.registry;
-        let (keys, more) = registry.keys_after(&principal, &after_key, limit);
+        let (keys, more) = self
+            .state
+            .keys_page(registry, &principal, &after_key, limit)
+            .map_err(|e| Status::internal(format!("reading the key records: {e}")))?;
         Ok(Response::new(proto::ListKeysReply {
             keys: keys.iter().map(convert::key_to_proto).collect(),
             applied_index: registry.applied_index(),
@@ -585,10 +588,12 @@ impl admin_server::Admin for AdminApi {
             convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
         let applied = self.state.read();
         let registry = &applied.registry;
+        let view = self
+            .state
+            .key_view(registry, &principal, &key)
+            .map_err(|e| Status::internal(format!("reading the key records: {e}")))?;
         Ok(Response::new(proto::GetKeyReply {
-            key: registry
-                .key(&principal, &key)
-                .map(|view| convert::key_to_proto(&view)),
+            key: view.map(|view| convert::key_to_proto(&view)),
             applied_index: registry.applied_index(),
             cluster_time_ms: registry.cluster_time_ms(),
         }))

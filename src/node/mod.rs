@@ -268,9 +268,15 @@ async fn open_storage(
             "test fault: the log lost its last term after the first entry"
         );
     }
-    let state_machine = StateMachineStore::open(&config.data_dir.join("snapshots"))
-        .context("opening the snapshots")?
-        .with_metrics(metrics.clone());
+    // Snapshots hold the whole state; the record store (`state/`) holds the
+    // idempotency-key records flushed at each build, which the registry
+    // then no longer keeps in memory (docs/state-beyond-ram.md §4.5).
+    let state_machine = StateMachineStore::open_with_records(
+        &config.data_dir.join("snapshots"),
+        &config.data_dir.join("state"),
+    )
+    .context("opening the snapshots and the record store")?
+    .with_metrics(metrics.clone());
     let snapshot_index = *state_machine.durable_snapshot_index().borrow();
     if let Some(purged) = log_store.last_purged_index()?
         && purged > snapshot_index

@@ -47,6 +47,11 @@ async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
     scrape
         .metrics
         .refresh(&raft_metrics, &registry, hash.as_ref(), hashes);
+    if let Some(records) = scrape.state.records() {
+        scrape
+            .metrics
+            .set_record_store_disk_bytes(records.disk_bytes());
+    }
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         scrape.metrics.encode(),

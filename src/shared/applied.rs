@@ -8,6 +8,7 @@
 //! observability only read it. It holds no logic of either adapter and must
 //! not depend on `network` or `storage`.
 
+use super::records::OutsideRecords;
 use crate::raft_types::{LogId, StoredMembership};
 use oncekv_core::{ClusterId, Registry};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,9 +38,59 @@ pub struct SharedState {
     /// applied. It never changes after that, so the client paths check it
     /// without taking the state lock, which apply holds for whole batches.
     cluster_id: Arc<OnceLock<ClusterId>>,
+    /// The key records outside the registry (its store and the layers on
+    /// their way there); `None` for a state that keeps them all in memory
+    /// (tests of the adapters).
+    records: Option<Arc<OutsideRecords>>,
 }
 
 impl SharedState {
+    /// A state whose key records go to `records` at snapshot builds.
+    pub(crate) fn with_records(records: Arc<OutsideRecords>) -> SharedState {
+        SharedState {
+            records: Some(records),
+            ..SharedState::default()
+        }
+    }
+
+    /// The key records outside the registry, if they go anywhere.
+    pub fn records(&self) -> Option<&Arc<OutsideRecords>> {
+        self.records.as_ref()
+    }
+
+    /// The live record of `key` of `principal` in `registry` (this state's,
+    /// read under its lock), from wherever it lies.
+    pub fn key_view(
+        &self,
+        registry: &oncekv_core::Registry,
+        principal: &oncekv_core::Principal,
+        key: &oncekv_core::IdempotencyKey,
+    ) -> std::io::Result<Option<oncekv_core::KeyView>> {
+        match &self.records {
+            Some(records) if registry.has_key_records_outside() => {
+                records.key_view(registry, &(principal.clone(), key.clone()))
+            }
+            _ => Ok(registry.key(principal, key)),
+        }
+    }
+
+    /// One page of live key records of `registry` (this state's, read
+    /// under its lock) after (`principal`, `key`), from wherever they lie.
+    pub fn keys_page(
+        &self,
+        registry: &oncekv_core::Registry,
+        principal: &oncekv_core::Principal,
+        key: &oncekv_core::IdempotencyKey,
+        limit: usize,
+    ) -> std::io::Result<(Vec<oncekv_core::KeyView>, bool)> {
+        match &self.records {
+            Some(records) if registry.has_key_records_outside() => {
+                records.page(registry, &(principal.clone(), key.clone()), limit)
+            }
+            _ => Ok(registry.keys_after(principal, key, limit)),
+        }
+    }
+
     /// The applied cluster id, read without the state lock.
     pub fn cluster_id(&self) -> Option<ClusterId> {
         self.cluster_id.get().copied()

@@ -6,7 +6,10 @@
 //! and adopts, and the durable replacement of the data directory's small
 //! records), and the snapshot files (`snapshot_file`: the file format,
 //! writing, reading and the inbox that receives a peer's snapshot, used by
-//! the state machine and the peer service alike).
+//! the state machine and the peer service alike), and the key records of
+//! the applied state that lie outside the registry (`records`: the on-disk
+//! store and the layers flushed into it, written by the state machine,
+//! read by the admin service).
 //!
 //! This module must not depend on `network` or `storage` (both depend on
 //! it); `tests/adapter_direction.rs` fails if it, or either adapter, names
@@ -14,6 +17,7 @@
 
 pub mod applied;
 pub mod identity;
+pub mod records;
 pub mod snapshot_file;
 
 pub use applied::{AppliedState, HASH_INTERVAL, SharedState, StateHashAt};

@@ -24,6 +24,7 @@ use crate::raft_types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::shared::SharedState;
+use crate::shared::records::{OutsideRecords, live_records};
 use crate::shared::snapshot_file::{
     SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX, TemporaryFile,
     check_meta, snapshot_file_name, snapshot_index,
@@ -53,6 +54,9 @@ pub enum StateMachineError {
 pub struct StateMachineStore {
     state: SharedState,
     files: Arc<SnapshotFiles>,
+    /// Snapshot builds, one at a time: each takes the registry's key-record
+    /// changes, flushes them and writes its file before the next takes.
+    builds: Arc<tokio::sync::Mutex<()>>,
     /// Outcomes are counted here, where they are decided, so every replica
     /// counts the same entries the same way.
     metrics: Arc<NodeMetrics>,
@@ -85,6 +89,25 @@ impl StateMachineStore {
     /// any, reading it from the file through a buffer. Temporary files
     /// (written by a process that died before renaming them) are deleted.
     pub fn open(dir: &Path) -> Result<StateMachineStore, StateMachineError> {
+        Self::open_with(dir, SharedState::default())
+    }
+
+    /// [`StateMachineStore::open`], with the idempotency-key records
+    /// moving out of memory into the record store under `records_dir` at
+    /// every snapshot build (docs/state-beyond-ram.md §4.5).
+    pub fn open_with_records(
+        dir: &Path,
+        records_dir: &Path,
+    ) -> Result<StateMachineStore, StateMachineError> {
+        let records =
+            OutsideRecords::open(records_dir).map_err(|source| StateMachineError::Io {
+                path: records_dir.to_path_buf(),
+                source,
+            })?;
+        Self::open_with(dir, SharedState::with_records(Arc::new(records)))
+    }
+
+    fn open_with(dir: &Path, state: SharedState) -> Result<StateMachineStore, StateMachineError> {
         let io = |source| StateMachineError::Io {
             path: dir.to_path_buf(),
             source,
@@ -111,7 +134,6 @@ impl StateMachineStore {
                 latest = Some((index, path));
             }
         }
-        let state = SharedState::default();
         let mut current = None;
         if let Some((_, path)) = latest {
             let corrupt = |reason: String| StateMachineError::Corrupt {
@@ -139,6 +161,7 @@ impl StateMachineStore {
             .map_or(0, |current| snapshot_index(&current.meta));
         Ok(StateMachineStore {
             state,
+            builds: Arc::default(),
             metrics: Arc::default(),
             files: Arc::new(SnapshotFiles {
                 dir: dir.to_path_buf(),
@@ -218,10 +241,19 @@ impl SnapshotFiles {
     /// temporary file through one buffer, fsynced, renamed, the directory
     /// fsynced. Returns a handle on the file written (still readable if a
     /// newer snapshot made it obsolete at once).
-    fn build(&self, meta: &SnapshotMeta, registry: &Registry) -> io::Result<SnapshotFile> {
+    /// With `records`, the key records the registry no longer holds are
+    /// read from their store's view (taken right after the flush of the
+    /// same take, so it holds exactly this state's records).
+    fn build(
+        &self,
+        meta: &SnapshotMeta,
+        registry: &Registry,
+        records: Option<&oncekv_records::View>,
+    ) -> io::Result<SnapshotFile> {
         let (temporary, file, registry_offset) =
-            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
-                snapshot::write(registry, out)
+            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| match records {
+                Some(view) => snapshot::write_with(registry, live_records(view, registry), out),
+                None => snapshot::write(registry, out),
             })?;
         let written_at = temporary.path().to_path_buf();
         let path = self
@@ -296,6 +328,7 @@ fn snapshot_error(
 pub struct SnapshotBuilder {
     state: SharedState,
     files: Arc<SnapshotFiles>,
+    builds: Arc<tokio::sync::Mutex<()>>,
     metrics: Arc<NodeMetrics>,
 }
 
@@ -303,25 +336,44 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
-        // One point in time: the meta and an O(1) copy of the registry are
-        // taken under the read lock, which apply waits for only that long;
-        // the copy is encoded into the file after the lock is released, on
-        // a blocking thread, so neither apply nor a tokio worker (and the
-        // Raft core or RPCs scheduled on it) waits for the encoding.
-        let (meta, registry) = {
-            let applied = self.state.read();
+        // One build at a time: a take's layer is flushed, and the store's
+        // view read, before the next build takes.
+        let _build = self.builds.clone().lock_owned().await;
+        // One point in time: the meta, the key-record changes since the
+        // last build and an O(1) copy of the registry are taken under the
+        // write lock, which apply waits for only that long; the changes
+        // are flushed into the record store and the copy encoded into the
+        // file after the lock is released, on a blocking thread, so
+        // neither apply nor a tokio worker (and the Raft core or RPCs
+        // scheduled on it) waits for them.
+        let (meta, registry, pending) = {
+            let mut applied = self.state.write();
             let meta = SnapshotMeta {
                 last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
             };
-            (meta, applied.registry.clone())
+            let pending = self
+                .state
+                .records()
+                .map(|records| records.push(applied.registry.take_key_changes()));
+            (meta, applied.registry.clone(), pending)
         };
         let files = self.files.clone();
         let built_meta = meta.clone();
-        let snapshot = tokio::task::spawn_blocking(move || files.build(&built_meta, &registry))
-            .await
-            .map_err(|e| snapshot_error(Some(&meta), "writing", e))?
-            .map_err(|e| snapshot_error(Some(&meta), "writing", e))?;
+        let records = self.state.records().cloned();
+        let snapshot = tokio::task::spawn_blocking(move || {
+            let view = match (records, pending) {
+                (Some(records), Some(pending)) => {
+                    records.flush(pending, snapshot_index(&built_meta))?;
+                    Some(records.view()?)
+                }
+                _ => None,
+            };
+            files.build(&built_meta, &registry, view.as_ref())
+        })
+        .await
+        .map_err(|e| snapshot_error(Some(&meta), "writing", e))?
+        .map_err(|e| snapshot_error(Some(&meta), "writing", e))?;
         self.metrics.snapshots_built.inc();
         tracing::info!(
             log_index = snapshot_index(&meta),
@@ -333,16 +385,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// An entry's outcomes, with the responder waiting for them.
+type Reply = (
+    Vec<oncekv_core::Outcome>,
+    Option<ApplyResponder<TypeConfig>>,
+);
+
 impl StateMachineStore {
     /// Applies `batch` under one write lock and returns each entry's reply
     /// with its responder; the replies are sent after the lock is released.
-    fn apply_batch(
-        &self,
-        batch: Vec<EntryResponder<TypeConfig>>,
-    ) -> Vec<(
-        Vec<oncekv_core::Outcome>,
-        Option<ApplyResponder<TypeConfig>>,
-    )> {
+    fn apply_batch(&self, batch: Vec<EntryResponder<TypeConfig>>) -> io::Result<Vec<Reply>> {
         let mut applied = self.state.write();
         let mut replies = Vec::with_capacity(batch.len());
         for (entry, responder) in batch {
@@ -358,7 +410,17 @@ impl StateMachineStore {
                         (registry.session_count(), registry.key_count())
                     };
                     let before = counts(&applied.registry);
-                    let outcomes = applied.registry.apply(index, registry_entry);
+                    // The key records the entry reads that lie in the
+                    // record store (none while the registry holds all).
+                    let to_fetch = applied.registry.keys_to_fetch(registry_entry);
+                    let fetched = match self.state.records() {
+                        Some(records) if !to_fetch.is_empty() => records.fetch(to_fetch)?,
+                        _ => oncekv_core::Prefetched::none(),
+                    };
+                    let outcomes =
+                        applied
+                            .registry
+                            .apply_prefetched(index, registry_entry, &fetched);
                     self.metrics.count_applied(
                         registry_entry,
                         &outcomes,
@@ -378,7 +440,7 @@ impl StateMachineStore {
             replies.push((reply, responder));
         }
         self.state.publish_cluster_id(&applied);
-        replies
+        Ok(replies)
     }
 }
 
@@ -406,7 +468,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             while let Some(Some(next)) = entries.next().now_or_never() {
                 batch.push(next?);
             }
-            let replies = self.apply_batch(batch);
+            let replies = self.apply_batch(batch)?;
             self.metrics.entries_applied.inc_by(replies.len() as u64);
             metrics::observe_since(&self.metrics.apply_batch_duration, started);
             for (reply, responder) in replies {
@@ -422,6 +484,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         SnapshotBuilder {
             state: self.state.clone(),
             files: self.files.clone(),
+            builds: self.builds.clone(),
             metrics: self.metrics.clone(),
         }
     }
@@ -441,6 +504,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
         let mut applied = self.state.write();
         let previous = std::mem::replace(&mut applied.registry, registry);
+        // The installed registry holds every key record; what is on its
+        // way to the record store is of the state it replaces (the store
+        // itself is replaced at the next build).
+        if let Some(records) = self.state.records() {
+            records.forget_layers();
+        }
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
         self.state.publish_cluster_id(&applied);
@@ -499,8 +568,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = StateMachineStore::open(dir.path()).unwrap();
         let durable = store.durable_snapshot_index();
-        store.files.build(&meta(9), &registry_at(9)).unwrap();
-        let mut discarded = store.files.build(&meta(4), &registry_at(4)).unwrap();
+        store.files.build(&meta(9), &registry_at(9), None).unwrap();
+        let mut discarded = store.files.build(&meta(4), &registry_at(4), None).unwrap();
         // The discarded build's handle still reads what it wrote.
         assert_eq!(discarded.read_registry().unwrap().applied_index(), 4);
         let current = store.files.current().unwrap().unwrap();
@@ -536,7 +605,7 @@ mod tests {
     async fn a_partial_or_wrong_reception_replaces_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = StateMachineStore::open(dir.path()).unwrap();
-        store.files.build(&meta(5), &registry_at(5)).unwrap();
+        store.files.build(&meta(5), &registry_at(5), None).unwrap();
         let inbox = store.snapshot_inbox();
         let bytes = registry_bytes(12);
 
@@ -576,7 +645,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateMachineStore::open(dir.path()).unwrap();
         let durable = store.durable_snapshot_index();
-        store.files.build(&meta(5), &registry_at(5)).unwrap();
+        store.files.build(&meta(5), &registry_at(5), None).unwrap();
         let mut incoming = store.snapshot_inbox().receive(&meta(12)).await.unwrap();
         for chunk in registry_bytes(12).chunks(3) {
             incoming.write(chunk.to_vec()).await.unwrap();
@@ -603,7 +672,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = StateMachineStore::open(dir.path()).unwrap();
-            store.files.build(&meta(5), &registry_at(5)).unwrap();
+            store.files.build(&meta(5), &registry_at(5), None).unwrap();
             let bytes = registry_bytes(9);
             let (torn_build, _, _) =
                 crate::shared::snapshot_file::write_temporary(dir.path(), &meta(9), |out| {
@@ -639,7 +708,7 @@ mod tests {
     async fn chunks_are_read_from_the_file_as_the_stream_is_polled() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateMachineStore::open(dir.path()).unwrap();
-        store.files.build(&meta(7), &registry_at(7)).unwrap();
+        store.files.build(&meta(7), &registry_at(7), None).unwrap();
         let bytes = registry_bytes(7);
         let whole: Vec<u8> = store
             .get_current_snapshot()

@@ -92,12 +92,15 @@ impl Prefetched {
 }
 
 /// The record changes since the last take, for the adapter's store: a
-/// record to write, or `None` to delete; and the start of the oldest live
-/// group (records of older groups are expired wherever they lie).
+/// record to write, or `None` to delete; the start of the oldest live
+/// group (records of older groups are expired wherever they lie); and
+/// whether they are every live record (the first take: whatever a store
+/// held before is not of this state and must be replaced, not updated).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyChanges {
     pub records: OrdMap<KeyId, Option<GroupedRecord>>,
     pub first_live_group_ms: u64,
+    pub complete: bool,
 }
 
 /// What a group holds, without its records.
@@ -119,7 +122,7 @@ pub(crate) struct Usage {
 }
 
 impl Usage {
-    fn add(&mut self, id: &KeyId, record: &KeyRecord) {
+    pub(crate) fn add(&mut self, id: &KeyId, record: &KeyRecord) {
         let size = record.size_bytes(id);
         self.records += 1;
         self.bytes += size;
@@ -202,6 +205,19 @@ impl KeyStore {
         self.groups.iter()
     }
 
+    /// The multiset hash of the live records.
+    pub(crate) fn totals_hash(&self) -> RecordsHash {
+        self.totals.hash
+    }
+
+    /// Whether a live group covers creation time `created_ms`.
+    pub(crate) fn covers(&self, created_ms: u64) -> bool {
+        self.groups
+            .range(..=created_ms)
+            .next_back()
+            .is_some_and(|(_, group)| created_ms < group.end_ms)
+    }
+
     /// The end of the live group starting at `start`, if it lives.
     pub(crate) fn group_end_ms(&self, start: u64) -> Option<u64> {
         self.groups.get(&start).map(|group| group.end_ms)
@@ -256,6 +272,27 @@ impl KeyStore {
             .get(id)?
             .as_ref()
             .filter(|stored| self.groups.contains_key(&stored.group_ms))
+    }
+
+    /// The changes held after `after`, in (principal, key) order: a record
+    /// (possibly of an expired group) or a removal.
+    pub fn changes_after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a Option<GroupedRecord>)> + 'a {
+        self.overlay
+            .range((Bound::Excluded(after.clone()), Bound::Unbounded))
+    }
+
+    /// Records and removals held (all live records while none lies
+    /// outside).
+    pub fn held(&self) -> usize {
+        self.overlay.len()
+    }
+
+    /// The change held for `id`, if any.
+    pub fn change(&self, id: &KeyId) -> Option<&Option<GroupedRecord>> {
+        self.overlay.get(id)
     }
 
     /// Held live records in (principal, key) order.
@@ -391,11 +428,13 @@ impl KeyStore {
     /// from now on records may lie outside, and the registry reads them
     /// from what the adapter fetches.
     pub fn take_changes(&mut self) -> KeyChanges {
+        let complete = !self.outside;
         self.outside = true;
         self.by_group = OrdSet::new();
         KeyChanges {
             records: std::mem::take(&mut self.overlay),
             first_live_group_ms: self.first_live_group_ms(),
+            complete,
         }
     }
 

@@ -82,6 +82,7 @@ mod keyed;
 pub mod kv;
 mod session;
 pub mod snapshot;
+pub mod stored;
 pub mod types;
 
 pub use claims::{ClaimRecord, ClaimState, ClaimView};
@@ -277,6 +278,42 @@ impl Registry {
     /// (or whether) changes are taken.
     pub fn take_key_changes(&mut self) -> KeyChanges {
         self.keys.take_changes()
+    }
+
+    /// Whether key records may lie outside the registry (an adapter took
+    /// its changes): then [`Registry::key`] and [`Registry::keys_after`]
+    /// see only those changed since, and readers merge the adapter's store.
+    pub fn has_key_records_outside(&self) -> bool {
+        self.keys.has_records_outside()
+    }
+
+    /// The key-record changes held after `after`, in (principal, key)
+    /// order: a record (`None`: removed) — for a reader merging them over
+    /// an adapter's store. Records of expired groups may be among them.
+    pub fn key_changes_after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a Option<GroupedRecord>)> + 'a {
+        self.keys.changes_after(after)
+    }
+
+    /// Key records (and removals) held in memory: every live one until an
+    /// adapter takes the changes, then those changed since its last take.
+    pub fn key_records_held(&self) -> usize {
+        self.keys.held()
+    }
+
+    /// The key-record change held for `id`, if any (see
+    /// [`Registry::key_changes_after`]).
+    pub fn key_change(&self, id: &KeyId) -> Option<&Option<GroupedRecord>> {
+        self.keys.change(id)
+    }
+
+    /// The operator's view of a live record read from wherever it lies;
+    /// `None` if its group has expired.
+    pub fn live_key_view(&self, id: &KeyId, stored: &GroupedRecord) -> Option<KeyView> {
+        self.key_group_is_live(stored.group_ms)
+            .then(|| self.key_view(id, stored))
     }
 
     /// One page of live idempotency keys for operators: at most `limit` of

@@ -466,6 +466,20 @@ fn ordered_pairs<S: Serializer>(map: &&Responses, serializer: S) -> Result<S::Ok
 
 /// Writes the snapshot of `registry` to `out`.
 pub fn write<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
+    let registry = &as_written(registry);
+    let mut out = HashingWriter {
+        inner: out,
+        hasher: blake3::Hasher::new(),
+    };
+    write_body(registry, &mut out)?;
+    let digest = out.hasher.finalize();
+    out.inner.write_all(digest.as_bytes())?;
+    out.inner.flush()
+}
+
+/// The registry a snapshot writes: `registry` itself, except in a
+/// deliberately broken build.
+fn as_written(registry: &Registry) -> std::borrow::Cow<'_, Registry> {
     // DELIBERATELY BROKEN when built with `broken-snapshot-drops-sessions`
     // (a fault-injection build for the jepsen-like harness only, to prove its
     // checker catches it): snapshots leave out every session's cached
@@ -484,12 +498,61 @@ pub fn write<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
         stripped
     };
     #[cfg(feature = "broken-snapshot-drops-sessions")]
-    let registry = &stripped;
+    return std::borrow::Cow::Owned(stripped);
+    #[cfg(not(feature = "broken-snapshot-drops-sessions"))]
+    std::borrow::Cow::Borrowed(registry)
+}
+
+/// Writes the snapshot of `registry` to `out`, its key records read from
+/// `records` instead of the registry: for a registry whose records lie in
+/// an adapter's store ([`Registry::take_key_changes`]) and hold nothing
+/// newer (changes taken at the same point). `records` must yield exactly
+/// the live records, in (principal, key) order: fewer, more or a record
+/// of no live group is an error (the store disagrees with the registry),
+/// and nothing is usable of what was written.
+pub fn write_with<W, I>(registry: &Registry, records: I, out: W) -> io::Result<()>
+where
+    W: Write,
+    I: IntoIterator<Item = io::Result<(KeyId, KeyRecord)>>,
+{
+    let disagree = |why: &str| io::Error::other(format!("the key records' store {why}"));
+    let registry = &as_written(registry);
     let mut out = HashingWriter {
         inner: out,
         hasher: blake3::Hasher::new(),
     };
-    write_body(registry, &mut out)?;
+    let mut buffer = Vec::new();
+    write_head(registry, &mut out, &mut buffer)?;
+    write_key_groups(registry, &mut out, &mut buffer)?;
+    let mut written = 0u64;
+    let mut last: Option<KeyId> = None;
+    let mut usage = crate::keyed::Usage::default();
+    for item in records {
+        let (id, record) = item?;
+        if last.as_ref().is_some_and(|last| *last >= id) {
+            return Err(disagree("yields records out of order"));
+        }
+        if !registry.keys.covers(record.created_ms) {
+            return Err(disagree("holds a live record in no live group"));
+        }
+        usage.add(&id, &record);
+        let bytes = KeyRecordRef {
+            principal: &id.0,
+            key: &id.1,
+            created_ms: record.created_ms,
+            response: &record.response,
+        };
+        write_record(&mut out, &mut buffer, &bytes)?;
+        written += 1;
+        last = Some(id);
+    }
+    if written != registry.keys.len() || usage.hash != registry.keys.totals_hash() {
+        return Err(disagree(&format!(
+            "holds {written} live records, the registry {} (or other ones)",
+            registry.keys.len()
+        )));
+    }
+    write_claims(registry, &mut out, &mut buffer)?;
     let digest = out.hasher.finalize();
     out.inner.write_all(digest.as_bytes())?;
     out.inner.flush()
@@ -537,13 +600,7 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
     );
     let mut buffer = Vec::new();
     write_head(registry, out, &mut buffer)?;
-    for (&start_ms, group) in registry.keys.groups() {
-        let group = KeyGroupRecord {
-            start_ms,
-            end_ms: group.end_ms,
-        };
-        write_record(out, &mut buffer, &group)?;
-    }
+    write_key_groups(registry, out, &mut buffer)?;
     for ((principal, key), stored) in registry.keys.iter() {
         let record = KeyRecordRef {
             principal,
@@ -553,13 +610,38 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
         };
         write_record(out, &mut buffer, &record)?;
     }
+    write_claims(registry, out, &mut buffer)
+}
+
+/// One record per live key group, oldest first.
+fn write_key_groups<W: Write>(
+    registry: &Registry,
+    out: &mut W,
+    buffer: &mut Vec<u8>,
+) -> io::Result<()> {
+    for (&start_ms, group) in registry.keys.groups() {
+        let group = KeyGroupRecord {
+            start_ms,
+            end_ms: group.end_ms,
+        };
+        write_record(out, buffer, &group)?;
+    }
+    Ok(())
+}
+
+/// One record per claim, in (principal, key) order.
+fn write_claims<W: Write>(
+    registry: &Registry,
+    out: &mut W,
+    buffer: &mut Vec<u8>,
+) -> io::Result<()> {
     for ((principal, key), record) in registry.claim_records() {
         let record = ClaimRecordRef {
             principal,
             key,
             record,
         };
-        write_record(out, &mut buffer, &record)?;
+        write_record(out, buffer, &record)?;
     }
     Ok(())
 }

@@ -237,6 +237,32 @@ struct Generation {
     records: Keyspace,
     meta: Keyspace,
     pins: Arc<Pins>,
+    /// Declared last, so dropped after the database closed.
+    retired: Retired,
+}
+
+/// A generation replaced by an install: its directory is deleted when the
+/// last holder (the replaced store, a view) lets it go, not only at the
+/// next open.
+#[derive(Debug)]
+struct Retired {
+    dir: PathBuf,
+    retired: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        if self.retired.load(std::sync::atomic::Ordering::Acquire)
+            && let Err(error) = std::fs::remove_dir_all(&self.dir)
+        {
+            // The next open deletes it.
+            tracing::warn!(
+                dir = %self.dir.display(),
+                %error,
+                "record store: could not delete a replaced generation"
+            );
+        }
+    }
 }
 
 impl Generation {
@@ -266,6 +292,10 @@ impl Generation {
             .map_err(store_error)?;
         let generation = Generation {
             number,
+            retired: Retired {
+                dir: dir.clone(),
+                retired: std::sync::atomic::AtomicBool::new(false),
+            },
             dir,
             db,
             records,
@@ -413,8 +443,8 @@ impl RecordStore {
         let snapshot = generation.db.snapshot();
         // Built first, so that an error below unpins through its drop.
         let mut view = View {
-            generation,
             snapshot,
+            generation,
             checkpoint: None,
             pin,
         };
@@ -473,6 +503,10 @@ impl RecordStore {
         }
         generation.commit(generation.db.batch(), checkpoint)?;
         write_current(&self.root, number)?;
+        self.generation
+            .retired
+            .retired
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(RecordStore {
             root: self.root.clone(),
             options: self.options.clone(),
@@ -507,8 +541,10 @@ impl RecordStore {
 
 /// One checkpoint and its records, frozen (see [`RecordStore::view`]).
 pub struct View {
-    generation: Arc<Generation>,
+    // Dropped before the generation: the last holder of a retired
+    // generation closes its database before the directory goes.
     snapshot: fjall::Snapshot,
+    generation: Arc<Generation>,
     checkpoint: Option<Checkpoint>,
     pin: u64,
 }
@@ -544,7 +580,7 @@ impl View {
     pub fn records_from<'a>(
         &'a self,
         start: &[u8],
-    ) -> impl Iterator<Item = Result<(Vec<u8>, StoredRecord)>> + 'a {
+    ) -> impl Iterator<Item = Result<(Vec<u8>, StoredRecord)>> + use<'a> {
         let watermark = self.watermark();
         let generation = &self.generation;
         self.snapshot

@@ -209,20 +209,28 @@ fn an_install_replaces_the_generation_only_when_whole() {
     assert_eq!(assert_consistent(&store), 5);
     assert_eq!(store.generation(), 1);
 
+    let live_before = store.view().expect("view").records().count();
+    assert!(live_before > 0);
     let installed = store
         .install(incoming.into_iter().map(Ok), &checkpoint(0, 11))
         .expect("install");
     assert_eq!(assert_consistent(&installed), 11);
     assert_eq!(installed.generation(), 2);
-    drop(installed);
+    // The replaced generation goes when its last holder does: a view of it
+    // still reads it after the store let go.
+    let old_view = store.view().expect("view");
     drop(store);
+    assert_eq!(old_view.records().count(), live_before);
+    assert!(dir.path().join("gen-000001").exists(), "a view holds it");
+    drop(old_view);
+    assert!(
+        !dir.path().join("gen-000001").exists(),
+        "the replaced generation is deleted once nothing holds it"
+    );
+    drop(installed);
     let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
     assert_eq!(store.generation(), 2);
     assert_eq!(assert_consistent(&store), 11);
-    assert!(
-        !dir.path().join("gen-000001").exists(),
-        "the replaced generation is deleted at open"
-    );
 }
 
 /// A store whose `CURRENT` is gone is refused, not guessed at: nothing
