@@ -97,6 +97,21 @@ impl OutsideRecords {
         })
     }
 
+    /// The log index of the store's latest checkpoint (`None`: never
+    /// flushed).
+    pub fn checkpoint_index(&self) -> io::Result<Option<u64>> {
+        let Some(checkpoint) = self.store().checkpoint().map_err(store_error)? else {
+            return Ok(None);
+        };
+        let index = <[u8; 8]>::try_from(checkpoint.applied.as_slice()).map_err(|_| {
+            corrupt(format!(
+                "a checkpoint of {} bytes, not a log index",
+                checkpoint.applied.len()
+            ))
+        })?;
+        Ok(Some(u64::from_be_bytes(index)))
+    }
+
     fn store(&self) -> Arc<RecordStore> {
         self.store.read().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -268,6 +268,17 @@ impl SnapshotFile {
         Ok(registry)
     }
 
+    /// [`SnapshotFile::read_registry`], leaving the key records out of the
+    /// registry (counted, checked, then dropped: see
+    /// `snapshot::read_leaving_keys`), for a node whose record store holds
+    /// them.
+    pub(crate) fn read_registry_leaving_keys(&mut self) -> Result<Registry, String> {
+        let reader = self.registry_reader().map_err(|e| e.to_string())?;
+        let (registry, _) = snapshot::read_leaving_keys(reader).map_err(|e| e.to_string())?;
+        check_meta(&self.meta, &registry)?;
+        Ok(registry)
+    }
+
     /// Takes a received snapshot's temporary file and decoded registry, if
     /// this is one received into `dir` with `meta` in its header; the file
     /// stays open here (for its fsync).

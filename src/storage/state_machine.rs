@@ -141,7 +141,33 @@ impl StateMachineStore {
                 reason,
             };
             let mut file = SnapshotFile::open(&path).map_err(|e| corrupt(e.to_string()))?;
-            let registry = file.read_registry().map_err(corrupt)?;
+            let index = snapshot_index(file.meta());
+            // The record store holds exactly this snapshot's key records
+            // when its checkpoint is of the same index (the build that
+            // wrote the file flushed the store first, from the same take):
+            // they stay there. Else (a crash between a flush and its file,
+            // a store of an earlier state) the file's records are read
+            // into memory, and the next build replaces the store.
+            let in_store = match state.records() {
+                Some(records) => {
+                    records
+                        .checkpoint_index()
+                        .map_err(|e| corrupt(format!("reading the record store: {e}")))?
+                        == Some(index)
+                }
+                None => false,
+            };
+            let registry = if in_store {
+                file.read_registry_leaving_keys().map_err(corrupt)?
+            } else {
+                file.read_registry().map_err(corrupt)?
+            };
+            tracing::info!(
+                log_index = index,
+                key_records_in_store = registry.has_key_records_outside(),
+                key_records_in_memory = registry.key_records_held(),
+                "read snapshot"
+            );
             let meta = file.meta().clone();
             let mut applied = state.write();
             applied.registry = registry;
@@ -550,6 +576,88 @@ mod tests {
         let mut registry = Registry::new();
         registry.apply_other(index);
         registry
+    }
+
+    /// A bootstrapped registry with `keys` idempotency-key records, at
+    /// index `keys + 1`.
+    fn registry_with_keys(keys: u64) -> Registry {
+        use oncekv_core::{
+            ClusterId, Command, Entry, IdempotencyKey, Op, Principal, RegistryConfig,
+        };
+        let cluster_id = ClusterId(7);
+        let mut registry = Registry::new();
+        let bootstrap = Op::Bootstrap {
+            cluster_id,
+            config: RegistryConfig::default(),
+        };
+        registry.apply(1, &Entry::single(1_000, bootstrap));
+        for n in 0..keys {
+            let op = Op::ExecuteKeyed {
+                cluster_id,
+                key: IdempotencyKey(format!("k{n}").into_bytes()),
+                command: Command::Increment {
+                    key: b"n".to_vec(),
+                    delta: 1,
+                },
+                principal: Principal::anonymous(),
+            };
+            registry.apply(n + 2, &Entry::single(1_000 + n, op));
+        }
+        assert_eq!(registry.key_count() as u64, keys);
+        registry
+    }
+
+    /// A build moves the key records into the record store; a restart
+    /// leaves them there when the store's checkpoint is the snapshot's,
+    /// and reads them from the file when it is not (a store flushed past
+    /// the snapshot by a build whose file never came, after a crash) —
+    /// whose next build then replaces the store.
+    #[tokio::test]
+    async fn key_records_stay_in_the_store_only_when_it_matches_the_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (snapshots, records) = (dir.path().join("snapshots"), dir.path().join("state"));
+        let mut store = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        {
+            let state = store.state();
+            let mut applied = state.write();
+            applied.registry = registry_with_keys(3);
+            applied.last_applied = meta(4).last_log_id;
+        }
+        let mut builder = store.get_snapshot_builder().await;
+        builder.build_snapshot().await.unwrap();
+        let hash = snapshot::state_hash(&store.state().read().registry);
+        assert_eq!(store.state().read().registry.key_records_held(), 0);
+        drop((builder, store));
+
+        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        {
+            let state = reopened.state();
+            let applied = state.read();
+            assert!(applied.registry.has_key_records_outside());
+            assert_eq!(applied.registry.key_records_held(), 0);
+            assert_eq!(applied.registry.key_count(), 3);
+            assert_eq!(snapshot::state_hash(&applied.registry), hash);
+            let view = reopened
+                .state()
+                .key_view(
+                    &applied.registry,
+                    &oncekv_core::Principal::anonymous(),
+                    &oncekv_core::IdempotencyKey(b"k1".to_vec()),
+                )
+                .unwrap();
+            assert_eq!(view.expect("k1 from the store").created_ms, 1_001);
+        }
+        // A flush past the snapshot, whose file never came.
+        let outside = reopened.state().records().unwrap().clone();
+        let pending = outside.push(oncekv_core::KeyChanges::default());
+        outside.flush(pending, 9).unwrap();
+        drop((outside, reopened));
+        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        let state = reopened.state();
+        let applied = state.read();
+        assert!(!applied.registry.has_key_records_outside());
+        assert_eq!(applied.registry.key_records_held(), 3);
+        assert_eq!(snapshot::state_hash(&applied.registry), hash);
     }
 
     fn file_names(dir: &Path) -> Vec<String> {

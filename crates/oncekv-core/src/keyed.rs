@@ -312,11 +312,6 @@ impl KeyStore {
             .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
     }
 
-    /// The greatest held (principal, key).
-    pub fn last_id(&self) -> Option<&KeyId> {
-        self.overlay.get_max().map(|(id, _)| id)
-    }
-
     /// The group a record created at `created_ms` belongs in, opening it
     /// (`width_ms` wide, aligned to it, never before the floor) if the
     /// newest group has ended. Cluster time never goes back, so the newest
@@ -467,6 +462,35 @@ impl KeyStore {
     /// Restores a record of a snapshot into the restored group that covers
     /// its creation time.
     pub(crate) fn restore(&mut self, id: KeyId, record: KeyRecord) -> Result<(), &'static str> {
+        let group_ms = self.restored_group(&record)?;
+        self.insert_into(id, GroupedRecord { group_ms, record });
+        Ok(())
+    }
+
+    /// Counts a record of a snapshot into the restored group that covers
+    /// its creation time, without holding it (it lies in an adapter's
+    /// store: see [`KeyStore::mark_outside`]).
+    pub(crate) fn restore_counted(
+        &mut self,
+        id: &KeyId,
+        record: &KeyRecord,
+    ) -> Result<(), &'static str> {
+        let group_ms = self.restored_group(record)?;
+        self.groups
+            .get_mut(&group_ms)
+            .expect("the group just found")
+            .usage
+            .add(id, record);
+        self.totals.add(id, record);
+        Ok(())
+    }
+
+    /// Records lie outside from now on (a restore that counts them only).
+    pub(crate) fn mark_outside(&mut self) {
+        self.outside = true;
+    }
+
+    fn restored_group(&self, record: &KeyRecord) -> Result<u64, &'static str> {
         let (&group_ms, group) = self
             .groups
             .range(..=record.created_ms)
@@ -475,8 +499,7 @@ impl KeyStore {
         if record.created_ms >= group.end_ms {
             return Err("an idempotency key record in no live group");
         }
-        self.insert_into(id, GroupedRecord { group_ms, record });
-        Ok(())
+        Ok(group_ms)
     }
 
     /// Groups are disjoint, ordered and live; their summaries add up to the

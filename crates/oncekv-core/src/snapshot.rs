@@ -688,6 +688,23 @@ fn write_record<W: Write, T: Serialize>(
 
 /// Reads a snapshot, verifying its checksum and every invariant.
 pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
+    read_keeping(input, true)
+}
+
+/// Reads a snapshot as [`read`] does, but leaves its idempotency-key
+/// records out of the registry: each is checked and counted into its
+/// group, then dropped, and the registry reads key records from its
+/// adapter's store from then on ([`Registry::keys_to_fetch`]) — for an
+/// adapter whose store holds exactly this snapshot's records. Whether the
+/// records were left out: a snapshot before version 7 has no groups, and
+/// its records are kept (grouping them needs them all).
+pub fn read_leaving_keys<R: Read>(input: R) -> Result<(Registry, bool), SnapshotError> {
+    let registry = read_keeping(input, false)?;
+    let left = registry.keys.has_records_outside();
+    Ok((registry, left))
+}
+
+fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, SnapshotError> {
     let mut input = HashingReader {
         inner: input,
         hasher: blake3::Hasher::new(),
@@ -819,13 +836,20 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
             .keys
             .restore_groups(&groups, floor_ms)
             .map_err(SnapshotError::Inconsistent)?;
+        if !keep_keys {
+            registry.keys.mark_outside();
+        }
+        let mut last: Option<KeyId> = None;
         for _ in 0..idempotency_keys {
             let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
-            let (id, record) = checked_key(&registry, registry.keys.last_id(), record)?;
-            registry
-                .keys
-                .restore(id, record)
-                .map_err(SnapshotError::Inconsistent)?;
+            let (id, record) = checked_key(&registry, last.as_ref(), record)?;
+            last = Some(id.clone());
+            let restored = if keep_keys {
+                registry.keys.restore(id, record)
+            } else {
+                registry.keys.restore_counted(&id, &record)
+            };
+            restored.map_err(SnapshotError::Inconsistent)?;
         }
     } else {
         // Before version 7: group the records as if inserted in creation
@@ -1299,6 +1323,38 @@ mod tests {
         assert_eq!(restored, registry);
         assert_eq!(state_hash(&restored), state_hash(&registry));
         assert_eq!(to_bytes(&restored), to_bytes(&registry));
+    }
+
+    /// A snapshot read leaving its key records out hashes and counts as
+    /// the registry read whole, holds none of them, and names every key an
+    /// entry reads for fetching; a version 6 snapshot keeps them.
+    #[test]
+    fn a_snapshot_read_leaving_keys_counts_them_in_their_groups() {
+        let at = |stamp: u64, (index, entry): (u64, Entry)| {
+            (
+                index,
+                Entry {
+                    stamp_ms: stamp,
+                    ..entry
+                },
+            )
+        };
+        let registry = applied(&[
+            at(1_000, keyed(2, "k2")),
+            at(2_000, keyed(3, "k1")),
+            at(61_000, keyed(4, "k3")),
+        ]);
+        let (left, outside) = read_leaving_keys(&to_bytes(&registry)[..]).expect("reads");
+        assert!(outside);
+        left.check_invariants().unwrap();
+        assert_eq!(state_hash(&left), state_hash(&registry));
+        assert_eq!(left.key_count(), 3);
+        assert_eq!(left.key_records_held(), 0);
+        let (_, entry) = keyed(5, "k1");
+        assert_eq!(left.keys_to_fetch(&entry).len(), 1);
+        let (kept, outside) = read_leaving_keys(&to_bytes_v6(&registry)[..]).expect("reads");
+        assert!(!outside);
+        assert_eq!(kept, registry);
     }
 
     /// Version 7 records must fall in the groups the snapshot names.
