@@ -276,9 +276,14 @@ impl client_server::Client for ClientApi {
         let key =
             convert::idempotency_key_from_proto(request.idempotency_key).map_err(convert_status)?;
         let command = convert::command_from_proto(request.command).map_err(convert_status)?;
+        // A key record in the record store is read from it (under the state
+        // lock, as the registry's own changes are).
+        let records = self.state.records().cloned();
         let answered = self
             .answer_from_applied("execute_keyed", |registry| {
-                registry.keyed_duplicate_answer(cluster_id, &key, &command, &principal)
+                registry.keyed_duplicate_answer_with(cluster_id, &key, &command, &principal, |id| {
+                    records.as_ref()?.get(id).ok().flatten()
+                })
             })
             .await?;
         if let Some((outcome, applied_index)) = answered {

@@ -2,6 +2,8 @@
 following, what each failure means (retry, final, may have reached a
 leader), one error class per wire reason, and the request limits."""
 
+import time
+
 import grpc
 import pytest
 
@@ -129,6 +131,20 @@ def test_a_capacity_limit_that_refused_every_attempt_is_said_as_such():
     assert failures.exhausted_and_out_of_time(False, deadline=10.0, now=9.995) is not None
     assert failures.exhausted_and_out_of_time(False, deadline=10.0, now=9.0) is None
     assert Failures().exhausted_before_any_reach(reached=False) is None
+
+
+def test_out_of_time_counts_the_slowest_attempt():
+    """Too little time left is under MIN_ATTEMPT_TIME or under twice the
+    slowest attempt measured, whichever is more."""
+    failures = Failures()
+    failures.note(failure("RESOURCE_EXHAUSTED", limit="keys_max"))
+    now = time.monotonic()
+    assert failures.exhausted_and_out_of_time(False, deadline=now + 10, now=now) is None
+    time.sleep(0.06)
+    failures.note(failure("RESOURCE_EXHAUSTED", limit="keys_max"))
+    now = time.monotonic()
+    assert failures.exhausted_and_out_of_time(False, deadline=now + 0.1, now=now) is not None
+    assert failures.exhausted_and_out_of_time(False, deadline=now + 0.5, now=now) is None
 
 
 def test_every_wire_reason_has_its_own_exception_class():

@@ -472,7 +472,9 @@ pub(crate) fn may_have_reached(status: &tonic::Status) -> bool {
 
 /// An attempt given less than this before the deadline would be cut off
 /// in flight (a loopback round trip with the leader's and a follower's
-/// `fdatasync` takes about a millisecond; a loaded machine, tens).
+/// `fdatasync` takes about a millisecond; a loaded machine, tens) — or
+/// less than twice the slowest attempt of the call so far, whichever is
+/// more.
 const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(20);
 
 /// Whether `status` reports a connection the peer refused (nothing sent):
@@ -630,10 +632,18 @@ struct Failures {
     count: u32,
     /// The latest refusal by a capacity limit, if any.
     exhausted: Option<tonic::Status>,
+    /// When the attempt in flight started, if known (from the second
+    /// attempt on: see `exhausted_and_out_of_time`).
+    attempt_started: Option<Instant>,
+    /// The slowest attempt measured.
+    slowest_attempt: Duration,
 }
 
 impl Failures {
     fn note(&mut self, status: &tonic::Status) {
+        if let Some(started) = self.attempt_started.take() {
+            self.slowest_attempt = self.slowest_attempt.max(started.elapsed());
+        }
         let text = match error_detail(status) {
             Some(_) => status.message().to_string(),
             None => format!("{:?}: {}", status.code(), status.message()),
@@ -661,15 +671,21 @@ impl Failures {
         Error::from_reason(self.exhausted.as_ref()?, 0)
     }
 
-    /// After the backoff that follows a failed attempt: the same, when too
-    /// little time is left for another attempt — which the deadline would
-    /// cut off in flight, turning "refused, nothing ran" into "unknown".
+    /// After the backoff that follows a failed attempt, right before the
+    /// next: the same, when too little time is left for another attempt —
+    /// less than [`MIN_ATTEMPT_TIME`] or twice the slowest attempt so far —
+    /// which the deadline would likely cut off in flight, turning "refused,
+    /// nothing ran" into "unknown". Otherwise `None`, and the next attempt
+    /// is timed from now.
     pub(crate) fn exhausted_and_out_of_time(
-        &self,
+        &mut self,
         reached: bool,
         deadline: Instant,
     ) -> Option<Error> {
-        if deadline.saturating_duration_since(Instant::now()) >= MIN_ATTEMPT_TIME {
+        let now = Instant::now();
+        let needed = MIN_ATTEMPT_TIME.max(self.slowest_attempt.saturating_mul(2));
+        if deadline.saturating_duration_since(now) >= needed {
+            self.attempt_started = Some(now);
             return None;
         }
         self.exhausted_before_any_reach(reached)
@@ -2036,5 +2052,46 @@ mod tests {
             "overloaded".into(),
         )));
         assert_eq!(one.reason(), "overloaded");
+    }
+
+    /// A capacity refusal with too little time left for another attempt is
+    /// the limit: under 20 ms, or under twice the slowest attempt measured
+    /// (a loaded machine's attempts are slow, and one cut off in flight
+    /// would be "unknown").
+    #[test]
+    fn out_of_time_counts_the_slowest_attempt() {
+        let exhausted = reason_status(ErrorReason::ResourceExhausted(Limit::Keys));
+        let mut failures = Failures::default();
+        failures.note(&exhausted);
+        let now = Instant::now();
+        assert!(
+            failures
+                .exhausted_and_out_of_time(false, now + Duration::from_millis(10))
+                .is_some()
+        );
+        assert!(
+            failures
+                .exhausted_and_out_of_time(false, now + Duration::from_secs(10))
+                .is_none(),
+            "time for another attempt"
+        );
+        // That attempt took 60 ms: 100 ms left is not enough for the next.
+        std::thread::sleep(Duration::from_millis(60));
+        failures.note(&exhausted);
+        let now = Instant::now();
+        assert!(
+            failures
+                .exhausted_and_out_of_time(false, now + Duration::from_millis(100))
+                .is_some()
+        );
+        assert!(
+            failures
+                .exhausted_and_out_of_time(false, now + Duration::from_millis(500))
+                .is_none()
+        );
+        assert!(
+            failures.exhausted_and_out_of_time(true, now).is_none(),
+            "after a reach, nothing is proven"
+        );
     }
 }

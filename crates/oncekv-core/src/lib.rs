@@ -1143,14 +1143,35 @@ impl Registry {
         command: &Command,
         principal: &Principal,
     ) -> Option<Outcome> {
+        self.keyed_duplicate_answer_with(cluster_id, key, command, principal, |_| None)
+    }
+
+    /// [`Registry::keyed_duplicate_answer`] for a registry whose key
+    /// records may lie in an adapter's store: `stored` reads what the store
+    /// holds under an id (asked only when the registry holds no change for
+    /// it; `None` also when it cannot say, which sends the request through
+    /// the log).
+    pub fn keyed_duplicate_answer_with(
+        &self,
+        cluster_id: ClusterId,
+        key: &IdempotencyKey,
+        command: &Command,
+        principal: &Principal,
+        stored: impl FnOnce(&KeyId) -> Option<GroupedRecord>,
+    ) -> Option<Outcome> {
         self.check_cluster(Some(cluster_id)).ok()?;
         check_idempotency_key(key, &self.keyed_config).ok()?;
-        let record = &self
-            .keys
-            .get_held(&(principal.clone(), key.clone()))?
+        let id = (principal.clone(), key.clone());
+        let found = match self.keys.change(&id) {
+            Some(change) => change.clone(),
+            None if self.keys.has_records_outside() => stored(&id),
+            None => None,
+        };
+        let record = found
+            .filter(|found| self.key_group_is_live(found.group_ms))?
             .record;
         (record.response.fingerprint == fingerprint::fingerprint(command))
-            .then(|| answer(record.response.result.clone(), true))
+            .then(|| answer(record.response.result, true))
     }
 
     /// A keyed request (rule 18), in the order of checks of the module doc.

@@ -13,6 +13,7 @@ outcomes is the client's.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -184,7 +185,8 @@ class Failure:
 
 # An attempt given less than this (seconds) before the deadline would be cut
 # off in flight: a loopback round trip with the leader's and a follower's
-# fdatasync takes about a millisecond, tens on a loaded machine.
+# fdatasync takes about a millisecond, tens on a loaded machine — or less
+# than twice the slowest attempt of the call so far, whichever is more.
 MIN_ATTEMPT_TIME = 0.020
 
 
@@ -198,8 +200,16 @@ class Failures:
         self.count = 0
         # The latest refusal by a capacity limit, if any.
         self.exhausted: Optional[Failure] = None
+        # When the attempt in flight started, if known (from the second
+        # attempt on), and the slowest attempt measured (seconds).
+        self.attempt_started: Optional[float] = None
+        self.slowest_attempt = 0.0
 
     def note(self, failure: Failure) -> None:
+        if self.attempt_started is not None:
+            self.slowest_attempt = max(self.slowest_attempt,
+                                       time.monotonic() - self.attempt_started)
+            self.attempt_started = None
         if self.best is None or failure.informativeness() >= self.best.informativeness():
             self.best = failure
         self.last = failure
@@ -218,10 +228,13 @@ class Failures:
 
     def exhausted_and_out_of_time(self, reached: bool, deadline: float,
                                   now: float) -> Optional[errors.OncekvError]:
-        """After the backoff: the same, when too little time is left for
-        another attempt (MIN_ATTEMPT_TIME), which the deadline would cut
-        off in flight, turning "refused, nothing ran" into "unknown"."""
-        if deadline - now >= MIN_ATTEMPT_TIME:
+        """After the backoff, right before the next attempt: the same, when
+        too little time is left for another attempt (MIN_ATTEMPT_TIME, or
+        twice the slowest attempt so far), which the deadline would likely
+        cut off in flight, turning "refused, nothing ran" into "unknown".
+        Otherwise None, and the next attempt is timed from now."""
+        if deadline - now >= max(MIN_ATTEMPT_TIME, 2 * self.slowest_attempt):
+            self.attempt_started = time.monotonic()
             return None
         return self.exhausted_before_any_reach(reached)
 

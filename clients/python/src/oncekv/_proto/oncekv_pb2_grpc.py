@@ -820,8 +820,9 @@ class AdminServicer:
         A new TTL counts from each session's last activity; a smaller window
         refuses new seqs at or beyond floor + window. Cached responses are
         kept. A new idempotency_key_ttl_ms counts from each key's first
-        execution and takes effect at the config entry itself: keys older than
-        it are forgotten there, on every replica. INVALID_ARGUMENT (nothing
+        execution (up to its group's end, see IDEMPOTENCY KEYS above) and takes
+        effect at the config entry itself: groups wholly older than it are
+        forgotten there, on every replica. INVALID_ARGUMENT (nothing
         changes) for a patch that sets no field, or whose result is outside
         the hard bounds or is a combination that would refuse requests
         forever: cached_bytes_per_session_max below value_bytes_max + 32 (the
