@@ -371,8 +371,9 @@ async fn all_keys(cluster: &Cluster, node: u64, limit: u32) -> Vec<Vec<u8>> {
 }
 
 /// Key records move out of memory into the record store (`state/`) at
-/// every snapshot build (docs/state-beyond-ram.md §4.5). With a snapshot
-/// every 25 entries, keys written across many builds live in the store:
+/// every snapshot build (docs/state-beyond-ram.md §4.5). With a build
+/// asked for whenever 25 key records are held in memory (and none by the
+/// entry count), keys written across many builds live in the store:
 /// repeats of the oldest are still duplicates (the record is fetched from
 /// the store before its entry applies), GetKey and ListKeys see every key
 /// through the layers and the store (in order, across pages, on every
@@ -384,6 +385,8 @@ async fn key_records_in_the_record_store_still_answer_repeats() {
         "keyed-store",
         &[
             "--snapshot-every-entries",
+            "1000000",
+            "--snapshot-every-key-records",
             "25",
             "--logs-kept-after-snapshot",
             "5",
@@ -409,6 +412,11 @@ async fn key_records_in_the_record_store_still_answer_repeats() {
         );
         let status = cluster.status(node).await.unwrap();
         assert!(status.snapshot_index > 0, "node {node} built a snapshot");
+        let in_memory = gauge(&cluster, node, "oncekv_idempotency_keys_in_memory").await;
+        assert!(
+            in_memory < 60.0,
+            "node {node} holds {in_memory} key records"
+        );
     }
     // The oldest keys went to the store many builds ago: their repeats
     // are answered by the leader from the store after a read index (rule

@@ -171,6 +171,11 @@ pub struct NodeOptions {
     /// Log entries kept behind a snapshot for lagging followers [default: 1000].
     #[arg(long)]
     pub logs_kept_after_snapshot: Option<u64>,
+    /// Also build a snapshot once this many idempotency-key records changed
+    /// since the last build: they are held in memory until a build moves
+    /// them into the record store (node-local) [default: 100000].
+    #[arg(long)]
+    pub snapshot_every_key_records: Option<u64>,
     /// Initial session TTL, proposed at initialisation [default: 60000].
     #[arg(long)]
     pub session_ttl_ms: Option<u64>,
@@ -231,6 +236,7 @@ pub struct NodeConfig {
     pub request_timeout: Duration,
     pub snapshot_every_entries: u64,
     pub logs_kept_after_snapshot: u64,
+    pub snapshot_every_key_records: u64,
     pub initial_registry: RegistryConfig,
     pub faults: crate::network::faults::FaultControl,
     /// TLS of both ports; `None`: plain (loopback only, or --insecure).
@@ -500,6 +506,15 @@ impl NodeOptions {
             .snapshot_every_entries
             .or(file.snapshot_every_entries)
             .unwrap_or(10_000);
+        let snapshot_every_key_records = self
+            .snapshot_every_key_records
+            .or(file.snapshot_every_key_records)
+            .unwrap_or(100_000);
+        if snapshot_every_key_records == 0 {
+            return Err(ConfigError::Invalid(
+                "snapshot_every_key_records must be positive".into(),
+            ));
+        }
         if snapshot_every_entries == 0 {
             return Err(ConfigError::Invalid(
                 "snapshot_every_entries must be positive".into(),
@@ -530,6 +545,7 @@ impl NodeOptions {
                 .logs_kept_after_snapshot
                 .or(file.logs_kept_after_snapshot)
                 .unwrap_or(1_000),
+            snapshot_every_key_records,
             initial_registry,
             faults: self.faults()?,
             tls,

@@ -154,7 +154,8 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let (tls, auth) = security(&config)?;
     claim_data_dir(&config.data_dir, config.id)?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
-    let (mut log_store, state_machine, identity) = open_storage(&config, &metrics).await?;
+    let (mut log_store, state_machine, identity, build_wanted) =
+        open_storage(&config, &metrics).await?;
     let state = state_machine.state();
     let snapshots = state_machine.snapshot_inbox();
 
@@ -174,6 +175,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     )
     .await
     .context("starting Raft")?;
+    let builds_asked = tokio::spawn(build_snapshots_when_asked(raft.clone(), build_wanted));
 
     let read_index = ReadIndex::new(raft.clone(), restored);
     let clock = Arc::new(ClusterClock::new(
@@ -228,6 +230,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let _ = stop_servers.send(true);
     watcher.abort();
     reloader.abort();
+    builds_asked.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         for server in servers {
             let _ = server.await;
@@ -239,8 +242,25 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     Ok(())
 }
 
+/// Asks Raft for a snapshot build whenever the state machine says too many
+/// key records are held in memory (`--snapshot-every-key-records`): the
+/// build moves them into the record store. At most one request every
+/// 100 ms (a build in progress takes the records only when it started).
+async fn build_snapshots_when_asked(raft: Raft, wanted: Arc<tokio::sync::Notify>) {
+    loop {
+        wanted.notified().await;
+        if let Err(error) = raft.trigger().snapshot().await {
+            tracing::debug!(%error, "Raft refused a snapshot request; it is stopping");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Opens the Raft log and the snapshots, refuses a log purged beyond the
-/// newest snapshot, and reads the cluster id (adopting the applied one).
+/// newest snapshot, and reads the cluster id (adopting the applied one);
+/// with the handle the state machine notifies when a snapshot build
+/// should move key records out of memory.
 async fn open_storage(
     config: &NodeConfig,
     metrics: &Arc<NodeMetrics>,
@@ -248,6 +268,7 @@ async fn open_storage(
     SegmentLogStore<TypeConfig>,
     StateMachineStore,
     ClusterIdentity,
+    Arc<tokio::sync::Notify>,
 )> {
     let mut log_store =
         SegmentLogStore::open(config.data_dir.join("wal")).context("opening the Raft log")?;
@@ -277,6 +298,9 @@ async fn open_storage(
     )
     .context("opening the snapshots and the record store")?
     .with_metrics(metrics.clone());
+    let (state_machine, build_wanted) = state_machine.build_when_key_records_held(
+        usize::try_from(config.snapshot_every_key_records).unwrap_or(usize::MAX),
+    );
     let snapshot_index = *state_machine.durable_snapshot_index().borrow();
     if let Some(purged) = log_store.last_purged_index()?
         && purged > snapshot_index
@@ -303,7 +327,7 @@ async fn open_storage(
             .adopt(applied)
             .context("the applied state names another cluster than the id file")?;
     }
-    Ok((log_store, state_machine, identity))
+    Ok((log_store, state_machine, identity, build_wanted))
 }
 
 /// What a replica needs besides its accounted state: the process, the

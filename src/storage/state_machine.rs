@@ -57,6 +57,9 @@ pub struct StateMachineStore {
     /// Snapshot builds, one at a time: each takes the registry's key-record
     /// changes, flushes them and writes its file before the next takes.
     builds: Arc<tokio::sync::Mutex<()>>,
+    /// Asks for a snapshot build once this many key records are held in
+    /// memory (see [`StateMachineStore::build_when_key_records_held`]).
+    key_records_trigger: Option<(usize, Arc<tokio::sync::Notify>)>,
     /// Outcomes are counted here, where they are decided, so every replica
     /// counts the same entries the same way.
     metrics: Arc<NodeMetrics>,
@@ -188,6 +191,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             state,
             builds: Arc::default(),
+            key_records_trigger: None,
             metrics: Arc::default(),
             files: Arc::new(SnapshotFiles {
                 dir: dir.to_path_buf(),
@@ -200,6 +204,21 @@ impl StateMachineStore {
 
     pub fn state(&self) -> SharedState {
         self.state.clone()
+    }
+
+    /// Notifies the returned handle whenever an apply batch leaves `max` or
+    /// more key records held in memory (changed since the last build), so
+    /// the node can ask Raft for a snapshot build, which moves them into
+    /// the record store: what bounds them when entries are large batches
+    /// (64 clients' keyed requests in one entry) and the entry-count policy
+    /// alone would let hundreds of thousands pile up.
+    pub fn build_when_key_records_held(
+        mut self,
+        max: usize,
+    ) -> (StateMachineStore, Arc<tokio::sync::Notify>) {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.key_records_trigger = Some((max, notify.clone()));
+        (self, notify)
     }
 
     /// Counts applied outcomes, expiries and snapshots into `metrics`
@@ -466,6 +485,12 @@ impl StateMachineStore {
             replies.push((reply, responder));
         }
         self.state.publish_cluster_id(&applied);
+        if let Some((max, notify)) = &self.key_records_trigger
+            && self.state.records().is_some()
+            && applied.registry.key_records_held() >= *max
+        {
+            notify.notify_one();
+        }
         Ok(replies)
     }
 }
