@@ -1295,28 +1295,24 @@ mod tests {
         bytes
     }
 
+    /// Keys stamped at 1 s, 2 s and 61 s: under the default TTL's
+    /// minute-wide groups, k2 and k1 share one, k3 opens the next.
+    fn three_keys_in_two_groups() -> Registry {
+        let at = |stamp_ms: u64, (index, entry): (u64, Entry)| (index, Entry { stamp_ms, ..entry });
+        applied(&[
+            at(1_000, keyed(2, "k2")),
+            at(2_000, keyed(3, "k1")),
+            at(61_000, keyed(4, "k3")),
+        ])
+    }
+
     /// A version 6 snapshot (before key groups) restores with its records
     /// grouped as if inserted in creation order under the TTL in force:
     /// the same groups, hash and bytes as the registry that made them in
     /// that order, and written as version 7.
     #[test]
     fn version_6_snapshots_are_read_into_groups() {
-        let at = |stamp: u64, (index, entry): (u64, Entry)| {
-            (
-                index,
-                Entry {
-                    stamp_ms: stamp,
-                    ..entry
-                },
-            )
-        };
-        // Minute-wide groups under the default TTL: k1 and k2 share one,
-        // k3 opens the next.
-        let registry = applied(&[
-            at(1_000, keyed(2, "k2")),
-            at(2_000, keyed(3, "k1")),
-            at(61_000, keyed(4, "k3")),
-        ]);
+        let registry = three_keys_in_two_groups();
         assert_eq!(registry.keys.groups().count(), 2);
         let restored = from_bytes(&to_bytes_v6(&registry)).expect("version 6 reads");
         restored.check_invariants().unwrap();
@@ -1330,20 +1326,7 @@ mod tests {
     /// entry reads for fetching; a version 6 snapshot keeps them.
     #[test]
     fn a_snapshot_read_leaving_keys_counts_them_in_their_groups() {
-        let at = |stamp: u64, (index, entry): (u64, Entry)| {
-            (
-                index,
-                Entry {
-                    stamp_ms: stamp,
-                    ..entry
-                },
-            )
-        };
-        let registry = applied(&[
-            at(1_000, keyed(2, "k2")),
-            at(2_000, keyed(3, "k1")),
-            at(61_000, keyed(4, "k3")),
-        ]);
+        let registry = three_keys_in_two_groups();
         let (left, outside) = read_leaving_keys(&to_bytes(&registry)[..]).expect("reads");
         assert!(outside);
         left.check_invariants().unwrap();
@@ -1360,16 +1343,7 @@ mod tests {
     /// Version 7 records must fall in the groups the snapshot names.
     #[test]
     fn a_key_record_outside_every_group_is_refused() {
-        let at = |stamp: u64, (index, entry): (u64, Entry)| {
-            (
-                index,
-                Entry {
-                    stamp_ms: stamp,
-                    ..entry
-                },
-            )
-        };
-        let registry = applied(&[at(1_000, keyed(2, "k1")), at(61_000, keyed(3, "k2"))]);
+        let registry = three_keys_in_two_groups();
         let mut stripped = Registry {
             keys: crate::keyed::KeyStore::default(),
             ..registry.clone()
