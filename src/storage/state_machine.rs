@@ -635,8 +635,8 @@ mod tests {
     /// A build moves the key records into the record store; a restart
     /// leaves them there when the store's checkpoint is the snapshot's,
     /// and reads them from the file when it is not (a store flushed past
-    /// the snapshot by a build whose file never came, after a crash) —
-    /// whose next build then replaces the store.
+    /// the snapshot by a build whose file never came, after a crash; or no
+    /// store at all) — whose next build then replaces the store.
     #[tokio::test]
     async fn key_records_stay_in_the_store_only_when_it_matches_the_snapshot() {
         let dir = tempfile::tempdir().unwrap();
@@ -678,9 +678,20 @@ mod tests {
         outside.flush(pending, 9).unwrap();
         drop((outside, reopened));
         let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        {
+            let state = reopened.state();
+            let applied = state.read();
+            assert!(!applied.registry.has_key_records_outside());
+            assert_eq!(applied.registry.key_records_held(), 3);
+            assert_eq!(snapshot::state_hash(&applied.registry), hash);
+        }
+        drop(reopened);
+        // The whole record store deleted (operating.md says it is safe):
+        // the records come from the snapshot file.
+        std::fs::remove_dir_all(&records).unwrap();
+        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
         let state = reopened.state();
         let applied = state.read();
-        assert!(!applied.registry.has_key_records_outside());
         assert_eq!(applied.registry.key_records_held(), 3);
         assert_eq!(snapshot::state_hash(&applied.registry), hash);
     }
