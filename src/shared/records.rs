@@ -229,11 +229,12 @@ impl OutsideRecords {
 
     /// The live record of `id` for an operator, from wherever it lies.
     pub fn key_view(&self, registry: &Registry, id: &KeyId) -> io::Result<Option<KeyView>> {
-        let stored = match registry.key_change(id) {
-            Some(change) => change.clone(),
-            None => self.get(id)?,
+        let stored = if registry.key_must_be_fetched(id) {
+            self.get(id)?
+        } else {
+            None
         };
-        Ok(stored.and_then(|stored| registry.live_key_view(id, &stored)))
+        Ok(registry.key_over(&id.0, &id.1, stored))
     }
 
     /// One page of live key records for operators: at most `limit` after

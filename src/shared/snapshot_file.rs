@@ -274,7 +274,7 @@ impl SnapshotFile {
     /// them.
     pub(crate) fn read_registry_leaving_keys(&mut self) -> Result<Registry, String> {
         let reader = self.registry_reader().map_err(|e| e.to_string())?;
-        let (registry, _) = snapshot::read_leaving_keys(reader).map_err(|e| e.to_string())?;
+        let registry = snapshot::read_leaving_keys(reader).map_err(|e| e.to_string())?;
         check_meta(&self.meta, &registry)?;
         Ok(registry)
     }

@@ -121,23 +121,42 @@ pub(crate) struct Usage {
     pub(crate) by_principal: OrdMap<Principal, (u64, u64)>,
 }
 
+/// What one record counts for in a [`Usage`]: its size and hash, computed
+/// once for its group and the totals.
+pub(crate) struct Counted<'a> {
+    principal: &'a Principal,
+    size: u64,
+    hash: [u8; 32],
+}
+
+impl<'a> Counted<'a> {
+    pub(crate) fn of(id: &'a KeyId, record: &KeyRecord) -> Counted<'a> {
+        Counted {
+            principal: &id.0,
+            size: record.size_bytes(id),
+            hash: key_record_hash(id, record),
+        }
+    }
+}
+
 impl Usage {
-    pub(crate) fn add(&mut self, id: &KeyId, record: &KeyRecord) {
-        let size = record.size_bytes(id);
+    pub(crate) fn add(&mut self, record: &Counted<'_>) {
         self.records += 1;
-        self.bytes += size;
-        self.hash.add(&key_record_hash(id, record));
-        let entry = self.by_principal.entry(id.0.clone()).or_insert((0, 0));
+        self.bytes += record.size;
+        self.hash.add(&record.hash);
+        let entry = self
+            .by_principal
+            .entry(record.principal.clone())
+            .or_insert((0, 0));
         entry.0 += 1;
-        entry.1 += size;
+        entry.1 += record.size;
     }
 
-    fn subtract(&mut self, id: &KeyId, record: &KeyRecord) {
-        let size = record.size_bytes(id);
+    fn subtract(&mut self, record: &Counted<'_>) {
         self.records -= 1;
-        self.bytes -= size;
-        self.hash.subtract(&key_record_hash(id, record));
-        self.count(&id.0, 1, size);
+        self.bytes -= record.size;
+        self.hash.subtract(&record.hash);
+        self.count(record.principal, 1, record.size);
     }
 
     /// Takes `records` and `bytes` of `principal` out.
@@ -265,15 +284,6 @@ impl KeyStore {
         stored.filter(|stored| self.groups.contains_key(&stored.group_ms))
     }
 
-    /// The live record of `id` among those held; `None` also when it may
-    /// lie outside. For reads that may fall back to the log.
-    pub fn get_held(&self, id: &KeyId) -> Option<&GroupedRecord> {
-        self.overlay
-            .get(id)?
-            .as_ref()
-            .filter(|stored| self.groups.contains_key(&stored.group_ms))
-    }
-
     /// The changes held after `after`, in (principal, key) order: a record
     /// (possibly of an expired group) or a removal.
     pub fn changes_after<'a>(
@@ -288,11 +298,6 @@ impl KeyStore {
     /// outside).
     pub fn held(&self) -> usize {
         self.overlay.len()
-    }
-
-    /// The change held for `id`, if any.
-    pub fn change(&self, id: &KeyId) -> Option<&Option<GroupedRecord>> {
-        self.overlay.get(id)
     }
 
     /// Held live records in (principal, key) order.
@@ -344,12 +349,7 @@ impl KeyStore {
     }
 
     fn insert_into(&mut self, id: KeyId, stored: GroupedRecord) {
-        let group = self
-            .groups
-            .get_mut(&stored.group_ms)
-            .expect("a record inserted into a live group");
-        group.usage.add(&id, &stored.record);
-        self.totals.add(&id, &stored.record);
+        self.count_in(&id, stored.group_ms, &stored.record);
         self.by_group.insert((stored.group_ms, id.clone()));
         let previous = self.overlay.insert(id, Some(stored));
         debug_assert!(
@@ -363,12 +363,13 @@ impl KeyStore {
         let Some(stored) = self.get(id, fetched).cloned() else {
             return false;
         };
+        let counted = Counted::of(id, &stored.record);
         let group = self
             .groups
             .get_mut(&stored.group_ms)
             .expect("a live record's group");
-        group.usage.subtract(id, &stored.record);
-        self.totals.subtract(id, &stored.record);
+        group.usage.subtract(&counted);
+        self.totals.subtract(&counted);
         self.by_group.remove(&(stored.group_ms, id.clone()));
         if self.outside {
             self.overlay.insert(id.clone(), None);
@@ -476,13 +477,19 @@ impl KeyStore {
         record: &KeyRecord,
     ) -> Result<(), &'static str> {
         let group_ms = self.restored_group(record)?;
+        self.count_in(id, group_ms, record);
+        Ok(())
+    }
+
+    /// Counts a record into its (live) group's usage and the totals.
+    fn count_in(&mut self, id: &KeyId, group_ms: u64, record: &KeyRecord) {
+        let counted = Counted::of(id, record);
         self.groups
             .get_mut(&group_ms)
-            .expect("the group just found")
+            .expect("a record counted into a live group")
             .usage
-            .add(id, record);
-        self.totals.add(id, record);
-        Ok(())
+            .add(&counted);
+        self.totals.add(&counted);
     }
 
     /// Records lie outside from now on (a restore that counts them only).
@@ -555,7 +562,7 @@ impl KeyStore {
             indexed += 1;
             held.entry(stored.group_ms)
                 .or_default()
-                .add(id, &stored.record);
+                .add(&Counted::of(id, &stored.record));
         }
         if indexed != self.by_group.len() {
             return Err("the group index names records not held".to_owned());

@@ -220,9 +220,7 @@ impl Registry {
     /// (every live record is, unless an adapter took the changes: see
     /// [`Registry::take_key_changes`]).
     pub fn key(&self, principal: &Principal, key: &IdempotencyKey) -> Option<KeyView> {
-        let id = (principal.clone(), key.clone());
-        let stored = self.keys.get_held(&id)?;
-        Some(self.key_view(&id, stored))
+        self.key_over(principal, key, None)
     }
 
     /// The live record of `key` of `principal`, when the adapter's store
@@ -235,10 +233,26 @@ impl Registry {
         stored: Option<GroupedRecord>,
     ) -> Option<KeyView> {
         let id = (principal.clone(), key.clone());
+        let live = self.live_key(&id, stored)?;
+        Some(self.key_view(&id, &live))
+    }
+
+    /// The live record of `id`: the registry's own (a record or a removal)
+    /// if it holds one, else — when records lie outside — `stored`, what
+    /// the adapter's store holds under it, if its group lives.
+    fn live_key(&self, id: &KeyId, stored: Option<GroupedRecord>) -> Option<GroupedRecord> {
         let mut fetched = Prefetched::none();
-        fetched.insert(id.clone(), stored);
-        let live = self.keys.get(&id, &fetched)?;
-        Some(self.key_view(&id, live))
+        if self.keys.must_fetch(id) {
+            fetched.insert(id.clone(), stored);
+        }
+        self.keys.get(id, &fetched).cloned()
+    }
+
+    /// Whether the record of `id`, if any, lies only in the adapter's
+    /// store: what a reader must read there (and hand to
+    /// [`Registry::key_over`]).
+    pub fn key_must_be_fetched(&self, id: &KeyId) -> bool {
+        self.keys.must_fetch(id)
     }
 
     /// Whether records of the group starting at `group_ms` are live.
@@ -246,17 +260,14 @@ impl Registry {
         self.keys.group_end_ms(group_ms).is_some()
     }
 
-    /// The start of the oldest live key group: records of older groups are
-    /// expired wherever they still lie.
-    pub fn first_live_key_group_ms(&self) -> u64 {
-        self.keys.first_live_group_ms()
-    }
-
     /// The ids of the key records `entry` reads that this registry does not
     /// hold: what an adapter whose store holds the rest must fetch before
     /// applying it ([`Registry::apply_prefetched`]). Empty while every
     /// record is held.
     pub fn keys_to_fetch(&self, entry: &Entry) -> Vec<KeyId> {
+        if !self.keys.has_records_outside() {
+            return Vec::new();
+        }
         entry
             .ops
             .iter()
@@ -301,12 +312,6 @@ impl Registry {
     /// adapter takes the changes, then those changed since its last take.
     pub fn key_records_held(&self) -> usize {
         self.keys.held()
-    }
-
-    /// The key-record change held for `id`, if any (see
-    /// [`Registry::key_changes_after`]).
-    pub fn key_change(&self, id: &KeyId) -> Option<&Option<GroupedRecord>> {
-        self.keys.change(id)
     }
 
     /// The operator's view of a live record read from wherever it lies;
@@ -1162,14 +1167,8 @@ impl Registry {
         self.check_cluster(Some(cluster_id)).ok()?;
         check_idempotency_key(key, &self.keyed_config).ok()?;
         let id = (principal.clone(), key.clone());
-        let found = match self.keys.change(&id) {
-            Some(change) => change.clone(),
-            None if self.keys.has_records_outside() => stored(&id),
-            None => None,
-        };
-        let record = found
-            .filter(|found| self.key_group_is_live(found.group_ms))?
-            .record;
+        let found = self.keys.must_fetch(&id).then(|| stored(&id)).flatten();
+        let record = self.live_key(&id, found)?.record;
         (record.response.fingerprint == fingerprint::fingerprint(command))
             .then(|| answer(record.response.result, true))
     }

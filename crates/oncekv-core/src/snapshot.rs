@@ -535,7 +535,7 @@ where
         if !registry.keys.covers(record.created_ms) {
             return Err(disagree("holds a live record in no live group"));
         }
-        usage.add(&id, &record);
+        usage.add(&crate::keyed::Counted::of(&id, &record));
         let bytes = KeyRecordRef {
             principal: &id.0,
             key: &id.1,
@@ -695,13 +695,12 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
 /// records out of the registry: each is checked and counted into its
 /// group, then dropped, and the registry reads key records from its
 /// adapter's store from then on ([`Registry::keys_to_fetch`]) — for an
-/// adapter whose store holds exactly this snapshot's records. Whether the
-/// records were left out: a snapshot before version 7 has no groups, and
-/// its records are kept (grouping them needs them all).
-pub fn read_leaving_keys<R: Read>(input: R) -> Result<(Registry, bool), SnapshotError> {
-    let registry = read_keeping(input, false)?;
-    let left = registry.keys.has_records_outside();
-    Ok((registry, left))
+/// adapter whose store holds exactly this snapshot's records. A snapshot
+/// before version 7 has no groups: its records are kept
+/// (grouping them needs them all), as
+/// [`Registry::has_key_records_outside`] then says.
+pub fn read_leaving_keys<R: Read>(input: R) -> Result<Registry, SnapshotError> {
+    read_keeping(input, false)
 }
 
 fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, SnapshotError> {
@@ -1327,16 +1326,16 @@ mod tests {
     #[test]
     fn a_snapshot_read_leaving_keys_counts_them_in_their_groups() {
         let registry = three_keys_in_two_groups();
-        let (left, outside) = read_leaving_keys(&to_bytes(&registry)[..]).expect("reads");
-        assert!(outside);
+        let left = read_leaving_keys(&to_bytes(&registry)[..]).expect("reads");
+        assert!(left.has_key_records_outside());
         left.check_invariants().unwrap();
         assert_eq!(state_hash(&left), state_hash(&registry));
         assert_eq!(left.key_count(), 3);
         assert_eq!(left.key_records_held(), 0);
         let (_, entry) = keyed(5, "k1");
         assert_eq!(left.keys_to_fetch(&entry).len(), 1);
-        let (kept, outside) = read_leaving_keys(&to_bytes_v6(&registry)[..]).expect("reads");
-        assert!(!outside);
+        let kept = read_leaving_keys(&to_bytes_v6(&registry)[..]).expect("reads");
+        assert!(!kept.has_key_records_outside());
         assert_eq!(kept, registry);
     }
 
