@@ -5,7 +5,9 @@
 //! hold at most a few MiB beyond the state itself — never a copy of the
 //! snapshot's bytes. Before snapshots streamed to and from files, building
 //! held about three copies of the snapshot, serving one more, and
-//! installing two besides the decoded state.
+//! installing two besides the decoded state. With a record store, an
+//! install holds none of a snapshot's idempotency-key records: they stream
+//! from the file into the store.
 //!
 //! The allocator counts every thread of the process (blocking threads
 //! included), so the tests of this binary run one at a time.
@@ -272,5 +274,123 @@ async fn sending_and_receiving_hold_a_chunk_then_the_state() {
         "decoding and installing held {} KiB for {} KiB of state",
         install_peak >> 10,
         state_bytes >> 10
+    );
+}
+
+const KEYS: u64 = 30_000;
+
+/// A state machine with a record store holding `KEYS` idempotency-key
+/// records, and a snapshot built (its records flushed into the store).
+async fn with_key_records(dir: &std::path::Path) -> StateMachineStore {
+    let mut state_machine =
+        StateMachineStore::open_with_records(&dir.join("snapshots"), &dir.join("state"))
+            .expect("open");
+    let cluster_id = ClusterId(7);
+    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
+    let entry = |index: u64, op: Op| Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(oncekv_core::Entry::single(index, op)),
+    };
+    let mut entries = vec![entry(
+        1,
+        Op::Bootstrap {
+            cluster_id,
+            config: RegistryConfig::default(),
+        },
+    )];
+    for i in 0..KEYS {
+        entries.push(entry(
+            i + 2,
+            Op::ExecuteKeyed {
+                cluster_id,
+                key: oncekv_core::IdempotencyKey(format!("message-{i:08}").into_bytes()),
+                command: Command::Put {
+                    key: format!("key-{:05}", i % 1000).into_bytes(),
+                    value: Value::Bytes(vec![i as u8; 64]),
+                },
+                principal: oncekv_core::Principal::anonymous(),
+            },
+        ));
+    }
+    state_machine
+        .apply(futures::stream::iter(
+            entries.into_iter().map(|entry| Ok((entry, None))),
+        ))
+        .await
+        .expect("apply");
+    assert_eq!(
+        state_machine.state().read().registry.key_count() as u64,
+        KEYS
+    );
+    state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    state_machine
+}
+
+/// Receiving and installing a snapshot of idempotency-key records on a
+/// node with a record store streams them from the file into the store:
+/// the node holds none of them after, and while it installs holds far
+/// less than the same install into memory keeps (measured here too).
+#[tokio::test(flavor = "current_thread")]
+async fn installing_key_records_into_the_store_holds_none_of_them() {
+    let _serial = SERIAL.lock().await;
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = with_key_records(leader_dir.path()).await;
+    let install = |follower: StateMachineStore, current: oncekv::raft_types::Snapshot| async move {
+        let mut follower = follower;
+        let meta = current.meta.clone();
+        let inbox = follower.snapshot_inbox();
+        let mut incoming = inbox.receive(&meta).await.expect("receive");
+        let mut chunks = std::pin::pin!(current.snapshot.into_chunks(1 << 20));
+        while let Some(chunk) = chunks.next().await {
+            incoming.write(chunk.expect("read")).await.expect("write");
+        }
+        let received = incoming.finish().await.expect("a whole snapshot");
+        follower
+            .install_snapshot(&meta, received)
+            .await
+            .expect("install");
+        follower
+    };
+
+    let memory_dir = tempfile::tempdir().unwrap();
+    let in_memory = StateMachineStore::open(memory_dir.path()).expect("open");
+    let current = leader.get_current_snapshot().await.unwrap().unwrap();
+    let (in_memory, _, held_bytes) = measure(install(in_memory, current)).await;
+    assert_eq!(
+        in_memory.state().read().registry.key_records_held(),
+        KEYS as usize
+    );
+    drop(in_memory);
+
+    let store_dir = tempfile::tempdir().unwrap();
+    let follower = StateMachineStore::open_with_records(
+        &store_dir.path().join("snapshots"),
+        &store_dir.path().join("state"),
+    )
+    .expect("open");
+    let current = leader.get_current_snapshot().await.unwrap().unwrap();
+    let (follower, peak, kept) = measure(install(follower, current)).await;
+    eprintln!(
+        "{KEYS} key records: installed into memory, kept {} KiB; into the store, held {} KiB at most and kept {} KiB",
+        held_bytes >> 10,
+        peak >> 10,
+        kept >> 10
+    );
+    {
+        let state = follower.state();
+        let applied = state.read();
+        assert_eq!(applied.registry.key_count() as u64, KEYS);
+        assert_eq!(applied.registry.key_records_held(), 0);
+    }
+    assert!(
+        peak * 4 <= held_bytes.max(0) as u64,
+        "installing into the store held {} KiB at most; into memory kept {} KiB",
+        peak >> 10,
+        held_bytes >> 10
     );
 }

@@ -202,6 +202,49 @@ impl OutsideRecords {
         Ok(())
     }
 
+    /// Builds a new store generation from an installed snapshot's key
+    /// records (in (principal, key) order, each in a live group; an error
+    /// among them — the snapshot's last checks come as its last item —
+    /// leaves the generation in force) with the checkpoint of `index` and
+    /// `watermark`, fsynced and named current on disk. The records are
+    /// streamed, never held. Returns it for [`OutsideRecords::switch_to`],
+    /// which readers see only once the registry is replaced with it.
+    /// Blocking: run it off the async workers.
+    pub fn install_generation<I>(
+        &self,
+        records: I,
+        index: u64,
+        watermark: u64,
+    ) -> io::Result<Arc<RecordStore>>
+    where
+        I: IntoIterator<
+            Item = Result<(KeyId, GroupedRecord), oncekv_core::snapshot::SnapshotError>,
+        >,
+    {
+        let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
+        let checkpoint = Checkpoint {
+            watermark,
+            applied: applied_bytes(index),
+        };
+        let stored = records.into_iter().map(|item| {
+            item.map(|(id, record)| (key_id_bytes(&id), to_stored(&record)))
+                .map_err(|e| e.to_string())
+        });
+        let store = self
+            .store()
+            .install(stored, &checkpoint)
+            .map_err(store_error)?;
+        Ok(Arc::new(store))
+    }
+
+    /// Reads from `store` from now on (an installed generation), dropping
+    /// every layer (of the state replaced). Under the applied state's write
+    /// lock, with the registry of the same install.
+    pub fn switch_to(&self, store: Arc<RecordStore>) {
+        *self.store.write().unwrap_or_else(|p| p.into_inner()) = store;
+        self.forget_layers();
+    }
+
     /// A frozen view of the store as of its latest flush.
     pub fn view(&self) -> io::Result<View> {
         self.store().view().map_err(store_error)

@@ -162,13 +162,13 @@ pub(crate) fn write_temporary(
     Ok((temporary, file, registry_offset))
 }
 
-/// A snapshot received from a leader, not installed yet: decoded and
-/// checked when its stream ended, its file still temporary.
+/// A snapshot received from a leader, not installed yet: checked when its
+/// stream ended (every record decoded and verified, none kept), its file
+/// still temporary.
 pub(crate) struct Received {
     pub(crate) temporary: TemporaryFile,
-    pub(crate) registry: Registry,
-    /// Held until installed or dropped: one received snapshot is decoded
-    /// (a whole state in memory) at a time.
+    /// Held until installed or dropped: one received snapshot is checked
+    /// and installed at a time.
     _decoding: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -279,7 +279,21 @@ impl SnapshotFile {
         Ok(registry)
     }
 
-    /// Takes a received snapshot's temporary file and decoded registry, if
+    /// Decodes the registry from the file without its key records when it
+    /// has them apart (format 8: the records are not even read, for a node
+    /// whose record store holds them), else as
+    /// [`SnapshotFile::read_registry_leaving_keys`] does.
+    pub(crate) fn read_registry_part(&mut self) -> Result<Registry, String> {
+        let reader = self.registry_reader().map_err(|e| e.to_string())?;
+        let registry = match snapshot::read_part(reader, false).map_err(|e| e.to_string())? {
+            snapshot::Part::Records(registry, _) => registry,
+            snapshot::Part::Whole(registry) => registry,
+        };
+        check_meta(&self.meta, &registry)?;
+        Ok(registry)
+    }
+
+    /// Takes a received snapshot's temporary file, if
     /// this is one received into `dir` with `meta` in its header; the file
     /// stays open here (for its fsync).
     pub(crate) fn take_received(&mut self, dir: &Path, meta: &SnapshotMeta) -> Option<Received> {
@@ -424,8 +438,8 @@ impl IncomingSnapshot {
         Ok(())
     }
 
-    /// The stream ended: decodes the registry from the file (one received
-    /// snapshot at a time per node) and checks it against the meta. The
+    /// The stream ended: decodes and checks the snapshot from the file (one
+    /// received snapshot at a time per node) and against the meta. The
     /// result is ready for openraft to install; the file is fsynced and
     /// renamed into place by the install, not here.
     pub async fn finish(mut self) -> Result<SnapshotFile, ReceiveError> {
@@ -456,10 +470,14 @@ impl IncomingSnapshot {
                 received: None,
             };
             // `temporary` is dropped (the file deleted) on every error.
-            let registry = snapshot.read_registry().map_err(ReceiveError::Invalid)?;
+            // Checked whole, the key records counted and dropped: a
+            // received state is never held in memory (the install reads
+            // the file again, into the record store).
+            snapshot
+                .read_registry_leaving_keys()
+                .map_err(ReceiveError::Invalid)?;
             snapshot.received = Some(Received {
                 temporary,
-                registry,
                 _decoding: decoding,
             });
             Ok(snapshot)

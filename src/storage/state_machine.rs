@@ -13,11 +13,18 @@
 //! node loads its latest snapshot and openraft re-applies the log after it;
 //! temporary files (a build, a copy or a reception cut short) are deleted.
 //!
+//! Idempotency-key records (with a record store, as a node runs): each
+//! build flushes the records changed since the last into the store
+//! (`crate::shared::records`) with the build's index before writing the
+//! file; a restart whose store is at the file's index reads only the
+//! file's part before the records (format 8); an install streams the
+//! file's records into a new store generation.
+//!
 //! Memory: a snapshot is never held in memory as bytes. Building encodes a
 //! copy of the registry (O(1): persistent maps) straight into the file;
 //! the current snapshot is a path, and serving it opens the file; an
-//! install decodes from the file. The file format and the streaming are
-//! `snapshot_file`'s.
+//! install decodes from the file, its key records going to the store as
+//! they are read. The file format and the streaming are `snapshot_file`'s.
 
 use crate::metrics::{self, NodeMetrics};
 use crate::raft_types::{
@@ -31,6 +38,7 @@ use crate::shared::snapshot_file::{
 };
 use futures::{FutureExt, Stream, StreamExt};
 use oncekv_core::{Registry, snapshot};
+use oncekv_records::RecordStore;
 use openraft::storage::{ApplyResponder, EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use std::fs;
@@ -161,7 +169,7 @@ impl StateMachineStore {
                 None => false,
             };
             let registry = if in_store {
-                file.read_registry_leaving_keys().map_err(corrupt)?
+                file.read_registry_part().map_err(corrupt)?
             } else {
                 file.read_registry().map_err(corrupt)?
             };
@@ -313,19 +321,23 @@ impl SnapshotFiles {
     }
 
     /// Makes `snapshot` the durable current snapshot at `meta` and returns
-    /// its registry, decoded and checked. A snapshot received into this
-    /// directory was decoded and checked when it arrived: its temporary
-    /// file is fsynced and renamed into place. Any other (another state
-    /// machine's file) is first copied into a temporary file here, a buffer
-    /// at a time, and decoded from the copy.
-    fn install(&self, meta: &SnapshotMeta, mut snapshot: SnapshotFile) -> io::Result<Registry> {
+    /// its state (see [`read_installed`]). A snapshot received into this
+    /// directory was checked when it arrived: its temporary file is
+    /// fsynced and renamed into place. Any other (another state machine's
+    /// file) is first copied into a temporary file here, a buffer at a
+    /// time, and checked from the copy.
+    fn install(
+        &self,
+        meta: &SnapshotMeta,
+        mut snapshot: SnapshotFile,
+        records: Option<&OutsideRecords>,
+    ) -> io::Result<(Registry, Option<Arc<RecordStore>>)> {
         let invalid = |reason: String| io::Error::new(io::ErrorKind::InvalidData, reason);
         if let Some(received) = snapshot.take_received(&self.dir, meta) {
-            check_meta(meta, &received.registry).map_err(invalid)?;
             snapshot.file().sync_all()?;
             let registry_offset = snapshot.registry_offset();
             self.persist(meta, received.temporary, registry_offset)?;
-            return Ok(received.registry);
+            return read_installed(meta, &mut snapshot, records);
         }
         let (temporary, file, registry_offset) =
             crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
@@ -337,9 +349,9 @@ impl SnapshotFiles {
             meta.clone(),
             registry_offset,
         );
-        let registry = copy.read_registry().map_err(invalid)?;
+        copy.read_registry_leaving_keys().map_err(invalid)?;
         self.persist(meta, temporary, registry_offset)?;
-        Ok(registry)
+        read_installed(meta, &mut copy, records)
     }
 
     /// The current snapshot, its file opened under the lock.
@@ -355,6 +367,40 @@ impl SnapshotFiles {
                 )
             })
             .transpose()
+    }
+}
+
+/// The state an installed (durable, checked) snapshot file holds. With a
+/// record store, the key records of a format 8 file stream from the file
+/// into a new generation of it (returned, to switch to with the registry),
+/// and the registry holds none: nothing proportional to the records is
+/// held in memory. Without one, or from an older format, the registry
+/// holds every record (a later build moves them into a new generation).
+fn read_installed(
+    meta: &SnapshotMeta,
+    snapshot: &mut SnapshotFile,
+    records: Option<&OutsideRecords>,
+) -> io::Result<(Registry, Option<Arc<RecordStore>>)> {
+    let invalid = |reason: String| io::Error::new(io::ErrorKind::InvalidData, reason);
+    let Some(records) = records else {
+        return Ok((snapshot.read_registry().map_err(invalid)?, None));
+    };
+    let reader = snapshot.registry_reader()?;
+    let part = snapshot::read_part(reader, true).map_err(|e| invalid(e.to_string()))?;
+    match part {
+        snapshot::Part::Whole(registry) => {
+            check_meta(meta, &registry).map_err(invalid)?;
+            Ok((registry, None))
+        }
+        snapshot::Part::Records(registry, key_records) => {
+            check_meta(meta, &registry).map_err(invalid)?;
+            let store = records.install_generation(
+                key_records,
+                snapshot_index(meta),
+                registry.first_live_key_group_ms(),
+            )?;
+            Ok((registry, Some(store)))
+        }
     }
 }
 
@@ -545,21 +591,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), std::io::Error> {
+        // No build between here and the switch: a build's layer of the
+        // replaced state must not be flushed into the installed generation.
+        let _build = self.builds.clone().lock_owned().await;
         // Durable before the state changes and before openraft purges.
         let files = self.files.clone();
         let installed_meta = meta.clone();
-        let registry =
-            tokio::task::spawn_blocking(move || files.install(&installed_meta, snapshot))
-                .await
-                .map_err(|e| snapshot_error(Some(meta), "installing", e))?
-                .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
+        let records = self.state.records().cloned();
+        let (registry, store) = tokio::task::spawn_blocking(move || {
+            files.install(&installed_meta, snapshot, records.as_deref())
+        })
+        .await
+        .map_err(|e| snapshot_error(Some(meta), "installing", e))?
+        .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
         let mut applied = self.state.write();
         let previous = std::mem::replace(&mut applied.registry, registry);
-        // The installed registry holds every key record; what is on its
-        // way to the record store is of the state it replaces (the store
-        // itself is replaced at the next build).
+        // Readers see the installed generation with the installed registry
+        // (the registry holds none of its records); what was on its way to
+        // the old store is of the state replaced. From an older format the
+        // registry holds every record, and the next build replaces the
+        // store.
         if let Some(records) = self.state.records() {
-            records.forget_layers();
+            match store {
+                Some(store) => records.switch_to(store),
+                None => records.forget_layers(),
+            }
         }
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
@@ -693,6 +749,102 @@ mod tests {
         let state = reopened.state();
         let applied = state.read();
         assert_eq!(applied.registry.key_records_held(), 3);
+        assert_eq!(snapshot::state_hash(&applied.registry), hash);
+    }
+
+    /// A received snapshot (format 8) with a record store: its key records
+    /// stream from the file into a new store generation at the snapshot's
+    /// index — none held in memory, whatever the receiver held before —
+    /// and a repeat of a key is answered from the store as a duplicate; a
+    /// restart then reads only the file's part.
+    #[tokio::test]
+    async fn an_installed_snapshot_streams_its_key_records_into_the_store() {
+        use futures::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sender_dir = dir.path().join("sender");
+        let sender = StateMachineStore::open_with_records(
+            &sender_dir.join("snapshots"),
+            &sender_dir.join("state"),
+        )
+        .unwrap();
+        {
+            let state = sender.state();
+            let mut applied = state.write();
+            applied.registry = registry_with_keys(40);
+            applied.last_applied = meta(41).last_log_id;
+        }
+        let mut sender = sender;
+        sender
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let hash = snapshot::state_hash(&sender.state().read().registry);
+        let sent = sender.get_current_snapshot().await.unwrap().unwrap();
+
+        // The receiver holds another state, its records in memory.
+        let receiver_dir = dir.path().join("receiver");
+        let (snapshots, records) = (receiver_dir.join("snapshots"), receiver_dir.join("state"));
+        let mut receiver = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        {
+            let state = receiver.state();
+            let mut applied = state.write();
+            applied.registry = registry_with_keys(3);
+            applied.last_applied = meta(4).last_log_id;
+        }
+        let mut incoming = receiver.snapshot_inbox().receive(&meta(41)).await.unwrap();
+        let mut chunks = Box::pin(sent.snapshot.into_chunks(100));
+        while let Some(chunk) = chunks.next().await {
+            incoming.write(chunk.unwrap()).await.unwrap();
+        }
+        let received = incoming.finish().await.unwrap();
+        receiver
+            .install_snapshot(&meta(41), received)
+            .await
+            .unwrap();
+        let outside = receiver.state().records().unwrap().clone();
+        assert_eq!(outside.checkpoint_index().unwrap(), Some(41));
+        {
+            let state = receiver.state();
+            let mut applied = state.write();
+            assert!(applied.registry.has_key_records_outside());
+            assert_eq!(applied.registry.key_records_held(), 0);
+            assert_eq!(applied.registry.key_count(), 40);
+            assert_eq!(snapshot::state_hash(&applied.registry), hash);
+            // k7 again: a duplicate, decided from the record fetched.
+            let entry = oncekv_core::Entry::single(
+                5_000,
+                oncekv_core::Op::ExecuteKeyed {
+                    cluster_id: oncekv_core::ClusterId(7),
+                    key: oncekv_core::IdempotencyKey(b"k7".to_vec()),
+                    command: oncekv_core::Command::Increment {
+                        key: b"n".to_vec(),
+                        delta: 1,
+                    },
+                    principal: oncekv_core::Principal::anonymous(),
+                },
+            );
+            let fetched = outside
+                .fetch(applied.registry.keys_to_fetch(&entry))
+                .unwrap();
+            let outcomes = applied.registry.apply_prefetched(42, &entry, &fetched);
+            assert!(
+                matches!(
+                    outcomes[..],
+                    [oncekv_core::Outcome::Executed {
+                        result: oncekv_core::CommandResult::Incremented { value: 8 },
+                        duplicate: true,
+                    }]
+                ),
+                "{outcomes:?}"
+            );
+        }
+        drop((outside, receiver));
+        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        let state = reopened.state();
+        let applied = state.read();
+        assert_eq!(applied.registry.key_records_held(), 0);
         assert_eq!(snapshot::state_hash(&applied.registry), hash);
     }
 

@@ -131,10 +131,16 @@ pub(crate) struct Counted<'a> {
 
 impl<'a> Counted<'a> {
     pub(crate) fn of(id: &'a KeyId, record: &KeyRecord) -> Counted<'a> {
+        Counted::hashed(id, record, key_record_hash(id, record))
+    }
+
+    /// A record whose hash is known (a snapshot reader hashes the bytes it
+    /// read instead of encoding the record again).
+    pub(crate) fn hashed(id: &'a KeyId, record: &KeyRecord, hash: [u8; 32]) -> Counted<'a> {
         Counted {
             principal: &id.0,
             size: record.size_bytes(id),
-            hash: key_record_hash(id, record),
+            hash,
         }
     }
 }
@@ -167,6 +173,18 @@ impl Usage {
             if entry.0 == 0 {
                 self.by_principal.remove(principal);
             }
+        }
+    }
+
+    /// Counts a whole group's usage in.
+    pub(crate) fn add_all(&mut self, group: &Usage) {
+        self.records += group.records;
+        self.bytes += group.bytes;
+        self.hash.add_sum(&group.hash);
+        for (principal, &(records, bytes)) in &group.by_principal {
+            let entry = self.by_principal.entry(principal.clone()).or_insert((0, 0));
+            entry.0 += records;
+            entry.1 += bytes;
         }
     }
 
@@ -460,6 +478,55 @@ impl KeyStore {
         Ok(())
     }
 
+    /// Restores the groups of a snapshot with their summaries ((start,
+    /// summary) in start order, before any record): the totals are their
+    /// sums, and the records lie outside (a reader holds them only through
+    /// [`KeyStore::hold_restored`]). Whether the groups are disjoint,
+    /// ordered and below the floor.
+    pub(crate) fn restore_summaries(
+        &mut self,
+        groups: Vec<(u64, GroupSummary)>,
+        floor_ms: u64,
+    ) -> Result<(), &'static str> {
+        let intervals: Vec<(u64, u64)> = groups
+            .iter()
+            .map(|(start, group)| (*start, group.end_ms))
+            .collect();
+        self.restore_groups(&intervals, floor_ms)?;
+        for (start, group) in groups {
+            self.totals.add_all(&group.usage);
+            self.groups.insert(start, group);
+        }
+        self.outside = true;
+        Ok(())
+    }
+
+    /// Holds a record of a snapshot whose groups were restored with their
+    /// summaries (it is counted there already).
+    pub(crate) fn hold_restored(&mut self, id: KeyId, stored: GroupedRecord) {
+        self.by_group.insert((stored.group_ms, id.clone()));
+        self.overlay.insert(id, Some(stored));
+    }
+
+    /// Every record is held (a reader held each with
+    /// [`KeyStore::hold_restored`]).
+    pub(crate) fn mark_inside(&mut self) {
+        self.outside = false;
+    }
+
+    /// The live group covering `created_ms` (its start), or why none does.
+    pub(crate) fn group_covering(&self, created_ms: u64) -> Result<u64, &'static str> {
+        let (&group_ms, group) = self
+            .groups
+            .range(..=created_ms)
+            .next_back()
+            .ok_or("an idempotency key record in no live group")?;
+        if created_ms >= group.end_ms {
+            return Err("an idempotency key record in no live group");
+        }
+        Ok(group_ms)
+    }
+
     /// Restores a record of a snapshot into the restored group that covers
     /// its creation time.
     pub(crate) fn restore(&mut self, id: KeyId, record: KeyRecord) -> Result<(), &'static str> {
@@ -498,15 +565,7 @@ impl KeyStore {
     }
 
     fn restored_group(&self, record: &KeyRecord) -> Result<u64, &'static str> {
-        let (&group_ms, group) = self
-            .groups
-            .range(..=record.created_ms)
-            .next_back()
-            .ok_or("an idempotency key record in no live group")?;
-        if record.created_ms >= group.end_ms {
-            return Err("an idempotency key record in no live group");
-        }
-        Ok(group_ms)
+        self.group_covering(record.created_ms)
     }
 
     /// Groups are disjoint, ordered and live; their summaries add up to the
@@ -521,17 +580,7 @@ impl KeyStore {
                 return Err("idempotency key groups overlap".to_owned());
             }
             previous_end = group.end_ms;
-            totals.records += group.usage.records;
-            totals.bytes += group.usage.bytes;
-            totals.hash.add_sum(&group.usage.hash);
-            for (principal, &(records, bytes)) in &group.usage.by_principal {
-                let entry = totals
-                    .by_principal
-                    .entry(principal.clone())
-                    .or_insert((0, 0));
-                entry.0 += records;
-                entry.1 += bytes;
-            }
+            totals.add_all(&group.usage);
         }
         if previous_end > self.groups_floor_ms {
             return Err("an idempotency key group beyond the floor".to_owned());

@@ -260,6 +260,13 @@ impl Registry {
         self.keys.group_end_ms(group_ms).is_some()
     }
 
+    /// The start of the oldest live key group (where the next opens if none
+    /// lives): records of older groups are expired wherever they lie — an
+    /// adapter's store may drop them.
+    pub fn first_live_key_group_ms(&self) -> u64 {
+        self.keys.first_live_group_ms()
+    }
+
     /// The ids of the key records `entry` reads that this registry does not
     /// hold: what an adapter whose store holds the rest must fetch before
     /// applying it ([`Registry::apply_prefetched`]). Empty while every

@@ -2,22 +2,33 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 7 (all integers inside records use the codec module's
+//! Format version 8 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
-//! magic "ONCEKVSS" | version u32 | record* | trailer
+//! magic "ONCEKVSS" | version u32 | part | part digest | key record* | trailer
 //! record  = length u32 | body (at most 64 MiB)
-//! records = header (applied index, cluster id, config, cluster time,
+//! part    = header (applied index, cluster id, config, cluster time,
 //!           last client id, counts, idempotency-key config, claim config,
 //!           memory budget, last fence, key groups' floor and count), then
-//!           one per session (client id order), then one per key (byte
-//!           order), then one per live key group ((start, end), start
-//!           order), then one per idempotency key record ((principal, key)
-//!           order; each falls in one group), then one per claim record
-//!           ((principal, key) order)
+//!           one record per session (client id order), then one per key
+//!           (byte order), then one per live key group ((start, end) and
+//!           its records' count, bytes, multiset hash and per-principal
+//!           usage; start order), then one per claim record ((principal,
+//!           key) order)
+//! part digest = BLAKE3 of every byte before it (32 bytes)
+//! key records = one per idempotency key record ((principal, key) order;
+//!           each falls in one group, and each group's records add up to
+//!           its summary)
 //! trailer = BLAKE3 of every byte before it (32 bytes)
 //! ```
+//!
+//! The part is everything but the records whose number grows with rate ×
+//! TTL: a node whose record store holds them reads the part alone
+//! ([`read_part`]), and one that installs streams the records that follow
+//! into its store ([`KeyRecords`]). Version 7 had the groups' intervals
+//! only, and the claims after the key records; it is still read, and
+//! written as version 8.
 //!
 //! The state hash is BLAKE3 in key-derivation mode with context
 //! `"oncekv 2026-12 state hash v3"` over the same bytes as the snapshot up
@@ -32,7 +43,7 @@
 //! group, docs/state-beyond-ram.md §4.3). Version 6 had none and is still
 //! read: its records are grouped as if inserted in creation order under the
 //! TTL in force (what a registry that made them so holds), and it is
-//! written as version 7.
+//! written as the current version.
 //!
 //! Records whose number grows with rate × TTL (idempotency keys, claims)
 //! are hashed incrementally: each record's hash is BLAKE3 (keyed by a key
@@ -76,7 +87,7 @@
 
 use super::claims::ClaimRecord;
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
-use super::keyed::{KeyId, KeyRecord};
+use super::keyed::{Counted, GroupSummary, GroupedRecord, KeyId, KeyRecord, KeyStore, Usage};
 use super::session::{CachedResponse, Responses, Session};
 use super::types::{
     BudgetConfig, ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey,
@@ -88,7 +99,8 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 7;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 8;
+const SNAPSHOT_FORMAT_VERSION_7: u32 = 7;
 /// Previous versions, still read (see the module doc).
 const SNAPSHOT_FORMAT_VERSION_6: u32 = 6;
 const SNAPSHOT_FORMAT_VERSION_5: u32 = 5;
@@ -151,6 +163,10 @@ impl RecordsHash {
         self.subtract(&other.to_bytes());
     }
 
+    fn from_bytes(bytes: &[u8; 32]) -> RecordsHash {
+        RecordsHash(Self::limbs(bytes))
+    }
+
     fn to_bytes(self) -> [u8; 32] {
         let mut bytes = [0u8; 32];
         for (chunk, limb) in bytes.chunks_exact_mut(8).zip(self.0) {
@@ -202,12 +218,89 @@ struct KeyGroupSummary {
     hash: [u8; 32],
 }
 
-/// One live key group as a snapshot holds it: its interval (the records
-/// that follow fall in one each).
+/// One live key group as a version 7 snapshot holds it: its interval (the
+/// records that follow fall in one each).
 #[derive(Serialize, Deserialize)]
 struct KeyGroupRecord {
     start_ms: u64,
     end_ms: u64,
+}
+
+/// One live key group as a version 8 snapshot holds it: its interval and
+/// what its records add up to — count, bytes, multiset hash, and (records,
+/// bytes) per principal in principal order — so a reader that leaves the
+/// records where they lie still knows every count, and one that reads them
+/// checks them against it.
+#[derive(Serialize, Deserialize)]
+struct KeyGroupRecordV8 {
+    start_ms: u64,
+    end_ms: u64,
+    records: u64,
+    bytes: u64,
+    hash: [u8; 32],
+    by_principal: Vec<(Principal, u64, u64)>,
+}
+
+impl KeyGroupRecordV8 {
+    fn of(start_ms: u64, group: &GroupSummary) -> KeyGroupRecordV8 {
+        KeyGroupRecordV8 {
+            start_ms,
+            end_ms: group.end_ms,
+            records: group.usage.records,
+            bytes: group.usage.bytes,
+            hash: group.usage.hash.to_bytes(),
+            by_principal: group
+                .usage
+                .by_principal
+                .iter()
+                .map(|(principal, &(records, bytes))| (principal.clone(), records, bytes))
+                .collect(),
+        }
+    }
+
+    /// The summary it describes, checked: the per-principal usage in
+    /// strictly increasing principal order, non-empty, adding up to the
+    /// group's counts.
+    fn into_summary(self) -> Result<(u64, GroupSummary), SnapshotError> {
+        let mut usage = Usage {
+            records: self.records,
+            bytes: self.bytes,
+            hash: RecordsHash::from_bytes(&self.hash),
+            by_principal: imbl::OrdMap::new(),
+        };
+        let (mut records, mut bytes) = (0u64, 0u64);
+        let mut last: Option<&Principal> = None;
+        for (principal, principal_records, principal_bytes) in &self.by_principal {
+            if last.is_some_and(|last| last >= principal)
+                || *principal_records == 0
+                || principal.0.len() > Principal::BYTES_MAX
+            {
+                return Err(SnapshotError::Inconsistent(
+                    "a key group's usage per principal out of order or empty",
+                ));
+            }
+            records = records.saturating_add(*principal_records);
+            bytes = bytes.saturating_add(*principal_bytes);
+            last = Some(principal);
+        }
+        if records != self.records || bytes != self.bytes {
+            return Err(SnapshotError::Inconsistent(
+                "a key group's usage per principal disagrees with its counts",
+            ));
+        }
+        for (principal, principal_records, principal_bytes) in self.by_principal {
+            usage
+                .by_principal
+                .insert(principal, (principal_records, principal_bytes));
+        }
+        Ok((
+            self.start_ms,
+            GroupSummary {
+                end_ms: self.end_ms,
+                usage,
+            },
+        ))
+    }
 }
 
 /// The state hash: equal on every node for equal state.
@@ -522,8 +615,7 @@ where
         hasher: blake3::Hasher::new(),
     };
     let mut buffer = Vec::new();
-    write_head(registry, &mut out, &mut buffer)?;
-    write_key_groups(registry, &mut out, &mut buffer)?;
+    write_part(registry, &mut out, &mut buffer)?;
     let mut written = 0u64;
     let mut last: Option<KeyId> = None;
     let mut usage = crate::keyed::Usage::default();
@@ -552,7 +644,6 @@ where
             registry.keys.len()
         )));
     }
-    write_claims(registry, &mut out, &mut buffer)?;
     let digest = out.hasher.finalize();
     out.inner.write_all(digest.as_bytes())?;
     out.inner.flush()
@@ -593,14 +684,13 @@ pub fn state_hash(registry: &Registry) -> StateHash {
     StateHash(*out.hasher.finalize().as_bytes())
 }
 
-fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
+fn write_body<W: Write>(registry: &Registry, out: &mut HashingWriter<W>) -> io::Result<()> {
     assert!(
         !registry.keys.has_records_outside(),
         "a snapshot of a registry whose key records lie outside it"
     );
     let mut buffer = Vec::new();
-    write_head(registry, out, &mut buffer)?;
-    write_key_groups(registry, out, &mut buffer)?;
+    write_part(registry, out, &mut buffer)?;
     for ((principal, key), stored) in registry.keys.iter() {
         let record = KeyRecordRef {
             principal,
@@ -610,23 +700,24 @@ fn write_body<W: Write>(registry: &Registry, out: &mut W) -> io::Result<()> {
         };
         write_record(out, &mut buffer, &record)?;
     }
-    write_claims(registry, out, &mut buffer)
+    Ok(())
 }
 
-/// One record per live key group, oldest first.
-fn write_key_groups<W: Write>(
+/// Everything but the key records — head, key groups with their summaries,
+/// claims — then the part's digest (BLAKE3 of every byte so far): what a
+/// reader whose store holds the records reads alone ([`read_part`]).
+fn write_part<W: Write>(
     registry: &Registry,
-    out: &mut W,
+    out: &mut HashingWriter<W>,
     buffer: &mut Vec<u8>,
 ) -> io::Result<()> {
+    write_head(registry, out, buffer)?;
     for (&start_ms, group) in registry.keys.groups() {
-        let group = KeyGroupRecord {
-            start_ms,
-            end_ms: group.end_ms,
-        };
-        write_record(out, buffer, &group)?;
+        write_record(out, buffer, &KeyGroupRecordV8::of(start_ms, group))?;
     }
-    Ok(())
+    write_claims(registry, out, buffer)?;
+    let digest = out.hasher.clone().finalize();
+    out.write_all(digest.as_bytes())
 }
 
 /// One record per claim, in (principal, key) order.
@@ -688,7 +779,120 @@ fn write_record<W: Write, T: Serialize>(
 
 /// Reads a snapshot, verifying its checksum and every invariant.
 pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
-    read_keeping(input, true)
+    match read_part(input, true)? {
+        Part::Whole(registry) => Ok(registry),
+        Part::Records(mut registry, records) => {
+            for record in records {
+                let (id, stored) = record?;
+                registry.keys.hold_restored(id, stored);
+            }
+            registry.keys.mark_inside();
+            // Every group's summary against the records it holds, again
+            // (the reader checked them as they came).
+            registry
+                .check_invariants()
+                .map_err(|_| SnapshotError::Inconsistent("state indexes disagree"))?;
+            Ok(registry)
+        }
+    }
+}
+
+/// What [`read_part`] read.
+pub enum Part<R> {
+    /// A version 8 snapshot's registry without its key records (they lie
+    /// outside it: [`Registry::has_key_records_outside`]), and the records,
+    /// still to be read.
+    Records(Registry, Box<KeyRecords<R>>),
+    /// An older snapshot, read whole (its records kept or counted, as
+    /// asked).
+    Whole(Registry),
+}
+
+/// The idempotency-key records of a version 8 snapshot, read one at a time
+/// after its part: each checked (order, bounds, a live group covering it)
+/// as it comes; after the last, every group's records checked against its
+/// summary (count, bytes, multiset hash, per principal) and the file's
+/// trailer checked — an error then is the iterator's last item. Dropped
+/// before the end, nothing past the part was verified.
+pub struct KeyRecords<R> {
+    input: HashingReader<R>,
+    buffer: Vec<u8>,
+    remaining: u64,
+    last: Option<KeyId>,
+    now_ms: u64,
+    /// The restored groups with their summaries (no records).
+    keys: KeyStore,
+    counted: std::collections::BTreeMap<u64, Usage>,
+    finished: bool,
+}
+
+impl<R: Read> KeyRecords<R> {
+    /// Records still to come.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    fn next_record(&mut self) -> Result<(KeyId, GroupedRecord), SnapshotError> {
+        let record: KeyRecordOwned = read_record(&mut self.input, &mut self.buffer)?;
+        // The record hash is of these very bytes (a writer encodes the
+        // record canonically; bytes that decode alike but differ fail the
+        // group's sum below).
+        let hash = *blake3::keyed_hash(&KEY_RECORD_HASH_KEY, &self.buffer).as_bytes();
+        let (id, record) = checked_key(self.now_ms, self.last.as_ref(), record)?;
+        let group_ms = self
+            .keys
+            .group_covering(record.created_ms)
+            .map_err(SnapshotError::Inconsistent)?;
+        self.counted
+            .entry(group_ms)
+            .or_default()
+            .add(&Counted::hashed(&id, &record, hash));
+        self.remaining -= 1;
+        self.last = Some(id.clone());
+        Ok((id, GroupedRecord { group_ms, record }))
+    }
+
+    fn finish(&mut self) -> Result<(), SnapshotError> {
+        for (start, group) in self.keys.groups() {
+            if self.counted.remove(start).unwrap_or_default() != group.usage {
+                return Err(SnapshotError::Inconsistent(
+                    "key records disagree with their group's summary",
+                ));
+            }
+        }
+        check_trailer(&mut self.input)
+    }
+}
+
+impl<R: Read> Iterator for KeyRecords<R> {
+    type Item = Result<(KeyId, GroupedRecord), SnapshotError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        if self.remaining == 0 {
+            self.finished = true;
+            return self.finish().err().map(Err);
+        }
+        let record = self.next_record();
+        self.finished = record.is_err();
+        Some(record)
+    }
+}
+
+/// The trailer: BLAKE3 of every byte before it, and nothing after.
+fn check_trailer<R: Read>(input: &mut HashingReader<R>) -> Result<(), SnapshotError> {
+    let expected = input.hasher.finalize();
+    let mut trailer = [0u8; 32];
+    read_exact(&mut input.inner, &mut trailer)?;
+    if &trailer != expected.as_bytes() {
+        return Err(SnapshotError::Checksum);
+    }
+    if input.inner.read(&mut [0u8; 1])? != 0 {
+        return Err(SnapshotError::Inconsistent("bytes after the trailer"));
+    }
+    Ok(())
 }
 
 /// Reads a snapshot as [`read`] does, but leaves its idempotency-key
@@ -700,10 +904,26 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
 /// (grouping them needs them all), as
 /// [`Registry::has_key_records_outside`] then says.
 pub fn read_leaving_keys<R: Read>(input: R) -> Result<Registry, SnapshotError> {
-    read_keeping(input, false)
+    match read_part(input, false)? {
+        Part::Whole(registry) => Ok(registry),
+        Part::Records(registry, records) => {
+            for record in records {
+                record?;
+            }
+            Ok(registry)
+        }
+    }
 }
 
-fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, SnapshotError> {
+/// Reads a snapshot up to its key records: all of a version 8 snapshot
+/// but its key records, which the caller reads (or leaves: a node whose
+/// store holds them reads nothing proportional to their number) from the
+/// returned [`KeyRecords`]; the part is checked against its own digest and
+/// every invariant that does not need the records. An older snapshot is
+/// read whole, its key records kept (`keep_older_keys`) or counted and
+/// dropped as [`read_leaving_keys`] does.
+pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, SnapshotError> {
+    let keep_keys = keep_older_keys;
     let mut input = HashingReader {
         inner: input,
         hasher: blake3::Hasher::new(),
@@ -819,13 +1039,56 @@ fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, Snapshot
     }
     registry.kv =
         KvStore::from_ordered(pairs).ok_or(SnapshotError::Inconsistent("keys out of order"))?;
-    if let Some((floor_ms, count)) = key_groups {
+    if let Some((floor_ms, count)) = key_groups
+        && count > floor_ms
+    {
         // Each group at least 1 ms wide and below the floor: no more of
-        // them than the floor's milliseconds (checked before the vector
+        // them than the floor's milliseconds (checked before a vector
         // grows with what a peer or the disk claims).
-        if count > floor_ms {
-            return Err(SnapshotError::Inconsistent("more key groups than time"));
+        return Err(SnapshotError::Inconsistent("more key groups than time"));
+    }
+    if version > SNAPSHOT_FORMAT_VERSION_7 {
+        let (floor_ms, count) = key_groups.expect("a version 8 header has key groups");
+        let mut groups = Vec::new();
+        for _ in 0..count {
+            let group: KeyGroupRecordV8 = read_record(&mut input, &mut buffer)?;
+            groups.push(group.into_summary()?);
         }
+        registry
+            .keys
+            .restore_summaries(groups, floor_ms)
+            .map_err(SnapshotError::Inconsistent)?;
+        if registry.keys.len() != idempotency_keys {
+            return Err(SnapshotError::Inconsistent(
+                "key groups' counts disagree with the header",
+            ));
+        }
+        for _ in 0..claims {
+            let record: ClaimRecordOwned = read_record(&mut input, &mut buffer)?;
+            restore_claim(&mut registry, record)?;
+        }
+        let expected = input.hasher.clone().finalize();
+        let mut digest = [0u8; 32];
+        read_exact(&mut input, &mut digest)?;
+        if &digest != expected.as_bytes() {
+            return Err(SnapshotError::Checksum);
+        }
+        registry
+            .check_invariants()
+            .map_err(|_| SnapshotError::Inconsistent("state indexes disagree"))?;
+        let records = Box::new(KeyRecords {
+            input,
+            buffer,
+            remaining: idempotency_keys,
+            last: None,
+            now_ms: registry.cluster_time_ms,
+            keys: registry.keys.clone(),
+            counted: std::collections::BTreeMap::new(),
+            finished: false,
+        });
+        return Ok(Part::Records(registry, records));
+    }
+    if let Some((floor_ms, count)) = key_groups {
         let mut groups = Vec::new();
         for _ in 0..count {
             let group: KeyGroupRecord = read_record(&mut input, &mut buffer)?;
@@ -841,7 +1104,7 @@ fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, Snapshot
         let mut last: Option<KeyId> = None;
         for _ in 0..idempotency_keys {
             let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
-            let (id, record) = checked_key(&registry, last.as_ref(), record)?;
+            let (id, record) = checked_key(registry.cluster_time_ms, last.as_ref(), record)?;
             last = Some(id.clone());
             let restored = if keep_keys {
                 registry.keys.restore(id, record)
@@ -857,7 +1120,7 @@ fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, Snapshot
         for _ in 0..idempotency_keys {
             let record: KeyRecordOwned = read_record(&mut input, &mut buffer)?;
             let last = records.last().map(|(id, _)| id);
-            let checked = checked_key(&registry, last, record)?;
+            let checked = checked_key(registry.cluster_time_ms, last, record)?;
             records.push(checked);
         }
         records.sort_by_key(|(_, record)| record.created_ms);
@@ -870,22 +1133,14 @@ fn read_keeping<R: Read>(input: R, keep_keys: bool) -> Result<Registry, Snapshot
         let record: ClaimRecordOwned = read_record(&mut input, &mut buffer)?;
         restore_claim(&mut registry, record)?;
     }
-    let expected = input.hasher.finalize();
-    let mut trailer = [0u8; 32];
-    read_exact(&mut input.inner, &mut trailer)?;
-    if &trailer != expected.as_bytes() {
-        return Err(SnapshotError::Checksum);
-    }
-    if input.inner.read(&mut [0u8; 1])? != 0 {
-        return Err(SnapshotError::Inconsistent("bytes after the trailer"));
-    }
+    check_trailer(&mut input)?;
     // Restoring builds the indexes from the records, so they agree by
     // construction; checked anyway, as a snapshot is input from a peer or
     // the disk.
     registry
         .check_invariants()
         .map_err(|_| SnapshotError::Inconsistent("state indexes disagree"))?;
-    Ok(registry)
+    Ok(Part::Whole(registry))
 }
 
 /// Reads a snapshot from bytes.
@@ -935,10 +1190,10 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     Ok(())
 }
 
-/// A key record of a snapshot, checked against the registry restored so
-/// far and the record before it (`last`).
+/// A key record of a snapshot, checked against the cluster time restored
+/// so far and the record before it (`last`).
 fn checked_key(
-    registry: &Registry,
+    now_ms: u64,
     last: Option<&KeyId>,
     record: KeyRecordOwned,
 ) -> Result<(KeyId, KeyRecord), SnapshotError> {
@@ -956,7 +1211,7 @@ fn checked_key(
             "idempotency key principal name too long",
         ));
     }
-    if record.created_ms > registry.cluster_time_ms {
+    if record.created_ms > now_ms {
         return Err(SnapshotError::Inconsistent(
             "idempotency key from the future",
         ));
@@ -1308,7 +1563,7 @@ mod tests {
     /// A version 6 snapshot (before key groups) restores with its records
     /// grouped as if inserted in creation order under the TTL in force:
     /// the same groups, hash and bytes as the registry that made them in
-    /// that order, and written as version 7.
+    /// that order, and written as the current version.
     #[test]
     fn version_6_snapshots_are_read_into_groups() {
         let registry = three_keys_in_two_groups();
@@ -1337,6 +1592,180 @@ mod tests {
         let kept = read_leaving_keys(&to_bytes_v6(&registry)[..]).expect("reads");
         assert!(!kept.has_key_records_outside());
         assert_eq!(kept, registry);
+    }
+
+    /// The snapshot of `registry` in format version 7: the key groups'
+    /// intervals (no summaries) before the key records, the claims last.
+    fn to_bytes_v7(registry: &Registry) -> Vec<u8> {
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        out.write_all(MAGIC).unwrap();
+        out.write_all(&SNAPSHOT_FORMAT_VERSION_7.to_le_bytes())
+            .unwrap();
+        let mut buffer = Vec::new();
+        write_record(&mut out, &mut buffer, &HeaderV7::of(registry)).unwrap();
+        assert_eq!(registry.session_count(), 0);
+        for pair in registry.kv.iter() {
+            write_record(&mut out, &mut buffer, &pair).unwrap();
+        }
+        for (&start_ms, group) in registry.keys.groups() {
+            let group = KeyGroupRecord {
+                start_ms,
+                end_ms: group.end_ms,
+            };
+            write_record(&mut out, &mut buffer, &group).unwrap();
+        }
+        for ((principal, key), stored) in registry.keys.iter() {
+            let record = KeyRecordRef {
+                principal,
+                key,
+                created_ms: stored.record.created_ms,
+                response: &stored.record.response,
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        write_claims(registry, &mut out, &mut buffer).unwrap();
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        bytes
+    }
+
+    /// A version 7 snapshot (group intervals, no summaries) reads into the
+    /// same registry, kept or counted, and is written as version 8.
+    #[test]
+    fn version_7_snapshots_are_still_read() {
+        let registry = three_keys_in_two_groups();
+        let bytes = to_bytes_v7(&registry);
+        let restored = from_bytes(&bytes).expect("version 7 reads");
+        assert_eq!(restored, registry);
+        assert_eq!(to_bytes(&restored), to_bytes(&registry));
+        assert_ne!(to_bytes(&restored), bytes, "written as version 8");
+        let left = read_leaving_keys(&bytes[..]).expect("reads");
+        assert!(left.has_key_records_outside());
+        assert_eq!(left.key_records_held(), 0);
+        assert_eq!(state_hash(&left), state_hash(&registry));
+    }
+
+    /// A version 8 snapshot's part alone gives the registry with every
+    /// count and the state hash, holding no key record; its records follow
+    /// in (principal, key) order, each in its group.
+    #[test]
+    fn the_part_alone_restores_everything_but_the_records() {
+        let registry = three_keys_in_two_groups();
+        let bytes = to_bytes(&registry);
+        let Part::Records(part, records) = read_part(&bytes[..], true).expect("reads") else {
+            panic!("a version 8 snapshot has a part");
+        };
+        assert!(part.has_key_records_outside());
+        assert_eq!(part.key_records_held(), 0);
+        assert_eq!(part.key_count(), 3);
+        assert_eq!(state_hash(&part), state_hash(&registry));
+        assert_eq!(records.remaining(), 3);
+        let read: Vec<(KeyId, GroupedRecord)> = records.map(Result::unwrap).collect();
+        let held: Vec<(KeyId, GroupedRecord)> = registry
+            .keys
+            .iter()
+            .map(|(id, stored)| (id.clone(), stored.clone()))
+            .collect();
+        assert_eq!(read, held);
+    }
+
+    /// The key records after a part are checked against its group
+    /// summaries: one record missing, or one too many, under a trailer
+    /// that matches the bytes, is refused at the end of the records; a
+    /// flipped byte in a record fails the trailer (or the summary).
+    #[test]
+    fn key_records_that_disagree_with_their_summaries_are_refused() {
+        let registry = three_keys_in_two_groups();
+        let write = |skip: Option<usize>, extra: bool| {
+            let mut out = HashingWriter {
+                inner: Vec::new(),
+                hasher: blake3::Hasher::new(),
+            };
+            let mut buffer = Vec::new();
+            write_part(&registry, &mut out, &mut buffer).unwrap();
+            let mut records: Vec<_> = registry.keys.iter().collect();
+            if extra {
+                records.push(records[records.len() - 1]);
+            }
+            for (position, ((principal, key), stored)) in records.into_iter().enumerate() {
+                if Some(position) == skip {
+                    continue;
+                }
+                let record = KeyRecordRef {
+                    principal,
+                    key,
+                    created_ms: stored.record.created_ms,
+                    response: &stored.record.response,
+                };
+                write_record(&mut out, &mut buffer, &record).unwrap();
+            }
+            let digest = out.hasher.finalize();
+            let mut bytes = out.inner;
+            bytes.extend_from_slice(digest.as_bytes());
+            bytes
+        };
+        assert_eq!(from_bytes(&write(None, false)).unwrap(), registry);
+        // One record short: the header's count asks for a third record,
+        // and the trailer is read as one.
+        assert!(from_bytes(&write(Some(1), false)).is_err());
+        assert!(read_leaving_keys(&write(Some(1), false)[..]).is_err());
+        // The same record twice: out of order.
+        assert!(from_bytes(&write(None, true)).is_err());
+        // A record another writer changed (its created time within the
+        // same group), trailer recomputed: its group's sum disagrees.
+        let mut changed = registry.clone();
+        let (id, stored) = changed
+            .keys
+            .iter()
+            .next()
+            .map(|(id, s)| (id.clone(), s.clone()))
+            .unwrap();
+        let mut altered = stored.clone();
+        altered.record.created_ms += 1;
+        changed.keys.hold_restored(id, altered);
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        let mut buffer = Vec::new();
+        write_part(&registry, &mut out, &mut buffer).unwrap();
+        for ((principal, key), stored) in changed.keys.iter() {
+            let record = KeyRecordRef {
+                principal,
+                key,
+                created_ms: stored.record.created_ms,
+                response: &stored.record.response,
+            };
+            write_record(&mut out, &mut buffer, &record).unwrap();
+        }
+        let digest = out.hasher.finalize();
+        let mut bytes = out.inner;
+        bytes.extend_from_slice(digest.as_bytes());
+        assert!(matches!(
+            from_bytes(&bytes),
+            Err(SnapshotError::Inconsistent(
+                "key records disagree with their group's summary"
+            ))
+        ));
+        assert!(read_leaving_keys(&bytes[..]).is_err());
+        // A flipped byte in the last record: the checksum (the part's
+        // digest still matches, so the part alone reads).
+        let mut flipped = write(None, false);
+        let at = flipped.len() - 40;
+        flipped[at] ^= 1;
+        assert!(from_bytes(&flipped).is_err());
+        assert!(matches!(
+            read_part(&flipped[..], true),
+            Ok(Part::Records(..))
+        ));
+        // A flipped byte in the part: its digest.
+        let mut flipped = write(None, false);
+        flipped[20] ^= 1;
+        assert!(read_part(&flipped[..], true).is_err());
     }
 
     /// Version 7 records must fall in the groups the snapshot names.
