@@ -19,7 +19,7 @@
 use oncekv_core::stored::{
     key_id_bytes, key_id_from_bytes, key_record_bytes, key_record_from_bytes,
 };
-use oncekv_core::{GroupedRecord, KeyChanges, KeyId, KeyRecord, KeyView, Prefetched, Registry};
+use oncekv_core::{GroupedRecord, KeyChanges, KeyId, KeyView, Prefetched, Registry};
 use oncekv_records::{Checkpoint, Options, RecordStore, StoredRecord, View};
 use std::io;
 use std::ops::Bound;
@@ -366,18 +366,4 @@ impl OutsideRecords {
     pub fn disk_bytes(&self) -> u64 {
         self.store().disk_bytes()
     }
-}
-
-/// Records as a snapshot writer takes them: the view's records whose group
-/// the registry (cloned at the take) still holds live.
-pub fn live_records<'a>(
-    view: &'a View,
-    registry: &'a oncekv_core::Registry,
-) -> impl Iterator<Item = io::Result<(KeyId, KeyRecord)>> + 'a {
-    OutsideRecords::records_after(view, None).filter_map(|item| match item {
-        Ok((id, stored)) => registry
-            .key_group_is_live(stored.group_ms)
-            .then_some(Ok((id, stored.record))),
-        Err(error) => Some(Err(error)),
-    })
 }

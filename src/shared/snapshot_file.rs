@@ -7,13 +7,22 @@
 //! renames nor fsyncs anything into place: that is `state_machine`'s.
 //!
 //! File format: meta length (u32 LE) | meta (codec, version byte 1) |
-//! registry snapshot bytes (`oncekv_core::snapshot`). Temporary files (a
-//! snapshot being built, copied or received) end in `.tmp`; a restart
-//! deletes them unread.
+//! registry snapshot bytes (`oncekv_core::snapshot`). A whole snapshot
+//! (`snapshot-<index>.snap`) holds every byte of the registry's snapshot;
+//! a *part* file (`snapshot-<index>.part`) holds only its part, its key
+//! records lying in the record store: such a snapshot is the file and a
+//! store view frozen at the same index ([`SnapshotFile::with_records`]),
+//! and it is read and sent as the whole snapshot would be — the part's
+//! bytes, each live record of the view encoded, then the trailer computed
+//! on the way ([`WholeSnapshot`]). Temporary files (a snapshot being
+//! built, copied or received) end in `.tmp`; a restart deletes them
+//! unread.
 
 use crate::raft_types::SnapshotMeta;
+use crate::shared::records::OutsideRecords;
 use futures::Stream;
-use oncekv_core::{Registry, codec, snapshot};
+use oncekv_core::{KeyId, Registry, codec, snapshot};
+use oncekv_records::View;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -24,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) const META_FORMAT_VERSION: u8 = 1;
 pub(crate) const SNAPSHOT_PREFIX: &str = "snapshot-";
 pub(crate) const SNAPSHOT_SUFFIX: &str = ".snap";
+pub(crate) const PART_SUFFIX: &str = ".part";
 pub(crate) const TEMPORARY_SUFFIX: &str = ".tmp";
 /// Buffer of the readers and writers of snapshot files: large enough that
 /// a read or write system call moves a useful amount, small against any
@@ -39,6 +49,14 @@ pub(crate) fn snapshot_index(meta: &SnapshotMeta) -> u64 {
 pub(crate) fn snapshot_file_name(index: u64) -> String {
     format!("{SNAPSHOT_PREFIX}{index:020}{SNAPSHOT_SUFFIX}")
 }
+
+/// The final name of the part file covering `index`.
+pub(crate) fn part_file_name(index: u64) -> String {
+    format!("{SNAPSHOT_PREFIX}{index:020}{PART_SUFFIX}")
+}
+
+/// Key records sent after a part, per batch read from the view.
+const RECORDS_PER_BATCH: usize = 4096;
 
 /// Checks that a decoded registry is at the index its meta names.
 pub(crate) fn check_meta(meta: &SnapshotMeta, registry: &Registry) -> Result<(), String> {
@@ -183,6 +201,9 @@ pub struct SnapshotFile {
     meta: SnapshotMeta,
     registry_offset: u64,
     received: Option<Received>,
+    /// For a part file: the view of the record store holding its key
+    /// records.
+    records: Option<Arc<View>>,
 }
 
 impl fmt::Debug for SnapshotFile {
@@ -206,6 +227,7 @@ impl SnapshotFile {
             meta,
             registry_offset,
             received: None,
+            records: None,
         })
     }
 
@@ -221,6 +243,7 @@ impl SnapshotFile {
             meta,
             registry_offset,
             received: None,
+            records: None,
         })
     }
 
@@ -237,7 +260,30 @@ impl SnapshotFile {
             meta,
             registry_offset,
             received: None,
+            records: None,
         }
+    }
+
+    /// A part file's snapshot: its key records are `view`'s (a view of the
+    /// record store taken right after the flush of the same index).
+    pub(crate) fn with_records(mut self, view: Arc<View>) -> SnapshotFile {
+        self.records = Some(view);
+        self
+    }
+
+    /// The whole snapshot's registry bytes, from the file or, for a part
+    /// file, its part then the records of its view and the trailer.
+    pub(crate) fn whole_reader(&self) -> io::Result<WholeSnapshot> {
+        let mut file = self.file.try_clone()?;
+        file.seek(SeekFrom::Start(self.registry_offset))?;
+        Ok(WholeSnapshot {
+            file,
+            records: self.records.clone(),
+            hasher: blake3::Hasher::new(),
+            pending: Vec::new(),
+            at: 0,
+            phase: Phase::Part,
+        })
     }
 
     /// The meta in the file's header.
@@ -308,41 +354,136 @@ impl SnapshotFile {
         &self.file
     }
 
-    /// The registry bytes, `chunk_bytes` at a time, each read from the file
-    /// (on a blocking thread) only when the stream is polled for it: a
-    /// sender holds one chunk, never the snapshot.
+    /// The whole snapshot's registry bytes ([`SnapshotFile::whole_reader`]),
+    /// `chunk_bytes` at a time, each read (on a blocking thread) only when
+    /// the stream is polled for it: a sender holds one chunk and a batch of
+    /// records, never the snapshot.
     pub fn into_chunks(
         self,
         chunk_bytes: usize,
     ) -> impl Stream<Item = io::Result<Vec<u8>>> + Send + 'static {
-        let start = self.registry_offset;
-        futures::stream::unfold(Some((self, start)), move |state| async move {
-            let (mut snapshot, position) = state?;
+        let reader = self.whole_reader().map(|reader| (self, reader));
+        futures::stream::unfold(Some(reader), move |state| async move {
+            let (snapshot, mut reader) = match state? {
+                Ok(opened) => opened,
+                Err(error) => return Some((Err(error), None)),
+            };
             let read = tokio::task::spawn_blocking(move || {
-                let chunk = snapshot.read_chunk(position, chunk_bytes);
-                (snapshot, chunk)
+                let mut chunk = Vec::with_capacity(chunk_bytes);
+                let read = (&mut reader)
+                    .take(chunk_bytes as u64)
+                    .read_to_end(&mut chunk)
+                    .map(|_| chunk);
+                (reader, read)
             })
             .await;
             match read {
                 Err(join) => Some((Err(io::Error::other(join)), None)),
                 Ok((_, Err(error))) => Some((Err(error), None)),
                 Ok((_, Ok(chunk))) if chunk.is_empty() => None,
-                Ok((snapshot, Ok(chunk))) => {
-                    let next = position + chunk.len() as u64;
-                    Some((Ok(chunk), Some((snapshot, next))))
-                }
+                Ok((reader, Ok(chunk))) => Some((Ok(chunk), Some(Ok((snapshot, reader))))),
             }
         })
     }
+}
 
-    /// Up to `chunk_bytes` of the file from `position`; empty at its end.
-    fn read_chunk(&mut self, position: u64, chunk_bytes: usize) -> io::Result<Vec<u8>> {
-        self.file.seek(SeekFrom::Start(position))?;
-        let mut chunk = Vec::with_capacity(chunk_bytes);
-        (&self.file)
-            .take(chunk_bytes as u64)
-            .read_to_end(&mut chunk)?;
-        Ok(chunk)
+/// Where a [`WholeSnapshot`] is.
+enum Phase {
+    /// The file's bytes.
+    Part,
+    /// The view's records after this one (`None`: from the first).
+    Records {
+        after: Option<KeyId>,
+    },
+    Trailer,
+    Done,
+}
+
+/// The registry bytes of a snapshot as one reader (see the module doc): a
+/// whole file's bytes, or a part file's then its records and trailer.
+pub(crate) struct WholeSnapshot {
+    /// Read as asked (no buffer here: a sender's chunk is its buffer).
+    file: File,
+    records: Option<Arc<View>>,
+    /// Of every byte from the part's start: the trailer of a part file's
+    /// snapshot.
+    hasher: blake3::Hasher,
+    pending: Vec<u8>,
+    at: usize,
+    phase: Phase,
+}
+
+impl WholeSnapshot {
+    /// Fills `pending` with the next records (or the trailer); `false` at
+    /// the end.
+    fn refill(&mut self) -> io::Result<bool> {
+        self.pending.clear();
+        self.at = 0;
+        let Some(view) = self.records.as_deref() else {
+            self.phase = Phase::Done;
+            return Ok(false);
+        };
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Records { after } => {
+                let mut last = None;
+                let mut count = 0;
+                for item in OutsideRecords::records_after(view, after.as_ref()) {
+                    let (id, stored) = item?;
+                    snapshot::encode_key_record(&id, &stored.record, &mut self.pending)?;
+                    last = Some(id);
+                    count += 1;
+                    if count == RECORDS_PER_BATCH {
+                        break;
+                    }
+                }
+                self.phase = if count == RECORDS_PER_BATCH {
+                    Phase::Records { after: last }
+                } else {
+                    Phase::Trailer
+                };
+                self.hasher.update(&self.pending);
+            }
+            Phase::Trailer => {
+                let trailer = *self.hasher.finalize().as_bytes();
+                self.pending.extend_from_slice(&trailer);
+            }
+            Phase::Part | Phase::Done => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+impl Read for WholeSnapshot {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.at < self.pending.len() {
+                let n = out.len().min(self.pending.len() - self.at);
+                out[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
+                self.at += n;
+                return Ok(n);
+            }
+            match self.phase {
+                Phase::Part => {
+                    let n = self.file.read(out)?;
+                    if n > 0 {
+                        if self.records.is_some() {
+                            self.hasher.update(&out[..n]);
+                        }
+                        return Ok(n);
+                    }
+                    self.phase = Phase::Records { after: None };
+                    if self.records.is_none() {
+                        return Ok(0);
+                    }
+                }
+                Phase::Done => return Ok(0),
+                _ => {
+                    if !self.refill()? {
+                        return Ok(0);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -468,6 +609,7 @@ impl IncomingSnapshot {
                 meta,
                 registry_offset,
                 received: None,
+                records: None,
             };
             // `temporary` is dropped (the file deleted) on every error.
             // Checked whole, the key records counted and dropped: a

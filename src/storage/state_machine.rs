@@ -31,10 +31,10 @@ use crate::raft_types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::shared::SharedState;
-use crate::shared::records::{OutsideRecords, live_records};
+use crate::shared::records::OutsideRecords;
 use crate::shared::snapshot_file::{
-    SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX, TemporaryFile,
-    check_meta, snapshot_file_name, snapshot_index,
+    PART_SUFFIX, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX,
+    TemporaryFile, check_meta, part_file_name, snapshot_file_name, snapshot_index,
 };
 use futures::{FutureExt, Stream, StreamExt};
 use oncekv_core::{Registry, snapshot};
@@ -93,6 +93,9 @@ struct CurrentSnapshot {
     path: PathBuf,
     /// Where the registry bytes start in the file.
     registry_offset: u64,
+    /// For a part file: the view of the record store holding its key
+    /// records, kept while it is current.
+    records: Option<Arc<oncekv_records::View>>,
 }
 
 impl StateMachineStore {
@@ -124,7 +127,8 @@ impl StateMachineStore {
             source,
         };
         fs::create_dir_all(dir).map_err(io)?;
-        let mut latest: Option<(u64, PathBuf)> = None;
+        // (index, path, whether it is a part file), newest first.
+        let mut files: Vec<(u64, PathBuf, bool)> = Vec::new();
         for entry in fs::read_dir(dir).map_err(io)? {
             let path = entry.map_err(io)?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -135,64 +139,122 @@ impl StateMachineStore {
                 let _ = fs::remove_file(&path);
                 continue;
             }
-            let index = name
-                .strip_prefix(SNAPSHOT_PREFIX)
-                .and_then(|rest| rest.strip_suffix(SNAPSHOT_SUFFIX))
-                .and_then(|index| index.parse::<u64>().ok());
-            if let Some(index) = index
-                && latest.as_ref().is_none_or(|(best, _)| index > *best)
-            {
-                latest = Some((index, path));
+            let Some(rest) = name.strip_prefix(SNAPSHOT_PREFIX) else {
+                continue;
+            };
+            let (index, part) = match (
+                rest.strip_suffix(SNAPSHOT_SUFFIX),
+                rest.strip_suffix(PART_SUFFIX),
+            ) {
+                (Some(index), _) => (index, false),
+                (_, Some(index)) => (index, true),
+                _ => continue,
+            };
+            if let Ok(index) = index.parse::<u64>() {
+                files.push((index, path, part));
             }
         }
-        let mut current = None;
-        if let Some((_, path)) = latest {
-            let corrupt = |reason: String| StateMachineError::Corrupt {
-                path: path.clone(),
-                reason,
-            };
-            let mut file = SnapshotFile::open(&path).map_err(|e| corrupt(e.to_string()))?;
-            let index = snapshot_index(file.meta());
-            // The record store holds exactly this snapshot's key records
-            // when its checkpoint is of the same index (the build that
-            // wrote the file flushed the store first, from the same take):
-            // they stay there. Else (a crash between a flush and its file,
-            // a store of an earlier state) the file's records are read
-            // into memory, and the next build replaces the store.
-            let in_store = match state.records() {
-                Some(records) => {
-                    records
-                        .checkpoint_index()
-                        .map_err(|e| corrupt(format!("reading the record store: {e}")))?
-                        == Some(index)
-                }
-                None => false,
-            };
-            let registry = if in_store {
-                file.read_registry_part().map_err(corrupt)?
-            } else {
-                file.read_registry().map_err(corrupt)?
-            };
-            tracing::info!(
-                log_index = index,
-                key_records_in_store = registry.has_key_records_outside(),
-                key_records_in_memory = registry.key_records_held(),
-                "read snapshot"
-            );
-            let meta = file.meta().clone();
-            let mut applied = state.write();
-            applied.registry = registry;
-            applied.last_applied = meta.last_log_id;
-            applied.membership = meta.last_membership.clone();
-            state.publish_cluster_id(&applied);
-            drop(applied);
-            tracing::info!(log_index = ?meta.last_log_id.as_ref().map(|id| id.index), path = %path.display(), "restored snapshot");
-            current = Some(CurrentSnapshot {
-                registry_offset: file.registry_offset(),
-                meta,
-                path,
-            });
+        files.sort_by(|a, b| b.0.cmp(&a.0).then(a.2.cmp(&b.2)));
+        let store_index = match state.records() {
+            Some(records) => {
+                records
+                    .checkpoint_index()
+                    .map_err(|e| StateMachineError::Corrupt {
+                        path: dir.to_path_buf(),
+                        reason: format!("reading the record store: {e}"),
+                    })?
+            }
+            None => None,
+        };
+        // The newest usable snapshot: a whole file, or a part file whose
+        // records the store holds (its checkpoint is of the same index). A
+        // newer part file the store is not at is a build that stopped
+        // between renaming it and flushing the store: never a snapshot.
+        let chosen = files
+            .iter()
+            .position(|(index, _, part)| !part || store_index == Some(*index));
+        let Some(chosen) = chosen else {
+            if let Some((index, path, _)) = files.first() {
+                return Err(StateMachineError::Corrupt {
+                    path: path.clone(),
+                    reason: format!(
+                        "the key records of snapshot {index} lie in the record store \
+                         (`state/` beside `snapshots/`), whose checkpoint is at {store_index:?}: \
+                         the store is missing or damaged; restore it, or replace this node \
+                         (docs/operating.md)"
+                    ),
+                });
+            }
+            return Self::opened(dir, state, None);
+        };
+        for (index, path, _) in files
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != chosen)
+            .map(|(_, f)| f)
+        {
+            tracing::info!(log_index = index, path = %path.display(), "removing a snapshot file not in use");
+            let _ = fs::remove_file(path);
         }
+        let (index, path, part) = files.swap_remove(chosen);
+        let corrupt = |reason: String| StateMachineError::Corrupt {
+            path: path.clone(),
+            reason,
+        };
+        let mut file = SnapshotFile::open(&path).map_err(|e| corrupt(e.to_string()))?;
+        if snapshot_index(file.meta()) != index {
+            return Err(corrupt(format!(
+                "named for index {index}, its header says {}",
+                snapshot_index(file.meta())
+            )));
+        }
+        // Where the store holds this snapshot's key records, they stay
+        // there: only the part before them is read. Else (a whole file
+        // installed or built before the store was at its index) the
+        // file's records are read into memory, and the next build replaces
+        // the store.
+        let in_store = store_index == Some(index);
+        let registry = if in_store {
+            file.read_registry_part().map_err(corrupt)?
+        } else {
+            file.read_registry().map_err(corrupt)?
+        };
+        tracing::info!(
+            log_index = index,
+            key_records_in_store = registry.has_key_records_outside(),
+            key_records_in_memory = registry.key_records_held(),
+            "read snapshot"
+        );
+        let meta = file.meta().clone();
+        let mut applied = state.write();
+        applied.registry = registry;
+        applied.last_applied = meta.last_log_id;
+        applied.membership = meta.last_membership.clone();
+        state.publish_cluster_id(&applied);
+        drop(applied);
+        let records = match (part, state.records()) {
+            (true, Some(records)) => {
+                Some(Arc::new(records.view().map_err(|e| {
+                    corrupt(format!("reading the record store: {e}"))
+                })?))
+            }
+            _ => None,
+        };
+        tracing::info!(log_index = index, path = %path.display(), "restored snapshot");
+        let current = CurrentSnapshot {
+            registry_offset: file.registry_offset(),
+            meta,
+            path,
+            records,
+        };
+        Self::opened(dir, state, Some(current))
+    }
+
+    fn opened(
+        dir: &Path,
+        state: SharedState,
+        current: Option<CurrentSnapshot>,
+    ) -> Result<StateMachineStore, StateMachineError> {
         let durable = current
             .as_ref()
             .map_or(0, |current| snapshot_index(&current.meta));
@@ -274,19 +336,68 @@ impl SnapshotFiles {
         fs::rename(temporary.path(), &path)?;
         temporary.keep();
         fs::File::open(&self.dir)?.sync_all()?;
-        let previous = current.replace(CurrentSnapshot {
-            meta: meta.clone(),
-            path: path.clone(),
-            registry_offset,
-        });
-        if let Some(previous) = previous
+        self.make_current(
+            &mut current,
+            CurrentSnapshot {
+                meta: meta.clone(),
+                path: path.clone(),
+                registry_offset,
+                records: None,
+            },
+        );
+        Ok(Some(path))
+    }
+
+    /// Makes `new` (durable) the current snapshot under the lock: deletes
+    /// the previous one's file and moves the durable index.
+    fn make_current(&self, current: &mut Option<CurrentSnapshot>, new: CurrentSnapshot) {
+        let index = snapshot_index(&new.meta);
+        let path = new.path.clone();
+        if let Some(previous) = current.replace(new)
             && previous.path != path
         {
             let _ = fs::remove_file(previous.path);
         }
         self.durable_index
             .send_modify(|durable| *durable = (*durable).max(index));
-        Ok(Some(path))
+    }
+
+    /// Builds the snapshot of `registry` at `meta` whose key records lie in
+    /// the record store (§4.5 of docs/state-beyond-ram.md): writes the part
+    /// file (everything but the records), fsyncs and renames it into place,
+    /// then `flush` moves the records changed since the last build into the
+    /// store with this index and returns the store's view of it — from then
+    /// on the part file and the view are the snapshot, made current. A crash
+    /// before the flush leaves a part file the store is not at (ignored and
+    /// deleted at the next start) and the previous snapshot in force.
+    fn build_part(
+        &self,
+        meta: &SnapshotMeta,
+        registry: &Registry,
+        flush: impl FnOnce() -> io::Result<oncekv_records::View>,
+    ) -> io::Result<SnapshotFile> {
+        let index = snapshot_index(meta);
+        let (temporary, file, registry_offset) =
+            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
+                snapshot::write_part_only(registry, out)
+            })?;
+        let path = self.dir.join(part_file_name(index));
+        fs::rename(temporary.path(), &path)?;
+        temporary.keep();
+        fs::File::open(&self.dir)?.sync_all()?;
+        let view = Arc::new(flush()?);
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        self.make_current(
+            &mut current,
+            CurrentSnapshot {
+                meta: meta.clone(),
+                path: path.clone(),
+                registry_offset,
+                records: Some(view.clone()),
+            },
+        );
+        drop(current);
+        Ok(SnapshotFile::written(file, path, meta.clone(), registry_offset).with_records(view))
     }
 
     /// Writes the snapshot of `registry` at `meta` durably and makes it
@@ -294,19 +405,10 @@ impl SnapshotFiles {
     /// temporary file through one buffer, fsynced, renamed, the directory
     /// fsynced. Returns a handle on the file written (still readable if a
     /// newer snapshot made it obsolete at once).
-    /// With `records`, the key records the registry no longer holds are
-    /// read from their store's view (taken right after the flush of the
-    /// same take, so it holds exactly this state's records).
-    fn build(
-        &self,
-        meta: &SnapshotMeta,
-        registry: &Registry,
-        records: Option<&oncekv_records::View>,
-    ) -> io::Result<SnapshotFile> {
+    fn build(&self, meta: &SnapshotMeta, registry: &Registry) -> io::Result<SnapshotFile> {
         let (temporary, file, registry_offset) =
-            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| match records {
-                Some(view) => snapshot::write_with(registry, live_records(view, registry), out),
-                None => snapshot::write(registry, out),
+            crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
+                snapshot::write(registry, out)
             })?;
         let written_at = temporary.path().to_path_buf();
         let path = self
@@ -341,7 +443,7 @@ impl SnapshotFiles {
         }
         let (temporary, file, registry_offset) =
             crate::shared::snapshot_file::write_temporary(&self.dir, meta, |out| {
-                io::copy(&mut snapshot.registry_reader()?, out).map(drop)
+                io::copy(&mut snapshot.whole_reader()?, out).map(drop)
             })?;
         let mut copy = SnapshotFile::written(
             file,
@@ -360,11 +462,15 @@ impl SnapshotFiles {
         current
             .as_ref()
             .map(|current| {
-                SnapshotFile::open_known(
+                let file = SnapshotFile::open_known(
                     &current.path,
                     current.meta.clone(),
                     current.registry_offset,
-                )
+                )?;
+                Ok(match &current.records {
+                    Some(view) => file.with_records(view.clone()),
+                    None => file,
+                })
             })
             .transpose()
     }
@@ -452,15 +558,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let files = self.files.clone();
         let built_meta = meta.clone();
         let records = self.state.records().cloned();
-        let snapshot = tokio::task::spawn_blocking(move || {
-            let view = match (records, pending) {
-                (Some(records), Some(pending)) => {
-                    records.flush(pending, snapshot_index(&built_meta))?;
-                    Some(records.view()?)
-                }
-                _ => None,
-            };
-            files.build(&built_meta, &registry, view.as_ref())
+        let snapshot = tokio::task::spawn_blocking(move || match (records, pending) {
+            (Some(records), Some(pending)) => files.build_part(&built_meta, &registry, || {
+                records.flush(pending, snapshot_index(&built_meta))?;
+                records.view()
+            }),
+            _ => files.build(&built_meta, &registry),
         })
         .await
         .map_err(|e| snapshot_error(Some(&meta), "writing", e))?
@@ -688,13 +791,12 @@ mod tests {
         registry
     }
 
-    /// A build moves the key records into the record store; a restart
-    /// leaves them there when the store's checkpoint is the snapshot's,
-    /// and reads them from the file when it is not (a store flushed past
-    /// the snapshot by a build whose file never came, after a crash; or no
-    /// store at all) — whose next build then replaces the store.
+    /// A build moves the key records into the record store and writes a
+    /// part file; a restart reads the part alone and leaves the records in
+    /// the store, ignoring a newer part file the store never reached; a
+    /// store that is not at the part file's index is refused.
     #[tokio::test]
-    async fn key_records_stay_in_the_store_only_when_it_matches_the_snapshot() {
+    async fn a_restart_reads_the_part_and_leaves_the_key_records_in_the_store() {
         let dir = tempfile::tempdir().unwrap();
         let (snapshots, records) = (dir.path().join("snapshots"), dir.path().join("state"));
         let mut store = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
@@ -728,124 +830,32 @@ mod tests {
                 .unwrap();
             assert_eq!(view.expect("k1 from the store").created_ms, 1_001);
         }
-        // A flush past the snapshot, whose file never came.
+        // A build that stopped between renaming its part file and flushing
+        // the store: that newer part file is not a snapshot, and goes.
+        let part = snapshots.join(part_file_name(4));
+        let stopped = snapshots.join(part_file_name(9));
+        std::fs::copy(&part, &stopped).unwrap();
+        drop(reopened);
+        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        assert_eq!(
+            snapshot::state_hash(&reopened.state().read().registry),
+            hash
+        );
+        assert!(!stopped.exists());
+        // A store flushed past every snapshot, or deleted: the part file's
+        // records are nowhere else, and the node refuses to start.
         let outside = reopened.state().records().unwrap().clone();
         let pending = outside.push(oncekv_core::KeyChanges::default());
         outside.flush(pending, 9).unwrap();
         drop((outside, reopened));
-        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
-        {
-            let state = reopened.state();
-            let applied = state.read();
-            assert!(!applied.registry.has_key_records_outside());
-            assert_eq!(applied.registry.key_records_held(), 3);
-            assert_eq!(snapshot::state_hash(&applied.registry), hash);
-        }
-        drop(reopened);
-        // The whole record store deleted (operating.md says it is safe):
-        // the records come from the snapshot file.
+        let refused = StateMachineStore::open_with_records(&snapshots, &records).err();
+        assert!(
+            matches!(&refused, Some(StateMachineError::Corrupt { reason, .. }) if reason.contains("record store")),
+            "{refused:?}"
+        );
         std::fs::remove_dir_all(&records).unwrap();
-        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
-        let state = reopened.state();
-        let applied = state.read();
-        assert_eq!(applied.registry.key_records_held(), 3);
-        assert_eq!(snapshot::state_hash(&applied.registry), hash);
-    }
-
-    /// A received snapshot (format 8) with a record store: its key records
-    /// stream from the file into a new store generation at the snapshot's
-    /// index — none held in memory, whatever the receiver held before —
-    /// and a repeat of a key is answered from the store as a duplicate; a
-    /// restart then reads only the file's part.
-    #[tokio::test]
-    async fn an_installed_snapshot_streams_its_key_records_into_the_store() {
-        use futures::StreamExt;
-        let dir = tempfile::tempdir().unwrap();
-        let sender_dir = dir.path().join("sender");
-        let sender = StateMachineStore::open_with_records(
-            &sender_dir.join("snapshots"),
-            &sender_dir.join("state"),
-        )
-        .unwrap();
-        {
-            let state = sender.state();
-            let mut applied = state.write();
-            applied.registry = registry_with_keys(40);
-            applied.last_applied = meta(41).last_log_id;
-        }
-        let mut sender = sender;
-        sender
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        let hash = snapshot::state_hash(&sender.state().read().registry);
-        let sent = sender.get_current_snapshot().await.unwrap().unwrap();
-
-        // The receiver holds another state, its records in memory.
-        let receiver_dir = dir.path().join("receiver");
-        let (snapshots, records) = (receiver_dir.join("snapshots"), receiver_dir.join("state"));
-        let mut receiver = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
-        {
-            let state = receiver.state();
-            let mut applied = state.write();
-            applied.registry = registry_with_keys(3);
-            applied.last_applied = meta(4).last_log_id;
-        }
-        let mut incoming = receiver.snapshot_inbox().receive(&meta(41)).await.unwrap();
-        let mut chunks = Box::pin(sent.snapshot.into_chunks(100));
-        while let Some(chunk) = chunks.next().await {
-            incoming.write(chunk.unwrap()).await.unwrap();
-        }
-        let received = incoming.finish().await.unwrap();
-        receiver
-            .install_snapshot(&meta(41), received)
-            .await
-            .unwrap();
-        let outside = receiver.state().records().unwrap().clone();
-        assert_eq!(outside.checkpoint_index().unwrap(), Some(41));
-        {
-            let state = receiver.state();
-            let mut applied = state.write();
-            assert!(applied.registry.has_key_records_outside());
-            assert_eq!(applied.registry.key_records_held(), 0);
-            assert_eq!(applied.registry.key_count(), 40);
-            assert_eq!(snapshot::state_hash(&applied.registry), hash);
-            // k7 again: a duplicate, decided from the record fetched.
-            let entry = oncekv_core::Entry::single(
-                5_000,
-                oncekv_core::Op::ExecuteKeyed {
-                    cluster_id: oncekv_core::ClusterId(7),
-                    key: oncekv_core::IdempotencyKey(b"k7".to_vec()),
-                    command: oncekv_core::Command::Increment {
-                        key: b"n".to_vec(),
-                        delta: 1,
-                    },
-                    principal: oncekv_core::Principal::anonymous(),
-                },
-            );
-            let fetched = outside
-                .fetch(applied.registry.keys_to_fetch(&entry))
-                .unwrap();
-            let outcomes = applied.registry.apply_prefetched(42, &entry, &fetched);
-            assert!(
-                matches!(
-                    outcomes[..],
-                    [oncekv_core::Outcome::Executed {
-                        result: oncekv_core::CommandResult::Incremented { value: 8 },
-                        duplicate: true,
-                    }]
-                ),
-                "{outcomes:?}"
-            );
-        }
-        drop((outside, receiver));
-        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
-        let state = reopened.state();
-        let applied = state.read();
-        assert_eq!(applied.registry.key_records_held(), 0);
-        assert_eq!(snapshot::state_hash(&applied.registry), hash);
+        assert!(StateMachineStore::open_with_records(&snapshots, &records).is_err());
+        assert!(part.exists(), "nothing deleted by a refused start");
     }
 
     fn file_names(dir: &Path) -> Vec<String> {
@@ -864,8 +874,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = StateMachineStore::open(dir.path()).unwrap();
         let durable = store.durable_snapshot_index();
-        store.files.build(&meta(9), &registry_at(9), None).unwrap();
-        let mut discarded = store.files.build(&meta(4), &registry_at(4), None).unwrap();
+        store.files.build(&meta(9), &registry_at(9)).unwrap();
+        let mut discarded = store.files.build(&meta(4), &registry_at(4)).unwrap();
         // The discarded build's handle still reads what it wrote.
         assert_eq!(discarded.read_registry().unwrap().applied_index(), 4);
         let current = store.files.current().unwrap().unwrap();
@@ -901,7 +911,7 @@ mod tests {
     async fn a_partial_or_wrong_reception_replaces_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = StateMachineStore::open(dir.path()).unwrap();
-        store.files.build(&meta(5), &registry_at(5), None).unwrap();
+        store.files.build(&meta(5), &registry_at(5)).unwrap();
         let inbox = store.snapshot_inbox();
         let bytes = registry_bytes(12);
 
@@ -941,7 +951,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateMachineStore::open(dir.path()).unwrap();
         let durable = store.durable_snapshot_index();
-        store.files.build(&meta(5), &registry_at(5), None).unwrap();
+        store.files.build(&meta(5), &registry_at(5)).unwrap();
         let mut incoming = store.snapshot_inbox().receive(&meta(12)).await.unwrap();
         for chunk in registry_bytes(12).chunks(3) {
             incoming.write(chunk.to_vec()).await.unwrap();
@@ -968,7 +978,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = StateMachineStore::open(dir.path()).unwrap();
-            store.files.build(&meta(5), &registry_at(5), None).unwrap();
+            store.files.build(&meta(5), &registry_at(5)).unwrap();
             let bytes = registry_bytes(9);
             let (torn_build, _, _) =
                 crate::shared::snapshot_file::write_temporary(dir.path(), &meta(9), |out| {
@@ -1004,7 +1014,7 @@ mod tests {
     async fn chunks_are_read_from_the_file_as_the_stream_is_polled() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = StateMachineStore::open(dir.path()).unwrap();
-        store.files.build(&meta(7), &registry_at(7), None).unwrap();
+        store.files.build(&meta(7), &registry_at(7)).unwrap();
         let bytes = registry_bytes(7);
         let whole: Vec<u8> = store
             .get_current_snapshot()

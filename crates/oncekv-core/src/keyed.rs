@@ -242,19 +242,6 @@ impl KeyStore {
         self.groups.iter()
     }
 
-    /// The multiset hash of the live records.
-    pub(crate) fn totals_hash(&self) -> RecordsHash {
-        self.totals.hash
-    }
-
-    /// Whether a live group covers creation time `created_ms`.
-    pub(crate) fn covers(&self, created_ms: u64) -> bool {
-        self.groups
-            .range(..=created_ms)
-            .next_back()
-            .is_some_and(|(_, group)| created_ms < group.end_ms)
-    }
-
     /// The end of the live group starting at `start`, if it lives.
     pub(crate) fn group_end_ms(&self, start: u64) -> Option<u64> {
         self.groups.get(&start).map(|group| group.end_ms)

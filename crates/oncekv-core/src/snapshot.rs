@@ -596,57 +596,34 @@ fn as_written(registry: &Registry) -> std::borrow::Cow<'_, Registry> {
     std::borrow::Cow::Borrowed(registry)
 }
 
-/// Writes the snapshot of `registry` to `out`, its key records read from
-/// `records` instead of the registry: for a registry whose records lie in
-/// an adapter's store ([`Registry::take_key_changes`]) and hold nothing
-/// newer (changes taken at the same point). `records` must yield exactly
-/// the live records, in (principal, key) order: fewer, more or a record
-/// of no live group is an error (the store disagrees with the registry),
-/// and nothing is usable of what was written.
-pub fn write_with<W, I>(registry: &Registry, records: I, out: W) -> io::Result<()>
-where
-    W: Write,
-    I: IntoIterator<Item = io::Result<(KeyId, KeyRecord)>>,
-{
-    let disagree = |why: &str| io::Error::other(format!("the key records' store {why}"));
+/// Writes the part of the snapshot of `registry` — everything before its
+/// key records, the part's digest included — and nothing else: for an
+/// adapter whose store holds the key records, which sends the snapshot as
+/// this part, then each live record ([`encode_key_record`], in (principal,
+/// key) order), then the trailer (BLAKE3 of every byte of the part and
+/// the records). The registry's key records may lie outside it.
+pub fn write_part_only<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
     let registry = &as_written(registry);
     let mut out = HashingWriter {
         inner: out,
         hasher: blake3::Hasher::new(),
     };
-    let mut buffer = Vec::new();
-    write_part(registry, &mut out, &mut buffer)?;
-    let mut written = 0u64;
-    let mut last: Option<KeyId> = None;
-    let mut usage = crate::keyed::Usage::default();
-    for item in records {
-        let (id, record) = item?;
-        if last.as_ref().is_some_and(|last| *last >= id) {
-            return Err(disagree("yields records out of order"));
-        }
-        if !registry.keys.covers(record.created_ms) {
-            return Err(disagree("holds a live record in no live group"));
-        }
-        usage.add(&crate::keyed::Counted::of(&id, &record));
-        let bytes = KeyRecordRef {
-            principal: &id.0,
-            key: &id.1,
-            created_ms: record.created_ms,
-            response: &record.response,
-        };
-        write_record(&mut out, &mut buffer, &bytes)?;
-        written += 1;
-        last = Some(id);
-    }
-    if written != registry.keys.len() || usage.hash != registry.keys.totals_hash() {
-        return Err(disagree(&format!(
-            "holds {written} live records, the registry {} (or other ones)",
-            registry.keys.len()
-        )));
-    }
-    let digest = out.hasher.finalize();
-    out.inner.write_all(digest.as_bytes())?;
+    write_part(registry, &mut out, &mut Vec::new())?;
     out.inner.flush()
+}
+
+/// Appends one idempotency-key record to `out` as a snapshot holds it
+/// (length, then the record): what follows a part written by
+/// [`write_part_only`].
+pub fn encode_key_record(id: &KeyId, record: &KeyRecord, out: &mut Vec<u8>) -> io::Result<()> {
+    let bytes = KeyRecordRef {
+        principal: &id.0,
+        key: &id.1,
+        created_ms: record.created_ms,
+        response: &record.response,
+    };
+    let mut buffer = Vec::new();
+    write_record(out, &mut buffer, &bytes)
 }
 
 /// The snapshot of `registry` as bytes.
@@ -1671,6 +1648,21 @@ mod tests {
             .map(|(id, stored)| (id.clone(), stored.clone()))
             .collect();
         assert_eq!(read, held);
+    }
+
+    /// A part written alone, then the records encoded one by one, then
+    /// the BLAKE3 of both: byte for byte the snapshot written whole.
+    #[test]
+    fn a_part_then_its_records_then_the_trailer_is_the_whole_snapshot() {
+        let registry = three_keys_in_two_groups();
+        let mut bytes = Vec::new();
+        write_part_only(&registry, &mut bytes).unwrap();
+        for (id, stored) in registry.keys.iter() {
+            encode_key_record(id, &stored.record, &mut bytes).unwrap();
+        }
+        let trailer = *blake3::hash(&bytes).as_bytes();
+        bytes.extend_from_slice(&trailer);
+        assert_eq!(bytes, to_bytes(&registry));
     }
 
     /// The key records after a part are checked against its group
