@@ -500,18 +500,19 @@ fn check_fenced_justified(
         let fence = fence_of(call);
         let answered_ns = call.complete_ns();
         // A larger fence seen won, a claim whose outcome is unknown, or an
-        // "in progress" answer naming a later holder (an attempt beyond
-        // this fence's): attempts count the key's holders, so that holder
-        // took over — even when its own win was never seen (its reply was
-        // lost, and its retry, applied after it was taken over in turn,
-        // was answered "in progress").
+        // "in progress" or "completed" answer naming a later holder (an
+        // attempt beyond this fence's): attempts count the key's holders,
+        // so that holder took over — even when its own win was never seen
+        // (its reply was lost, and its retry, applied after it was taken
+        // over in turn or completed, was answered "in progress" or with the
+        // record).
         let attempt = wins.get(&fence).map(|w| w.attempt);
         let superseded = wins
             .range(fence + 1..)
             .any(|(_, w)| w.claimed_ns < answered_ns)
             || job.claims.iter().any(|c| {
                 c.invoke_ns < answered_ns
-                    && (unknown(c) || attempt.is_some_and(|a| in_progress_attempt(c) > Some(a)))
+                    && (unknown(c) || attempt.is_some_and(|a| attempt_named(c) > Some(a)))
             });
         let own = calls.clone().any(|other| {
             !std::ptr::eq(*other, *call)
@@ -530,11 +531,13 @@ fn check_fenced_justified(
     }
 }
 
-/// The holder's attempt an acknowledged "in progress" answer names.
-fn in_progress_attempt(claim: &Operation) -> Option<u64> {
+/// The holder's attempt an acknowledged "in progress" or "completed"
+/// answer names.
+fn attempt_named(claim: &Operation) -> Option<u64> {
     match claim.completion.as_ref() {
         Some(done) if done.kind == EventType::Ok => match done.reply {
-            Some(Reply::ClaimInProgress { attempt, .. }) => Some(attempt),
+            Some(Reply::ClaimInProgress { attempt, .. })
+            | Some(Reply::ClaimCompleted { attempt, .. }) => Some(attempt),
             _ => None,
         },
         _ => None,
@@ -1077,6 +1080,36 @@ mod tests {
                     EventType::Ok,
                     Some(Reply::ClaimInProgress {
                         retry_after_ms: 50,
+                        attempt,
+                    }),
+                    None,
+                )
+                .complete(1, 170, 10, 1, EventType::Fail);
+            assert_eq!(
+                safety(&h).claim_fenced_unjustified,
+                unjustified,
+                "attempt {attempt}"
+            );
+        }
+        // Likewise a claim begun before the FENCED answer and answered
+        // after it with the key's record, completed by a later attempt
+        // (seed 12 of a long run: that claim won attempt 2 in a reply that
+        // was lost; the key was taken over again and completed by attempt
+        // 3 before its retry came) — but not a record of the fenced
+        // holder's own attempt.
+        for (attempt, unjustified) in [(3, 0), (1, 1)] {
+            let mut h = H::default();
+            h.win(1, "a", 0, 10, 1)
+                .call(
+                    3,
+                    150,
+                    400,
+                    H::claim_op("e", HolderPlan::Complete),
+                    EventType::Ok,
+                    Some(Reply::ClaimCompleted {
+                        result: result_text(KEY, 30, attempt, 4),
+                        completed_ms: 390,
+                        fence: 30,
                         attempt,
                     }),
                     None,
