@@ -175,13 +175,16 @@ impl StateMachineStore {
             .position(|(index, _, part)| !part || store_index == Some(*index));
         let Some(chosen) = chosen else {
             if let Some((index, path, _)) = files.first() {
+                let store = match store_index {
+                    Some(at) => format!("is at log index {at}"),
+                    None => "is empty or missing".to_owned(),
+                };
                 return Err(StateMachineError::Corrupt {
                     path: path.clone(),
                     reason: format!(
                         "the key records of snapshot {index} lie in the record store \
-                         (`state/` beside `snapshots/`), whose checkpoint is at {store_index:?}: \
-                         the store is missing or damaged; restore it, or replace this node \
-                         (docs/operating.md)"
+                         (`state/` beside `snapshots/`), which {store}: restore the store, \
+                         or replace this node (docs/operating.md)"
                     ),
                 });
             }
