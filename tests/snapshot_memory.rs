@@ -88,40 +88,42 @@ const OVERHEAD_MAX_BYTES: u64 = 4 << 20;
 const VALUE_BYTES: usize = 60 << 10;
 const VALUES: u64 = 400;
 
+/// Applies a bootstrap then one entry per op of `ops` (log index 1, 2, …)
+/// to `state_machine`.
+async fn apply_all(state_machine: &mut StateMachineStore, ops: impl Iterator<Item = Op> + Send) {
+    let bootstrap = Op::Bootstrap {
+        cluster_id: ClusterId(7),
+        config: RegistryConfig::default(),
+    };
+    let entries = std::iter::once(bootstrap)
+        .chain(ops)
+        .zip(1u64..)
+        .map(|(op, index)| {
+            Ok((
+                Entry {
+                    log_id: openraft::testing::log_id::<TypeConfig>(1, 1, index),
+                    payload: EntryPayload::Normal(oncekv_core::Entry::single(index, op)),
+                },
+                None,
+            ))
+        });
+    state_machine
+        .apply(futures::stream::iter(entries))
+        .await
+        .expect("apply");
+}
+
 /// A state machine holding `VALUES` values of `VALUE_BYTES` (~24 MiB).
 async fn filled(dir: &std::path::Path) -> StateMachineStore {
     let mut state_machine = StateMachineStore::open(dir).expect("open");
-    let cluster_id = ClusterId(7);
-    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
-    let entry = |index: u64, op: Op| Entry {
-        log_id: log_id(index),
-        payload: EntryPayload::Normal(oncekv_core::Entry::single(index, op)),
-    };
-    let mut entries = vec![entry(
-        1,
-        Op::Bootstrap {
-            cluster_id,
-            config: RegistryConfig::default(),
+    let puts = (0..VALUES).map(|i| Op::ExecutePlain {
+        cluster_id: ClusterId(7),
+        command: Command::Put {
+            key: format!("key-{i:05}").into_bytes(),
+            value: Value::Bytes(vec![i as u8; VALUE_BYTES]),
         },
-    )];
-    for i in 0..VALUES {
-        entries.push(entry(
-            i + 2,
-            Op::ExecutePlain {
-                cluster_id,
-                command: Command::Put {
-                    key: format!("key-{i:05}").into_bytes(),
-                    value: Value::Bytes(vec![i as u8; VALUE_BYTES]),
-                },
-            },
-        ));
-    }
-    state_machine
-        .apply(futures::stream::iter(
-            entries.into_iter().map(|entry| Ok((entry, None))),
-        ))
-        .await
-        .expect("apply");
+    });
+    apply_all(&mut state_machine, puts).await;
     assert_eq!(
         state_machine.state().read().registry.applied_index(),
         VALUES + 1
@@ -285,39 +287,16 @@ async fn with_key_records(dir: &std::path::Path) -> StateMachineStore {
     let mut state_machine =
         StateMachineStore::open_with_records(&dir.join("snapshots"), &dir.join("state"))
             .expect("open");
-    let cluster_id = ClusterId(7);
-    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
-    let entry = |index: u64, op: Op| Entry {
-        log_id: log_id(index),
-        payload: EntryPayload::Normal(oncekv_core::Entry::single(index, op)),
-    };
-    let mut entries = vec![entry(
-        1,
-        Op::Bootstrap {
-            cluster_id,
-            config: RegistryConfig::default(),
+    let keyed = (0..KEYS).map(|i| Op::ExecuteKeyed {
+        cluster_id: ClusterId(7),
+        key: oncekv_core::IdempotencyKey(format!("message-{i:08}").into_bytes()),
+        command: Command::Put {
+            key: format!("key-{:05}", i % 1000).into_bytes(),
+            value: Value::Bytes(vec![i as u8; 64]),
         },
-    )];
-    for i in 0..KEYS {
-        entries.push(entry(
-            i + 2,
-            Op::ExecuteKeyed {
-                cluster_id,
-                key: oncekv_core::IdempotencyKey(format!("message-{i:08}").into_bytes()),
-                command: Command::Put {
-                    key: format!("key-{:05}", i % 1000).into_bytes(),
-                    value: Value::Bytes(vec![i as u8; 64]),
-                },
-                principal: oncekv_core::Principal::anonymous(),
-            },
-        ));
-    }
-    state_machine
-        .apply(futures::stream::iter(
-            entries.into_iter().map(|entry| Ok((entry, None))),
-        ))
-        .await
-        .expect("apply");
+        principal: oncekv_core::Principal::anonymous(),
+    });
+    apply_all(&mut state_machine, keyed).await;
     assert_eq!(
         state_machine.state().read().registry.key_count() as u64,
         KEYS

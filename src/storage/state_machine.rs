@@ -336,9 +336,7 @@ impl SnapshotFiles {
             return Ok(None);
         }
         let path = self.dir.join(snapshot_file_name(index));
-        fs::rename(temporary.path(), &path)?;
-        temporary.keep();
-        fs::File::open(&self.dir)?.sync_all()?;
+        self.rename_into_place(temporary, &path)?;
         self.make_current(
             &mut current,
             CurrentSnapshot {
@@ -349,6 +347,14 @@ impl SnapshotFiles {
             },
         );
         Ok(Some(path))
+    }
+
+    /// Renames a written, fsynced temporary file to `path` and fsyncs the
+    /// directory: durable under its final name.
+    fn rename_into_place(&self, temporary: TemporaryFile, path: &Path) -> io::Result<()> {
+        fs::rename(temporary.path(), path)?;
+        temporary.keep();
+        fs::File::open(&self.dir)?.sync_all()
     }
 
     /// Makes `new` (durable) the current snapshot under the lock: deletes
@@ -385,9 +391,7 @@ impl SnapshotFiles {
                 snapshot::write_part_only(registry, out)
             })?;
         let path = self.dir.join(part_file_name(index));
-        fs::rename(temporary.path(), &path)?;
-        temporary.keep();
-        fs::File::open(&self.dir)?.sync_all()?;
+        self.rename_into_place(temporary, &path)?;
         let view = Arc::new(flush()?);
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         self.make_current(

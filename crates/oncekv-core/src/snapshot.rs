@@ -178,12 +178,7 @@ impl RecordsHash {
 
 /// The hash of one idempotency key's record: of its snapshot record's bytes.
 pub(crate) fn key_record_hash(id: &KeyId, record: &KeyRecord) -> [u8; 32] {
-    let bytes = codec::encode(&KeyRecordRef {
-        principal: &id.0,
-        key: &id.1,
-        created_ms: record.created_ms,
-        response: &record.response,
-    });
+    let bytes = codec::encode(&KeyRecordRef::of(id, record));
     *blake3::keyed_hash(&KEY_RECORD_HASH_KEY, &bytes).as_bytes()
 }
 
@@ -454,6 +449,17 @@ struct KeyRecordRef<'a> {
     response: &'a CachedResponse,
 }
 
+impl<'a> KeyRecordRef<'a> {
+    fn of(id: &'a KeyId, record: &'a KeyRecord) -> KeyRecordRef<'a> {
+        KeyRecordRef {
+            principal: &id.0,
+            key: &id.1,
+            created_ms: record.created_ms,
+            response: &record.response,
+        }
+    }
+}
+
 /// The owned twin of [`KeyRecordRef`]: the same bytes.
 #[derive(Deserialize)]
 struct KeyRecordOwned {
@@ -616,14 +622,21 @@ pub fn write_part_only<W: Write>(registry: &Registry, out: W) -> io::Result<()> 
 /// (length, then the record): what follows a part written by
 /// [`write_part_only`].
 pub fn encode_key_record(id: &KeyId, record: &KeyRecord, out: &mut Vec<u8>) -> io::Result<()> {
-    let bytes = KeyRecordRef {
-        principal: &id.0,
-        key: &id.1,
-        created_ms: record.created_ms,
-        response: &record.response,
-    };
-    let mut buffer = Vec::new();
-    write_record(out, &mut buffer, &bytes)
+    let bytes = KeyRecordRef::of(id, record);
+    // Encoded in place after a length slot filled in after (no buffer per
+    // record on the sending path).
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    codec::encode_into(&bytes, out);
+    let length = u32::try_from(out.len() - start - 4)
+        .ok()
+        .filter(|length| u64::from(*length) <= RECORD_BYTES_MAX)
+        .ok_or_else(|| {
+            out.truncate(start);
+            io::Error::other("snapshot record exceeds the limit")
+        })?;
+    out[start..start + 4].copy_from_slice(&length.to_le_bytes());
+    Ok(())
 }
 
 /// The snapshot of `registry` as bytes.
@@ -668,14 +681,8 @@ fn write_body<W: Write>(registry: &Registry, out: &mut HashingWriter<W>) -> io::
     );
     let mut buffer = Vec::new();
     write_part(registry, out, &mut buffer)?;
-    for ((principal, key), stored) in registry.keys.iter() {
-        let record = KeyRecordRef {
-            principal,
-            key,
-            created_ms: stored.record.created_ms,
-            response: &stored.record.response,
-        };
-        write_record(out, &mut buffer, &record)?;
+    for (id, stored) in registry.keys.iter() {
+        write_record(out, &mut buffer, &KeyRecordRef::of(id, &stored.record))?;
     }
     Ok(())
 }
@@ -1510,14 +1517,8 @@ mod tests {
         for pair in registry.kv.iter() {
             write_record(&mut out, &mut buffer, &pair).unwrap();
         }
-        for ((principal, key), stored) in registry.keys.iter() {
-            let record = KeyRecordRef {
-                principal,
-                key,
-                created_ms: stored.record.created_ms,
-                response: &stored.record.response,
-            };
-            write_record(&mut out, &mut buffer, &record).unwrap();
+        for (id, stored) in registry.keys.iter() {
+            write_record(&mut out, &mut buffer, &KeyRecordRef::of(id, &stored.record)).unwrap();
         }
         assert_eq!(registry.claim_count(), 0);
         let digest = out.hasher.finalize();
@@ -1594,14 +1595,8 @@ mod tests {
             };
             write_record(&mut out, &mut buffer, &group).unwrap();
         }
-        for ((principal, key), stored) in registry.keys.iter() {
-            let record = KeyRecordRef {
-                principal,
-                key,
-                created_ms: stored.record.created_ms,
-                response: &stored.record.response,
-            };
-            write_record(&mut out, &mut buffer, &record).unwrap();
+        for (id, stored) in registry.keys.iter() {
+            write_record(&mut out, &mut buffer, &KeyRecordRef::of(id, &stored.record)).unwrap();
         }
         write_claims(registry, &mut out, &mut buffer).unwrap();
         let digest = out.hasher.finalize();
@@ -1655,14 +1650,25 @@ mod tests {
     #[test]
     fn a_part_then_its_records_then_the_trailer_is_the_whole_snapshot() {
         let registry = three_keys_in_two_groups();
+        let records: Vec<(&KeyId, &KeyRecord)> = registry
+            .keys
+            .iter()
+            .map(|(id, stored)| (id, &stored.record))
+            .collect();
+        assert_eq!(part_then(&registry, &records), to_bytes(&registry));
+    }
+
+    /// `registry`'s part, then `records`, then a trailer that matches the
+    /// bytes: a snapshot whatever the records are.
+    fn part_then(registry: &Registry, records: &[(&KeyId, &KeyRecord)]) -> Vec<u8> {
         let mut bytes = Vec::new();
-        write_part_only(&registry, &mut bytes).unwrap();
-        for (id, stored) in registry.keys.iter() {
-            encode_key_record(id, &stored.record, &mut bytes).unwrap();
+        write_part_only(registry, &mut bytes).unwrap();
+        for (id, record) in records {
+            encode_key_record(id, record, &mut bytes).unwrap();
         }
         let trailer = *blake3::hash(&bytes).as_bytes();
         bytes.extend_from_slice(&trailer);
-        assert_eq!(bytes, to_bytes(&registry));
+        bytes
     }
 
     /// The key records after a part are checked against its group
@@ -1672,33 +1678,20 @@ mod tests {
     #[test]
     fn key_records_that_disagree_with_their_summaries_are_refused() {
         let registry = three_keys_in_two_groups();
+        let held: Vec<(&KeyId, &KeyRecord)> = registry
+            .keys
+            .iter()
+            .map(|(id, stored)| (id, &stored.record))
+            .collect();
         let write = |skip: Option<usize>, extra: bool| {
-            let mut out = HashingWriter {
-                inner: Vec::new(),
-                hasher: blake3::Hasher::new(),
-            };
-            let mut buffer = Vec::new();
-            write_part(&registry, &mut out, &mut buffer).unwrap();
-            let mut records: Vec<_> = registry.keys.iter().collect();
+            let mut records = held.clone();
             if extra {
                 records.push(records[records.len() - 1]);
             }
-            for (position, ((principal, key), stored)) in records.into_iter().enumerate() {
-                if Some(position) == skip {
-                    continue;
-                }
-                let record = KeyRecordRef {
-                    principal,
-                    key,
-                    created_ms: stored.record.created_ms,
-                    response: &stored.record.response,
-                };
-                write_record(&mut out, &mut buffer, &record).unwrap();
+            if let Some(skip) = skip {
+                records.remove(skip);
             }
-            let digest = out.hasher.finalize();
-            let mut bytes = out.inner;
-            bytes.extend_from_slice(digest.as_bytes());
-            bytes
+            part_then(&registry, &records)
         };
         assert_eq!(from_bytes(&write(None, false)).unwrap(), registry);
         // One record short: the header's count asks for a third record,
@@ -1709,34 +1702,12 @@ mod tests {
         assert!(from_bytes(&write(None, true)).is_err());
         // A record another writer changed (its created time within the
         // same group), trailer recomputed: its group's sum disagrees.
-        let mut changed = registry.clone();
-        let (id, stored) = changed
-            .keys
-            .iter()
-            .next()
-            .map(|(id, s)| (id.clone(), s.clone()))
-            .unwrap();
-        let mut altered = stored.clone();
-        altered.record.created_ms += 1;
-        changed.keys.hold_restored(id, altered);
-        let mut out = HashingWriter {
-            inner: Vec::new(),
-            hasher: blake3::Hasher::new(),
-        };
-        let mut buffer = Vec::new();
-        write_part(&registry, &mut out, &mut buffer).unwrap();
-        for ((principal, key), stored) in changed.keys.iter() {
-            let record = KeyRecordRef {
-                principal,
-                key,
-                created_ms: stored.record.created_ms,
-                response: &stored.record.response,
-            };
-            write_record(&mut out, &mut buffer, &record).unwrap();
-        }
-        let digest = out.hasher.finalize();
-        let mut bytes = out.inner;
-        bytes.extend_from_slice(digest.as_bytes());
+        let (id, record) = held[0];
+        let mut altered = record.clone();
+        altered.created_ms += 1;
+        let mut records = held.clone();
+        records[0] = (id, &altered);
+        let bytes = part_then(&registry, &records);
         assert!(matches!(
             from_bytes(&bytes),
             Err(SnapshotError::Inconsistent(

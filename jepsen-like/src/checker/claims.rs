@@ -1069,56 +1069,46 @@ mod tests {
         // win reply was lost, and its retry came after it was taken over
         // in turn, so its win is nowhere in the history) — but not one
         // naming the fenced holder's own attempt.
-        for (attempt, unjustified) in [(2, 0), (1, 1)] {
-            let mut h = H::default();
-            h.win(1, "a", 0, 10, 1)
-                .call(
-                    3,
-                    150,
-                    160,
-                    H::claim_op("d", HolderPlan::Complete),
-                    EventType::Ok,
-                    Some(Reply::ClaimInProgress {
-                        retry_after_ms: 50,
-                        attempt,
-                    }),
-                    None,
-                )
-                .complete(1, 170, 10, 1, EventType::Fail);
-            assert_eq!(
-                safety(&h).claim_fenced_unjustified,
-                unjustified,
-                "attempt {attempt}"
-            );
-        }
+        //
         // Likewise a claim begun before the FENCED answer and answered
         // after it with the key's record, completed by a later attempt
         // (seed 12 of a long run: that claim won attempt 2 in a reply that
         // was lost; the key was taken over again and completed by attempt
         // 3 before its retry came) — but not a record of the fenced
         // holder's own attempt.
-        for (attempt, unjustified) in [(3, 0), (1, 1)] {
+        let in_progress = |attempt| Reply::ClaimInProgress {
+            retry_after_ms: 50,
+            attempt,
+        };
+        let completed = |attempt| Reply::ClaimCompleted {
+            result: result_text(KEY, 30, attempt, 4),
+            completed_ms: 390,
+            fence: 30,
+            attempt,
+        };
+        let cases = [
+            (in_progress(2), 160, 0),
+            (in_progress(1), 160, 1),
+            (completed(3), 400, 0),
+            (completed(1), 400, 1),
+        ];
+        for (reply, answered_at, unjustified) in cases {
             let mut h = H::default();
             h.win(1, "a", 0, 10, 1)
                 .call(
                     3,
                     150,
-                    400,
-                    H::claim_op("e", HolderPlan::Complete),
+                    answered_at,
+                    H::claim_op("d", HolderPlan::Complete),
                     EventType::Ok,
-                    Some(Reply::ClaimCompleted {
-                        result: result_text(KEY, 30, attempt, 4),
-                        completed_ms: 390,
-                        fence: 30,
-                        attempt,
-                    }),
+                    Some(reply.clone()),
                     None,
                 )
                 .complete(1, 170, 10, 1, EventType::Fail);
             assert_eq!(
                 safety(&h).claim_fenced_unjustified,
                 unjustified,
-                "attempt {attempt}"
+                "{reply:?}"
             );
         }
     }
