@@ -646,7 +646,7 @@ fn claim_event(op: &Op, outcome: &Outcome) -> Option<&'static str> {
 /// The `op` label of a registry entry.
 pub fn op_label(op: &Op) -> &'static str {
     match op {
-        Op::Bootstrap { .. } => "bootstrap",
+        Op::Bootstrap { .. } | Op::BootstrapWithRules { .. } => "bootstrap",
         Op::Register { .. } => "register",
         Op::Execute(_) => "execute",
         Op::KeepAlive { .. } => "keep_alive",
@@ -661,6 +661,7 @@ pub fn op_label(op: &Op) -> &'static str {
         Op::ReleaseClaim { .. } => "release_claim",
         Op::ExtendClaim { .. } => "extend_claim",
         Op::ForgetClaim { .. } => "forget_claim",
+        Op::RaiseRules { .. } => "set_config",
     }
 }
 

@@ -63,6 +63,40 @@ async fn config_change_applies_everywhere_and_takes_effect() {
         .await
         .json();
     assert_eq!(shown["config"]["session_ttl_ms"], 60_000);
+    // A new cluster starts at the latest rules version, with its limits:
+    // idempotency-key records on disk, 50 M of them.
+    assert_eq!(shown["config"]["rules_version"], 2);
+    assert_eq!(shown["config"]["idempotency_keys_max"], 50_000_000u64);
+    assert_eq!(shown["config"]["idempotency_cached_bytes_max"], 16u64 << 30);
+    // The version never goes down, and is raised alone.
+    for (args, why) in [
+        (&["--rules-version", "1"][..], "never goes down"),
+        (
+            &["--rules-version", "2", "--window", "4"][..],
+            "raised alone",
+        ),
+    ] {
+        let refused = oncekv(
+            &endpoints,
+            &[&["admin", "config", "set"][..], args, &["--json"]].concat(),
+        )
+        .await;
+        assert_ne!(refused.code, 0, "{args:?} was accepted");
+        assert!(
+            refused.stdout.contains(why) || refused.stderr.contains(why),
+            "{args:?}: {refused:?}"
+        );
+    }
+    let same = oncekv(
+        &endpoints,
+        &["admin", "config", "set", "--rules-version", "2", "--json"],
+    )
+    .await
+    .json();
+    assert_eq!(
+        same["config"]["rules_version"], 2,
+        "a raise to the version in force"
+    );
     let set = oncekv(
         &endpoints,
         &[

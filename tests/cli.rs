@@ -466,8 +466,9 @@ async fn keyed_commands(e: &[String]) {
         object["config"]["idempotency_key_ttl_ms"], 3_600_000,
         "{object}"
     );
+    // A new cluster's default (rules version 2: key records on disk).
     assert_eq!(
-        object["config"]["idempotency_keys_max"], 1_000_000,
+        object["config"]["idempotency_keys_max"], 50_000_000,
         "{object}"
     );
     assert_eq!(
@@ -476,7 +477,7 @@ async fn keyed_commands(e: &[String]) {
     );
     assert_eq!(
         object["config"]["idempotency_cached_bytes_max"],
-        256 << 20,
+        16u64 << 30,
         "{object}"
     );
 }

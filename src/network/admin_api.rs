@@ -19,7 +19,7 @@ use super::status::{
 };
 use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
 use crate::shared::SharedState;
-use oncekv_core::{ClientId, Op, Outcome};
+use oncekv_core::{ClientId, Op, Outcome, RulesVersion};
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, admin_server};
@@ -415,6 +415,7 @@ impl admin_server::Admin for AdminApi {
                     convert::configs_to_proto(registry.config(), registry.keyed_config());
                 convert::claim_config_into_proto(registry.claim_config(), &mut config);
                 convert::budget_into_proto(registry.budget_config(), &mut config);
+                config.rules_version = registry.rules().0;
                 config
             }),
             applied_index: registry.applied_index(),
@@ -442,19 +443,32 @@ impl admin_server::Admin for AdminApi {
             .as_ref()
             .map(convert::budget_patch_from_proto)
             .unwrap_or_default();
+        let rules = request
+            .patch
+            .as_ref()
+            .and_then(|patch| patch.rules_version)
+            .map(RulesVersion);
         let patch = convert::config_patch_from_proto(request.patch).map_err(convert_status)?;
         // A fact of the request alone. Whether the patched configs are
         // valid depends on the configs in force when the entry applies: the
         // core decides that, in log order, on every replica alike.
-        if patch.is_empty() && keyed.is_empty() && claims.is_empty() && budget.is_empty() {
-            return Err(invalid("the config patch sets no field"));
-        }
-        let op = Op::PatchAllConfigs {
-            cluster_id,
-            patch,
-            keyed,
-            claims,
-            budget,
+        let no_config =
+            patch.is_empty() && keyed.is_empty() && claims.is_empty() && budget.is_empty();
+        let op = match rules {
+            None if no_config => return Err(invalid("the config patch sets no field")),
+            None => Op::PatchAllConfigs {
+                cluster_id,
+                patch,
+                keyed,
+                claims,
+                budget,
+            },
+            Some(rules) if no_config => Op::RaiseRules { cluster_id, rules },
+            Some(_) => {
+                return Err(invalid(
+                    "rules_version is raised alone: set the other fields in a second call",
+                ));
+            }
         };
         match self.propose(op).await? {
             (
@@ -463,6 +477,7 @@ impl admin_server::Admin for AdminApi {
                     keyed,
                     claims,
                     budget,
+                    rules,
                 },
                 log_index,
             ) => {
@@ -472,11 +487,13 @@ impl admin_server::Admin for AdminApi {
                     window = config.window,
                     idempotency_key_ttl_ms = keyed.idempotency_key_ttl_ms,
                     claim_ttl_ms = claims.claim_ttl_ms,
+                    rules_version = rules.0,
                     "registry config set"
                 );
                 let mut wire = convert::configs_to_proto(&config, &keyed);
                 convert::claim_config_into_proto(&claims, &mut wire);
                 convert::budget_into_proto(&budget, &mut wire);
+                wire.rules_version = rules.0;
                 Ok(Response::new(proto::SetConfigReply {
                     log_index,
                     config: Some(wire),

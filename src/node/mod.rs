@@ -21,7 +21,7 @@ use crate::shared::{ClusterIdentity, SharedState, replace_file_durably};
 use crate::storage::{SegmentLogStore, SnapshotInbox, StateMachineStore};
 use anyhow::{Context, bail};
 use config::NodeConfig;
-use oncekv_core::{ClusterId, Entry, Op, Outcome};
+use oncekv_core::{ClusterId, Entry, Op, Outcome, RulesVersion};
 use openraft::SnapshotPolicy;
 use openraft::async_runtime::WatchReceiver;
 use std::future::Future;
@@ -807,9 +807,12 @@ async fn ensure_bootstrapped(
             };
             let entry = Entry::single(
                 stamp_ms,
-                Op::Bootstrap {
+                // A new cluster starts under the latest rules, with their
+                // default limits (records beyond RAM: 50 M keys).
+                Op::BootstrapWithRules {
                     cluster_id,
                     config: config.initial_registry,
+                    rules: RulesVersion::LATEST,
                 },
             );
             match raft.client_write(entry).await {

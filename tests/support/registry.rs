@@ -3,7 +3,7 @@
 
 use oncekv_core::{
     ClientId, ClusterId, Command, Entry, Execute, Nonce, Op, Outcome, Registry, RegistryConfig,
-    Seq, Value,
+    RulesVersion, Seq, Value,
 };
 
 /// The one outcome of an entry that carried one request.
@@ -29,15 +29,29 @@ impl Driver {
     }
 
     pub fn with_config(config: RegistryConfig) -> Driver {
+        Driver::bootstrapped(Op::Bootstrap {
+            cluster_id: CLUSTER,
+            config,
+        })
+    }
+
+    /// A registry bootstrapped under `rules` (with that version's default
+    /// configs) at index 1, as a node of this build starts a cluster.
+    pub fn with_rules(rules: RulesVersion) -> Driver {
+        Driver::bootstrapped(Op::BootstrapWithRules {
+            cluster_id: CLUSTER,
+            config: RegistryConfig::default(),
+            rules,
+        })
+    }
+
+    fn bootstrapped(bootstrap: Op) -> Driver {
         let mut driver = Driver {
             registry: Registry::new(),
             index: 0,
             now_ms: 1_000,
         };
-        let outcome = driver.apply(Op::Bootstrap {
-            cluster_id: CLUSTER,
-            config,
-        });
+        let outcome = driver.apply(bootstrap);
         assert!(matches!(
             outcome,
             Outcome::Bootstrapped { already: false, .. }

@@ -20,11 +20,18 @@ pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 /// exactly as before and is still read; version 6 adds claims (rule 20)
 /// after every earlier request the same way, so versions 4 and 5 are still
 /// read (a build that knows only 5 refuses a version 6 entry by its version
-/// byte, never by misreading it). Older versions are refused: they
-/// were decided under other rules (storage formats 4 and 5 refuse their
-/// data directories).
-pub const ENTRY_FORMAT_VERSION: u8 = 6;
+/// byte, never by misreading it); version 7 adds rules versions (a
+/// bootstrap under a version, and raising it) the same way. Older versions
+/// are refused: they were decided under other rules (storage formats 4 and
+/// 5 refuse their data directories).
+///
+/// An entry is written in the lowest of versions 6 and 7 that holds every
+/// request in it ([`crate::Op::entry_format`]): a build that reads only 6
+/// follows a cluster of this build until someone asks for what only 7
+/// holds (a new cluster's bootstrap, or raising the rules version).
+pub const ENTRY_FORMAT_VERSION: u8 = 7;
 /// The previous entry formats, still read (see [`ENTRY_FORMAT_VERSION`]).
+pub const ENTRY_FORMAT_VERSION_6: u8 = 6;
 pub const ENTRY_FORMAT_VERSION_5: u8 = 5;
 pub const ENTRY_FORMAT_VERSION_4: u8 = 4;
 
@@ -86,17 +93,39 @@ pub fn decode_versioned<T: DeserializeOwned>(version: u8, bytes: &[u8]) -> Resul
     decode(body)
 }
 
-/// Encodes a registry log entry in the current entry format.
+/// Encodes a registry log entry in the lowest entry format that holds its
+/// requests (6 or 7, see [`ENTRY_FORMAT_VERSION`]).
 pub fn encode_entry(entry: &super::Entry) -> Vec<u8> {
-    encode_versioned(ENTRY_FORMAT_VERSION, entry)
+    let version = entry
+        .ops
+        .iter()
+        .map(super::Op::entry_format)
+        .max()
+        .unwrap_or(ENTRY_FORMAT_VERSION_6);
+    encode_versioned(version, entry)
 }
 
-/// Decodes a registry log entry of format 4, 5 or 6; hostile bytes give an
-/// error, never a panic.
+/// Decodes a registry log entry of format 4 to 7; hostile bytes give an
+/// error, never a panic. The variants of requests only ever grow at the
+/// end, so one decoder reads every version; the version byte tells an older
+/// build what it cannot read.
 pub fn decode_entry(bytes: &[u8]) -> Result<super::Entry, CodecError> {
     match bytes.first() {
-        Some(&ENTRY_FORMAT_VERSION_4) => decode_versioned(ENTRY_FORMAT_VERSION_4, bytes),
-        Some(&ENTRY_FORMAT_VERSION_5) => decode_versioned(ENTRY_FORMAT_VERSION_5, bytes),
+        Some(&version @ ENTRY_FORMAT_VERSION_4..=ENTRY_FORMAT_VERSION) => {
+            let entry: super::Entry = decode_versioned(version, bytes)?;
+            // A request newer than its entry's version: not what any build
+            // writes.
+            if entry
+                .ops
+                .iter()
+                .any(|op| op.entry_format() > version.max(6))
+            {
+                return Err(CodecError::Malformed(format!(
+                    "a request of a later entry format in a version {version} entry"
+                )));
+            }
+            Ok(entry)
+        }
         _ => decode_versioned(ENTRY_FORMAT_VERSION, bytes),
     }
 }
@@ -166,6 +195,40 @@ mod tests {
         assert!(matches!(
             decode_entry(&older),
             Err(CodecError::UnsupportedVersion { found: 3, .. })
+        ));
+    }
+
+    /// An entry is written in the lowest format holding its requests: an
+    /// ordinary one in 6 (what a build reading 6 follows), one raising the
+    /// rules version or bootstrapping under one in 7; a request of format 7
+    /// inside a version 6 entry is refused.
+    #[test]
+    fn entries_are_written_in_the_lowest_format_that_holds_them() {
+        let ordinary = Entry::single(
+            3,
+            Op::ExecutePlain {
+                cluster_id: ClusterId(7),
+                command: Command::Delete { key: b"k".to_vec() },
+            },
+        );
+        assert_eq!(encode_entry(&ordinary)[0], ENTRY_FORMAT_VERSION_6);
+        let raise = Entry {
+            stamp_ms: 4,
+            ops: std::sync::Arc::new([
+                ordinary.ops[0].clone(),
+                Op::RaiseRules {
+                    cluster_id: ClusterId(7),
+                    rules: crate::RulesVersion::V2,
+                },
+            ]),
+        };
+        let mut bytes = encode_entry(&raise);
+        assert_eq!(bytes[0], ENTRY_FORMAT_VERSION);
+        assert_eq!(decode_entry(&bytes).unwrap(), raise);
+        bytes[0] = ENTRY_FORMAT_VERSION_6;
+        assert!(matches!(
+            decode_entry(&bytes),
+            Err(CodecError::Malformed(_))
         ));
     }
 

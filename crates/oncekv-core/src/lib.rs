@@ -139,6 +139,8 @@ pub struct Registry {
     /// Per owner: (sessions, their cached bytes) — what the owner's quota
     /// counts (rule 21). Derived from the sessions.
     session_usage: OrdMap<Principal, (u64, u64)>,
+    /// The rules entries apply under ([`RulesVersion`]).
+    rules: RulesVersion,
 }
 
 /// A read-only view of one idempotency key's record, for operators.
@@ -504,13 +506,19 @@ impl Registry {
         }
     }
 
-    /// The bytes `principal` holds: its sessions with their cached
-    /// responses, its key records and its claim records.
+    /// The bytes `principal` holds against its share of the memory budget:
+    /// its sessions with their cached responses, its claim records, and its
+    /// key records while they count against the budget (rules version 1).
     fn principal_bytes(&self, principal: &Principal) -> u64 {
         let (sessions, cached) = self.session_usage.get(principal).copied().unwrap_or((0, 0));
+        let keys = if self.rules.key_records_in_memory_budget() {
+            self.keys.usage(principal).1
+        } else {
+            0
+        };
         (sessions * SESSION_MEMORY_BOOKKEEPING_BYTES)
             .saturating_add(cached)
-            .saturating_add(self.keys.usage(principal).1)
+            .saturating_add(keys)
             .saturating_add(self.claims.usage(principal).1)
     }
 
@@ -551,15 +559,27 @@ impl Registry {
     }
 
     /// The bytes the applied state accounts for against the memory budget
-    /// (rule 21): the data, every session with its cached responses, and
-    /// the records of idempotency keys and claims.
+    /// (rule 21): the data, every session with its cached responses, the
+    /// claim records, and the idempotency-key records while they count
+    /// against the budget (rules version 1; from version 2 they lie in the
+    /// record store and count against `idempotency_cached_bytes_max`).
     pub fn memory_bytes(&self) -> u64 {
+        let keys = if self.rules.key_records_in_memory_budget() {
+            self.keys.cached_bytes()
+        } else {
+            0
+        };
         self.kv
             .memory_bytes()
             .saturating_add(self.sessions.len() as u64 * SESSION_MEMORY_BOOKKEEPING_BYTES)
             .saturating_add(self.sessions_cached_bytes)
-            .saturating_add(self.keys.cached_bytes())
+            .saturating_add(keys)
             .saturating_add(self.claims.cached_bytes())
+    }
+
+    /// The rules version entries apply under.
+    pub fn rules(&self) -> RulesVersion {
+        self.rules
     }
 
     /// The memory budget in force (rule 21).
@@ -581,7 +601,14 @@ impl Registry {
     /// One request, in the order of checks.
     fn apply_op_checked(&mut self, log_index: u64, op: &Op, fetched: &Prefetched) -> Outcome {
         let result = match op {
-            Op::Bootstrap { cluster_id, config } => self.bootstrap(*cluster_id, config),
+            Op::Bootstrap { cluster_id, config } => {
+                self.bootstrap(*cluster_id, config, RulesVersion::V1)
+            }
+            Op::BootstrapWithRules {
+                cluster_id,
+                config,
+                rules,
+            } => self.bootstrap(*cluster_id, config, *rules),
             Op::Register {
                 cluster_id,
                 nonce,
@@ -630,7 +657,10 @@ impl Registry {
                     &ClaimConfigPatch::default(),
                     &BudgetConfigPatch::default(),
                 )
-                .map(|(config, keyed, _, _)| Outcome::ConfigsSet { config, keyed }),
+                .map(|()| Outcome::ConfigsSet {
+                    config: self.config,
+                    keyed: self.keyed_config,
+                }),
             Op::PatchAllConfigs {
                 cluster_id,
                 patch,
@@ -639,12 +669,10 @@ impl Registry {
                 budget,
             } => self
                 .patch_configs(*cluster_id, patch, keyed, claims, budget)
-                .map(|(config, keyed, claims, budget)| Outcome::AllConfigsSet {
-                    config,
-                    keyed,
-                    claims,
-                    budget,
-                }),
+                .map(|()| self.all_configs()),
+            Op::RaiseRules { cluster_id, rules } => self
+                .raise_rules(*cluster_id, *rules)
+                .map(|()| self.all_configs()),
             Op::Claim(claim) => self.claim(log_index, claim),
             Op::CompleteClaim {
                 cluster_id,
@@ -840,10 +868,13 @@ impl Registry {
         }
     }
 
+    /// Fixes the cluster id, the registry config and the rules version,
+    /// with that version's idempotency-key config.
     fn bootstrap(
         &mut self,
         cluster_id: ClusterId,
         config: &RegistryConfig,
+        rules: RulesVersion,
     ) -> Result<Outcome, Rejection> {
         match self.cluster_id {
             Some(ours) if ours == cluster_id => Ok(Outcome::Bootstrapped {
@@ -852,15 +883,17 @@ impl Registry {
             }),
             Some(ours) => Err(Rejection::WrongCluster { expected: ours }),
             None => {
+                check_rules_known(rules)?;
                 config.validate().map_err(Rejection::InvalidArgument)?;
-                self.keyed_config
-                    .validate(config)
-                    .map_err(Rejection::InvalidArgument)?;
+                let keyed = KeyedConfig::for_rules(rules);
+                keyed.validate(config).map_err(Rejection::InvalidArgument)?;
                 self.budget
-                    .validate(config, &self.keyed_config, &self.claim_config)
+                    .validate(config, &keyed, &self.claim_config)
                     .map_err(Rejection::InvalidArgument)?;
                 self.cluster_id = Some(cluster_id);
                 self.config = *config;
+                self.keyed_config = keyed;
+                self.rules = rules;
                 Ok(Outcome::Bootstrapped {
                     cluster_id,
                     already: false,
@@ -1109,7 +1142,7 @@ impl Registry {
         keyed: &KeyedConfigPatch,
         claims: &ClaimConfigPatch,
         budget: &BudgetConfigPatch,
-    ) -> Result<(RegistryConfig, KeyedConfig, ClaimConfig, BudgetConfig), Rejection> {
+    ) -> Result<(), Rejection> {
         self.check_cluster(Some(cluster_id))?;
         if patch.is_empty() && keyed.is_empty() && claims.is_empty() && budget.is_empty() {
             return Err(Rejection::InvalidArgument(
@@ -1138,7 +1171,35 @@ impl Registry {
             .expire(self.cluster_time_ms, keyed_patched.idempotency_key_ttl_ms);
         self.claims
             .expire(self.cluster_time_ms, claim_config.claim_ttl_ms);
-        Ok((config, keyed_patched, claim_config, budget))
+        Ok(())
+    }
+
+    /// Raises the rules version (never lowers it; raising it to the version
+    /// in force changes nothing, so a retried raise is harmless).
+    fn raise_rules(&mut self, cluster_id: ClusterId, rules: RulesVersion) -> Result<(), Rejection> {
+        self.check_cluster(Some(cluster_id))?;
+        check_rules_known(rules)?;
+        if rules < self.rules {
+            return Err(Rejection::InvalidArgument(InvalidArgument::Config(
+                format!(
+                    "rules_version {rules} is below the version in force ({}): it never goes down",
+                    self.rules
+                ),
+            )));
+        }
+        self.rules = rules;
+        Ok(())
+    }
+
+    /// Every config and the rules version in force, as an outcome.
+    fn all_configs(&self) -> Outcome {
+        Outcome::AllConfigsSet {
+            config: self.config,
+            keyed: self.keyed_config,
+            claims: self.claim_config,
+            budget: self.budget,
+            rules: self.rules,
+        }
     }
 
     /// The answer a keyed request would get from its key's record, without
@@ -1227,13 +1288,26 @@ impl Registry {
         let data_growth = effect
             .as_ref()
             .map_or(0, |effect| self.kv.growth_bytes(command.key(), effect));
-        self.check_budget(size.saturating_add(data_growth))?;
-        let (keys_held, _) = self.keys.usage(principal);
-        self.check_quota(
-            principal,
-            Some((keys_held, keyed.idempotency_keys_max)),
-            size,
-        )?;
+        let (keys_held, key_bytes_held) = self.keys.usage(principal);
+        if self.rules.key_records_in_memory_budget() {
+            self.check_budget(size.saturating_add(data_growth))?;
+            self.check_quota(
+                principal,
+                Some((keys_held, keyed.idempotency_keys_max)),
+                size,
+            )?;
+        } else {
+            // The record lies in the record store: it counts against the
+            // principal's share of the records' bytes, not of the budget.
+            self.check_budget(data_growth)?;
+            self.check_quota(principal, Some((keys_held, keyed.idempotency_keys_max)), 0)?;
+            if !principal.is_anonymous()
+                && key_bytes_held.saturating_add(size)
+                    > self.quota(keyed.idempotency_cached_bytes_max)
+            {
+                return Err(Rejection::ResourceExhausted(Limit::PrincipalQuota));
+            }
+        }
         // Step 5: execute and record.
         self.keys.insert(
             id,
@@ -1343,6 +1417,20 @@ fn check_floor_bound(
 
 /// Step 2 of a keyed request: an idempotency key is not empty and within
 /// its configured length.
+/// Refuses a rules version this build does not know.
+fn check_rules_known(rules: RulesVersion) -> Result<(), Rejection> {
+    if rules.is_known() {
+        return Ok(());
+    }
+    Err(Rejection::InvalidArgument(InvalidArgument::Config(
+        format!(
+            "rules_version {rules} is unknown to this build (it knows {} to {})",
+            RulesVersion::V1,
+            RulesVersion::LATEST
+        ),
+    )))
+}
+
 fn check_idempotency_key(key: &IdempotencyKey, keyed: &KeyedConfig) -> Result<(), Rejection> {
     if key.0.is_empty() {
         return Err(Rejection::InvalidArgument(

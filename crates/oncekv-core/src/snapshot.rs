@@ -2,7 +2,7 @@
 //! (rule 15). Both are defined over one canonical byte stream, so a node
 //! restored from a snapshot hashes exactly like one that replayed the log.
 //!
-//! Format version 8 (all integers inside records use the codec module's
+//! Format version 9 (all integers inside records use the codec module's
 //! bincode encoding; framing integers are little-endian):
 //!
 //! ```text
@@ -10,7 +10,8 @@
 //! record  = length u32 | body (at most 64 MiB)
 //! part    = header (applied index, cluster id, config, cluster time,
 //!           last client id, counts, idempotency-key config, claim config,
-//!           memory budget, last fence, key groups' floor and count), then
+//!           memory budget, last fence, key groups' floor and count, rules
+//!           version), then
 //!           one record per session (client id order), then one per key
 //!           (byte order), then one per live key group ((start, end) and
 //!           its records' count, bytes, multiset hash and per-principal
@@ -26,9 +27,12 @@
 //! The part is everything but the records whose number grows with rate ×
 //! TTL: a node whose record store holds them reads the part alone
 //! ([`read_part`]), and one that installs streams the records that follow
-//! into its store ([`KeyRecords`]). Version 7 had the groups' intervals
-//! only, and the claims after the key records; it is still read, and
-//! written as version 8.
+//! into its store ([`KeyRecords`]). Version 8 is version 9 without the
+//! rules version: a state at rules version 1 is written in it (so a build
+//! that knows no rules version reads it, and the state hash of such a state
+//! is what it was), a later one in version 9. Version 7 had the groups'
+//! intervals only, and the claims after the key records; it is still read,
+//! and written as version 8 or 9.
 //!
 //! The state hash is BLAKE3 in key-derivation mode with context
 //! `"oncekv 2026-12 state hash v3"` over the same bytes as the snapshot up
@@ -91,7 +95,7 @@ use super::keyed::{Counted, GroupSummary, GroupedRecord, KeyId, KeyRecord, KeySt
 use super::session::{CachedResponse, Responses, Session};
 use super::types::{
     BudgetConfig, ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey,
-    KeyedConfig, Nonce, Principal, RegistryConfig, Seq, Value, bounds,
+    KeyedConfig, Nonce, Principal, RegistryConfig, RulesVersion, Seq, Value, bounds,
 };
 use super::{KvStore, Registry};
 use serde::{Deserialize, Serialize, Serializer};
@@ -99,7 +103,10 @@ use std::fmt;
 use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 8;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 9;
+/// Version 8: version 9 without the rules version (a state at rules
+/// version 1 is still written in it, byte for byte as before).
+pub const SNAPSHOT_FORMAT_VERSION_8: u32 = 8;
 const SNAPSHOT_FORMAT_VERSION_7: u32 = 7;
 /// Previous versions, still read (see the module doc).
 const SNAPSHOT_FORMAT_VERSION_6: u32 = 6;
@@ -424,6 +431,24 @@ impl HeaderV7 {
     }
 }
 
+/// The header of format version 9: version 8's (7's), then the rules
+/// version.
+#[derive(Serialize, Deserialize)]
+struct HeaderV9 {
+    base: HeaderV7,
+    rules: RulesVersion,
+}
+
+/// The format a state is written in: 8 at rules version 1 (what a build
+/// that knows no rules versions reads, and hashes alike), 9 from 2.
+fn format_of(registry: &Registry) -> u32 {
+    if registry.rules == RulesVersion::V1 {
+        SNAPSHOT_FORMAT_VERSION_8
+    } else {
+        SNAPSHOT_FORMAT_VERSION
+    }
+}
+
 /// One claim's record.
 #[derive(Serialize)]
 struct ClaimRecordRef<'a> {
@@ -725,9 +750,18 @@ fn write_claims<W: Write>(
 /// state hash share.
 fn write_head<W: Write>(registry: &Registry, out: &mut W, buffer: &mut Vec<u8>) -> io::Result<()> {
     out.write_all(MAGIC)?;
-    out.write_all(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+    let version = format_of(registry);
+    out.write_all(&version.to_le_bytes())?;
     let header = HeaderV7::of(registry);
-    write_record(out, buffer, &header)?;
+    if version == SNAPSHOT_FORMAT_VERSION_8 {
+        write_record(out, buffer, &header)?;
+    } else {
+        let header = HeaderV9 {
+            base: header,
+            rules: registry.rules,
+        };
+        write_record(out, buffer, &header)?;
+    }
     for (client_id, session) in &registry.sessions {
         let record = SessionRecordRef {
             client_id: *client_id,
@@ -927,9 +961,21 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
     // Key groups: the floor and count of a version 7 snapshot; none before
     // (its records are grouped as they are read).
     let mut key_groups = None;
+    let mut rules = RulesVersion::V1;
     let (header, claim_config, budget, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_6
     {
-        let header: HeaderV7 = read_record(&mut input, &mut buffer)?;
+        let header: HeaderV7 = if version > SNAPSHOT_FORMAT_VERSION_8 {
+            let header: HeaderV9 = read_record(&mut input, &mut buffer)?;
+            if !header.rules.is_known() || header.rules == RulesVersion::V1 {
+                return Err(SnapshotError::Inconsistent(
+                    "a version 9 snapshot of an unknown rules version",
+                ));
+            }
+            rules = header.rules;
+            header.base
+        } else {
+            read_record(&mut input, &mut buffer)?
+        };
         key_groups = Some((header.key_groups_floor_ms, header.key_groups));
         let header = header.base;
         (
@@ -1001,6 +1047,7 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
         keyed_config,
         claim_config,
         budget,
+        rules,
         ..Registry::default()
     };
     registry.restore_last_fence(last_fence);
@@ -1032,7 +1079,7 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
         return Err(SnapshotError::Inconsistent("more key groups than time"));
     }
     if version > SNAPSHOT_FORMAT_VERSION_7 {
-        let (floor_ms, count) = key_groups.expect("a version 8 header has key groups");
+        let (floor_ms, count) = key_groups.expect("a version 8 or 9 header has key groups");
         let mut groups = Vec::new();
         for _ in 0..count {
             let group: KeyGroupRecordV8 = read_record(&mut input, &mut buffer)?;

@@ -260,6 +260,82 @@ pub enum Op {
         claims: ClaimConfigPatch,
         budget: BudgetConfigPatch,
     },
+    /// `Bootstrap` under `rules` (not version 1) with that version's
+    /// default configs ([`KeyedConfig::for_rules`]): what a node proposes
+    /// to start a new cluster since entry format 7.
+    BootstrapWithRules {
+        cluster_id: ClusterId,
+        config: RegistryConfig,
+        rules: RulesVersion,
+    },
+    /// Raises the rules version to `rules` at this entry, on every replica
+    /// alike; never lowers it, and changes no config. What `Admin.SetConfig`
+    /// proposes for `rules_version` (entry format 7).
+    RaiseRules {
+        cluster_id: ClusterId,
+        rules: RulesVersion,
+    },
+}
+
+impl Op {
+    /// The entry format that first holds this request: an entry is written
+    /// in the lowest format holding all of its requests, so a build that
+    /// reads an older format still follows a cluster until an operator
+    /// asks for something new ([`crate::codec::encode_entry`]).
+    pub fn entry_format(&self) -> u8 {
+        match self {
+            Op::BootstrapWithRules { .. } | Op::RaiseRules { .. } => 7,
+            _ => 6,
+        }
+    }
+}
+
+/// The version of the rules by which entries apply, replicated: a change
+/// of how a request is decided that replicas must all make at one log
+/// index, never as each node happens to be upgraded (a node replaying its
+/// log after an upgrade would otherwise decide old entries by new rules).
+/// A state made before versions existed is at version 1; a new cluster
+/// starts at [`RulesVersion::LATEST`]; an operator raises an older cluster
+/// when every node runs a build that knows the new version (`Op::RaiseRules`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RulesVersion(pub u32);
+
+impl RulesVersion {
+    /// Idempotency-key records count against the memory budget and their
+    /// principal's share of it, as when they were all held in memory.
+    pub const V1: RulesVersion = RulesVersion(1);
+    /// Idempotency-key records lie in the node's record store, not in
+    /// memory: they count against `idempotency_cached_bytes_max` (and
+    /// their principal's share of it), not the memory budget. A cluster
+    /// started at this version gets [`KeyedConfig::for_rules`]'s limits
+    /// (50 M keys, 16 GiB).
+    pub const V2: RulesVersion = RulesVersion(2);
+    /// What this build starts new clusters at, and the highest it knows.
+    pub const LATEST: RulesVersion = RulesVersion::V2;
+
+    /// Whether this build knows the version.
+    pub fn is_known(self) -> bool {
+        (RulesVersion::V1..=RulesVersion::LATEST).contains(&self)
+    }
+
+    /// Whether idempotency-key records are charged against the memory
+    /// budget (version 1) or against `idempotency_cached_bytes_max` alone.
+    pub fn key_records_in_memory_budget(self) -> bool {
+        self < RulesVersion::V2
+    }
+}
+
+impl Default for RulesVersion {
+    /// The version of every state made before versions existed.
+    fn default() -> Self {
+        RulesVersion::V1
+    }
+}
+
+impl fmt::Display for RulesVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// A caller's claim of a key (rule 20).
@@ -753,6 +829,24 @@ impl Default for KeyedConfig {
 }
 
 impl KeyedConfig {
+    /// The configs a cluster bootstrapped under `rules` starts with:
+    /// [`KeyedConfig::default`] at version 1 (what states made before
+    /// versions existed hold); from version 2, whose records lie on disk,
+    /// 50 M live keys and 16 GiB of records — a day of 580 new keys per
+    /// second under the 24 h TTL, about 8 GB of record store per node at
+    /// 64-byte answers (docs/state-beyond-ram.md).
+    pub fn for_rules(rules: RulesVersion) -> KeyedConfig {
+        if rules.key_records_in_memory_budget() {
+            KeyedConfig::default()
+        } else {
+            KeyedConfig {
+                idempotency_keys_max: 50_000_000,
+                idempotency_cached_bytes_max: bounds::IDEMPOTENCY_CACHED_BYTES_MAX,
+                ..KeyedConfig::default()
+            }
+        }
+    }
+
     /// The largest record a key can need under `config`: the longest key,
     /// the longest principal name and the largest response a command can
     /// cache.
@@ -1165,12 +1259,14 @@ pub enum Outcome {
     ClaimForgotten {
         existed: bool,
     },
-    /// A `PatchAllConfigs` applied: every config now in force.
+    /// A `PatchAllConfigs` or `RaiseRules` applied: every config and the
+    /// rules version now in force.
     AllConfigsSet {
         config: RegistryConfig,
         keyed: KeyedConfig,
         claims: ClaimConfig,
         budget: BudgetConfig,
+        rules: RulesVersion,
     },
 }
 

@@ -74,18 +74,22 @@ pub struct ConfigSetArgs {
     /// Longest lease a claim or an extend may ask for.
     #[arg(long)]
     pub lease_ms_max: Option<u64>,
-    /// The bytes the applied state may account for (data, sessions, keys
-    /// and claims together).
+    /// The bytes the applied state may account for (data, sessions and
+    /// claims; idempotency keys too at rules version 1).
     #[arg(long)]
     pub memory_budget_bytes: Option<u64>,
     /// The percent of each capacity limit one authenticated principal may
     /// hold.
     #[arg(long)]
     pub principal_quota_percent: Option<u64>,
+    /// Raises the rules version (alone, never down; only once every node
+    /// runs a build that knows it).
+    #[arg(long)]
+    pub rules_version: Option<u32>,
 }
 
 /// The config's fields, in a fixed order, as (name, value).
-fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 20] {
+fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 21] {
     [
         ("session_ttl_ms", config.session_ttl_ms),
         ("sessions_max", config.sessions_max),
@@ -116,6 +120,7 @@ fn config_fields(config: &proto::RegistryConfig) -> [(&'static str, u64); 20] {
         ("lease_ms_max", config.lease_ms_max),
         ("memory_budget_bytes", config.memory_budget_bytes),
         ("principal_quota_percent", config.principal_quota_percent),
+        ("rules_version", u64::from(config.rules_version)),
     ]
 }
 
@@ -179,6 +184,7 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         set.lease_ms_max,
         set.memory_budget_bytes,
         set.principal_quota_percent,
+        set.rules_version.map(u64::from),
     ];
     if changes.iter().all(Option::is_none) {
         return Err(Failure::usage(
@@ -210,6 +216,7 @@ pub(super) async fn set(admin: &Admin, set: &ConfigSetArgs) -> Result<Success, F
         lease_ms_max: set.lease_ms_max,
         memory_budget_bytes: set.memory_budget_bytes,
         principal_quota_percent: set.principal_quota_percent,
+        rules_version: set.rules_version,
     };
     let request = proto::SetConfigRequest {
         cluster_id,

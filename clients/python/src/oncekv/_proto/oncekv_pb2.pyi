@@ -472,7 +472,7 @@ class ExpireSessionReply(_message.Message):
     def __init__(self, log_index: _Optional[int] = ...) -> None: ...
 
 class RegistryConfig(_message.Message):
-    __slots__ = ("session_ttl_ms", "sessions_max", "window", "cached_bytes_per_session_max", "key_bytes_max", "value_bytes_max", "list_elements_max", "keys_max", "idempotency_key_ttl_ms", "idempotency_keys_max", "idempotency_key_bytes_max", "idempotency_cached_bytes_max", "claim_ttl_ms", "claims_max", "claim_key_bytes_max", "claim_result_bytes_max", "claim_cached_bytes_max", "lease_ms_max", "memory_budget_bytes", "principal_quota_percent")
+    __slots__ = ("session_ttl_ms", "sessions_max", "window", "cached_bytes_per_session_max", "key_bytes_max", "value_bytes_max", "list_elements_max", "keys_max", "idempotency_key_ttl_ms", "idempotency_keys_max", "idempotency_key_bytes_max", "idempotency_cached_bytes_max", "claim_ttl_ms", "claims_max", "claim_key_bytes_max", "claim_result_bytes_max", "claim_cached_bytes_max", "lease_ms_max", "memory_budget_bytes", "principal_quota_percent", "rules_version")
     SESSION_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_MAX_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -493,6 +493,7 @@ class RegistryConfig(_message.Message):
     LEASE_MS_MAX_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_QUOTA_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RULES_VERSION_FIELD_NUMBER: _ClassVar[int]
     session_ttl_ms: int
     sessions_max: int
     window: int
@@ -513,7 +514,8 @@ class RegistryConfig(_message.Message):
     lease_ms_max: int
     memory_budget_bytes: int
     principal_quota_percent: int
-    def __init__(self, session_ttl_ms: _Optional[int] = ..., sessions_max: _Optional[int] = ..., window: _Optional[int] = ..., cached_bytes_per_session_max: _Optional[int] = ..., key_bytes_max: _Optional[int] = ..., value_bytes_max: _Optional[int] = ..., list_elements_max: _Optional[int] = ..., keys_max: _Optional[int] = ..., idempotency_key_ttl_ms: _Optional[int] = ..., idempotency_keys_max: _Optional[int] = ..., idempotency_key_bytes_max: _Optional[int] = ..., idempotency_cached_bytes_max: _Optional[int] = ..., claim_ttl_ms: _Optional[int] = ..., claims_max: _Optional[int] = ..., claim_key_bytes_max: _Optional[int] = ..., claim_result_bytes_max: _Optional[int] = ..., claim_cached_bytes_max: _Optional[int] = ..., lease_ms_max: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., principal_quota_percent: _Optional[int] = ...) -> None: ...
+    rules_version: int
+    def __init__(self, session_ttl_ms: _Optional[int] = ..., sessions_max: _Optional[int] = ..., window: _Optional[int] = ..., cached_bytes_per_session_max: _Optional[int] = ..., key_bytes_max: _Optional[int] = ..., value_bytes_max: _Optional[int] = ..., list_elements_max: _Optional[int] = ..., keys_max: _Optional[int] = ..., idempotency_key_ttl_ms: _Optional[int] = ..., idempotency_keys_max: _Optional[int] = ..., idempotency_key_bytes_max: _Optional[int] = ..., idempotency_cached_bytes_max: _Optional[int] = ..., claim_ttl_ms: _Optional[int] = ..., claims_max: _Optional[int] = ..., claim_key_bytes_max: _Optional[int] = ..., claim_result_bytes_max: _Optional[int] = ..., claim_cached_bytes_max: _Optional[int] = ..., lease_ms_max: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., principal_quota_percent: _Optional[int] = ..., rules_version: _Optional[int] = ...) -> None: ...
 
 class GetConfigRequest(_message.Message):
     __slots__ = ()
@@ -528,7 +530,7 @@ class GetConfigReply(_message.Message):
     def __init__(self, config: _Optional[_Union[RegistryConfig, _Mapping]] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class RegistryConfigPatch(_message.Message):
-    __slots__ = ("session_ttl_ms", "sessions_max", "window", "cached_bytes_per_session_max", "key_bytes_max", "value_bytes_max", "list_elements_max", "keys_max", "idempotency_key_ttl_ms", "idempotency_keys_max", "idempotency_key_bytes_max", "idempotency_cached_bytes_max", "claim_ttl_ms", "claims_max", "claim_key_bytes_max", "claim_result_bytes_max", "claim_cached_bytes_max", "lease_ms_max", "memory_budget_bytes", "principal_quota_percent")
+    __slots__ = ("session_ttl_ms", "sessions_max", "window", "cached_bytes_per_session_max", "key_bytes_max", "value_bytes_max", "list_elements_max", "keys_max", "idempotency_key_ttl_ms", "idempotency_keys_max", "idempotency_key_bytes_max", "idempotency_cached_bytes_max", "claim_ttl_ms", "claims_max", "claim_key_bytes_max", "claim_result_bytes_max", "claim_cached_bytes_max", "lease_ms_max", "memory_budget_bytes", "principal_quota_percent", "rules_version")
     SESSION_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_MAX_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
@@ -549,6 +551,7 @@ class RegistryConfigPatch(_message.Message):
     LEASE_MS_MAX_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_QUOTA_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RULES_VERSION_FIELD_NUMBER: _ClassVar[int]
     session_ttl_ms: int
     sessions_max: int
     window: int
@@ -569,7 +572,8 @@ class RegistryConfigPatch(_message.Message):
     lease_ms_max: int
     memory_budget_bytes: int
     principal_quota_percent: int
-    def __init__(self, session_ttl_ms: _Optional[int] = ..., sessions_max: _Optional[int] = ..., window: _Optional[int] = ..., cached_bytes_per_session_max: _Optional[int] = ..., key_bytes_max: _Optional[int] = ..., value_bytes_max: _Optional[int] = ..., list_elements_max: _Optional[int] = ..., keys_max: _Optional[int] = ..., idempotency_key_ttl_ms: _Optional[int] = ..., idempotency_keys_max: _Optional[int] = ..., idempotency_key_bytes_max: _Optional[int] = ..., idempotency_cached_bytes_max: _Optional[int] = ..., claim_ttl_ms: _Optional[int] = ..., claims_max: _Optional[int] = ..., claim_key_bytes_max: _Optional[int] = ..., claim_result_bytes_max: _Optional[int] = ..., claim_cached_bytes_max: _Optional[int] = ..., lease_ms_max: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., principal_quota_percent: _Optional[int] = ...) -> None: ...
+    rules_version: int
+    def __init__(self, session_ttl_ms: _Optional[int] = ..., sessions_max: _Optional[int] = ..., window: _Optional[int] = ..., cached_bytes_per_session_max: _Optional[int] = ..., key_bytes_max: _Optional[int] = ..., value_bytes_max: _Optional[int] = ..., list_elements_max: _Optional[int] = ..., keys_max: _Optional[int] = ..., idempotency_key_ttl_ms: _Optional[int] = ..., idempotency_keys_max: _Optional[int] = ..., idempotency_key_bytes_max: _Optional[int] = ..., idempotency_cached_bytes_max: _Optional[int] = ..., claim_ttl_ms: _Optional[int] = ..., claims_max: _Optional[int] = ..., claim_key_bytes_max: _Optional[int] = ..., claim_result_bytes_max: _Optional[int] = ..., claim_cached_bytes_max: _Optional[int] = ..., lease_ms_max: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., principal_quota_percent: _Optional[int] = ..., rules_version: _Optional[int] = ...) -> None: ...
 
 class SetConfigRequest(_message.Message):
     __slots__ = ("cluster_id", "patch")
