@@ -11,12 +11,16 @@
 //! included), the process RSS and the store's bytes on disk per key:
 //!
 //! ```text
-//! cargo bench --bench records_at_scale -- [KEYS] [DIR]
+//! cargo bench --bench records_at_scale -- [KEYS] [DIR] [sequential|random]
 //! ```
 //!
 //! KEYS defaults to 1,000,000 (50,000,000 is the issue's figure); DIR, a
-//! directory on the disk to measure (default: a temporary directory), is
-//! deleted at the end. One process, one thread: the figures are the
+//! directory on the disk to measure (default: a temporary directory; one
+//! given is left as it is). Keys are `m-` and the request's number
+//! (`sequential`, the default: each flush appends after the previous one
+//! in the store's key order) or a 64-bit mix of it in hex (`random`, as
+//! message ids or UUIDs are: each flush spans the whole key range, so the
+//! store's compaction rewrites what it overlaps). One process, one thread: the figures are the
 //! core's and the store's, not a cluster's. The last line:
 //! `keys=N rss_mb=M disk_bytes_per_key=B apply_ops_s=R` (R: the last
 //! stretch's rate).
@@ -46,10 +50,23 @@ fn rss_mb() -> u64 {
         .map_or(0, |kib| kib / 1024)
 }
 
-fn keyed(n: u64) -> Op {
+/// splitmix64's finalizer: a bijection, so every key stays distinct.
+fn mix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn keyed(n: u64, random: bool) -> Op {
+    let key = if random {
+        format!("m-{:016x}", mix(n))
+    } else {
+        format!("m-{n:012}")
+    };
     Op::ExecuteKeyed {
         cluster_id: CLUSTER,
-        key: IdempotencyKey(format!("m-{n:012}").into_bytes()),
+        key: IdempotencyKey(key.into_bytes()),
         command: Command::Put {
             key: format!("k{}", n % DATA_KEYS).into_bytes(),
             value: Value::Bytes(vec![b'v'; 64]),
@@ -77,6 +94,11 @@ fn main() {
             temporary.path().join("state")
         }
     };
+    let random = match args.get(2).map(String::as_str) {
+        None | Some("sequential") => false,
+        Some("random") => true,
+        Some(other) => panic!("key pattern {other}: sequential or random"),
+    };
     let records = OutsideRecords::open(&dir).expect("the record store opens");
     let mut registry = Registry::new();
     let bootstrap = Op::BootstrapWithRules {
@@ -89,7 +111,7 @@ fn main() {
         registry.keyed_config().idempotency_keys_max >= keys,
         "more keys than the default limit"
     );
-    println!("keys={keys} dir={}", dir.display());
+    println!("keys={keys} dir={} random={random}", dir.display());
 
     let mut index = 1;
     let mut next = 0u64;
@@ -101,7 +123,7 @@ fn main() {
     while next < keys {
         index += 1;
         let count = OPS_PER_ENTRY.min(keys - next);
-        let ops: Vec<Op> = (next..next + count).map(keyed).collect();
+        let ops: Vec<Op> = (next..next + count).map(|n| keyed(n, random)).collect();
         // One millisecond of cluster time per entry: no key expires.
         let entry = Entry {
             stamp_ms: 1_000 + index,

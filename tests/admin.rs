@@ -71,6 +71,7 @@ async fn config_change_applies_everywhere_and_takes_effect() {
     // The version never goes down, and is raised alone.
     for (args, why) in [
         (&["--rules-version", "1"][..], "never goes down"),
+        (&["--rules-version", "9"][..], "unknown to this build"),
         (
             &["--rules-version", "2", "--window", "4"][..],
             "raised alone",

@@ -16,7 +16,7 @@
 
 use oncekv::raft_types::{StorageError, TypeConfig, Vote};
 use oncekv::storage::{SegmentLogStore, SledLogStore, StateMachineStore};
-use oncekv_core::{ClusterId, Entry, Nonce, Op, RegistryConfig, snapshot};
+use oncekv_core::{ClusterId, Entry, Nonce, Op, RegistryConfig, RulesVersion, snapshot};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder};
@@ -233,5 +233,51 @@ async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> 
         .map_err(io_error)?
         .expect("current snapshot");
     assert_eq!(current.meta.last_log_id, Some(log_id(2)));
+    Ok(())
+}
+
+/// An entry naming a rules version this build does not know (only a newer
+/// leader could have proposed it) is not applied at all — not even
+/// refused, which would be a decision the nodes that know the version make
+/// otherwise: the state machine stops with an error naming the version, and
+/// its applied index stays before the entry.
+#[tokio::test]
+async fn an_entry_of_an_unknown_rules_version_stops_apply() -> Result<(), StorageError> {
+    let dir = tempfile::tempdir().map_err(io_error)?;
+    let mut state_machine =
+        StateMachineStore::open(&dir.path().join("snapshots")).map_err(io_error)?;
+    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
+    let cluster_id = ClusterId(78);
+    let entries = vec![
+        oncekv::raft_types::Entry {
+            log_id: log_id(1),
+            payload: registry_entry(Op::BootstrapWithRules {
+                cluster_id,
+                config: RegistryConfig::default(),
+                rules: RulesVersion::LATEST,
+            }),
+        },
+        oncekv::raft_types::Entry {
+            log_id: log_id(2),
+            payload: registry_entry(Op::RaiseRules {
+                cluster_id,
+                rules: RulesVersion(RulesVersion::LATEST.0 + 1),
+            }),
+        },
+    ];
+    let error = state_machine
+        .apply(futures::stream::iter(
+            entries.into_iter().map(|entry| Ok((entry, None))),
+        ))
+        .await
+        .expect_err("an unknown rules version is not applied");
+    assert!(
+        error.to_string().contains("rules version 3") && error.to_string().contains("upgrade"),
+        "{error}"
+    );
+    let state = state_machine.state();
+    let registry = &state.read().registry;
+    assert_eq!(registry.applied_index(), 1);
+    assert_eq!(registry.rules(), RulesVersion::LATEST);
     Ok(())
 }

@@ -463,6 +463,15 @@ impl admin_server::Admin for AdminApi {
                 claims,
                 budget,
             },
+            // Refused here, never proposed: a node that does not know the
+            // version stops at the entry (see the state machine).
+            Some(rules) if !rules.is_known() => {
+                return Err(invalid(format!(
+                    "rules_version {rules} is unknown to this build (it knows {} to {})",
+                    RulesVersion::V1,
+                    RulesVersion::LATEST
+                )));
+            }
             Some(rules) if no_config => Op::RaiseRules { cluster_id, rules },
             Some(_) => {
                 return Err(invalid(

@@ -607,6 +607,7 @@ impl StateMachineStore {
                     Vec::new()
                 }
                 EntryPayload::Normal(ref registry_entry) => {
+                    check_rules_known(index, registry_entry)?;
                     let counts = |registry: &oncekv_core::Registry| {
                         (registry.session_count(), registry.key_count())
                     };
@@ -648,6 +649,33 @@ impl StateMachineStore {
             notify.notify_one();
         }
         Ok(replies)
+    }
+}
+
+/// Stops at an entry naming a rules version this build does not know: the
+/// nodes that know it apply the entry, and any decision made here instead
+/// (even a refusal) would differ from theirs. The leader refuses such a
+/// version before proposing it, so only a newer leader's entry gets here:
+/// this node needs the newer build.
+fn check_rules_known(index: u64, entry: &oncekv_core::Entry) -> io::Result<()> {
+    match entry
+        .ops
+        .iter()
+        .filter_map(oncekv_core::Op::rules_named)
+        .find(|rules| !rules.is_known())
+    {
+        None => Ok(()),
+        Some(rules) => {
+            let why = format!(
+                "log entry {index} names rules version {rules}, which this build does not know \
+                 (it knows {} to {}): this node stops applying rather than decide the entry by \
+                 other rules; upgrade its build",
+                oncekv_core::RulesVersion::V1,
+                oncekv_core::RulesVersion::LATEST
+            );
+            tracing::error!(log_index = index, rules_version = rules.0, "{why}");
+            Err(io::Error::other(why))
+        }
     }
 }
 

@@ -278,6 +278,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// The rules version this request names (a bootstrap under one, or a
+    /// raise): a node whose build does not know it must not apply the
+    /// entry at all — refusing it would be a decision the nodes that know
+    /// the version make otherwise — but stop ([`RulesVersion::is_known`]).
+    pub fn rules_named(&self) -> Option<RulesVersion> {
+        match self {
+            Op::BootstrapWithRules { rules, .. } | Op::RaiseRules { rules, .. } => Some(*rules),
+            _ => None,
+        }
+    }
+
     /// The entry format that first holds this request: an entry is written
     /// in the lowest format holding all of its requests, so a build that
     /// reads an older format still follows a cluster until an operator
