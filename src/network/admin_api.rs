@@ -465,12 +465,8 @@ impl admin_server::Admin for AdminApi {
             },
             // Refused here, never proposed: a node that does not know the
             // version stops at the entry (see the state machine).
-            Some(rules) if !rules.is_known() => {
-                return Err(invalid(format!(
-                    "rules_version {rules} is unknown to this build (it knows {} to {})",
-                    RulesVersion::V1,
-                    RulesVersion::LATEST
-                )));
+            Some(rules) if let Some(why) = rules.unknown_to_this_build() => {
+                return Err(invalid(why));
             }
             Some(rules) if no_config => Op::RaiseRules { cluster_id, rules },
             Some(_) => {

@@ -662,16 +662,13 @@ fn check_rules_known(index: u64, entry: &oncekv_core::Entry) -> io::Result<()> {
         .ops
         .iter()
         .filter_map(oncekv_core::Op::rules_named)
-        .find(|rules| !rules.is_known())
+        .find_map(|rules| Some((rules, rules.unknown_to_this_build()?)))
     {
         None => Ok(()),
-        Some(rules) => {
+        Some((rules, unknown)) => {
             let why = format!(
-                "log entry {index} names rules version {rules}, which this build does not know \
-                 (it knows {} to {}): this node stops applying rather than decide the entry by \
-                 other rules; upgrade its build",
-                oncekv_core::RulesVersion::V1,
-                oncekv_core::RulesVersion::LATEST
+                "log entry {index} names rules version {rules}: {unknown}; this node stops \
+                 applying rather than decide the entry by other rules: upgrade its build"
             );
             tracing::error!(log_index = index, rules_version = rules.0, "{why}");
             Err(io::Error::other(why))

@@ -1288,25 +1288,23 @@ impl Registry {
         let data_growth = effect
             .as_ref()
             .map_or(0, |effect| self.kv.growth_bytes(command.key(), effect));
+        // From rules version 2 the record lies in the record store: it
+        // counts against the principal's share of the records' bytes, not
+        // against the budget or the principal's share of it.
+        let on_budget = self.rules.key_records_in_memory_budget();
+        let memory_growth = if on_budget { size } else { 0 };
+        self.check_budget(memory_growth.saturating_add(data_growth))?;
         let (keys_held, key_bytes_held) = self.keys.usage(principal);
-        if self.rules.key_records_in_memory_budget() {
-            self.check_budget(size.saturating_add(data_growth))?;
-            self.check_quota(
-                principal,
-                Some((keys_held, keyed.idempotency_keys_max)),
-                size,
-            )?;
-        } else {
-            // The record lies in the record store: it counts against the
-            // principal's share of the records' bytes, not of the budget.
-            self.check_budget(data_growth)?;
-            self.check_quota(principal, Some((keys_held, keyed.idempotency_keys_max)), 0)?;
-            if !principal.is_anonymous()
-                && key_bytes_held.saturating_add(size)
-                    > self.quota(keyed.idempotency_cached_bytes_max)
-            {
-                return Err(Rejection::ResourceExhausted(Limit::PrincipalQuota));
-            }
+        self.check_quota(
+            principal,
+            Some((keys_held, keyed.idempotency_keys_max)),
+            memory_growth,
+        )?;
+        if !on_budget
+            && !principal.is_anonymous()
+            && key_bytes_held.saturating_add(size) > self.quota(keyed.idempotency_cached_bytes_max)
+        {
+            return Err(Rejection::ResourceExhausted(Limit::PrincipalQuota));
         }
         // Step 5: execute and record.
         self.keys.insert(
@@ -1419,16 +1417,10 @@ fn check_floor_bound(
 /// its configured length.
 /// Refuses a rules version this build does not know.
 fn check_rules_known(rules: RulesVersion) -> Result<(), Rejection> {
-    if rules.is_known() {
-        return Ok(());
+    match rules.unknown_to_this_build() {
+        None => Ok(()),
+        Some(why) => Err(Rejection::InvalidArgument(InvalidArgument::Config(why))),
     }
-    Err(Rejection::InvalidArgument(InvalidArgument::Config(
-        format!(
-            "rules_version {rules} is unknown to this build (it knows {} to {})",
-            RulesVersion::V1,
-            RulesVersion::LATEST
-        ),
-    )))
 }
 
 fn check_idempotency_key(key: &IdempotencyKey, keyed: &KeyedConfig) -> Result<(), Rejection> {

@@ -329,6 +329,18 @@ impl RulesVersion {
         (RulesVersion::V1..=RulesVersion::LATEST).contains(&self)
     }
 
+    /// Why this build refuses the version, when it does not know it: the
+    /// one wording of the leader's refusal, apply's and a stopped node's.
+    pub fn unknown_to_this_build(self) -> Option<String> {
+        (!self.is_known()).then(|| {
+            format!(
+                "rules_version {self} is unknown to this build (it knows {} to {})",
+                RulesVersion::V1,
+                RulesVersion::LATEST
+            )
+        })
+    }
+
     /// Whether idempotency-key records are charged against the memory
     /// budget (version 1) or against `idempotency_cached_bytes_max` alone.
     pub fn key_records_in_memory_budget(self) -> bool {
