@@ -225,11 +225,7 @@ async fn lagging_node_catches_up_by_snapshot_and_recognises_retries() {
     }
     let others: Vec<u64> = (1..=3).filter(|node| *node != lagging).collect();
     let index = cluster.wait_converged(&others, 150).await;
-    for &node in &others {
-        let status = cluster.status(node).await.unwrap();
-        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
-        assert!(status.purged_index > 0, "node {node} purged its log");
-    }
+    cluster.wait_snapshotted_and_purged(&others).await;
     cluster.restart(lagging).await;
     cluster.wait_converged(&[1, 2, 3], index).await;
     let status = cluster.status(lagging).await.unwrap();

@@ -620,11 +620,7 @@ async fn a_sessions_owner_survives_a_snapshot_install() {
     }
     let others: Vec<u64> = NODES.into_iter().filter(|n| *n != lagging).collect();
     let index = cluster.wait_converged(&others, WRITES as u64).await;
-    for &node in &others {
-        let status = cluster.status(node).await.unwrap();
-        assert!(status.snapshot_index > 0, "node {node} built a snapshot");
-        assert!(status.purged_index > 0, "node {node} purged its log");
-    }
+    cluster.wait_snapshotted_and_purged(&others).await;
     cluster.restart(lagging).await;
     // Caught up; its state hash is compared at the end, after the checks
     // that name what a lost owner breaks.

@@ -476,6 +476,27 @@ impl Cluster {
         }
     }
 
+    /// Waits (up to 60 s) until every node in `nodes` has built a snapshot
+    /// and purged its log up to it. Purging follows the snapshot's
+    /// completion asynchronously, so a single `Status` read right after the
+    /// hashes agree can still see the log unpurged.
+    pub async fn wait_snapshotted_and_purged(&self, nodes: &[u64]) {
+        self.wait_until(
+            Duration::from_secs(60),
+            "every node built a snapshot and purged its log",
+            |statuses| {
+                nodes.iter().all(|node| {
+                    statuses.get(node).is_some_and(|status| {
+                        status.as_ref().is_ok_and(|status| {
+                            status.snapshot_index > 0 && status.purged_index > 0
+                        })
+                    })
+                })
+            },
+        )
+        .await;
+    }
+
     /// Polls every running node's `Status` until `condition` holds, and
     /// returns the statuses that satisfied it. Panics, with the last
     /// statuses, when `timeout` passes or a node process exits by itself.
