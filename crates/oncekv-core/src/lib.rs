@@ -116,9 +116,9 @@ pub struct Registry {
     sessions: OrdMap<ClientId, Session>,
     /// Nonce → the session it registered; lives and dies with the session.
     nonces: OrdMap<Nonce, ClientId>,
-    /// (last activity, client id) of every session, oldest first: expiry
-    /// walks it from the front, in a fixed order.
-    idle: OrdSet<(u64, ClientId)>,
+    /// Every session by the time it is filed under, oldest first: expiry
+    /// walks it from the front.
+    idle: IdleIndex,
     kv: KvStore,
     /// TTL and limits of idempotency keys (rule 18).
     keyed_config: KeyedConfig,
@@ -142,6 +142,27 @@ pub struct Registry {
     /// The rules entries apply under ([`RulesVersion`]).
     rules: RulesVersion,
 }
+
+/// (filing time, client id) of every session: each filed at most at its
+/// last activity (`Session::filed_ms`). A request only moves its session's
+/// `last_active_ms`; expiry, walking from the front, refiles a session it
+/// finds active since it was filed instead of expiring it. So a busy
+/// session costs the index nothing per request and at most one refiling
+/// per session TTL, and what expires — every session idle longer than the
+/// TTL — is decided by the activity alone. An index, not state: two
+/// registries with equal sessions may file them at different times (a
+/// snapshot files each at its last activity), so it takes no part in
+/// equality.
+#[derive(Clone, Debug, Default)]
+struct IdleIndex(OrdSet<(u64, ClientId)>);
+
+impl PartialEq for IdleIndex {
+    fn eq(&self, _: &IdleIndex) -> bool {
+        true
+    }
+}
+
+impl Eq for IdleIndex {}
 
 /// A read-only view of one idempotency key's record, for operators.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -718,9 +739,21 @@ impl Registry {
     fn advance_time(&mut self, stamp_ms: u64) {
         self.cluster_time_ms = self.cluster_time_ms.max(stamp_ms);
         let ttl_ms = self.config.session_ttl_ms;
-        while let Some(&(last_active_ms, client_id)) = self.idle.get_min() {
-            if self.cluster_time_ms.saturating_sub(last_active_ms) <= ttl_ms {
+        while let Some(&(filed_ms, client_id)) = self.idle.0.get_min() {
+            if self.cluster_time_ms.saturating_sub(filed_ms) <= ttl_ms {
                 break;
+            }
+            let session = self
+                .sessions
+                .get_mut(&client_id)
+                .expect("the idle index names live sessions");
+            if session.last_active_ms > filed_ms {
+                // Active since it was filed: refiled at its last activity
+                // (where the walk meets it again if that is past the TTL).
+                session.filed_ms = session.last_active_ms;
+                self.idle.0.remove(&(filed_ms, client_id));
+                self.idle.0.insert((session.last_active_ms, client_id));
+                continue;
             }
             self.remove_session(client_id);
         }
@@ -745,7 +778,7 @@ impl Registry {
             Some(client_id),
             "a session's nonce not indexed"
         );
-        let was_idle = self.idle.remove(&(session.last_active_ms, client_id));
+        let was_idle = self.idle.0.remove(&(session.filed_ms, client_id));
         assert!(was_idle.is_some(), "a session missing from the idle index");
         true
     }
@@ -759,19 +792,21 @@ impl Registry {
     /// it after every step of a model and after every snapshot round trip;
     /// the cheap halves of it are asserted where the state changes.
     pub fn check_invariants(&self) -> Result<(), String> {
-        if self.nonces.len() != self.sessions.len() || self.idle.len() != self.sessions.len() {
+        if self.nonces.len() != self.sessions.len() || self.idle.0.len() != self.sessions.len() {
             return Err(format!(
                 "{} sessions, {} nonces, {} idle entries",
                 self.sessions.len(),
                 self.nonces.len(),
-                self.idle.len()
+                self.idle.0.len()
             ));
         }
         for (&client_id, session) in &self.sessions {
             if self.nonces.get(&session.nonce) != Some(&client_id) {
                 return Err(format!("session {} not indexed by its nonce", client_id.0));
             }
-            if !self.idle.contains(&(session.last_active_ms, client_id)) {
+            if session.filed_ms > session.last_active_ms
+                || !self.idle.0.contains(&(session.filed_ms, client_id))
+            {
                 return Err(format!("session {} not in the idle index", client_id.0));
             }
             if client_id.0 > self.last_client_id || session.last_active_ms > self.cluster_time_ms {
@@ -838,7 +873,7 @@ impl Registry {
             .sessions
             .get_mut(&client_id)
             .ok_or(Rejection::SessionExpired)?;
-        if session.owner != *principal {
+        if !session.owner.is(principal) {
             return Err(Rejection::PermissionDenied);
         }
         Ok(session)
@@ -848,23 +883,10 @@ impl Registry {
     /// for a request that passed every check that can refuse it (executed,
     /// answered from the cache, or a keep-alive whose floor was accepted),
     /// so refused requests never keep a session alive.
+    /// (Its place in the idle index is left as it is: see [`IdleIndex`].)
     fn touch(&mut self, client_id: ClientId) {
-        let now_ms = self.cluster_time_ms;
-        let Some(session) = self.sessions.get_mut(&client_id) else {
-            return;
-        };
-        let previous_ms = std::mem::replace(&mut session.last_active_ms, now_ms);
-        self.move_in_idle_index(client_id, previous_ms);
-    }
-
-    /// Moves `client_id` in the idle index from `previous_ms` to its new
-    /// activity, now; the caller has set the session's `last_active_ms`.
-    fn move_in_idle_index(&mut self, client_id: ClientId, previous_ms: u64) {
-        let now_ms = self.cluster_time_ms;
-        if previous_ms != now_ms {
-            let was_idle = self.idle.remove(&(previous_ms, client_id));
-            assert!(was_idle.is_some(), "a session missing from the idle index");
-            self.idle.insert((now_ms, client_id));
+        if let Some(session) = self.sessions.get_mut(&client_id) {
+            session.last_active_ms = self.cluster_time_ms;
         }
     }
 
@@ -947,7 +969,7 @@ impl Registry {
             Session::new(nonce, principal.clone(), self.cluster_time_ms),
         );
         self.nonces.insert(nonce, client_id);
-        self.idle.insert((self.cluster_time_ms, client_id));
+        self.idle.0.insert((self.cluster_time_ms, client_id));
         self.count_session_usage(principal, 1, 0);
         Ok(Outcome::Registered(reply))
     }
@@ -1035,8 +1057,7 @@ impl Registry {
             .expect("found above");
         session.cache(request.seq, fingerprint, response.clone());
         // Touched (see `touch`) through the lookup just made.
-        let previous_ms = std::mem::replace(&mut session.last_active_ms, self.cluster_time_ms);
-        self.move_in_idle_index(request.client_id, previous_ms);
+        session.last_active_ms = self.cluster_time_ms;
         if let Some(effect) = effect {
             self.kv.apply(request.command.key(), effect);
         }

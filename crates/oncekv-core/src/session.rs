@@ -141,7 +141,7 @@ impl FromIterator<(Seq, CachedResponse)> for Responses {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Session {
     pub nonce: Nonce,
     /// The principal that registered the session: the only one whose
@@ -157,7 +157,29 @@ pub(crate) struct Session {
     pub responses: Responses,
     /// Sum of `cached_size_bytes` over `responses`.
     pub cached_bytes: u64,
+    /// The cluster time the registry's idle index files the session under:
+    /// at most `last_active_ms` (a request moves only the latter; expiry
+    /// refiles a session it finds active since). Bookkeeping of the index,
+    /// not state: a replica restored from a snapshot files every session
+    /// at its last activity, one that applied the log may file it earlier,
+    /// and both decide alike — so it takes no part in equality.
+    pub filed_ms: u64,
 }
+
+/// Every field but `filed_ms` (see there).
+impl PartialEq for Session {
+    fn eq(&self, other: &Session) -> bool {
+        self.nonce == other.nonce
+            && self.owner == other.owner
+            && self.highest_seq == other.highest_seq
+            && self.floor == other.floor
+            && self.last_active_ms == other.last_active_ms
+            && self.responses == other.responses
+            && self.cached_bytes == other.cached_bytes
+    }
+}
+
+impl Eq for Session {}
 
 impl Session {
     pub fn new(nonce: Nonce, owner: Principal, now_ms: u64) -> Session {
@@ -169,6 +191,7 @@ impl Session {
             last_active_ms: now_ms,
             responses: Responses::default(),
             cached_bytes: 0,
+            filed_ms: now_ms,
         }
     }
 
@@ -265,6 +288,7 @@ impl Session {
             last_active_ms,
             responses: responses.into_iter().collect(),
             cached_bytes,
+            filed_ms: last_active_ms,
         })
     }
 }

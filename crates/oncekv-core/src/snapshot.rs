@@ -1206,7 +1206,7 @@ fn restore_session(registry: &mut Registry, record: SessionRecord) -> Result<(),
     if registry.nonces.insert(record.nonce, client_id).is_some() {
         return Err(SnapshotError::Inconsistent("nonce used by two sessions"));
     }
-    registry.idle.insert((session.last_active_ms, client_id));
+    registry.idle.0.insert((session.filed_ms, client_id));
     registry.sessions_cached_bytes += session.cached_bytes;
     let (owned, cached) = registry
         .session_usage
