@@ -321,9 +321,20 @@ impl Generation {
         batch.insert(&self.meta, CHECKPOINT_KEY, checkpoint.encode());
         batch
             .commit()
-            .and_then(|()| self.db.persist(PersistMode::SyncData))
+            .and_then(|()| self.sync_journal())
             .map_err(|source| self.store_error(source))?;
         self.pins.lock().durable = checkpoint.watermark;
+        Ok(())
+    }
+
+    /// Makes every write so far durable (`fdatasync` of the journal): the
+    /// one place the store asks for it. Built with `sync-ledger` (its own
+    /// tests only), it then notes what is on disk, for the simulated power
+    /// loss of `tests/store.rs`.
+    fn sync_journal(&self) -> fjall::Result<()> {
+        self.db.persist(PersistMode::SyncData)?;
+        #[cfg(feature = "sync-ledger")]
+        sync_ledger::synced(&self.dir);
         Ok(())
     }
 
@@ -710,5 +721,56 @@ mod tests {
         pins.unpin(new);
         pins.lock().durable = 12;
         assert_eq!(pins.filter_watermark(), 12);
+    }
+}
+
+/// Test-only (feature `sync-ledger`): after every journal sync, appends to
+/// the file named by `ONCEKV_RECORDS_SYNC_LEDGER` one line per journal of
+/// the generation — `<generation dir name>/<journal file name> <bytes>`,
+/// where its data ends (fjall preallocates journals with zeros) — so a
+/// test can zero everything past the last sync, as a power loss would
+/// lose what the page cache had not written. Nothing is noted for writes
+/// that were never synced.
+#[cfg(feature = "sync-ledger")]
+mod sync_ledger {
+    use std::io::Write as _;
+    use std::path::Path;
+
+    pub(super) fn synced(generation: &Path) {
+        let Some(ledger) = std::env::var_os("ONCEKV_RECORDS_SYNC_LEDGER") else {
+            return;
+        };
+        let Some(name) = generation.file_name() else {
+            return;
+        };
+        let mut lines = String::new();
+        for entry in std::fs::read_dir(generation)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = entry.path();
+            if path.extension().is_none_or(|extension| extension != "jnl") {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            let end = bytes
+                .iter()
+                .rposition(|&byte| byte != 0)
+                .map_or(0, |at| at + 1);
+            lines.push_str(&format!(
+                "{}/{} {end}\n",
+                name.to_string_lossy(),
+                entry.file_name().to_string_lossy()
+            ));
+        }
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(ledger)
+            .and_then(|mut file| file.write_all(lines.as_bytes()));
+        written.expect("the sync ledger is writable");
     }
 }
