@@ -17,7 +17,9 @@ use crate::shared::SharedState;
 use oncekv_core::ClusterId;
 use oncekv_wire::status::{self, ErrorReason, invalid, reason_status};
 use openraft::RaftMetrics;
-use openraft::error::{ChangeMembershipError, ClientWriteError, LinearizableReadError, RaftError};
+use openraft::error::{
+    ChangeMembershipError, ClientWriteError, ForwardReason, LinearizableReadError, RaftError,
+};
 use std::time::Duration;
 use tonic::Status;
 
@@ -56,6 +58,14 @@ pub fn clock_status(error: ClockError) -> Status {
 /// A proposal openraft did not accept or lost.
 pub fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
     match error {
+        // A leader whose quorum has not acknowledged it within the lease
+        // refuses before appending (openraft's only use of the reason):
+        // not an election, and nothing proposed.
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward))
+            if forward.reason == ForwardReason::LeaseExpired =>
+        {
+            reason_status(ErrorReason::LeaseExpired)
+        }
         // openraft 0.10 says `LogEntryDiscarded` when a leader change drops
         // an entry it had appended: its outcome is unknown, which a retry of
         // the same request resolves (this attempt only, as `NOT_LEADER`).
@@ -131,4 +141,42 @@ pub fn faults_not_built() -> Status {
 /// requests: a bug, never a refusal.
 pub fn outcomes_miscounted() -> Status {
     Status::internal("an entry applied with a wrong number of outcomes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncekv_wire::proto::{ErrorDetail, Reason};
+    use openraft::error::ForwardToLeader;
+
+    fn detail(status: &Status) -> ErrorDetail {
+        status::error_detail(status).expect("an error detail")
+    }
+
+    /// A leader refusing a write because its lease expired is not an
+    /// election: the message says what happened, and the refusal proves
+    /// nothing was proposed. A plain forward stays what it was.
+    #[test]
+    fn an_expired_lease_is_told_apart_from_an_election() {
+        let lease = ForwardToLeader::<TypeConfig>::empty().with_reason(ForwardReason::LeaseExpired);
+        let status = write_status(RaftError::APIError(ClientWriteError::ForwardToLeader(
+            lease,
+        )));
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().contains("leader lease") && !status.message().contains("election"),
+            "{}",
+            status.message()
+        );
+        let lease_detail = detail(&status);
+        assert_eq!(lease_detail.reason(), Reason::NotLeader);
+        assert!(lease_detail.nothing_proposed);
+
+        let forward = ForwardToLeader::<TypeConfig>::empty();
+        let status = write_status(RaftError::APIError(ClientWriteError::ForwardToLeader(
+            forward,
+        )));
+        assert!(status.message().contains("election in progress"));
+        assert!(!detail(&status).nothing_proposed);
+    }
 }

@@ -29,6 +29,12 @@ pub enum ErrorReason {
         nothing_proposed: bool,
     },
     Unavailable(String),
+    /// This node leads but refused the write because no majority has
+    /// acknowledged it within its leader lease (openraft's
+    /// `ForwardReason::LeaseExpired`: followers slow or unreachable); it
+    /// proposed nothing. On the wire a `NOT_LEADER` with no hint and
+    /// `nothing_proposed`, so clients retry as for any leader change.
+    LeaseExpired,
     Deadline,
     TooManyOutstanding {
         floor: Seq,
@@ -119,6 +125,16 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             (Code::Unavailable, Reason::NotLeader, message)
         }
         ErrorReason::Unavailable(why) => (Code::Unavailable, Reason::Unavailable, why),
+        ErrorReason::LeaseExpired => {
+            detail.nothing_proposed = true;
+            (
+                Code::Unavailable,
+                Reason::NotLeader,
+                "this node leads, but no majority has acknowledged it within its leader \
+                 lease (followers slow or unreachable): nothing was proposed; retry"
+                    .into(),
+            )
+        }
         ErrorReason::Deadline => (
             Code::DeadlineExceeded,
             Reason::Unavailable,
