@@ -16,7 +16,13 @@
 #   - a follower SIGKILLed and restarted: until `oncekv admin hash` finds
 #     every node answering with one hash at one index;
 #   - a new node joining (`scripts/cluster.sh join 4`: added as a learner,
-#     caught up by snapshot and log, promoted), wall time.
+#     caught up by snapshot and log, promoted), wall time;
+#   - write p99 of keyed runs (the load's clients, new keys): quiet, while
+#     the leader takes snapshot after snapshot, while it sends one to the
+#     joining node (5 s runs back to back for as long as the join lasts:
+#     the worst and every run's p99), and while about EXPIRE_KEYS of the
+#     oldest keys expire at once (the key TTL lowered in the middle of the
+#     run so that they fall out of it; how many left is counted).
 #
 # Ends with one line:
 #   keys=N rss_mb_max=M disk_bytes_per_key=B keyed_ops_s=R
@@ -34,6 +40,8 @@
 #                     "load": load, RSS and disk only
 #   RAISE_LIMITS      1 (default): raise the limits to fit KEYS; 0: keep
 #                     the cluster's defaults (and see where they refuse)
+#   EXPIRE_KEYS       keys to expire at once in the last measurement
+#                     (default 1,000,000, at most a tenth of KEYS otherwise)
 #   KEEP_DATA         1: keep the data directories and node logs (their
 #                     path is printed at the end); default 0: delete them
 #   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: build target/release)
@@ -53,6 +61,11 @@ readonly VALUE_BYTES=${VALUE_BYTES:-64}
 readonly MEASURE=${MEASURE:-all}
 readonly RAISE_LIMITS=${RAISE_LIMITS:-1}
 readonly KEEP_DATA=${KEEP_DATA:-0}
+EXPIRE_KEYS=${EXPIRE_KEYS:-1000000}
+((EXPIRE_KEYS > $1 / 10)) && EXPIRE_KEYS=$(($1 / 10))
+readonly EXPIRE_KEYS
+# Seconds of each keyed run that measures write latency.
+readonly P99_RUN_S=15
 export ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9700}
 [[ $MEASURE == all || $MEASURE == load ]] || { usage >&2; exit 2; }
 ((ONCEKV_PORT_BASE + 304 <= 65535)) || { echo "bench-state.sh: port base too high" >&2; exit 2; }
@@ -175,7 +188,9 @@ LEADER=$(leader) || die "no leader"
 # response: 32) bytes; the keys here are ~34 bytes. Room for 2x that, and a
 # budget above everything the state accounts.
 if ((RAISE_LIMITS == 1)); then
+    # Room for the keyed runs of MEASURE=all too (up to ~2 M keys).
     keys_max=$((KEYS + KEYS / 10 + 1000))
+    [[ $MEASURE == all ]] && keys_max=$((keys_max + 2000000))
     cached=$((keys_max * 256))
     ((cached < 268435456)) && cached=268435456
     budget=$((cached + cached / 4 + 536870912))
@@ -200,8 +215,18 @@ rss_before=$(max_rss_mb)
 ) &
 SAMPLER_PID=$!
 
+# A keyed run of $1 seconds against the leader (new keys, the load's
+# clients and values); prints loadgen's summary line.
+keyed_run() {
+    "$LOADGEN" oncekv-keyed --endpoint "$LEADER" --clients "$CLIENTS" \
+        --value-bytes "$VALUE_BYTES" --duration-s "$1" --request-timeout-s 30 \
+        2>>"$WORK/runs.err" || die "a keyed run failed ($(tail -n 1 "$WORK/runs.err"))"
+}
+field() { grep -o "$1=[0-9.]*" <<<"$2" | cut -d= -f2; }
+
 echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
-started=$(now)
+load_started=$(now)
+started=$load_started
 load=$("$LOADGEN" oncekv-keyed --endpoint "$LEADER" --clients "$CLIENTS" \
     --value-bytes "$VALUE_BYTES" --total-ops "$KEYS" --duration-s "$LOAD_MAX_S" \
     --request-timeout-s 30 2>"$WORK/load.err") || { cat "$WORK/load.err" >&2; die "the load failed"; }
@@ -250,11 +275,61 @@ if [[ $MEASURE == all ]]; then
     echo "follower_restart_until_hashes_agree_s=$(since "$started") (node $follower; $(tail -n 1 "$WORK/hash.log"))"
     echo "rss_mb of the restarted node: $(node_rss_mb "$follower")"
 
-    # A new node: learner, caught up (snapshot + log), promoted.
+    # Write p99 without anything else going on, then while the leader
+    # takes snapshot after snapshot.
+    quiet=$(keyed_run "$P99_RUN_S")
+    echo "write_p99_ms_quiet=$(field p99_ms "$quiet") ($quiet)"
+    keyed_run "$P99_RUN_S" >"$WORK/during-snapshots.out" &
+    run=$!
+    snapshots=0
+    while kill -0 "$run" 2>/dev/null; do
+        oncekv admin snapshot --node "$LEADER" --timeout-ms $((SNAPSHOT_WAIT_S * 1000)) \
+            --endpoints "$(endpoints "${NODES[@]}")" >"$WORK/snapshot.log" 2>&1 \
+            || { cat "$WORK/snapshot.log" >&2; die "a snapshot during the run failed"; }
+        snapshots=$((snapshots + 1))
+    done
+    wait "$run" || die "the run during snapshots failed"
+    during=$(cat "$WORK/during-snapshots.out")
+    echo "write_p99_ms_during_snapshots=$(field p99_ms "$during") ($snapshots snapshots taken; $during)"
+
+    # A new node: learner, caught up (snapshot + log), promoted; keyed runs
+    # of 5 s back to back while it joins.
     started=$(now)
-    timeout "$JOIN_WAIT_S" scripts/cluster.sh join 4 >"$WORK/join.log" 2>&1 \
-        || { cat "$WORK/join.log" >&2; die "node 4 did not join within ${JOIN_WAIT_S}s"; }
-    echo "new_node_join_s=$(since "$started")"
+    timeout "$JOIN_WAIT_S" scripts/cluster.sh join 4 >"$WORK/join.log" 2>&1 &
+    join=$!
+    p99s=()
+    while kill -0 "$join" 2>/dev/null; do
+        p99s+=("$(field p99_ms "$(keyed_run 5)")")
+    done
+    wait "$join" || { cat "$WORK/join.log" >&2; die "node 4 did not join within ${JOIN_WAIT_S}s"; }
+    echo "new_node_join_s=$(since "$started") (under load)"
+    worst=$(printf '%s\n' "${p99s[@]}" | sort -g | tail -n 1)
+    echo "write_p99_ms_during_join=$worst (worst of ${#p99s[@]} runs of 5 s: ${p99s[*]})"
+
+    # About EXPIRE_KEYS of the oldest keys expire at once: the key TTL is
+    # lowered, in the middle of a run, to the age the EXPIRE_KEYS-th key
+    # has now (keys came in at about the load's average rate). Keys expire
+    # by creation-time group, a 1,024th of the TTL they were created under
+    # wide (84 s at the default 24 h): only the groups that ended before
+    # that key go, so the count expired (printed) is at most EXPIRE_KEYS,
+    # and 0 when the whole load fits in one group.
+    if ((EXPIRE_KEYS > 0)); then
+        age_ms=$(awk -v a="$load_started" -v b="$(now)" -v s="$load_s" -v e="$EXPIRE_KEYS" \
+            -v k="$KEYS" 'BEGIN { printf "%d", ((b - a) - s * e / k) * 1000 }')
+        before=$(node_keys 1)
+        keyed_run "$P99_RUN_S" >"$WORK/during-expiry.out" &
+        run=$!
+        sleep $((P99_RUN_S / 2))
+        oncekv admin config set --endpoints "$(endpoints "${NODES[@]}")" \
+            --idempotency-key-ttl-ms "$age_ms" >"$WORK/ttl.log" 2>&1 \
+            || { cat "$WORK/ttl.log" >&2; die "lowering the key TTL failed"; }
+        wait "$run" || die "the run during expiry failed"
+        during=$(cat "$WORK/during-expiry.out")
+        after=$(wait_applied)
+        expired=$((before + $(field ok "$during") - after))
+        echo "write_p99_ms_during_expiry=$(field p99_ms "$during") ($expired keys expired at \
+a TTL of ${age_ms} ms; $during)"
+    fi
 fi
 
 echo "keys=$keys rss_mb_max=$rss_after disk_bytes_per_key=$disk_per_key keyed_ops_s=$ops"
