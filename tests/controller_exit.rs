@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{SigHandler, Signal, kill, signal};
 use nix::unistd::Pid;
 use oncekv_testkit::{LocalCluster, NODES, Options, Timing};
 
@@ -35,6 +35,13 @@ fn controller() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
+    // The tests below are about a process that handles no signal, so its
+    // hang-up takes the default action. A process started under `nohup`
+    // (or any parent ignoring SIGHUP) passes the ignoring down through
+    // exec: put the default back.
+    // SAFETY: the default action runs none of our code, so no handler can
+    // break what a signal handler must not do.
+    unsafe { signal(Signal::SIGHUP, SigHandler::SigDfl) }.expect("default SIGHUP action");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
