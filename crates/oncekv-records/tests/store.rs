@@ -281,42 +281,51 @@ fn crash_child_writer() {
     }
 }
 
+/// Runs `crash_child_writer` on the store under `root` (noting its syncs
+/// in `ledger`, if given) until `wait_for` of its flushes have returned,
+/// then SIGKILLs and reaps it; returns the last flush that returned.
+fn kill_writer_after(root: &Path, wait_for: u64, ledger: Option<&Path>) -> Option<u64> {
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    command
+        .args(["--exact", "crash_child_writer", "--ignored", "--nocapture"])
+        .env("ONCEKV_RECORDS_CRASH_DIR", root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(ledger) = ledger {
+        command.env("ONCEKV_RECORDS_SYNC_LEDGER", ledger);
+    }
+    let mut child = ChildGuard(command.spawn().expect("spawn the writer"));
+    let stdout = child.0.stdout.take().expect("stdout");
+    let (mut seen, mut acknowledged) = (0, None);
+    #[allow(clippy::disallowed_methods)] // a test's deadline, not the registry's time
+    let started = std::time::Instant::now();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("read");
+        if let Some(batch) = line.strip_prefix("flushed ") {
+            seen += 1;
+            acknowledged = Some(batch.parse().expect("batch"));
+        }
+        if seen >= wait_for {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the writer is too slow"
+        );
+    }
+    drop(child); // SIGKILL mid-stream, then reaped
+    acknowledged
+}
+
 /// SIGKILL at any point of a stream of flushes: the reopened store holds
 /// exactly the records of its checkpoint — never half a batch, never a
 /// checkpoint without its records — and nothing acknowledged is lost.
 #[test]
 fn flushes_are_atomic_under_sigkill() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let exe = std::env::current_exe().expect("test binary");
     let mut acknowledged = 0;
     for (round, wait_for) in [3u64, 17, 40, 9, 64].into_iter().enumerate() {
-        let child = Command::new(&exe)
-            .args(["--exact", "crash_child_writer", "--ignored", "--nocapture"])
-            .env("ONCEKV_RECORDS_CRASH_DIR", dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn the writer");
-        let mut child = ChildGuard(child);
-        let stdout = child.0.stdout.take().expect("stdout");
-        let mut seen = 0;
-        #[allow(clippy::disallowed_methods)] // a test's deadline, not the registry's time
-        let started = std::time::Instant::now();
-        for line in std::io::BufReader::new(stdout).lines() {
-            let line = line.expect("read");
-            if let Some(batch) = line.strip_prefix("flushed ") {
-                seen += 1;
-                acknowledged = batch.parse().expect("batch");
-            }
-            if seen >= wait_for {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the writer is too slow"
-            );
-        }
-        drop(child); // SIGKILL mid-stream, then reaped
+        acknowledged = kill_writer_after(dir.path(), wait_for, None).unwrap_or(acknowledged);
         let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
         let applied = assert_consistent(&store);
         assert!(
@@ -476,7 +485,6 @@ fn acknowledged_flushes_survive_a_power_loss() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ledger_dir = tempfile::tempdir().expect("tempdir");
     let ledger = ledger_dir.path().join("synced");
-    let exe = std::env::current_exe().expect("test binary");
     let mut acknowledged = 0;
     let mut lost_bytes = 0;
     for (round, wait_for) in [5u64, 23, 2, 40].into_iter().enumerate() {
@@ -490,34 +498,8 @@ fn acknowledged_flushes_survive_a_power_loss() {
             })
             .collect();
         std::fs::write(&ledger, durable).expect("ledger");
-        let child = Command::new(&exe)
-            .args(["--exact", "crash_child_writer", "--ignored", "--nocapture"])
-            .env("ONCEKV_RECORDS_CRASH_DIR", dir.path())
-            .env("ONCEKV_RECORDS_SYNC_LEDGER", &ledger)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn the writer");
-        let mut child = ChildGuard(child);
-        let stdout = child.0.stdout.take().expect("stdout");
-        let mut seen = 0;
-        #[allow(clippy::disallowed_methods)] // a test's deadline, not the registry's time
-        let started = std::time::Instant::now();
-        for line in std::io::BufReader::new(stdout).lines() {
-            let line = line.expect("read");
-            if let Some(batch) = line.strip_prefix("flushed ") {
-                seen += 1;
-                acknowledged = batch.parse().expect("batch");
-            }
-            if seen >= wait_for {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the writer is too slow"
-            );
-        }
-        drop(child); // SIGKILL mid-stream, then reaped
+        acknowledged =
+            kill_writer_after(dir.path(), wait_for, Some(&ledger)).unwrap_or(acknowledged);
         lost_bytes += lose_unsynced_writes(dir.path(), &ledger);
         let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
         let applied = assert_consistent(&store);
