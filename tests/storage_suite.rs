@@ -17,7 +17,7 @@
 use oncekv::raft_types::{StorageError, TypeConfig, Vote};
 use oncekv::storage::{SegmentLogStore, SledLogStore, StateMachineStore};
 use oncekv_core::{ClusterId, Entry, Nonce, Op, RegistryConfig, RulesVersion, snapshot};
-use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::storage::{EntryResponder, RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader, RaftSnapshotBuilder};
 use std::time::Duration;
@@ -102,6 +102,20 @@ fn registry_entry(op: Op) -> Payload {
     EntryPayload::Normal(Entry::single(5, op))
 }
 
+/// `ops` as log entries 1, 2, … of term 1 (leader 1), one request each, in
+/// the stream the state machine's `apply` takes.
+fn entry_stream(
+    ops: Vec<Op>,
+) -> impl futures::Stream<Item = Result<EntryResponder<TypeConfig>, std::io::Error>> + Unpin {
+    futures::stream::iter(ops.into_iter().zip(1..).map(|(op, index)| {
+        let entry = oncekv::raft_types::Entry {
+            log_id: openraft::testing::log_id::<TypeConfig>(1, 1, index),
+            payload: registry_entry(op),
+        };
+        Ok((entry, None))
+    }))
+}
+
 /// Appended entries, the vote, the committed id and a purge read back the
 /// same from the sled log store's files after a clean close and reopen (a
 /// round trip of its key layout; not a durability test, see the module
@@ -184,27 +198,18 @@ async fn state_machine_restores_from_its_snapshot() -> Result<(), StorageError> 
     let hash_before;
     {
         let mut state_machine = StateMachineStore::open(&snapshots).map_err(io_error)?;
-        let entries = vec![
-            oncekv::raft_types::Entry {
-                log_id: log_id(1),
-                payload: registry_entry(Op::Bootstrap {
+        state_machine
+            .apply(entry_stream(vec![
+                Op::Bootstrap {
                     cluster_id,
                     config: RegistryConfig::default(),
-                }),
-            },
-            oncekv::raft_types::Entry {
-                log_id: log_id(2),
-                payload: registry_entry(Op::Register {
+                },
+                Op::Register {
                     cluster_id: Some(cluster_id),
                     nonce: Nonce(3),
                     principal: oncekv_core::Principal::anonymous(),
-                }),
-            },
-        ];
-        state_machine
-            .apply(futures::stream::iter(
-                entries.into_iter().map(|entry| Ok((entry, None))),
-            ))
+                },
+            ]))
             .await
             .map_err(io_error)?;
         assert_eq!(state_machine.state().read().registry.applied_index(), 2);
@@ -246,29 +251,19 @@ async fn an_entry_of_an_unknown_rules_version_stops_apply() -> Result<(), Storag
     let dir = tempfile::tempdir().map_err(io_error)?;
     let mut state_machine =
         StateMachineStore::open(&dir.path().join("snapshots")).map_err(io_error)?;
-    let log_id = |index| openraft::testing::log_id::<TypeConfig>(1, 1, index);
     let cluster_id = ClusterId(78);
-    let entries = vec![
-        oncekv::raft_types::Entry {
-            log_id: log_id(1),
-            payload: registry_entry(Op::BootstrapWithRules {
+    let error = state_machine
+        .apply(entry_stream(vec![
+            Op::BootstrapWithRules {
                 cluster_id,
                 config: RegistryConfig::default(),
                 rules: RulesVersion::LATEST,
-            }),
-        },
-        oncekv::raft_types::Entry {
-            log_id: log_id(2),
-            payload: registry_entry(Op::RaiseRules {
+            },
+            Op::RaiseRules {
                 cluster_id,
                 rules: RulesVersion(RulesVersion::LATEST.0 + 1),
-            }),
-        },
-    ];
-    let error = state_machine
-        .apply(futures::stream::iter(
-            entries.into_iter().map(|entry| Ok((entry, None))),
-        ))
+            },
+        ]))
         .await
         .expect_err("an unknown rules version is not applied");
     assert!(

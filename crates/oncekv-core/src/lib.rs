@@ -1434,8 +1434,6 @@ fn check_floor_bound(
     Ok(())
 }
 
-/// Step 2 of a keyed request: an idempotency key is not empty and within
-/// its configured length.
 /// Refuses a rules version this build does not know.
 fn check_rules_known(rules: RulesVersion) -> Result<(), Rejection> {
     match rules.unknown_to_this_build() {
@@ -1444,6 +1442,8 @@ fn check_rules_known(rules: RulesVersion) -> Result<(), Rejection> {
     }
 }
 
+/// Step 2 of a keyed request: an idempotency key is not empty and within
+/// its configured length.
 fn check_idempotency_key(key: &IdempotencyKey, keyed: &KeyedConfig) -> Result<(), Rejection> {
     if key.0.is_empty() {
         return Err(Rejection::InvalidArgument(
