@@ -59,7 +59,8 @@ for mode in "$@"; do
     ((ok > 0)) || die "no request succeeded: $line"
     per_node=""
     for i in 0 1 2; do
-        us=$(((after[i] - before[i]) * 1000000 / ticks_per_second / ok))
+        us=$(awk -v t=$((after[i] - before[i])) -v hz="$ticks_per_second" -v ok="$ok" \
+            'BEGIN { printf "%.1f", t * 1000000 / hz / ok }')
         per_node+=" n$((i + 1))=${us}us"
     done
     echo "$mode $(grep -oE 'ops/s=[0-9]+' <<<"$line") leader=$leader cpu_per_request:$per_node"

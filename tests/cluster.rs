@@ -272,3 +272,50 @@ async fn lagging_node_catches_up_by_snapshot_and_recognises_retries() {
     );
     assert_eq!(raw.read(b"k").await, Some(Value::Int(150)));
 }
+
+/// The nodes of a cluster build their snapshots a third of a cycle apart
+/// (`--snapshot-every-entries`, staggered by each member's place), not at
+/// the same index: node N, the (N-1)th member by id, builds at indexes
+/// just past `k × every + (N-1) × every / 3`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nodes_build_their_snapshots_a_third_of_a_cycle_apart() {
+    const EVERY: u64 = 600;
+    // How far past its point a build may start: the schedule looks at the
+    // applied index every 50 ms, and sequential requests on a busy machine
+    // apply far fewer than this in that time.
+    const LATE: u64 = 150;
+    let cluster = Cluster::start_with(
+        "snapshot-phases",
+        &["--snapshot-every-entries", &EVERY.to_string()],
+    )
+    .await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(1).await;
+    let mut seen: std::collections::BTreeMap<u64, std::collections::BTreeSet<u64>> =
+        Default::default();
+    for seq in 1..=1_500 {
+        let request = raw.execute_request(session.client_id, seq, seq, &incr("n"));
+        raw.execute(CALL_DEADLINE, &request).await.unwrap();
+        if seq % 25 == 0 {
+            for node in 1..=3 {
+                let index = cluster.status(node).await.unwrap().snapshot_index;
+                if index > 0 {
+                    seen.entry(node).or_default().insert(index);
+                }
+            }
+        }
+    }
+    for node in 1..=3u64 {
+        let phase = (node - 1) * EVERY / 3;
+        let built = seen.get(&node).cloned().unwrap_or_default();
+        assert!(!built.is_empty(), "node {node} built no snapshot: {seen:?}");
+        for index in &built {
+            let past_point = (index + EVERY - phase) % EVERY;
+            assert!(
+                past_point < LATE,
+                "node {node} built at {index}, {past_point} entries past its phase {phase} \
+                 of every {EVERY}: {seen:?}"
+            );
+        }
+    }
+}

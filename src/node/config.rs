@@ -165,7 +165,8 @@ pub struct NodeOptions {
     /// How long a client request may wait for its entry to apply [default: 5000].
     #[arg(long)]
     pub request_timeout_ms: Option<u64>,
-    /// Build a snapshot every this many applied entries [default: 10000].
+    /// Build a snapshot every this many applied entries, each member at its
+    /// own phase of that cycle (staggered) [default: 10000].
     #[arg(long)]
     pub snapshot_every_entries: Option<u64>,
     /// Log entries kept behind a snapshot for lagging followers [default: 1000].

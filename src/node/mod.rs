@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod observability;
+mod snapshot_schedule;
 
 use crate::clock::{ClockTiming, ClusterClock};
 use crate::metrics::NodeMetrics;
@@ -154,7 +155,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let (tls, auth) = security(&config)?;
     claim_data_dir(&config.data_dir, config.id)?;
     let metrics = Arc::new(NodeMetrics::new(config.id));
-    let (mut log_store, state_machine, identity, build_wanted) =
+    let (mut log_store, state_machine, identity, key_records_held) =
         open_storage(&config, &metrics).await?;
     let state = state_machine.state();
     let snapshots = state_machine.snapshot_inbox();
@@ -175,7 +176,16 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     )
     .await
     .context("starting Raft")?;
-    let builds_asked = tokio::spawn(build_snapshots_when_asked(raft.clone(), build_wanted));
+    let builds_scheduled = tokio::spawn(snapshot_schedule::build_on_schedule(
+        raft.clone(),
+        config.id,
+        snapshot_schedule::Schedule {
+            every_entries: config.snapshot_every_entries,
+            key_records_max: usize::try_from(config.snapshot_every_key_records)
+                .unwrap_or(usize::MAX),
+            key_records_held,
+        },
+    ));
 
     let read_index = ReadIndex::new(raft.clone(), restored);
     let clock = Arc::new(ClusterClock::new(
@@ -230,7 +240,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let _ = stop_servers.send(true);
     watcher.abort();
     reloader.abort();
-    builds_asked.abort();
+    builds_scheduled.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         for server in servers {
             let _ = server.await;
@@ -242,25 +252,10 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     Ok(())
 }
 
-/// Asks Raft for a snapshot build whenever the state machine says too many
-/// key records are held in memory (`--snapshot-every-key-records`): the
-/// build moves them into the record store. At most one request every
-/// 100 ms (a build in progress takes the records only when it started).
-async fn build_snapshots_when_asked(raft: Raft, wanted: Arc<tokio::sync::Notify>) {
-    loop {
-        wanted.notified().await;
-        if let Err(error) = raft.trigger().snapshot().await {
-            tracing::debug!(%error, "Raft refused a snapshot request; it is stopping");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Opens the Raft log and the snapshots, refuses a log purged beyond the
 /// newest snapshot, and reads the cluster id (adopting the applied one);
-/// with the handle the state machine notifies when a snapshot build
-/// should move key records out of memory.
+/// with the count of key records held in memory, which the state machine
+/// publishes after each apply batch (a build moves them out).
 async fn open_storage(
     config: &NodeConfig,
     metrics: &Arc<NodeMetrics>,
@@ -268,7 +263,7 @@ async fn open_storage(
     SegmentLogStore<TypeConfig>,
     StateMachineStore,
     ClusterIdentity,
-    Arc<tokio::sync::Notify>,
+    Arc<std::sync::atomic::AtomicUsize>,
 )> {
     let mut log_store =
         SegmentLogStore::open(config.data_dir.join("wal")).context("opening the Raft log")?;
@@ -298,9 +293,7 @@ async fn open_storage(
     )
     .context("opening the snapshots and the record store")?
     .with_metrics(metrics.clone());
-    let (state_machine, build_wanted) = state_machine.build_when_key_records_held(
-        usize::try_from(config.snapshot_every_key_records).unwrap_or(usize::MAX),
-    );
+    let (state_machine, key_records_held) = state_machine.publish_key_records_held();
     let snapshot_index = *state_machine.durable_snapshot_index().borrow();
     if let Some(purged) = log_store.last_purged_index()?
         && purged > snapshot_index
@@ -327,7 +320,7 @@ async fn open_storage(
             .adopt(applied)
             .context("the applied state names another cluster than the id file")?;
     }
-    Ok((log_store, state_machine, identity, build_wanted))
+    Ok((log_store, state_machine, identity, key_records_held))
 }
 
 /// What a replica needs besides its accounted state: the process, the
@@ -413,7 +406,9 @@ fn raft_config(config: &NodeConfig) -> anyhow::Result<openraft::Config> {
         heartbeat_interval: config.heartbeat.as_millis() as u64,
         election_timeout_min: config.election_timeout_min.as_millis() as u64,
         election_timeout_max: config.election_timeout_max.as_millis() as u64,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+        // Builds are asked for by `snapshot_schedule`, staggered across the
+        // members, not at the same index on every node.
+        snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
         install_snapshot_timeout: 5_000,
         max_payload_entries: MAX_PAYLOAD_ENTRIES,

@@ -44,6 +44,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, thiserror::Error)]
@@ -65,9 +66,9 @@ pub struct StateMachineStore {
     /// Snapshot builds, one at a time: each takes the registry's key-record
     /// changes, flushes them and writes its file before the next takes.
     builds: Arc<tokio::sync::Mutex<()>>,
-    /// Asks for a snapshot build once this many key records are held in
-    /// memory (see [`StateMachineStore::build_when_key_records_held`]).
-    key_records_trigger: Option<(usize, Arc<tokio::sync::Notify>)>,
+    /// Where the number of key records held in memory is published after
+    /// each apply batch (see [`StateMachineStore::publish_key_records_held`]).
+    key_records_held: Option<Arc<AtomicUsize>>,
     /// Outcomes are counted here, where they are decided, so every replica
     /// counts the same entries the same way.
     metrics: Arc<NodeMetrics>,
@@ -264,7 +265,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             state,
             builds: Arc::default(),
-            key_records_trigger: None,
+            key_records_held: None,
             metrics: Arc::default(),
             files: Arc::new(SnapshotFiles {
                 dir: dir.to_path_buf(),
@@ -279,19 +280,16 @@ impl StateMachineStore {
         self.state.clone()
     }
 
-    /// Notifies the returned handle whenever an apply batch leaves `max` or
-    /// more key records held in memory (changed since the last build), so
-    /// the node can ask Raft for a snapshot build, which moves them into
-    /// the record store: what bounds them when entries are large batches
-    /// (64 clients' keyed requests in one entry) and the entry-count policy
-    /// alone would let hundreds of thousands pile up.
-    pub fn build_when_key_records_held(
-        mut self,
-        max: usize,
-    ) -> (StateMachineStore, Arc<tokio::sync::Notify>) {
-        let notify = Arc::new(tokio::sync::Notify::new());
-        self.key_records_trigger = Some((max, notify.clone()));
-        (self, notify)
+    /// Publishes, after every apply batch, how many key records are held in
+    /// memory (changed since the last build), so the node can ask Raft for
+    /// a snapshot build, which moves them into the record store: what
+    /// bounds them when entries are large batches (64 clients' keyed
+    /// requests in one entry) and the entry-count schedule alone would let
+    /// hundreds of thousands pile up. Stays 0 without a record store.
+    pub fn publish_key_records_held(mut self) -> (StateMachineStore, Arc<AtomicUsize>) {
+        let held = Arc::new(AtomicUsize::new(0));
+        self.key_records_held = Some(held.clone());
+        (self, held)
     }
 
     /// Counts applied outcomes, expiries and snapshots into `metrics`
@@ -642,11 +640,10 @@ impl StateMachineStore {
             replies.push((reply, responder));
         }
         self.state.publish_cluster_id(&applied);
-        if let Some((max, notify)) = &self.key_records_trigger
+        if let Some(held) = &self.key_records_held
             && self.state.records().is_some()
-            && applied.registry.key_records_held() >= *max
         {
-            notify.notify_one();
+            held.store(applied.registry.key_records_held(), Ordering::Relaxed);
         }
         Ok(replies)
     }
