@@ -246,11 +246,9 @@ async fn hash_now(state: &RwLock<AppliedState>, hashes: &Hashes) -> StateHashAt 
     }
     let applied_index = registry.applied_index();
     let cluster_time_ms = registry.cluster_time_ms();
-    let hash = tokio::task::spawn_blocking(move || {
-        oncekv_core::snapshot::state_hash(&registry).to_string()
-    })
-    .await
-    .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
+    let hash =
+        super::background::run(move || oncekv_core::snapshot::state_hash(&registry).to_string())
+            .await;
     let generation = hashes.completed.fetch_add(1, Ordering::AcqRel) + 1;
     let hash = StateHashAt {
         applied_index,

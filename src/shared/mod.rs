@@ -9,13 +9,15 @@
 //! the state machine and the peer service alike), and the key records of
 //! the applied state that lie outside the registry (`records`: the on-disk
 //! store and the layers flushed into it, written by the state machine,
-//! read by the admin service).
+//! read by the admin service), and the lower-priority thread that builds
+//! snapshots and hashes the state (`background`).
 //!
 //! This module must not depend on `network` or `storage` (both depend on
 //! it); `tests/adapter_direction.rs` fails if it, or either adapter, names
 //! the other.
 
 pub mod applied;
+pub mod background;
 pub mod identity;
 pub mod records;
 pub mod snapshot_file;

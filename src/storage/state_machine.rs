@@ -31,6 +31,7 @@ use crate::raft_types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
 };
 use crate::shared::SharedState;
+use crate::shared::background;
 use crate::shared::records::OutsideRecords;
 use crate::shared::snapshot_file::{
     PART_SUFFIX, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX,
@@ -545,9 +546,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // last build and an O(1) copy of the registry are taken under the
         // write lock, which apply waits for only that long; the changes
         // are flushed into the record store and the copy encoded into the
-        // file after the lock is released, on a blocking thread, so
-        // neither apply nor a tokio worker (and the Raft core or RPCs
-        // scheduled on it) waits for them.
+        // file after the lock is released, on the node's lower-priority
+        // background thread, so neither apply nor a tokio worker (and the
+        // Raft core or RPCs scheduled on it) waits for them, nor competes
+        // with them for the CPU on equal terms.
         let (meta, registry, pending) = {
             let mut applied = self.state.write();
             let meta = SnapshotMeta {
@@ -563,7 +565,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let files = self.files.clone();
         let built_meta = meta.clone();
         let records = self.state.records().cloned();
-        let snapshot = tokio::task::spawn_blocking(move || match (records, pending) {
+        let snapshot = background::run(move || match (records, pending) {
             (Some(records), Some(pending)) => files.build_part(&built_meta, &registry, || {
                 records.flush(pending, snapshot_index(&built_meta))?;
                 records.view()
@@ -571,7 +573,6 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             _ => files.build(&built_meta, &registry),
         })
         .await
-        .map_err(|e| snapshot_error(Some(&meta), "writing", e))?
         .map_err(|e| snapshot_error(Some(&meta), "writing", e))?;
         self.metrics.snapshots_built.inc();
         tracing::info!(

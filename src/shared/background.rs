@@ -1,0 +1,117 @@
+//! One thread, at a lower CPU priority than the rest of the node, for the
+//! work no request waits on: building a snapshot (encoding the state,
+//! flushing key records into the record store) and hashing the state for
+//! `Status`. On a busy machine the scheduler then gives the request path —
+//! Raft, apply, the RPCs — the CPU first, and such work the time left over
+//! (at nice 10 it still gets about a tenth of a contended core, so it ends).
+//!
+//! Owns that thread and the queue of jobs to it, run one at a time in the
+//! order given. It must not run anything a request's reply waits for, nor
+//! decide anything: a job is a closure whose result goes back to the
+//! awaiting caller as it was returned (a panic included).
+
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// How much lower than the node's other threads the background thread
+/// runs (Linux `nice` increment; no other platform lowers it).
+const NICE: i32 = 10;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The queue to the background thread, started on first use.
+fn queue() -> &'static Mutex<mpsc::Sender<Job>> {
+    static QUEUE: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    QUEUE.get_or_init(|| {
+        let (sender, jobs) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("oncekv-background".into())
+            .spawn(move || {
+                lower_this_threads_priority();
+                for job in jobs {
+                    job();
+                }
+            })
+            .expect("spawning the background thread");
+        Mutex::new(sender)
+    })
+}
+
+/// Lowers the calling thread's CPU priority by [`NICE`] (on Linux a
+/// thread's nice value is its own); a failure leaves it as it was.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on this thread's own id, no memory passed.
+    unsafe {
+        let thread = libc::gettid();
+        let now = libc::getpriority(libc::PRIO_PROCESS, thread as libc::id_t);
+        if libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, now + NICE) != 0 {
+            tracing::debug!("could not lower the background thread's priority");
+        }
+    }
+}
+
+/// Runs `job` on the background thread and returns its result; a panic in
+/// `job` is resumed here.
+pub async fn run<T, F>(job: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (reply, result) = tokio::sync::oneshot::channel();
+    let job: Job = Box::new(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        let _ = reply.send(outcome);
+    });
+    queue()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .send(job)
+        .expect("the background thread runs as long as the process");
+    match result
+        .await
+        .expect("the background thread answers every job")
+    {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn jobs_run_in_order_on_a_lower_priority_thread() {
+        let first = run(|| std::thread::current().name().map(str::to_owned)).await;
+        assert_eq!(first.as_deref(), Some("oncekv-background"));
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let runs: Vec<_> = (0..5)
+            .map(|n| {
+                let order = order.clone();
+                run(move || order.lock().unwrap().push(n))
+            })
+            .collect();
+        futures::future::join_all(runs).await;
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: getpriority on the calling thread's own id.
+            let (mine, background) = unsafe {
+                let mine = libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t);
+                let background =
+                    run(|| libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t))
+                        .await;
+                (mine, background)
+            };
+            assert_eq!(background, (mine + NICE).min(19));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_panics_its_caller_and_the_thread_goes_on() {
+        let caught = tokio::spawn(run(|| -> u32 { panic!("job failed") })).await;
+        assert!(caught.unwrap_err().is_panic());
+        assert_eq!(run(|| 7).await, 7);
+    }
+}
