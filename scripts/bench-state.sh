@@ -20,7 +20,9 @@
 #     of the oldest keys expire at once (the key TTL lowered in the middle
 #     of the run so that they fall out of it; how many left is counted);
 #   - a new node joining (`scripts/cluster.sh join 4`: added as a learner,
-#     caught up by snapshot and log, promoted), wall time, no other load.
+#     caught up by snapshot and log, promoted), wall time, no other load;
+#     then another (node 5) while keyed runs go on: wall time, and the
+#     write p99 of each run meanwhile (the first: while the snapshot is sent).
 #
 # Ends with one line:
 #   keys=N rss_mb_max=M disk_bytes_per_key=B keyed_ops_s=R
@@ -326,6 +328,23 @@ a TTL of ${age_ms} ms; $during)"
     timeout "$JOIN_WAIT_S" scripts/cluster.sh join 4 >"$WORK/join.log" 2>&1 \
         || { cat "$WORK/join.log" >&2; die "node 4 did not join within ${JOIN_WAIT_S}s"; }
     echo "new_node_join_s=$(since "$started")"
+
+    # Another new node while the keyed load goes on: the leader streams it
+    # a snapshot, then the log written meanwhile. Keyed runs of P99_RUN_S
+    # follow each other until node 5 is a voter; each run's p99 is printed
+    # (the first one is while the snapshot is sent).
+    started=$(now)
+    timeout "$JOIN_WAIT_S" scripts/cluster.sh join 5 >"$WORK/join5.log" 2>&1 &
+    joining=$!
+    p99s=""
+    while kill -0 "$joining" 2>/dev/null; do
+        p99s+=" $(field p99_ms "$(keyed_run "$P99_RUN_S")")"
+    done
+    if wait "$joining"; then
+        echo "new_node_join_under_load_s=$(since "$started") (write p99 ms of each ${P99_RUN_S}s run meanwhile:$p99s)"
+    else
+        echo "new_node_join_under_load_s=failed after $(since "$started") s ($(tail -n 1 "$WORK/join5.log"); write p99 ms of each ${P99_RUN_S}s run meanwhile:$p99s)"
+    fi
 fi
 
 echo "keys=$keys rss_mb_max=$rss_after disk_bytes_per_key=$disk_per_key keyed_ops_s=$ops"

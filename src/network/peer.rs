@@ -112,6 +112,8 @@ pub struct PeerNetwork {
     via: Arc<BTreeMap<NodeId, String>>,
     /// Mutual TLS to the peers (`network::tls`); `None`: plain.
     tls: Option<super::tls::NodeTls>,
+    /// The snapshots being sent to peers.
+    sends: Arc<SnapshotSends>,
 }
 
 impl PeerNetwork {
@@ -121,7 +123,15 @@ impl PeerNetwork {
             identity,
             via: Arc::default(),
             tls: None,
+            sends: Arc::default(),
         }
+    }
+
+    /// The snapshots this node's clients send to peers are counted in
+    /// `sends`.
+    pub fn with_snapshot_sends(mut self, sends: Arc<SnapshotSends>) -> PeerNetwork {
+        self.sends = sends;
+        self
     }
 
     /// Dials peers over mutual TLS when `tls` is given.
@@ -178,7 +188,55 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
                     .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
             }),
             peer_addr: dial,
+            sends: self.sends.clone(),
         }
+    }
+}
+
+/// The snapshots this node is sending to its peers, for the snapshot
+/// schedule (`node::snapshot_schedule`): a leader that builds a newer
+/// snapshot while one is on its way purges the log the receiver needs right
+/// after it, and the receiver then needs another snapshot — under steady
+/// writes, at a size whose install outlasts a few builds, forever.
+#[derive(Debug, Default)]
+pub struct SnapshotSends {
+    active: std::sync::atomic::AtomicUsize,
+    last_ended: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl SnapshotSends {
+    /// Whether a snapshot is being sent, or one ended less than `grace` ago
+    /// (its receiver is still catching up on the log after it).
+    pub fn receiver_catching_up(&self, grace: Duration) -> bool {
+        self.active.load(std::sync::atomic::Ordering::Acquire) > 0
+            || self
+                .last_ended
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some_and(|ended| ended.elapsed() < grace)
+    }
+
+    /// Counts a send until the guard is dropped.
+    fn start(self: &Arc<Self>) -> SendInProgress {
+        self.active
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        SendInProgress(self.clone())
+    }
+}
+
+/// A snapshot send in progress (see [`SnapshotSends`]).
+struct SendInProgress(Arc<SnapshotSends>);
+
+impl Drop for SendInProgress {
+    fn drop(&mut self) {
+        *self
+            .0
+            .last_ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
+        self.0
+            .active
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -190,6 +248,8 @@ pub struct PeerClient {
     client: Option<RaftClient<Channel>>,
     /// The address dialled (the announced one, or its override).
     peer_addr: String,
+    /// Where the snapshots sent to this peer are counted.
+    sends: Arc<SnapshotSends>,
 }
 
 #[derive(Clone, Copy)]
@@ -587,6 +647,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let _counted = self.sends.start();
         let send = self.send_snapshot(vote, snapshot);
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
@@ -834,6 +895,29 @@ mod tests {
     use super::*;
     use crate::raft_types::Entry;
     use oncekv_core::{Nonce, Op};
+
+    #[tokio::test]
+    async fn a_receiver_is_catching_up_during_a_send_and_for_the_grace_after_it() {
+        let sends = Arc::new(SnapshotSends::default());
+        // Long enough that the checks right after a drop fall within it on
+        // a loaded machine.
+        let grace = Duration::from_secs(5);
+        assert!(!sends.receiver_catching_up(grace), "nothing sent yet");
+        let first = sends.start();
+        let second = sends.start();
+        drop(first);
+        assert!(
+            sends.receiver_catching_up(Duration::ZERO),
+            "one send still runs"
+        );
+        drop(second);
+        assert!(sends.receiver_catching_up(grace), "within the grace");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !sends.receiver_catching_up(Duration::from_millis(10)),
+            "past the grace"
+        );
+    }
 
     fn append(indexes: std::ops::RangeInclusive<u64>) -> AppendEntriesRequest<TypeConfig> {
         let log_id = |index| openraft::testing::log_id::<TypeConfig>(2, 1, index);

@@ -13,7 +13,7 @@ use crate::network::admin_api::AdminApi;
 use crate::network::auth::{AuthLayer, AuthPolicy, SharedPolicy};
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
-use crate::network::peer::{PeerNetwork, PeerService};
+use crate::network::peer::{PeerNetwork, PeerService, SnapshotSends};
 use crate::network::proposer::Proposer;
 use crate::network::tls::{NodeTls, Port};
 use crate::raft_types::{NodeId, Raft, TypeConfig};
@@ -161,9 +161,11 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let snapshots = state_machine.snapshot_inbox();
 
     let raft_config = raft_config(&config)?;
+    let snapshot_sends = Arc::new(SnapshotSends::default());
     let network = PeerNetwork::new(config.id, identity.clone())
         .with_dial_overrides(config.peer_via.clone())
-        .with_tls(tls.clone());
+        .with_tls(tls.clone())
+        .with_snapshot_sends(snapshot_sends.clone());
     let restored = read_index::restored_from(config.id, &mut log_store)
         .await
         .context("reading the Raft log state")?;
@@ -184,6 +186,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
             key_records_max: usize::try_from(config.snapshot_every_key_records)
                 .unwrap_or(usize::MAX),
             key_records_held,
+            snapshot_sends,
         },
     ));
 

@@ -14,6 +14,13 @@
 //! wall-clock seconds go round the members — and at once, turn or not,
 //! when all of them are.
 //!
+//! While this node sends a snapshot to a peer (and for a while after, as the
+//! receiver catches up on the log), it holds its own builds back up to four
+//! times both intervals: a newer snapshot would let Raft purge the log the
+//! receiver needs right after the one it is installing, and the receiver
+//! would need another — at tens of millions of keys under steady writes,
+//! without end.
+//!
 //! Owns the schedule (pure functions of the last snapshot index, the
 //! interval, the phase and the turn) and the task that asks Raft for a build
 //! when one is due. It must not build, purge or decide anything about what a
@@ -22,6 +29,7 @@
 //! any other. The wall clock only spreads builds over time; nothing correct
 //! depends on it.
 
+use crate::network::peer::SnapshotSends;
 use crate::raft_types::{NodeId, Raft};
 use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
@@ -40,13 +48,24 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_secs(1);
 /// How long each member's turn for key-record builds lasts.
 const TURN: Duration = Duration::from_secs(1);
 
+/// How long after a snapshot send ends builds are still held back: the
+/// receiver fetches the log written since the snapshot meanwhile.
+const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
+
+/// How far builds are held back while a receiver catches up: both
+/// intervals stretched this many times (the log and the key records held
+/// in memory grow that much more at most).
+const HOLD_STRETCH: u64 = 4;
+
 /// What the node builds for: `every_entries` applied entries, and key
 /// records held in memory (published by the state machine) reaching
-/// `key_records_max`.
+/// `key_records_max`; held back while `snapshot_sends` has a receiver
+/// catching up.
 pub(crate) struct Schedule {
     pub every_entries: u64,
     pub key_records_max: usize,
     pub key_records_held: Arc<AtomicUsize>,
+    pub snapshot_sends: Arc<SnapshotSends>,
 }
 
 /// Where in every cycle of `every` entries the node in place `position` of
@@ -127,8 +146,15 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
             )
         };
         let (place, count) = position(&raft, node);
+        let stretch = if schedule.snapshot_sends.receiver_catching_up(CATCH_UP_GRACE) {
+            HOLD_STRETCH
+        } else {
+            1
+        };
         let every = schedule.every_entries;
-        let entries_due = applied >= next_due(base, every, phase(place, count, every));
+        let entries_due = applied
+            >= next_due(base, every, phase(place, count, every))
+                .saturating_add((stretch - 1).saturating_mul(every));
         // Spreads builds over time only; nothing decided depends on it.
         #[allow(clippy::disallowed_methods)]
         let now_ms = SystemTime::now()
@@ -136,7 +162,9 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
             .map_or(0, |since| since.as_millis());
         let records_due = key_records_due(
             schedule.key_records_held.load(Ordering::Relaxed),
-            schedule.key_records_max,
+            schedule
+                .key_records_max
+                .saturating_mul(usize::try_from(stretch).unwrap_or(1)),
             in_turn(now_ms, place, count),
         );
         if !entries_due && !records_due {
