@@ -45,6 +45,8 @@
 #                     tenth of KEYS)
 #   KEEP_DATA         1: keep the data directories and node logs (their
 #                     path is printed at the end); default 0: delete them
+#                     (the node logs are kept anyway when the load had
+#                     refused requests)
 #   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: build target/release)
 set -euo pipefail
 
@@ -111,6 +113,16 @@ cleanup() {
     if ((KEEP_DATA == 1)); then
         echo "bench-state.sh: data and node logs kept in $ONCEKV_DATA" >&2
     else
+        # Requests refused during the run: the node logs say why (an
+        # election, a lease expiry); they are kept, the data is not.
+        if [[ -s $WORK/refused ]]; then
+            local logs
+            logs=$(mktemp -d -t oncekv-bench-state-logs.XXXXXX)
+            for log in "$ONCEKV_DATA"/n*/node.log; do
+                [[ -f $log ]] && cp "$log" "$logs/$(basename "$(dirname "$log")").log"
+            done
+            echo "bench-state.sh: requests were refused; node logs kept in $logs" >&2
+        fi
         rm -rf "$WORK"
     fi
 }
@@ -239,6 +251,7 @@ errors=$(grep -o 'errors=[0-9]*' <<<"$load" | cut -d= -f2)
 ops=$(grep -o 'ops/s=[0-9]*' <<<"$load" | cut -d= -f2)
 if ((${errors:-0} > 0)); then
     echo "failed_requests=$errors $(grep -o 'first: .*' "$WORK/load.err" | head -n 1)"
+    echo "$errors" >"$WORK/refused"
 fi
 
 keys=$(wait_applied)
