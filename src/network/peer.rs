@@ -200,26 +200,27 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 /// writes, at a size whose install outlasts a few builds, forever.
 #[derive(Debug, Default)]
 pub struct SnapshotSends {
-    active: std::sync::atomic::AtomicUsize,
-    last_ended: Mutex<Option<tokio::time::Instant>>,
+    /// Sends in progress, and when the last one ended.
+    state: Mutex<(usize, Option<tokio::time::Instant>)>,
 }
 
 impl SnapshotSends {
+    fn state(&self) -> std::sync::MutexGuard<'_, (usize, Option<tokio::time::Instant>)> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Whether a snapshot is being sent, or one ended less than `grace` ago
     /// (its receiver is still catching up on the log after it).
     pub fn receiver_catching_up(&self, grace: Duration) -> bool {
-        self.active.load(std::sync::atomic::Ordering::Acquire) > 0
-            || self
-                .last_ended
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .is_some_and(|ended| ended.elapsed() < grace)
+        let (active, last_ended) = *self.state();
+        active > 0 || last_ended.is_some_and(|ended| ended.elapsed() < grace)
     }
 
     /// Counts a send until the guard is dropped.
     fn start(self: &Arc<Self>) -> SendInProgress {
-        self.active
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.state().0 += 1;
         SendInProgress(self.clone())
     }
 }
@@ -229,14 +230,9 @@ struct SendInProgress(Arc<SnapshotSends>);
 
 impl Drop for SendInProgress {
     fn drop(&mut self) {
-        *self
-            .0
-            .last_ended
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
-        self.0
-            .active
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        let mut state = self.0.state();
+        state.0 -= 1;
+        state.1 = Some(tokio::time::Instant::now());
     }
 }
 

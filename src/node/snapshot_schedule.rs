@@ -95,24 +95,18 @@ pub(crate) fn next_due(base: u64, every: u64, phase: u64) -> u64 {
     phase.saturating_add(cycles.saturating_mul(every))
 }
 
-/// This node's place among the members (voters and learners, by id) the
-/// metrics name, and their count; a node that is not (yet) a member takes
-/// the first place of a cluster of one.
-fn position(raft: &Raft, node: NodeId) -> (usize, usize) {
-    let metrics = raft.metrics();
-    let metrics = metrics.borrow_watched();
-    let mut ids: Vec<NodeId> = metrics
-        .membership_config
-        .membership()
-        .nodes()
-        .map(|(id, _)| *id)
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    match ids.iter().position(|id| *id == node) {
-        Some(place) => (place, ids.len()),
-        None => (0, 1),
+/// This node's place among the members (voters and learners) whose ids
+/// `ids` gives in order, once each, and their count; a node that is not
+/// (yet) a member takes the first place of a cluster of one.
+fn position(ids: impl Iterator<Item = NodeId>, node: NodeId) -> (usize, usize) {
+    let (mut place, mut count) = (None, 0);
+    for id in ids {
+        if id == node {
+            place = Some(count);
+        }
+        count += 1;
     }
+    place.map_or((0, 1), |place| (place, count))
 }
 
 /// Whether the member in place `place` of `count` has its turn for a
@@ -137,15 +131,23 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
     let mut asked: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
-        let (applied, base) = {
+        let (applied, base, (place, count)) = {
             let metrics = raft.metrics();
             let metrics = metrics.borrow_watched();
             (
                 metrics.last_applied.as_ref().map_or(0, |id| id.index),
                 metrics.snapshot.as_ref().map_or(0, |id| id.index),
+                // A BTreeMap: ids in order, once each.
+                position(
+                    metrics
+                        .membership_config
+                        .membership()
+                        .nodes()
+                        .map(|(id, _)| *id),
+                    node,
+                ),
             )
         };
-        let (place, count) = position(&raft, node);
         let stretch = if schedule.snapshot_sends.receiver_catching_up(CATCH_UP_GRACE) {
             HOLD_STRETCH
         } else {
