@@ -13,7 +13,9 @@
 //! and the key keeps the new holder's answer; two proxies share the
 //! cluster (in progress behind one is 409 behind the other, after
 //! `--wait-ms`); an answer too large to record reaches its first caller
-//! and is then 502; and a leader killed while the upstream works still
+//! and is then 502; an https upstream is reached only with a certificate
+//! it can trust, for its name, and with the proxy's own certificate when
+//! it asks for one; and a leader killed while the upstream works still
 //! leaves exactly one upstream call. Two clusters, in two tests
 //! that run side by side.
 
@@ -72,6 +74,50 @@ impl Drop for Upstream {
 
 impl Upstream {
     async fn start() -> Upstream {
+        Upstream::serve(None).await
+    }
+
+    /// The same service over TLS: `cert`/`key` (PEM files) as its
+    /// identity and, with `client_ca`, only clients with a certificate of
+    /// that CA let in.
+    async fn start_tls(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        client_ca: Option<&std::path::Path>,
+    ) -> Upstream {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls::server::WebPkiClientVerifier;
+        use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
+        let provider = Arc::new(crypto::ring::default_provider());
+        let chain = CertificateDer::pem_file_iter(cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(key).unwrap();
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let config = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for certificate in CertificateDer::pem_file_iter(ca).unwrap() {
+                    roots.add(certificate.unwrap()).unwrap();
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .unwrap();
+                builder.with_client_cert_verifier(verifier)
+            }
+        }
+        .with_single_cert(chain, key)
+        .unwrap();
+        Upstream::serve(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
@@ -85,10 +131,25 @@ impl Upstream {
                 let calls = Arc::clone(&counted);
                 let service =
                     hyper::service::service_fn(move |request| answer(Arc::clone(&calls), request));
+                let tls = tls.clone();
                 connections.spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                                .await;
+                        }
+                        Some(tls) => {
+                            // A failed handshake is a connection never
+                            // served: no call counted.
+                            if let Ok(stream) = tls.accept(stream).await {
+                                let _ = http
+                                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                                    .await;
+                            }
+                        }
+                    }
                 });
             }
         });
@@ -101,6 +162,11 @@ impl Upstream {
 
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Its URL over TLS.
+    fn https_url(&self) -> String {
+        format!("https://{}", self.addr)
     }
 
     fn calls(&self) -> Vec<Call> {
@@ -440,7 +506,12 @@ async fn proxy_forwards_each_keyed_request_once() {
     assert_eq!(failed.status, 500, "{failed:?}");
     assert_eq!(upstream.calls_with("k2").len(), 1);
     let retried = post(&http, "/pay", &[("Idempotency-Key", "k2")], "pay 5").await;
-    assert_eq!(retried.status, 201, "{retried:?}");
+    assert_eq!(
+        retried.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retried.body)
+    );
     assert_eq!(retried.header("idempotent-replayed"), Some("false"));
     let calls = upstream.calls_with("k2");
     assert_eq!(calls.len(), 2, "the retry reached the upstream");
@@ -765,6 +836,98 @@ async fn proxy_forwards_each_keyed_request_once() {
     );
     let plain = post(&cut_off.http(), "/plain", &[], "p").await;
     assert_eq!(plain.status, 201);
+
+    https_upstreams(&endpoints).await;
+}
+
+/// An https upstream: forwarded once and replayed with `--upstream-ca`;
+/// refused (502, released, nothing reaches the service) when its
+/// certificate chains to no trusted root or does not name the host; and,
+/// behind an upstream that asks for client certificates, let in only with
+/// `--upstream-cert`/`--upstream-key`.
+async fn https_upstreams(endpoints: &[String]) {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    // node-1 names 127.0.0.1 (and localhost); node-2 only `elsewhere.test`.
+    support::cluster::make_certs(dir, &["--node", "1", "--client", "proxy"]);
+    support::cluster::make_certs(dir, &["--node", "2", "--host", "elsewhere.test"]);
+    let path = |name: &str| dir.join(name);
+    let ca = path("ca.pem");
+    let ca_arg = ca.to_str().unwrap();
+    let keyed = |proxy: &ProxyProcess, key: &'static str| {
+        let http = proxy.http();
+        async move { post(&http, "/orders", &[("Idempotency-Key", key)], "tls").await }
+    };
+
+    let upstream = Upstream::start_tls(&path("node-1.pem"), &path("node-1-key.pem"), None).await;
+    let trusted =
+        ProxyProcess::start(endpoints, &upstream.https_url(), &["--upstream-ca", ca_arg]).await;
+    let first = keyed(&trusted, "t1").await;
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.header("idempotent-replayed"), Some("false"));
+    let again = keyed(&trusted, "t1").await;
+    assert_eq!((again.status, &again.body), (201, &first.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("t1").len(), 1);
+
+    // The platform's roots do not trust this test's CA.
+    let untrusted = ProxyProcess::start(endpoints, &upstream.https_url(), &[]).await;
+    let refused = keyed(&untrusted, "t2").await;
+    assert_problem(&refused, 502, "UPSTREAM_UNREACHABLE");
+    let detail = refused.json()["detail"].to_string();
+    assert!(detail.contains("certificate"), "{detail}");
+    assert!(upstream.calls_with("t2").is_empty());
+    // Released: the same key through a proxy that trusts the CA goes on.
+    let retried = keyed(&trusted, "t2").await;
+    assert_eq!(
+        retried.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retried.body)
+    );
+    assert_eq!(upstream.calls_with("t2")[0].attempt, Some(2));
+
+    // A certificate of the right CA for another name.
+    let misnamed = Upstream::start_tls(&path("node-2.pem"), &path("node-2-key.pem"), None).await;
+    let proxy =
+        ProxyProcess::start(endpoints, &misnamed.https_url(), &["--upstream-ca", ca_arg]).await;
+    let refused = keyed(&proxy, "t3").await;
+    assert_problem(&refused, 502, "UPSTREAM_UNREACHABLE");
+    assert!(misnamed.calls().is_empty());
+
+    // Mutual TLS: without a client certificate the handshake fails.
+    let mutual = Upstream::start_tls(&path("node-1.pem"), &path("node-1-key.pem"), Some(&ca)).await;
+    let anonymous =
+        ProxyProcess::start(endpoints, &mutual.https_url(), &["--upstream-ca", ca_arg]).await;
+    let refused = keyed(&anonymous, "t4").await;
+    assert_problem(&refused, 502, "UPSTREAM_UNREACHABLE");
+    assert!(mutual.calls().is_empty());
+    let identified = ProxyProcess::start(
+        endpoints,
+        &mutual.https_url(),
+        &[
+            "--upstream-ca",
+            ca_arg,
+            "--upstream-cert",
+            path("proxy.pem").to_str().unwrap(),
+            "--upstream-key",
+            path("proxy-key.pem").to_str().unwrap(),
+        ],
+    )
+    .await;
+    let accepted = keyed(&identified, "t5").await;
+    assert_eq!(
+        accepted.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&accepted.body)
+    );
+    assert_eq!(mutual.calls_with("t5").len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -804,7 +967,12 @@ async fn proxy_survives_its_own_crash_and_the_leaders() {
         "ship 1",
     )
     .await;
-    assert_eq!(retried.status, 201, "{retried:?}");
+    assert_eq!(
+        retried.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retried.body)
+    );
     assert_eq!(retried.header("idempotent-replayed"), Some("false"));
     let calls = upstream.calls_with("s1");
     assert_eq!(calls.len(), 2, "{calls:?}");

@@ -22,10 +22,23 @@ pub struct ProxyArgs {
     /// Where to serve (HOST:PORT; port 0 picks a free one, printed).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: SocketAddr,
-    /// The service behind the proxy: http://HOST:PORT, with an optional
-    /// path prefix.
+    /// The service behind the proxy: http://HOST:PORT or
+    /// https://HOST[:PORT], with an optional path prefix. Over https the
+    /// upstream's certificate must name HOST and chain to --upstream-ca
+    /// (the platform's roots without it).
     #[arg(long, value_name = "URL")]
     pub upstream: String,
+    /// CA certificates (PEM) an https upstream's certificate must chain
+    /// to, instead of the platform's roots.
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<std::path::PathBuf>,
+    /// A certificate (PEM) the proxy presents to an https upstream that
+    /// asks for one (mutual TLS); with --upstream-key.
+    #[arg(long, value_name = "FILE", requires = "upstream_key")]
+    pub upstream_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --upstream-cert.
+    #[arg(long, value_name = "FILE", requires = "upstream_cert")]
+    pub upstream_key: Option<std::path::PathBuf>,
     /// Methods whose requests with an Idempotency-Key are claimed
     /// (comma-separated); other methods pass through.
     #[arg(
@@ -160,6 +173,18 @@ impl ProxyArgs {
                 .map_err(|_| format!("{flag} {name:?}: not a header name"))
         };
         let mut config = Config::new(self.upstream.clone());
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|error| format!("{flag} {}: {error}", path.display()))
+        };
+        config.upstream_tls.ca_pem = self
+            .upstream_ca
+            .as_deref()
+            .map(|path| read("--upstream-ca", path))
+            .transpose()?;
+        if let (Some(cert), Some(key)) = (&self.upstream_cert, &self.upstream_key) {
+            config.upstream_tls.identity_pem =
+                Some((read("--upstream-cert", cert)?, read("--upstream-key", key)?));
+        }
         config.methods = self
             .methods
             .iter()

@@ -132,7 +132,7 @@ impl Proxy {
         client: Client,
         metrics: Arc<Metrics>,
     ) -> Result<Proxy, UpstreamError> {
-        let upstream = Upstream::new(&config.upstream)?;
+        let upstream = Upstream::new(&config.upstream, &config.upstream_tls)?;
         let options = OnceOptions {
             lease: config.lease,
             wait: config.wait,

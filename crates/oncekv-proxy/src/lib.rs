@@ -78,8 +78,10 @@ const UNRECORDABLE_HEADERS: &[&str] = &[
 /// How a proxy behaves (the flags of `oncekv proxy`).
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `http://HOST:PORT[/PREFIX]` of the service behind the proxy.
+    /// `http[s]://HOST:PORT[/PREFIX]` of the service behind the proxy.
     pub upstream: String,
+    /// For an `https` upstream: what to trust, what to present.
+    pub upstream_tls: upstream::UpstreamTls,
     /// The methods whose keyed requests are claimed; others pass through.
     pub methods: Vec<Method>,
     /// Answer 400 to a guarded method without an `Idempotency-Key`.
@@ -119,6 +121,7 @@ impl Config {
     pub fn new(upstream: impl Into<String>) -> Config {
         Config {
             upstream: upstream.into(),
+            upstream_tls: upstream::UpstreamTls::default(),
             methods: vec![Method::POST, Method::PATCH],
             require_key: false,
             lease: Duration::from_secs(30),

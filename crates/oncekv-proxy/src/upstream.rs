@@ -1,17 +1,24 @@
-//! The upstream: where requests go (`--upstream http://HOST:PORT[/PREFIX]`),
-//! one pooled HTTP/1.1 client to it, the request's URI rewritten onto it,
-//! and the headers a proxy must not pass on (hop-by-hop ones, and the
-//! proxy's own `Idempotency-Fence` / `Idempotency-Attempt`, which only the
-//! proxy sets). It decides nothing about keys or records.
+//! The upstream: where requests go (`--upstream http[s]://HOST:PORT[/PREFIX]`),
+//! one pooled HTTP/1.1 client to it — over TLS for `https`, the upstream's
+//! certificate checked against `--upstream-ca` or the platform's roots and
+//! the URL's host, with an optional client certificate —, the request's URI
+//! rewritten onto it, and the headers a proxy must not pass on (hop-by-hop
+//! ones, and the proxy's own `Idempotency-Fence` / `Idempotency-Attempt`,
+//! which only the proxy sets). It decides nothing about keys or records.
 
 use crate::body::ProxyBody;
 use http::header::{self, HeaderMap, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
 /// Header carrying the claim's fencing token to the upstream.
 pub const IDEMPOTENCY_FENCE: HeaderName = HeaderName::from_static("idempotency-fence");
@@ -26,6 +33,76 @@ pub struct UpstreamError {
     why: String,
 }
 
+/// How the proxy talks TLS to an `https` upstream (`--upstream-ca`,
+/// `--upstream-cert`, `--upstream-key`), as PEM text. Without a CA the
+/// platform's roots are trusted; without an identity the proxy presents
+/// no certificate. An `http` upstream takes none of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// CA certificates the upstream's certificate must chain to.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The proxy's certificate chain and its private key, for an upstream
+    /// that asks for client certificates (mutual TLS).
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl UpstreamTls {
+    fn is_empty(&self) -> bool {
+        self.ca_pem.is_none() && self.identity_pem.is_none()
+    }
+
+    /// The rustls client configuration: roots, then the identity, if any.
+    fn client_config(&self) -> Result<ClientConfig, String> {
+        let mut roots = RootCertStore::empty();
+        match &self.ca_pem {
+            Some(pem) => {
+                let certificates = CertificateDer::pem_slice_iter(pem)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| format!("--upstream-ca: not PEM certificates: {error}"))?;
+                if certificates.is_empty() {
+                    return Err("--upstream-ca: no certificate in it".to_owned());
+                }
+                for certificate in certificates {
+                    roots.add(certificate).map_err(|error| {
+                        format!("--upstream-ca: a certificate rustls refuses: {error}")
+                    })?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err(format!(
+                        "no trusted root certificate found on this machine ({} errors reading them); give --upstream-ca",
+                        found.errors.len()
+                    ));
+                }
+            }
+        }
+        let provider = Arc::new(crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|error| format!("TLS versions: {error}"))?
+            .with_root_certificates(roots);
+        match &self.identity_pem {
+            None => Ok(builder.with_no_client_auth()),
+            Some((chain_pem, key_pem)) => {
+                let chain = CertificateDer::pem_slice_iter(chain_pem)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| format!("--upstream-cert: not PEM certificates: {error}"))?;
+                if chain.is_empty() {
+                    return Err("--upstream-cert: no certificate in it".to_owned());
+                }
+                let key = PrivateKeyDer::from_pem_slice(key_pem)
+                    .map_err(|error| format!("--upstream-key: no PEM private key: {error}"))?;
+                builder.with_client_auth_cert(chain, key).map_err(|error| {
+                    format!("--upstream-cert and --upstream-key do not make an identity: {error}")
+                })
+            }
+        }
+    }
+}
+
 /// The upstream service and the client that calls it.
 #[derive(Clone, Debug)]
 pub struct Upstream {
@@ -34,41 +111,67 @@ pub struct Upstream {
     /// A path prefix every request's path goes under (no trailing `/`;
     /// empty for none).
     prefix: String,
-    client: HttpClient<HttpConnector, ProxyBody>,
+    client: HttpClient<HttpsConnector<HttpConnector>, ProxyBody>,
 }
 
 impl Upstream {
-    /// The upstream at `url`: `http://HOST:PORT` with an optional path
-    /// prefix (no query). HTTPS to the upstream is not supported: the
-    /// proxy is a sidecar beside it.
-    pub fn new(url: &str) -> Result<Upstream, UpstreamError> {
+    /// The upstream at `url`: `http://HOST:PORT` or `https://HOST[:PORT]`
+    /// with an optional path prefix (no query). For `https`, `tls` says
+    /// what to trust and what to present; the upstream's certificate must
+    /// name the URL's host.
+    pub fn new(url: &str, tls: &UpstreamTls) -> Result<Upstream, UpstreamError> {
         let error = |why: &str| UpstreamError {
             url: url.to_owned(),
             why: why.to_owned(),
         };
         let uri: Uri = url.parse().map_err(|_| error("not a URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(error(
-                    "https is not supported; the proxy talks plain HTTP to an upstream beside it",
-                ));
-            }
-            _ => return Err(error("give http://HOST:PORT")),
-        }
+        let scheme = match uri.scheme_str() {
+            Some("http") => Scheme::HTTP,
+            Some("https") => Scheme::HTTPS,
+            _ => return Err(error("give http://HOST:PORT or https://HOST:PORT")),
+        };
         let authority = uri.authority().cloned().ok_or_else(|| error("no host"))?;
         if uri.query().is_some() {
             return Err(error("a query is not allowed"));
+        }
+        if scheme == Scheme::HTTP && !tls.is_empty() {
+            return Err(error(
+                "--upstream-ca, --upstream-cert and --upstream-key need an https upstream",
+            ));
         }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        // The TLS layer below decides the scheme: plain TCP for http, a
+        // handshake first for https.
+        connector.enforce_http(false);
+        let connector = if scheme == Scheme::HTTPS {
+            HttpsConnectorBuilder::new()
+                .with_tls_config(tls.client_config().map_err(|why| error(&why))?)
+                .https_only()
+                .enable_http1()
+                .wrap_connector(connector)
+        } else {
+            // Every URI this client sees is http: the TLS configuration
+            // (trusting nothing) is never used.
+            HttpsConnectorBuilder::new()
+                .with_tls_config(
+                    ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
+                        .with_safe_default_protocol_versions()
+                        .map_err(|tls| error(&format!("TLS versions: {tls}")))?
+                        .with_root_certificates(RootCertStore::empty())
+                        .with_no_client_auth(),
+                )
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector)
+        };
         let client = HttpClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Ok(Upstream {
-            scheme: Scheme::HTTP,
+            scheme,
             authority,
             prefix,
             client,
@@ -140,24 +243,37 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 mod tests {
     use super::*;
 
-    /// Paths and queries go under the prefix unchanged; https and queries
-    /// in the upstream URL are refused.
+    /// Paths and queries go under the prefix unchanged; queries and other
+    /// schemes in the upstream URL are refused, and so is TLS material for
+    /// a plain upstream.
     #[tokio::test]
     async fn uris_are_rewritten_onto_the_upstream() {
-        let plain = Upstream::new("http://127.0.0.1:9000").unwrap();
+        let none = UpstreamTls::default();
+        let plain = Upstream::new("http://127.0.0.1:9000", &none).unwrap();
         let uri: Uri = "/orders/4%2F2?x=1&y".parse().unwrap();
         assert_eq!(
             plain.uri_for(&uri).unwrap().to_string(),
             "http://127.0.0.1:9000/orders/4%2F2?x=1&y"
         );
-        let prefixed = Upstream::new("http://app:80/api/").unwrap();
+        let prefixed = Upstream::new("http://app:80/api/", &none).unwrap();
         assert_eq!(
             prefixed.uri_for(&uri).unwrap().to_string(),
             "http://app:80/api/orders/4%2F2?x=1&y"
         );
-        for bad in ["https://a:1", "a:1", "http://a:1/?q", "ftp://a"] {
-            assert!(Upstream::new(bad).is_err(), "{bad}");
+        for bad in ["a:1", "http://a:1/?q", "ftp://a"] {
+            assert!(Upstream::new(bad, &none).is_err(), "{bad}");
         }
+        let with_ca = UpstreamTls {
+            ca_pem: Some(b"not pem".to_vec()),
+            identity_pem: None,
+        };
+        let refused = Upstream::new("http://a:1", &with_ca).unwrap_err();
+        assert!(
+            refused.to_string().contains("need an https upstream"),
+            "{refused}"
+        );
+        let refused = Upstream::new("https://a:1", &with_ca).unwrap_err();
+        assert!(refused.to_string().contains("--upstream-ca"), "{refused}");
     }
 
     /// Hop-by-hop headers, and those `Connection` names, are dropped.
