@@ -48,6 +48,10 @@ pub enum Target {
     OncekvPlain,
     /// oncekv ExecuteKeyed of a put, a new idempotency key each time.
     OncekvKeyed,
+    /// etcd Txn put-if-absent of the value under a new key: the
+    /// deduplication record of a consumer built on etcd (the etcd side of
+    /// `OncekvKeyed`).
+    EtcdOnce,
     /// etcd Txn put-if-absent of "in progress", then Put of the result.
     EtcdClaim,
     /// oncekv Claim (won), then CompleteClaim of its fence.
@@ -61,6 +65,7 @@ impl Target {
             Target::OncekvExec => "oncekv-exec",
             Target::OncekvPlain => "oncekv-plain",
             Target::OncekvKeyed => "oncekv-keyed",
+            Target::EtcdOnce => "etcd-once",
             Target::EtcdClaim => "etcd-claim",
             Target::OncekvClaim => "oncekv-claim",
         }
@@ -75,6 +80,7 @@ impl Target {
             Target::EtcdClaim | Target::OncekvClaim => {
                 format!("claim/{salt:016x}-{number}-{n}").into_bytes()
             }
+            Target::EtcdOnce => format!("once/{salt:016x}-{number}-{n}").into_bytes(),
             Target::EtcdPut | Target::OncekvExec | Target::OncekvPlain | Target::OncekvKeyed => {
                 format!("loadgen-{number}-{}", n % KEYS_PER_CLIENT).into_bytes()
             }
@@ -144,6 +150,7 @@ impl fmt::Display for Report {
 /// One client's way of doing one operation.
 enum Caller {
     Etcd(etcd::kv_client::KvClient<Channel>),
+    EtcdOnce(etcd::kv_client::KvClient<Channel>),
     EtcdClaim(etcd::kv_client::KvClient<Channel>),
     Exec {
         client: oncekv::client_client::ClientClient<Channel>,
@@ -239,6 +246,16 @@ impl Caller {
                     })
                     .await
                     .map_err(failed)?;
+            }
+            Caller::EtcdOnce(client) => {
+                let recorded = client
+                    .txn(put_if_absent(key, value))
+                    .await
+                    .map_err(failed)?
+                    .into_inner();
+                if !recorded.succeeded {
+                    return Err("etcd Txn: the new key was already created".to_owned());
+                }
             }
             Caller::EtcdClaim(client) => {
                 let reserved = client
@@ -455,15 +472,15 @@ async fn callers(
 ) -> anyhow::Result<Vec<Caller>> {
     let channel = |number: usize| channels[number % channels.len()].clone();
     match options.target {
-        Target::EtcdPut | Target::EtcdClaim => {
-            let claim = options.target == Target::EtcdClaim;
+        Target::EtcdPut | Target::EtcdOnce | Target::EtcdClaim => {
+            let target = options.target;
             return Ok((0..options.clients)
                 .map(|number| {
                     let client = etcd::kv_client::KvClient::new(channel(number));
-                    if claim {
-                        Caller::EtcdClaim(client)
-                    } else {
-                        Caller::Etcd(client)
+                    match target {
+                        Target::EtcdClaim => Caller::EtcdClaim(client),
+                        Target::EtcdOnce => Caller::EtcdOnce(client),
+                        _ => Caller::Etcd(client),
                     }
                 })
                 .collect());
@@ -602,11 +619,12 @@ async fn unregister(callers: Vec<Caller>) {
 mod tests {
     use super::*;
 
-    /// Claim cycles never reuse a key (within a client, across clients or
-    /// across runs), while puts cycle over each client's own keys.
+    /// Claim cycles and etcd put-if-absent records never reuse a key
+    /// (within a client, across clients or across runs), while puts cycle
+    /// over each client's own keys.
     #[test]
     fn claim_keys_are_new_put_keys_cycle() {
-        for target in [Target::EtcdClaim, Target::OncekvClaim] {
+        for target in [Target::EtcdOnce, Target::EtcdClaim, Target::OncekvClaim] {
             let mut seen = std::collections::BTreeSet::new();
             for salt in [1, 2] {
                 for number in [0, 1, 10] {

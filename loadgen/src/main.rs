@@ -63,6 +63,10 @@ enum Mode {
     /// request (each one a new record of the registry), the puts cycling
     /// over each client's own keys like the other modes.
     OncekvKeyed(LoadArgs),
+    /// etcd's deduplication record, one new key per request: a `KV.Txn`
+    /// putting the value only if the key was never created
+    /// (create_revision == 0) — the etcd side of `oncekv-keyed`.
+    EtcdOnce(LoadArgs),
     /// The reserve → record cycle on etcd, one new key per cycle: a `KV.Txn`
     /// putting "in progress" only if the key was never created
     /// (create_revision == 0), then a `KV.Put` of the result (the value).
@@ -172,6 +176,7 @@ async fn main() -> anyhow::Result<()> {
         Mode::OncekvExec(args) => load(Target::OncekvExec, &args).await,
         Mode::OncekvPlain(args) => load(Target::OncekvPlain, &args).await,
         Mode::OncekvKeyed(args) => load(Target::OncekvKeyed, &args).await,
+        Mode::EtcdOnce(args) => load(Target::EtcdOnce, &args).await,
         Mode::EtcdClaim(args) => load(Target::EtcdClaim, &args).await,
         Mode::OncekvClaim(args) => load(Target::OncekvClaim, &args).await,
         Mode::EtcdLeader(args) => print_leader(&args, etcd_view).await,
