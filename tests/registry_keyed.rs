@@ -986,3 +986,50 @@ fn rule18_same_entries_same_bytes() {
     };
     assert_eq!(run(), run());
 }
+
+/// A store that hands back a record the registry never counted (a state
+/// directory of another node or cluster, or one damaged past fjall's
+/// checksums) must not panic the node: removing it takes the counts down
+/// no further than zero, and the replica's state hash departs from an
+/// honest one's — which is how `oncekv admin hash` shows it.
+#[test]
+fn a_record_the_store_should_not_hold_does_not_panic_the_registry() {
+    let mut driver = Driver::new();
+    driver.apply(anonymous("small", put("v", Value::Int(1))));
+    let honest = driver.registry.clone();
+    let mut registry = driver.registry.clone();
+    registry.take_key_changes();
+    let stranger: KeyId = (
+        Principal(String::new()),
+        IdempotencyKey(b"never-executed".to_vec()),
+    );
+    // The only live group, holding one small record; the stranger is
+    // "of" that group and far larger.
+    let mut foreign = honest
+        .clone()
+        .take_key_changes()
+        .records
+        .into_iter()
+        .find_map(|(_, stored)| stored)
+        .expect("the small key's stored record");
+    foreign.record.response.result = Ok(oncekv_core::CommandResult::CompareAndSwap {
+        swapped: false,
+        current: Some(Value::Bytes(vec![7; 4096])),
+    });
+    let forget_stranger = Entry::single(driver.now_ms, forget("", "never-executed"));
+    let mut fetched = Prefetched::none();
+    for id in registry.keys_to_fetch(&forget_stranger) {
+        assert_eq!(id, stranger);
+        fetched.insert(id, Some(foreign.clone()));
+    }
+    let outcomes = registry.apply_prefetched(driver.index + 1, &forget_stranger, &fetched);
+    assert_eq!(outcomes, vec![Outcome::KeyForgotten { existed: true }]);
+    assert_eq!(registry.key_count(), 0);
+    assert_eq!(registry.keyed_cached_bytes(), 0, "saturated, not wrapped");
+    let mut replayed = honest;
+    replayed.apply(driver.index + 1, &forget_stranger);
+    assert_ne!(
+        snapshot::state_hash(&registry),
+        snapshot::state_hash(&replayed)
+    );
+}

@@ -158,18 +158,24 @@ impl Usage {
         entry.1 += record.size;
     }
 
+    /// Takes one record out. Saturating: a record handed back by an
+    /// adapter's store is counted here only if the store is the state's
+    /// own; a foreign or damaged store must not panic the node or wrap the
+    /// limits' counts (its record's hash, subtracted, makes this replica's
+    /// state hash disagree with the others', which is how it shows).
     fn subtract(&mut self, record: &Counted<'_>) {
-        self.records -= 1;
-        self.bytes -= record.size;
+        self.records = self.records.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(record.size);
         self.hash.subtract(&record.hash);
         self.count(record.principal, 1, record.size);
     }
 
-    /// Takes `records` and `bytes` of `principal` out.
+    /// Takes `records` and `bytes` of `principal` out (saturating, as
+    /// [`Usage::subtract`]).
     fn count(&mut self, principal: &Principal, records: u64, bytes: u64) {
         if let Some(entry) = self.by_principal.get_mut(principal) {
-            entry.0 -= records;
-            entry.1 -= bytes;
+            entry.0 = entry.0.saturating_sub(records);
+            entry.1 = entry.1.saturating_sub(bytes);
             if entry.0 == 0 {
                 self.by_principal.remove(principal);
             }
@@ -190,8 +196,8 @@ impl Usage {
 
     /// Takes a whole group's usage out.
     fn subtract_all(&mut self, group: &Usage) {
-        self.records -= group.records;
-        self.bytes -= group.bytes;
+        self.records = self.records.saturating_sub(group.records);
+        self.bytes = self.bytes.saturating_sub(group.bytes);
         self.hash.subtract_sum(&group.hash);
         for (principal, &(records, bytes)) in &group.by_principal {
             self.count(principal, records, bytes);

@@ -281,8 +281,17 @@ impl KeyGroupRecordV8 {
                     "a key group's usage per principal out of order or empty",
                 ));
             }
-            records = records.saturating_add(*principal_records);
-            bytes = bytes.saturating_add(*principal_bytes);
+            records =
+                records
+                    .checked_add(*principal_records)
+                    .ok_or(SnapshotError::Inconsistent(
+                        "a key group's usage per principal overflows",
+                    ))?;
+            bytes = bytes
+                .checked_add(*principal_bytes)
+                .ok_or(SnapshotError::Inconsistent(
+                    "a key group's usage per principal overflows",
+                ))?;
             last = Some(principal);
         }
         if records != self.records || bytes != self.bytes {
@@ -507,7 +516,7 @@ struct SessionRecordRef<'a> {
 }
 
 /// The owned twin of [`SessionRecordRef`]: the same bytes.
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct SessionRecord {
     client_id: ClientId,
     nonce: Nonce,
@@ -1061,6 +1070,19 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
             }
             _ => read_record(&mut input, &mut buffer)?,
         };
+        if version < SNAPSHOT_FORMAT_VERSION_4 {
+            // An older record grows when converted (an owner, the highest
+            // seq, a tag per response): one read at the limit must not
+            // become one this node can never write (a build or a state
+            // hash would fail on it).
+            buffer.clear();
+            codec::encode_into(&record, &mut buffer);
+            if buffer.len() as u64 > RECORD_BYTES_MAX {
+                return Err(SnapshotError::Inconsistent(
+                    "a session of an older format too large once converted",
+                ));
+            }
+        }
         restore_session(&mut registry, record)?;
     }
     let mut pairs = Vec::new();
@@ -1081,9 +1103,24 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
     if version > SNAPSHOT_FORMAT_VERSION_7 {
         let (floor_ms, count) = key_groups.expect("a version 8 or 9 header has key groups");
         let mut groups = Vec::new();
+        // The groups' counts add up to the header's before any is summed
+        // into the registry's totals (which would overflow on a peer's or
+        // a disk's bytes otherwise). A principal's usage across groups is
+        // bounded by these sums, each group's adding up to its counts.
+        let (mut records, mut bytes) = (0u64, 0u64);
         for _ in 0..count {
             let group: KeyGroupRecordV8 = read_record(&mut input, &mut buffer)?;
-            groups.push(group.into_summary()?);
+            let (start_ms, summary) = group.into_summary()?;
+            records = records
+                .checked_add(summary.usage.records)
+                .filter(|records| *records <= idempotency_keys)
+                .ok_or(SnapshotError::Inconsistent(
+                    "key groups hold more records than the header says",
+                ))?;
+            bytes = bytes
+                .checked_add(summary.usage.bytes)
+                .ok_or(SnapshotError::Inconsistent("key groups' bytes overflow"))?;
+            groups.push((start_ms, summary));
         }
         registry
             .keys
@@ -1776,6 +1813,62 @@ mod tests {
         let mut flipped = write(None, false);
         flipped[20] ^= 1;
         assert!(read_part(&flipped[..], true).is_err());
+    }
+
+    /// `registry`'s part with its key group summaries edited by `edit`
+    /// (digest recomputed): what a peer or a damaged disk could send.
+    fn part_with_groups(registry: &Registry, edit: impl Fn(&mut [KeyGroupRecordV8])) -> Vec<u8> {
+        let registry = &as_written(registry);
+        let mut out = HashingWriter {
+            inner: Vec::new(),
+            hasher: blake3::Hasher::new(),
+        };
+        let mut buffer = Vec::new();
+        write_head(registry, &mut out, &mut buffer).unwrap();
+        let mut groups: Vec<KeyGroupRecordV8> = registry
+            .keys
+            .groups()
+            .map(|(&start_ms, group)| KeyGroupRecordV8::of(start_ms, group))
+            .collect();
+        edit(&mut groups);
+        for group in &groups {
+            write_record(&mut out, &mut buffer, group).unwrap();
+        }
+        write_claims(registry, &mut out, &mut buffer).unwrap();
+        let digest = out.hasher.clone().finalize();
+        out.write_all(digest.as_bytes()).unwrap();
+        out.inner
+    }
+
+    /// Group summaries that are each consistent but whose counts add up
+    /// past what the header says — past 2^64 here — are refused before
+    /// any is summed into the registry's totals (which overflowed: a panic
+    /// in a debug build, wrapped counts in a release one).
+    #[test]
+    fn key_group_counts_that_overflow_are_refused() {
+        let registry = three_keys_in_two_groups();
+        assert!(matches!(
+            read_part(&part_with_groups(&registry, |_| {})[..], true),
+            Ok(Part::Records(..))
+        ));
+        for (records, bytes) in [(u64::MAX / 2 + 1, 1), (1, u64::MAX / 2 + 1), (2, 1)] {
+            let part = part_with_groups(&registry, |groups| {
+                for group in groups.iter_mut() {
+                    group.records = records;
+                    group.bytes = bytes;
+                    group.by_principal.truncate(1);
+                    group.by_principal[0].1 = records;
+                    group.by_principal[0].2 = bytes;
+                }
+            });
+            assert!(
+                matches!(
+                    read_part(&part[..], true),
+                    Err(SnapshotError::Inconsistent(_))
+                ),
+                "records {records}, bytes {bytes}: not refused as inconsistent"
+            );
+        }
     }
 
     /// Version 7 records must fall in the groups the snapshot names.

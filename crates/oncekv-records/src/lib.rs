@@ -484,7 +484,16 @@ impl RecordStore {
         I: IntoIterator<Item = std::result::Result<(Vec<u8>, StoredRecord), String>>,
     {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let number = self.generation.number + 1;
+        // The number came from `CURRENT`: a damaged file may name the last
+        // one there is.
+        let number = self
+            .generation
+            .number
+            .checked_add(1)
+            .ok_or_else(|| Error::Corrupt {
+                path: self.root.join(CURRENT),
+                why: "it names the last generation number there is".to_owned(),
+            })?;
         let dir = generation_dir(&self.root, number);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|source| io_error(&dir, source))?;

@@ -227,7 +227,15 @@ impl WriterState {
             .flatten()
             .copied()
             .collect();
-        let sequence = self.active.sequence + 1;
+        // The sequence came from a file name on disk: a damaged or
+        // planted one may be the last there is (wrapping to 0 would sort
+        // the new segment first, and recovery would drop it as purged).
+        let sequence = self.active.sequence.checked_add(1).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the active segment has the last sequence number there is",
+            )
+        })?;
         let next = create_segment(&self.dir, sequence, self.segment_bytes, &head)?;
         let full = std::mem::replace(&mut self.active, next);
         // `create_segment` synced the new segment's head.
