@@ -49,9 +49,6 @@ for number in "$ETCD_PORT_BASE" "$CLIENTS" "$RUN_S" "$QUOTA_BYTES"; do
 done
 ((ETCD_PORT_BASE + 103 <= 65535)) || { echo "ETCD_PORT_BASE too high" >&2; exit 2; }
 
-readonly ETCD_WAIT_S=30
-readonly STOP_WAIT_S=10
-
 die() {
     echo "bench-etcd-state.sh: $*" >&2
     exit 1
@@ -73,63 +70,20 @@ fi
 
 WORK=$(mktemp -d -t oncekv-etcd-state.XXXXXX)
 readonly WORK
-ETCD_PIDS=()
-
-etcd_client() { echo "127.0.0.1:$((ETCD_PORT_BASE + $1))"; }
-etcd_peer() { echo "127.0.0.1:$((ETCD_PORT_BASE + 100 + $1))"; }
-etcd_endpoints() { echo "$(etcd_client 1),$(etcd_client 2),$(etcd_client 3)"; }
+ETCD_SCRIPT=bench-etcd-state.sh
+# shellcheck source=scripts/lib/etcd.sh
+source "$ROOT/scripts/lib/etcd.sh"
 etcdctl3() { ETCDCTL_API=3 etcdctl --endpoints "$(etcd_endpoints)" --command-timeout 30s "$@"; }
 
-wait_exit() {
-    local pid=$1 deadline=$((SECONDS + $2))
-    while kill -0 "$pid" 2>/dev/null; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
-
 cleanup() {
-    local pid
-    for pid in "${ETCD_PIDS[@]}"; do
-        kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in "${ETCD_PIDS[@]}"; do
-        if ! wait_exit "$pid" "$STOP_WAIT_S"; then
-            kill -KILL "$pid" 2>/dev/null || true
-            wait_exit "$pid" 5 || echo "bench-etcd-state.sh: etcd pid $pid survived SIGKILL" >&2
-        fi
-    done
+    stop_etcd
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-cluster=""
-for n in 1 2 3; do
-    cluster+="${cluster:+,}n$n=http://$(etcd_peer "$n")"
-done
-for n in 1 2 3; do
-    etcd --name "n$n" --data-dir "$WORK/etcd-n$n" \
-        --listen-client-urls "http://$(etcd_client "$n")" \
-        --advertise-client-urls "http://$(etcd_client "$n")" \
-        --listen-peer-urls "http://$(etcd_peer "$n")" \
-        --initial-advertise-peer-urls "http://$(etcd_peer "$n")" \
-        --initial-cluster "$cluster" --initial-cluster-state new \
-        --initial-cluster-token oncekv-bench-etcd-state \
-        --quota-backend-bytes "$QUOTA_BYTES" \
-        --logger zap --log-level error \
-        </dev/null >"$WORK/etcd-n$n.log" 2>&1 &
-    ETCD_PIDS+=("$!")
-done
-deadline=$((SECONDS + ETCD_WAIT_S))
-until etcdctl3 endpoint health >/dev/null 2>&1; do
-    for pid in "${ETCD_PIDS[@]}"; do
-        kill -0 "$pid" 2>/dev/null || die "an etcd member exited (ports taken? ETCD_PORT_BASE=$ETCD_PORT_BASE)"
-    done
-    ((SECONDS < deadline)) || die "etcd not healthy within ${ETCD_WAIT_S}s"
-    sleep 0.2
-done
+start_etcd oncekv-bench-etcd-state --quota-backend-bytes "$QUOTA_BYTES"
 leader=$("$LOADGEN" etcd-leader --endpoints "$(etcd_endpoints)" --wait-s "$ETCD_WAIT_S") \
     || die "no etcd leader"
 echo "etcd leader $leader; quota $QUOTA_BYTES bytes; $CLIENTS clients"

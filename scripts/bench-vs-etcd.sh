@@ -52,9 +52,7 @@ needs etcd and etcdctl: apt-get install -y etcd-server etcd-client
 EOF
 }
 
-readonly ETCD_WAIT_S=30
 readonly LEADER_WAIT_S=30
-readonly STOP_WAIT_S=10
 
 die() {
     echo "bench-vs-etcd.sh: $*" >&2
@@ -110,40 +108,22 @@ readonly LOADGEN=$target_dir/release/loadgen
 
 WORK=$(mktemp -d -t oncekv-vs-etcd.XXXXXX)
 readonly WORK
+ETCD_SCRIPT=bench-vs-etcd.sh
+# shellcheck source=scripts/lib/etcd.sh
+source "$ROOT/scripts/lib/etcd.sh"
 export ONCEKV_DATA=$WORK/oncekv ONCEKV_PORT_BASE
 readonly TLS_DATA=$WORK/oncekv-tls
-ETCD_PIDS=()
 
-etcd_client() { echo "127.0.0.1:$((ETCD_PORT_BASE + $1))"; }
-etcd_peer() { echo "127.0.0.1:$((ETCD_PORT_BASE + 100 + $1))"; }
 oncekv_client() { echo "127.0.0.1:$((ONCEKV_PORT_BASE + $1))"; }
-etcd_endpoints() { echo "$(etcd_client 1),$(etcd_client 2),$(etcd_client 3)"; }
 oncekv_endpoints() { echo "$(oncekv_client 1),$(oncekv_client 2),$(oncekv_client 3)"; }
 oncekv_tls_client() { echo "127.0.0.1:$((ONCEKV_TLS_PORT_BASE + $1))"; }
 oncekv_tls_endpoints() { echo "$(oncekv_tls_client 1),$(oncekv_tls_client 2),$(oncekv_tls_client 3)"; }
 # scripts/cluster.sh on the TLS cluster's data and ports.
 tls_cluster() { ONCEKV_DATA=$TLS_DATA ONCEKV_PORT_BASE=$ONCEKV_TLS_PORT_BASE scripts/cluster.sh "$@"; }
 
-# Waits up to $2 seconds for pid $1 to exit; fails if it is still there.
-wait_exit() {
-    local pid=$1 deadline=$((SECONDS + $2))
-    while kill -0 "$pid" 2>/dev/null; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.1
-    done
-}
 
 cleanup() {
-    local pid
-    for pid in "${ETCD_PIDS[@]}"; do
-        kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in "${ETCD_PIDS[@]}"; do
-        if ! wait_exit "$pid" "$STOP_WAIT_S"; then
-            kill -KILL "$pid" 2>/dev/null || true
-            wait_exit "$pid" 5 || echo "bench-vs-etcd.sh: etcd pid $pid survived SIGKILL" >&2
-        fi
-    done
+    stop_etcd
     if [[ -d $ONCEKV_DATA ]]; then
         scripts/cluster.sh stop >/dev/null 2>&1 \
             || echo "bench-vs-etcd.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
@@ -158,44 +138,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-print_etcd_logs() {
-    local n
-    for n in 1 2 3; do
-        echo "----- etcd n$n: last 20 lines -----" >&2
-        tail -n 20 "$WORK/etcd-n$n.log" >&2 2>/dev/null || true
-    done
-}
 
-start_etcd() {
-    local n cluster=""
-    for n in 1 2 3; do
-        cluster+="${cluster:+,}n$n=http://$(etcd_peer "$n")"
-    done
-    for n in 1 2 3; do
-        etcd --name "n$n" --data-dir "$WORK/etcd-n$n" \
-            --listen-client-urls "http://$(etcd_client "$n")" \
-            --advertise-client-urls "http://$(etcd_client "$n")" \
-            --listen-peer-urls "http://$(etcd_peer "$n")" \
-            --initial-advertise-peer-urls "http://$(etcd_peer "$n")" \
-            --initial-cluster "$cluster" --initial-cluster-state new \
-            --initial-cluster-token oncekv-bench-vs-etcd \
-            --logger zap --log-level error \
-            </dev/null >"$WORK/etcd-n$n.log" 2>&1 &
-        ETCD_PIDS+=("$!")
-    done
-    local deadline=$((SECONDS + ETCD_WAIT_S)) pid
-    until ETCDCTL_API=3 etcdctl --endpoints "$(etcd_endpoints)" --command-timeout 2s \
-        endpoint health >/dev/null 2>&1; do
-        for pid in "${ETCD_PIDS[@]}"; do
-            kill -0 "$pid" 2>/dev/null || { print_etcd_logs; die "an etcd member exited (ports taken? ETCD_PORT_BASE=$ETCD_PORT_BASE)"; }
-        done
-        if ((SECONDS >= deadline)); then
-            print_etcd_logs
-            die "etcd not healthy within ${ETCD_WAIT_S}s"
-        fi
-        sleep 0.2
-    done
-}
 
 # Fails if something already listens on one of the ports both clusters use
 # (a node that cannot bind dies, and its log would say only that).
@@ -223,7 +166,7 @@ check_ports_free() {
 
 check_ports_free
 echo "starting a 3-node etcd ($(etcd_endpoints)) and a 3-node oncekv ($(oncekv_endpoints))" >&2
-start_etcd
+start_etcd oncekv-bench-vs-etcd
 scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
     || { cat "$WORK/cluster-start.log" >&2; die "the oncekv cluster did not start"; }
 if ((TLS == 1)); then
