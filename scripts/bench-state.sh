@@ -19,6 +19,9 @@
 #     the leader takes snapshot after snapshot, and while about EXPIRE_KEYS
 #     of the oldest keys expire at once (the key TTL lowered in the middle
 #     of the run so that they fall out of it; how many left is counted);
+#   - a follower paused (SIGSTOP) until the leader's log is purged past it,
+#     then resumed: the write p99 of each keyed run while the leader sends
+#     it a snapshot and it catches up, against a run just before;
 #   - a new node joining (`scripts/cluster.sh join 4`: added as a learner,
 #     caught up by snapshot and log, promoted), wall time, no other load;
 #     then another (node 5) while keyed runs go on: wall time, and the
@@ -37,7 +40,8 @@
 #   CLIENTS           closed-loop clients (default 64)
 #   VALUE_BYTES       bytes of each put's value (default 64)
 #   MEASURE           "all" (default): snapshot, restart and join too;
-#                     "load": load, RSS and disk only
+#                     "load": load, RSS and disk only; "catchup": load,
+#                     then only the paused follower's catch-up
 #   RAISE_LIMITS      1 (default): raise the limits to fit KEYS; 0: keep
 #                     the cluster's defaults (and see where they refuse)
 #   EXPIRE_KEYS       at least this many keys expire at once in the
@@ -72,7 +76,7 @@ readonly KEY_GROUP_MS=84375
 # Seconds of each keyed run that measures write latency.
 readonly P99_RUN_S=15
 export ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9700}
-[[ $MEASURE == all || $MEASURE == load ]] || { usage >&2; exit 2; }
+[[ $MEASURE == all || $MEASURE == load || $MEASURE == catchup ]] || { usage >&2; exit 2; }
 ((ONCEKV_PORT_BASE + 304 <= 65535)) || { echo "bench-state.sh: port base too high" >&2; exit 2; }
 
 # Bounds of every wait (seconds).
@@ -205,7 +209,7 @@ LEADER=$(leader) || die "no leader"
 if ((RAISE_LIMITS == 1)); then
     # Room for the keyed runs of MEASURE=all too (up to ~2 M keys).
     keys_max=$((KEYS + KEYS / 10 + 1000))
-    [[ $MEASURE == all ]] && keys_max=$((keys_max + 2000000))
+    [[ $MEASURE != load ]] && keys_max=$((keys_max + 2000000))
     cached=$((keys_max * 256))
     ((cached < 268435456)) && cached=268435456
     budget=$((cached + cached / 4 + 536870912))
@@ -238,6 +242,47 @@ keyed_run() {
         2>>"$WORK/runs.err" || die "a keyed run failed ($(tail -n 1 "$WORK/runs.err"))"
 }
 field() { grep -o "$1=[0-9.]*" <<<"$2" | cut -d= -f2; }
+
+# Node N's snapshot index, as it reports it.
+node_snapshot_index() {
+    oncekv status --json --endpoints "$(client_addr "$1")" 2>/dev/null \
+        | grep -o '"snapshot_index":[0-9]*' | cut -d: -f2
+}
+
+# Write p99 while a snapshot is sent to a follower that fell behind, with
+# no other change to the cluster: a keyed run with every node up (the
+# baseline); a follower paused (SIGSTOP) through a keyed run and a
+# snapshot on the leader, so that the leader's log is purged past it
+# (`--logs-kept-after-snapshot` entries are kept, 1,000 by default); then
+# resumed (SIGCONT) while keyed runs follow each other until every node
+# answers one hash. Each run's p99 is printed, and whether the follower
+# caught up by a snapshot (its snapshot index moved past the one it had).
+catch_up_by_snapshot() {
+    local follower="" n pid baseline before_index p99s="" runs=0 started after_index
+    for n in "${NODES[@]}"; do
+        [[ $(client_addr "$n") == "$LEADER" ]] || { follower=$n; break; }
+    done
+    pid=$(cat "$ONCEKV_DATA/n$follower/pid")
+    baseline=$(keyed_run "$P99_RUN_S")
+    before_index=$(node_snapshot_index "$follower")
+    kill -STOP "$pid"
+    keyed_run "$P99_RUN_S" >/dev/null
+    oncekv admin snapshot --node "$LEADER" --timeout-ms $((SNAPSHOT_WAIT_S * 1000)) \
+        --endpoints "$LEADER" >"$WORK/snapshot.log" 2>&1 \
+        || { kill -CONT "$pid"; cat "$WORK/snapshot.log" >&2; die "the snapshot before the catch-up failed"; }
+    started=$(now)
+    kill -CONT "$pid"
+    # At most 20 runs (5 minutes): each ends with a check for agreement.
+    while ((runs < 20)); do
+        p99s+=" $(field p99_ms "$(keyed_run "$P99_RUN_S")")"
+        runs=$((runs + 1))
+        oncekv admin hash --endpoints "$(endpoints "${NODES[@]}")" --timeout-ms 2000 \
+            >"$WORK/hash.log" 2>&1 && break
+    done
+    after_index=$(node_snapshot_index "$follower")
+    echo "write_p99_ms_before_follower_catch_up=$(field p99_ms "$baseline") ($baseline)"
+    echo "follower_catch_up_s=$(since "$started") (node $follower paused through a ${P99_RUN_S}s run and a leader snapshot; its snapshot index ${before_index:-?} -> ${after_index:-?}; write p99 ms of each ${P99_RUN_S}s run from its resume:$p99s)"
+}
 
 echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
 load_started=$(now)
@@ -334,6 +379,14 @@ if [[ $MEASURE == all ]]; then
 a TTL of ${age_ms} ms; $during)"
     fi
 
+    catch_up_by_snapshot
+fi
+
+if [[ $MEASURE == catchup ]]; then
+    catch_up_by_snapshot
+fi
+
+if [[ $MEASURE == all ]]; then
     # A new node: learner, caught up (snapshot + log), promoted, with no
     # other load (under the keyed runs' load a learner at 10 M keys did not
     # catch up within `admin add-learner`'s 60 s).
