@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
+use tokio_rustls::rustls::{ClientConfig, ConfigBuilder, RootCertStore, WantsVerifier, crypto};
 
 /// Header carrying the claim's fencing token to the upstream.
 pub const IDEMPOTENCY_FENCE: HeaderName = HeaderName::from_static("idempotency-fence");
@@ -79,11 +79,7 @@ impl UpstreamTls {
                 }
             }
         }
-        let provider = Arc::new(crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|error| format!("TLS versions: {error}"))?
-            .with_root_certificates(roots);
+        let builder = tls_builder()?.with_root_certificates(roots);
         match &self.identity_pem {
             None => Ok(builder.with_no_client_auth()),
             Some((chain_pem, key_pem)) => {
@@ -101,6 +97,14 @@ impl UpstreamTls {
             }
         }
     }
+}
+
+/// A rustls client configuration's start: ring (as the rest of the tree),
+/// the safe default protocol versions.
+fn tls_builder() -> Result<ConfigBuilder<ClientConfig, WantsVerifier>, String> {
+    ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("TLS versions: {error}"))
 }
 
 /// The upstream service and the client that calls it.
@@ -157,9 +161,8 @@ impl Upstream {
             // (trusting nothing) is never used.
             HttpsConnectorBuilder::new()
                 .with_tls_config(
-                    ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-                        .with_safe_default_protocol_versions()
-                        .map_err(|tls| error(&format!("TLS versions: {tls}")))?
+                    tls_builder()
+                        .map_err(|why| error(&why))?
                         .with_root_certificates(RootCertStore::empty())
                         .with_no_client_auth(),
                 )
