@@ -78,6 +78,7 @@
 mod claims;
 pub mod codec;
 pub mod fingerprint;
+mod grouped;
 mod keyed;
 pub mod kv;
 mod session;
@@ -86,6 +87,7 @@ pub mod stored;
 pub mod types;
 
 pub use claims::{ClaimRecord, ClaimState, ClaimView};
+pub use grouped::{Changes, Fetched, Grouped};
 pub use keyed::{
     GroupedRecord, KEY_GROUP_WIDTH_MAX_MS, KEY_GROUPS_PER_TTL, KeyChanges, KeyId, KeyRecord,
     Prefetched, key_group_width_ms,
@@ -268,7 +270,7 @@ impl Registry {
         if self.keys.must_fetch(id) {
             fetched.insert(id.clone(), stored);
         }
-        self.keys.get(id, &fetched).cloned()
+        self.keys.get(id, &fetched.keys).cloned()
     }
 
     /// Whether the record of `id`, if any, lies only in the adapter's
@@ -1288,9 +1290,9 @@ impl Registry {
         #[cfg(not(feature = "broken-skip-dedup"))]
         let skip_dedup = false;
         if skip_dedup {
-            self.keys.remove(&id, fetched);
+            self.keys.remove(&id, &fetched.keys);
         }
-        if let Some(GroupedRecord { record, .. }) = self.keys.get(&id, fetched) {
+        if let Some(GroupedRecord { record, .. }) = self.keys.get(&id, &fetched.keys) {
             return if record.response.fingerprint == fingerprint {
                 Ok(answer(record.response.result.clone(), true))
             } else {
@@ -1385,7 +1387,9 @@ impl Registry {
         fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        let existed = self.keys.remove(&(principal.clone(), key.clone()), fetched);
+        let existed = self
+            .keys
+            .remove(&(principal.clone(), key.clone()), &fetched.keys);
         Ok(Outcome::KeyForgotten { existed })
     }
 }

@@ -91,7 +91,8 @@
 
 use super::claims::ClaimRecord;
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
-use super::keyed::{Counted, GroupSummary, GroupedRecord, KeyId, KeyRecord, KeyStore, Usage};
+use super::grouped::{Counted, GroupSummary, Usage};
+use super::keyed::{GroupedRecord, KeyId, KeyRecord, KeyStore};
 use super::session::{CachedResponse, Responses, Session};
 use super::types::{
     BudgetConfig, ClaimConfig, ClientId, ClusterId, CommandResult, Fingerprint, IdempotencyKey,

@@ -1,0 +1,644 @@
+//! Records grouped by the cluster time their TTL counts from (rules 18 and
+//! 20; docs/state-beyond-ram.md §4.3), whatever the record: a generic store
+//! of [`Grouped`] records so that expiry costs per group, not per record,
+//! and the records may lie in an adapter's store outside the registry.
+//! Idempotency keys ([`crate::KeyRecord`]) are its first kind.
+//!
+//! It owns those invariants and nothing else (the order of checks and the
+//! limits live in the registry; a record's TTL base, size and hash are the
+//! record type's):
+//! - **groups**: every record belongs to the group open at its TTL base
+//!   when it was inserted; groups are disjoint intervals of cluster time,
+//!   opened in order, each `width_ms` wide when opened (see
+//!   [`crate::key_group_width_ms`]). A group expires whole once its newest
+//!   possible record is older than the TTL, so a record lives at least its
+//!   TTL and less than its TTL plus one group's width;
+//! - **summaries**: per group, the count, bytes, multiset hash and
+//!   per-principal usage of its records, and their totals — what the limits
+//!   check and the state hash covers, so neither walks the records;
+//! - **the overlay**: the records it holds. Until an adapter first takes the
+//!   changes ([`GroupStore::take_changes`]) that is every live record; after,
+//!   the records changed since the last take (a removal kept as `None`, for
+//!   the adapter's store to delete), and a record it does not hold must be
+//!   handed to it, read from the adapter's store, as [`Fetched`]. A record
+//!   found there whose group has expired is absent, wherever it still lies.
+//!
+//! It does no IO: the adapter fetches what the registry names and stores
+//! what it changed. Records are ordered by (principal, key), groups by start
+//! time: expiry, paging and snapshots walk them in that fixed order (rule 10).
+
+use super::snapshot::RecordsHash;
+use super::types::{IdempotencyKey, Principal};
+use imbl::{OrdMap, OrdSet};
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::ops::Bound;
+
+/// Who owns a key and the key: the address of a record.
+pub type KeyId = (Principal, IdempotencyKey);
+
+/// A record a [`GroupStore`] can hold: where its TTL counts from, what it
+/// is charged, and its hash for the state hash. The texts name the kind in
+/// errors (a snapshot's or an invariant's).
+pub trait Grouped: Clone + Debug + PartialEq + Eq {
+    /// The kind, in error texts ("key", "claim").
+    const NOUN: &'static str;
+    /// A snapshot's groups overlap or come out of order.
+    const GROUPS_OUT_OF_ORDER: &'static str;
+    /// A snapshot's record falls in no live group.
+    const IN_NO_LIVE_GROUP: &'static str;
+
+    /// The cluster time the record's TTL counts from: the group it goes in.
+    fn base_ms(&self) -> u64;
+    /// The bytes charged against its kind's limit.
+    fn size_bytes(&self, id: &KeyId) -> u64;
+    /// Its hash in its kind's multiset hash.
+    fn record_hash(&self, id: &KeyId) -> [u8; 32];
+}
+
+/// A record with the start of the creation-time group it belongs to: what
+/// an adapter stores and hands back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupedRecord<R = crate::KeyRecord> {
+    pub group_ms: u64,
+    pub record: R,
+}
+
+/// Records of one kind an adapter read from its store for the entries about
+/// to apply: for each id the registry named, the record stored under it or
+/// `None`.
+#[derive(Clone, Debug)]
+pub struct Fetched<R> {
+    records: BTreeMap<KeyId, Option<GroupedRecord<R>>>,
+}
+
+impl<R> Default for Fetched<R> {
+    fn default() -> Fetched<R> {
+        Fetched {
+            records: BTreeMap::new(),
+        }
+    }
+}
+
+impl<R> Fetched<R> {
+    /// Adds what the store holds under `id`.
+    pub fn insert(&mut self, id: KeyId, stored: Option<GroupedRecord<R>>) {
+        self.records.insert(id, stored);
+    }
+}
+
+/// The record changes since the last take, for the adapter's store: a
+/// record to write, or `None` to delete; the start of the oldest live
+/// group (records of older groups are expired wherever they lie); and
+/// whether they are every live record (the first take: whatever a store
+/// held before is not of this state and must be replaced, not updated).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Changes<R = crate::KeyRecord> {
+    pub records: OrdMap<KeyId, Option<GroupedRecord<R>>>,
+    pub first_live_group_ms: u64,
+    pub complete: bool,
+}
+
+impl<R: Clone> Default for Changes<R> {
+    fn default() -> Changes<R> {
+        Changes {
+            records: OrdMap::new(),
+            first_live_group_ms: 0,
+            complete: false,
+        }
+    }
+}
+
+/// What a group holds, without its records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GroupSummary {
+    /// The group covers records created in [start, end_ms).
+    pub(crate) end_ms: u64,
+    pub(crate) usage: Usage,
+}
+
+/// Counts of a set of records: how many, their bytes, their multiset hash
+/// and, per principal, (records, bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    pub(crate) records: u64,
+    pub(crate) bytes: u64,
+    pub(crate) hash: RecordsHash,
+    pub(crate) by_principal: OrdMap<Principal, (u64, u64)>,
+}
+
+/// What one record counts for in a [`Usage`]: its size and hash, computed
+/// once for its group and the totals.
+pub(crate) struct Counted<'a> {
+    principal: &'a Principal,
+    size: u64,
+    hash: [u8; 32],
+}
+
+impl<'a> Counted<'a> {
+    pub(crate) fn of<R: Grouped>(id: &'a KeyId, record: &R) -> Counted<'a> {
+        Counted::hashed(id, record, record.record_hash(id))
+    }
+
+    /// A record whose hash is known (a snapshot reader hashes the bytes it
+    /// read instead of encoding the record again).
+    pub(crate) fn hashed<R: Grouped>(id: &'a KeyId, record: &R, hash: [u8; 32]) -> Counted<'a> {
+        Counted {
+            principal: &id.0,
+            size: record.size_bytes(id),
+            hash,
+        }
+    }
+}
+
+impl Usage {
+    pub(crate) fn add(&mut self, record: &Counted<'_>) {
+        self.records += 1;
+        self.bytes += record.size;
+        self.hash.add(&record.hash);
+        let entry = self
+            .by_principal
+            .entry(record.principal.clone())
+            .or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += record.size;
+    }
+
+    /// Takes one record out. Saturating: a record handed back by an
+    /// adapter's store is counted here only if the store is the state's
+    /// own; a foreign or damaged store must not panic the node or wrap the
+    /// limits' counts (its record's hash, subtracted, makes this replica's
+    /// state hash disagree with the others', which is how it shows).
+    fn subtract(&mut self, record: &Counted<'_>) {
+        self.records = self.records.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(record.size);
+        self.hash.subtract(&record.hash);
+        self.count(record.principal, 1, record.size);
+    }
+
+    /// Takes `records` and `bytes` of `principal` out (saturating, as
+    /// [`Usage::subtract`]).
+    fn count(&mut self, principal: &Principal, records: u64, bytes: u64) {
+        if let Some(entry) = self.by_principal.get_mut(principal) {
+            entry.0 = entry.0.saturating_sub(records);
+            entry.1 = entry.1.saturating_sub(bytes);
+            if entry.0 == 0 {
+                self.by_principal.remove(principal);
+            }
+        }
+    }
+
+    /// Counts a whole group's usage in.
+    pub(crate) fn add_all(&mut self, group: &Usage) {
+        self.records += group.records;
+        self.bytes += group.bytes;
+        self.hash.add_sum(&group.hash);
+        for (principal, &(records, bytes)) in &group.by_principal {
+            let entry = self.by_principal.entry(principal.clone()).or_insert((0, 0));
+            entry.0 += records;
+            entry.1 += bytes;
+        }
+    }
+
+    /// Takes a whole group's usage out.
+    fn subtract_all(&mut self, group: &Usage) {
+        self.records = self.records.saturating_sub(group.records);
+        self.bytes = self.bytes.saturating_sub(group.bytes);
+        self.hash.subtract_sum(&group.hash);
+        for (principal, &(records, bytes)) in &group.by_principal {
+            self.count(principal, records, bytes);
+        }
+    }
+}
+
+/// The grouped records of one kind: see the module doc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GroupStore<R: Grouped> {
+    /// The records held (see the module doc): every live record while
+    /// `outside` is false, else the changes since the last take.
+    overlay: OrdMap<KeyId, Option<GroupedRecord<R>>>,
+    /// (group, id) of every record in the overlay (not of removals).
+    by_group: OrdSet<(u64, KeyId)>,
+    /// Live groups by start.
+    groups: OrdMap<u64, GroupSummary>,
+    /// The end of the newest group ever opened: a new group never starts
+    /// before it, so groups never overlap, even across expiry and TTL
+    /// changes.
+    groups_floor_ms: u64,
+    /// The sum of the live groups' usage.
+    totals: Usage,
+    /// Whether records may lie outside the overlay (changes were taken).
+    outside: bool,
+}
+
+impl<R: Grouped> Default for GroupStore<R> {
+    fn default() -> GroupStore<R> {
+        GroupStore {
+            overlay: OrdMap::new(),
+            by_group: OrdSet::new(),
+            groups: OrdMap::new(),
+            groups_floor_ms: 0,
+            totals: Usage::default(),
+            outside: false,
+        }
+    }
+}
+
+impl<R: Grouped> GroupStore<R> {
+    /// Live records.
+    pub fn len(&self) -> u64 {
+        self.totals.records
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.totals.bytes
+    }
+
+    /// (records, bytes) of `principal`'s keys.
+    pub fn usage(&self, principal: &Principal) -> (u64, u64) {
+        self.totals
+            .by_principal
+            .get(principal)
+            .copied()
+            .unwrap_or((0, 0))
+    }
+
+    /// The live groups, oldest first: (start, summary).
+    pub(crate) fn groups(&self) -> impl Iterator<Item = (&u64, &GroupSummary)> {
+        self.groups.iter()
+    }
+
+    /// The end of the live group starting at `start`, if it lives.
+    pub(crate) fn group_end_ms(&self, start: u64) -> Option<u64> {
+        self.groups.get(&start).map(|group| group.end_ms)
+    }
+
+    pub(crate) fn groups_floor_ms(&self) -> u64 {
+        self.groups_floor_ms
+    }
+
+    /// The start of the oldest live group, or where the next group will
+    /// start if none lives: records of older groups are expired.
+    pub fn first_live_group_ms(&self) -> u64 {
+        self.groups
+            .get_min()
+            .map_or(self.groups_floor_ms, |(start, _)| *start)
+    }
+
+    /// Whether records may lie outside the overlay.
+    pub fn has_records_outside(&self) -> bool {
+        self.outside
+    }
+
+    /// Whether the record of `id`, if any, must be fetched from outside.
+    pub fn must_fetch(&self, id: &KeyId) -> bool {
+        self.outside && !self.overlay.contains_key(id)
+    }
+
+    /// The live record of `id`: from the overlay, else from what was
+    /// fetched.
+    ///
+    /// # Panics
+    /// If records lie outside and `id`'s was neither held nor fetched: the
+    /// adapter did not fetch what the registry named, and deciding without
+    /// the record could execute a key twice.
+    pub fn get<'a>(&'a self, id: &KeyId, fetched: &'a Fetched<R>) -> Option<&'a GroupedRecord<R>> {
+        let stored = match self.overlay.get(id) {
+            Some(held) => held.as_ref(),
+            None if !self.outside => None,
+            None => fetched
+                .records
+                .get(id)
+                .unwrap_or_else(|| panic!("{} record {id:?} neither held nor fetched", R::NOUN))
+                .as_ref(),
+        };
+        stored.filter(|stored| self.groups.contains_key(&stored.group_ms))
+    }
+
+    /// The changes held after `after`, in (principal, key) order: a record
+    /// (possibly of an expired group) or a removal.
+    pub fn changes_after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a Option<GroupedRecord<R>>)> + 'a {
+        self.overlay
+            .range((Bound::Excluded(after.clone()), Bound::Unbounded))
+    }
+
+    /// Records and removals held (all live records while none lies
+    /// outside).
+    pub fn held(&self) -> usize {
+        self.overlay.len()
+    }
+
+    /// Held live records in (principal, key) order.
+    pub fn iter(&self) -> impl Iterator<Item = (&KeyId, &GroupedRecord<R>)> {
+        self.overlay
+            .iter()
+            .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
+    }
+
+    /// Held live records strictly after `after`, in (principal, key) order.
+    pub fn after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a GroupedRecord<R>)> + 'a {
+        self.overlay
+            .range((Bound::Excluded(after.clone()), Bound::Unbounded))
+            .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
+    }
+
+    /// The group a record based at `base_ms` belongs in, opening it
+    /// (`width_ms` wide, aligned to it, never before the floor) if the
+    /// newest group has ended. Bases are cluster times of the apply that
+    /// inserts, which never go back, so the newest group starts at or
+    /// before `base_ms`.
+    fn group_for(&mut self, base_ms: u64, width_ms: u64) -> u64 {
+        if let Some((start, group)) = self.groups.get_max()
+            && base_ms < group.end_ms
+        {
+            return *start;
+        }
+        let start = (base_ms - base_ms % width_ms).max(self.groups_floor_ms);
+        let end_ms = start.saturating_add(width_ms);
+        self.groups.insert(
+            start,
+            GroupSummary {
+                end_ms,
+                usage: Usage::default(),
+            },
+        );
+        self.groups_floor_ms = end_ms;
+        start
+    }
+
+    /// Inserts a record in the group open at its TTL base (groups
+    /// `width_ms` wide are opened as needed). The caller checked that the id
+    /// has no live record.
+    pub fn insert(&mut self, id: KeyId, record: R, width_ms: u64) {
+        let group_ms = self.group_for(record.base_ms(), width_ms);
+        self.insert_into(id, GroupedRecord { group_ms, record });
+    }
+
+    fn insert_into(&mut self, id: KeyId, stored: GroupedRecord<R>) {
+        self.count_in(&id, stored.group_ms, &stored.record);
+        self.by_group.insert((stored.group_ms, id.clone()));
+        let previous = self.overlay.insert(id, Some(stored));
+        debug_assert!(
+            previous.is_none_or(|previous| previous.is_none()),
+            "a record inserted over a live one"
+        );
+    }
+
+    /// Removes an id's live record; whether it had one.
+    pub fn remove(&mut self, id: &KeyId, fetched: &Fetched<R>) -> bool {
+        let Some(stored) = self.get(id, fetched).cloned() else {
+            return false;
+        };
+        let counted = Counted::of(id, &stored.record);
+        let group = self
+            .groups
+            .get_mut(&stored.group_ms)
+            .expect("a live record's group");
+        group.usage.subtract(&counted);
+        self.totals.subtract(&counted);
+        self.by_group.remove(&(stored.group_ms, id.clone()));
+        if self.outside {
+            self.overlay.insert(id.clone(), None);
+        } else {
+            self.overlay.remove(id);
+        }
+        true
+    }
+
+    /// Expires, oldest first, every group whose newest possible record is
+    /// older than `ttl_ms` at `now_ms` (created at or before `now_ms -
+    /// ttl_ms - 1`): its summary goes, and so do the records of it held
+    /// here (those outside are expired where they lie). How many records
+    /// went.
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> u64 {
+        let mut expired = 0;
+        while let Some(&(start, ref group)) = self.groups.get_min() {
+            if group.end_ms.saturating_sub(1).saturating_add(ttl_ms) >= now_ms {
+                break;
+            }
+            let group = self.groups.remove(&start).expect("the oldest group");
+            self.totals.subtract_all(&group.usage);
+            expired += group.usage.records;
+            let from = (
+                start,
+                (Principal(String::new()), IdempotencyKey(Vec::new())),
+            );
+            let held: Vec<(u64, KeyId)> = self
+                .by_group
+                .range(from..)
+                .take_while(|(group_ms, _)| *group_ms == start)
+                .cloned()
+                .collect();
+            for entry in held {
+                self.by_group.remove(&entry);
+                // While records lie outside, kept as a removal: an entry
+                // whose ids were fetched before this expiry (found held,
+                // so not fetched) must still find the id held. Whatever
+                // the store holds under it is of this group or an older
+                // one: deleting it loses nothing live.
+                if self.outside {
+                    self.overlay.insert(entry.1, None);
+                } else {
+                    self.overlay.remove(&entry.1);
+                }
+            }
+        }
+        expired
+    }
+
+    /// The changes since the last take (every record, the first time):
+    /// from now on records may lie outside, and the registry reads them
+    /// from what the adapter fetches.
+    pub fn take_changes(&mut self) -> Changes<R> {
+        let complete = !self.outside;
+        self.outside = true;
+        self.by_group = OrdSet::new();
+        Changes {
+            records: std::mem::take(&mut self.overlay),
+            first_live_group_ms: self.first_live_group_ms(),
+            complete,
+        }
+    }
+
+    /// Restores the groups of a snapshot: (start, end) in start order,
+    /// before any record. Whether they are disjoint, ordered and below the
+    /// floor.
+    pub(crate) fn restore_groups(
+        &mut self,
+        groups: &[(u64, u64)],
+        floor_ms: u64,
+    ) -> Result<(), &'static str> {
+        let mut previous_end = 0;
+        for &(start, end_ms) in groups {
+            if start < previous_end || end_ms <= start || end_ms > floor_ms {
+                return Err(R::GROUPS_OUT_OF_ORDER);
+            }
+            previous_end = end_ms;
+            self.groups.insert(
+                start,
+                GroupSummary {
+                    end_ms,
+                    usage: Usage::default(),
+                },
+            );
+        }
+        self.groups_floor_ms = floor_ms;
+        Ok(())
+    }
+
+    /// Restores the groups of a snapshot with their summaries ((start,
+    /// summary) in start order, before any record): the totals are their
+    /// sums, and the records lie outside (a reader holds them only through
+    /// [`GroupStore::hold_restored`]). Whether the groups are disjoint,
+    /// ordered and below the floor.
+    pub(crate) fn restore_summaries(
+        &mut self,
+        groups: Vec<(u64, GroupSummary)>,
+        floor_ms: u64,
+    ) -> Result<(), &'static str> {
+        let intervals: Vec<(u64, u64)> = groups
+            .iter()
+            .map(|(start, group)| (*start, group.end_ms))
+            .collect();
+        self.restore_groups(&intervals, floor_ms)?;
+        for (start, group) in groups {
+            self.totals.add_all(&group.usage);
+            self.groups.insert(start, group);
+        }
+        self.outside = true;
+        Ok(())
+    }
+
+    /// Holds a record of a snapshot whose groups were restored with their
+    /// summaries (it is counted there already).
+    pub(crate) fn hold_restored(&mut self, id: KeyId, stored: GroupedRecord<R>) {
+        self.by_group.insert((stored.group_ms, id.clone()));
+        self.overlay.insert(id, Some(stored));
+    }
+
+    /// Every record is held (a reader held each with
+    /// [`GroupStore::hold_restored`]).
+    pub(crate) fn mark_inside(&mut self) {
+        self.outside = false;
+    }
+
+    /// The live group covering `base_ms` (its start), or why none does.
+    pub(crate) fn group_covering(&self, base_ms: u64) -> Result<u64, &'static str> {
+        let (&group_ms, group) = self
+            .groups
+            .range(..=base_ms)
+            .next_back()
+            .ok_or(R::IN_NO_LIVE_GROUP)?;
+        if base_ms >= group.end_ms {
+            return Err(R::IN_NO_LIVE_GROUP);
+        }
+        Ok(group_ms)
+    }
+
+    /// Restores a record of a snapshot into the restored group that covers
+    /// its TTL base.
+    pub(crate) fn restore(&mut self, id: KeyId, record: R) -> Result<(), &'static str> {
+        let group_ms = self.restored_group(&record)?;
+        self.insert_into(id, GroupedRecord { group_ms, record });
+        Ok(())
+    }
+
+    /// Counts a record of a snapshot into the restored group that covers
+    /// its TTL base, without holding it (it lies in an adapter's store: see
+    /// [`GroupStore::mark_outside`]).
+    pub(crate) fn restore_counted(&mut self, id: &KeyId, record: &R) -> Result<(), &'static str> {
+        let group_ms = self.restored_group(record)?;
+        self.count_in(id, group_ms, record);
+        Ok(())
+    }
+
+    /// Counts a record into its (live) group's usage and the totals.
+    fn count_in(&mut self, id: &KeyId, group_ms: u64, record: &R) {
+        let counted = Counted::of(id, record);
+        self.groups
+            .get_mut(&group_ms)
+            .expect("a record counted into a live group")
+            .usage
+            .add(&counted);
+        self.totals.add(&counted);
+    }
+
+    /// Records lie outside from now on (a restore that counts them only).
+    pub(crate) fn mark_outside(&mut self) {
+        self.outside = true;
+    }
+
+    fn restored_group(&self, record: &R) -> Result<u64, &'static str> {
+        self.group_covering(record.base_ms())
+    }
+
+    /// Groups are disjoint, ordered and live; their summaries add up to the
+    /// totals; the overlay's records lie in their groups and the group
+    /// index names exactly them; while no record lies outside, every
+    /// group's summary is the sum of its held records.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut previous_end = 0;
+        let mut totals = Usage::default();
+        for (&start, group) in &self.groups {
+            if start < previous_end || group.end_ms <= start {
+                return Err(format!("{} groups overlap", R::NOUN));
+            }
+            previous_end = group.end_ms;
+            totals.add_all(&group.usage);
+        }
+        if previous_end > self.groups_floor_ms {
+            return Err(format!("a {} group beyond the floor", R::NOUN));
+        }
+        if totals != self.totals {
+            return Err(format!(
+                "{} record totals disagree with the groups",
+                R::NOUN
+            ));
+        }
+        let mut held: OrdMap<u64, Usage> = OrdMap::new();
+        let mut indexed = 0;
+        for (id, stored) in &self.overlay {
+            let Some(stored) = stored else {
+                if !self.outside {
+                    return Err("a removal kept while no record lies outside".to_owned());
+                }
+                continue;
+            };
+            let Some(group) = self.groups.get(&stored.group_ms) else {
+                return Err(format!("a held {} record of an expired group", R::NOUN));
+            };
+            let base_ms = stored.record.base_ms();
+            if base_ms < stored.group_ms || base_ms >= group.end_ms {
+                return Err(format!("a {} record outside its group's interval", R::NOUN));
+            }
+            if !self.by_group.contains(&(stored.group_ms, id.clone())) {
+                return Err(format!("a {} record missing from the group index", R::NOUN));
+            }
+            indexed += 1;
+            held.entry(stored.group_ms)
+                .or_default()
+                .add(&Counted::of(id, &stored.record));
+        }
+        if indexed != self.by_group.len() {
+            return Err("the group index names records not held".to_owned());
+        }
+        if !self.outside {
+            for (start, group) in &self.groups {
+                let sum = held.get(start).cloned().unwrap_or_default();
+                if sum != group.usage {
+                    return Err(format!(
+                        "{} group {start}: summary disagrees with its records",
+                        R::NOUN
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
