@@ -128,7 +128,7 @@ fn a_new_cluster_starts_at_the_latest_rules_and_an_old_log_stays_at_version_1() 
     let outcome = unknown.apply(Op::BootstrapWithRules {
         cluster_id: CLUSTER,
         config: Default::default(),
-        rules: RulesVersion(3),
+        rules: RulesVersion(RulesVersion::HIGHEST_KNOWN.0 + 1),
     });
     assert!(
         matches!(
@@ -272,7 +272,10 @@ fn from_version_2_a_principal_holds_its_share_of_the_records_bytes() {
 #[test]
 fn the_rules_version_only_goes_up_to_what_the_build_knows() {
     let mut driver = Driver::new();
-    for (rules, why) in [(RulesVersion(3), "unknown"), (RulesVersion(0), "unknown")] {
+    for (rules, why) in [
+        (RulesVersion(RulesVersion::HIGHEST_KNOWN.0 + 1), "unknown"),
+        (RulesVersion(0), "unknown"),
+    ] {
         let outcome = driver.apply(raise(rules));
         assert!(
             matches!(&outcome, Outcome::Rejected(Rejection::InvalidArgument(reason)) if reason.to_string().contains(why)),

@@ -261,7 +261,7 @@ async fn an_entry_of_an_unknown_rules_version_stops_apply() -> Result<(), Storag
             },
             Op::RaiseRules {
                 cluster_id,
-                rules: RulesVersion(RulesVersion::LATEST.0 + 1),
+                rules: RulesVersion(RulesVersion::HIGHEST_KNOWN.0 + 1),
             },
         ]))
         .await

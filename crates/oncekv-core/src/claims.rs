@@ -47,7 +47,8 @@
 //! moves a deadline earlier.
 
 use super::Registry;
-use super::keyed::KeyId;
+use super::grouped::{GroupStore, Grouped, GroupedRecord};
+use super::keyed::{KeyId, Prefetched, key_group_width_ms};
 use super::snapshot::{RecordsHash, claim_record_hash};
 use super::types::{
     Claim, ClaimAnswer, ClaimConfig, ClusterId, Fingerprint, IdempotencyKey, InvalidArgument,
@@ -116,7 +117,35 @@ impl ClaimRecord {
     pub fn size_bytes(&self, id: &KeyId) -> u64 {
         claim_record_size_bytes(&id.0, &id.1, self.result_bytes())
     }
+
+    /// Whether a holder holds the key now (its lease may have run out).
+    pub fn is_held(&self) -> bool {
+        matches!(self.state, ClaimState::Held { .. })
+    }
 }
+
+/// From rules version 3, finished (completed or released) claim records lie
+/// in groups by the cluster time their TTL counts from, as key records do.
+impl Grouped for ClaimRecord {
+    const NOUN: &'static str = "claim";
+    const GROUPS_OUT_OF_ORDER: &'static str = "claim groups overlap or out of order";
+    const IN_NO_LIVE_GROUP: &'static str = "a finished claim record in no live group";
+
+    fn base_ms(&self) -> u64 {
+        self.ttl_base_ms()
+    }
+
+    fn size_bytes(&self, id: &KeyId) -> u64 {
+        ClaimRecord::size_bytes(self, id)
+    }
+
+    fn record_hash(&self, id: &KeyId) -> [u8; 32] {
+        claim_record_hash(id, self)
+    }
+}
+
+/// The finished claim records of rules version 3 (see [`GroupStore`]).
+pub(crate) type ClaimGroups = GroupStore<ClaimRecord>;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ClaimStore {
@@ -170,6 +199,10 @@ impl ClaimStore {
 
     pub fn get(&self, id: &KeyId) -> Option<&ClaimRecord> {
         self.records.get(id)
+    }
+
+    pub fn contains(&self, id: &KeyId) -> bool {
+        self.records.contains_key(id)
     }
 
     /// Every record in (principal, key) order.
@@ -242,8 +275,7 @@ impl ClaimStore {
     /// Removes, oldest first, every record whose TTL base is more than
     /// `ttl_ms` before `now_ms`; how many went. A held record's base is
     /// its lease deadline, so a live lease never expires here.
-    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> usize {
-        let mut expired = 0;
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64, mut expired: impl FnMut(&KeyId)) {
         while let Some(oldest) = self.by_age.get_min().cloned() {
             if now_ms.saturating_sub(oldest.0) <= ttl_ms {
                 break;
@@ -252,9 +284,8 @@ impl ClaimStore {
             let record = self.records.remove(&oldest.1);
             let record = record.expect("a claim in the age index without a record");
             self.forget_accounting(&oldest.1, &record);
-            expired += 1;
+            expired(&oldest.1);
         }
-        expired
     }
 
     /// The age index names exactly the records with their TTL bases, and
@@ -321,9 +352,11 @@ impl Registry {
         &self.claim_config
     }
 
-    /// Live claim records, all principals.
+    /// Live claim records, all principals (held and finished).
     pub fn claim_count(&self) -> usize {
-        self.claims.len()
+        self.claims
+            .len()
+            .saturating_add(usize::try_from(self.finished_claims.len()).unwrap_or(usize::MAX))
     }
 
     /// Claim records whose key is held now (their leases may have run out).
@@ -333,7 +366,19 @@ impl Registry {
 
     /// Bytes charged for all claim records.
     pub fn claim_cached_bytes(&self) -> u64 {
-        self.claims.cached_bytes()
+        self.claims
+            .cached_bytes()
+            .saturating_add(self.finished_claims.cached_bytes())
+    }
+
+    /// (records, bytes) of `principal`'s claims, held and finished.
+    fn claim_usage(&self, principal: &Principal) -> (u64, u64) {
+        let (held, held_bytes) = self.claims.usage(principal);
+        let (finished, finished_bytes) = self.finished_claims.usage(principal);
+        (
+            held.saturating_add(finished),
+            held_bytes.saturating_add(finished_bytes),
+        )
     }
 
     /// The largest fencing token issued so far.
@@ -341,16 +386,47 @@ impl Registry {
         self.last_fence
     }
 
-    /// The claim record of `key` of `principal`, if it is live.
+    /// The claim record of `key` of `principal`, if it is live and held here
+    /// (every live record is, unless an adapter took the finished records'
+    /// changes: see [`Registry::claim_over`]).
     pub fn claim_record(&self, principal: &Principal, key: &IdempotencyKey) -> Option<ClaimView> {
+        self.claim_over(principal, key, None)
+    }
+
+    /// The live claim record of `key` of `principal`, when the adapter's
+    /// store holds `stored` under it: a held record if there is one, else
+    /// the registry's own finished change (a record or a removal) if it
+    /// holds one, else `stored` if its group lives.
+    pub fn claim_over(
+        &self,
+        principal: &Principal,
+        key: &IdempotencyKey,
+        stored: Option<GroupedRecord<ClaimRecord>>,
+    ) -> Option<ClaimView> {
         let id = (principal.clone(), key.clone());
-        let record = self.claims.get(&id)?;
-        Some(self.claim_view(&id, record))
+        if let Some(record) = self.claims.get(&id) {
+            return Some(self.claim_view(&id, record, None));
+        }
+        let mut fetched = Prefetched::none();
+        if self.finished_claims.must_fetch(&id) {
+            fetched.insert_claim(id.clone(), stored);
+        }
+        let finished = self.finished_claims.get(&id, &fetched.claims)?;
+        Some(self.claim_view(&id, &finished.record, Some(finished.group_ms)))
+    }
+
+    /// Whether the claim record of `id`, if any, lies only in the adapter's
+    /// store: what a reader must read there (and hand to
+    /// [`Registry::claim_over`]).
+    pub fn claim_must_be_fetched(&self, id: &KeyId) -> bool {
+        !self.claims.contains(id) && self.finished_claims.must_fetch(id)
     }
 
     /// One page of live claim records for operators: at most `limit` of
     /// them after (`principal`, `key`) in (principal, key) order, and
-    /// whether more follow.
+    /// whether more follow. Of the records held here (see
+    /// [`Registry::claim_record`]): held and finished merged, a held one
+    /// first where both name an id (they never both live).
     pub fn claims_after(
         &self,
         principal: &Principal,
@@ -358,28 +434,71 @@ impl Registry {
         limit: usize,
     ) -> (Vec<ClaimView>, bool) {
         let after = (principal.clone(), key.clone());
-        let mut following = self
-            .claims
-            .after(&after)
-            .map(|(id, record)| self.claim_view(id, record));
-        let page: Vec<ClaimView> = following.by_ref().take(limit).collect();
-        let more = following.next().is_some();
-        (page, more)
+        let mut held = self.claims.after(&after).peekable();
+        let mut finished = self.finished_claims.after(&after).peekable();
+        let mut page = Vec::new();
+        loop {
+            let next = match (held.peek(), finished.peek()) {
+                (None, None) => break,
+                (Some(_), None) => held.next().map(|(id, r)| self.claim_view(id, r, None)),
+                (None, Some(_)) => finished
+                    .next()
+                    .map(|(id, s)| self.claim_view(id, &s.record, Some(s.group_ms))),
+                (Some((held_id, _)), Some((finished_id, _))) => {
+                    if held_id <= finished_id {
+                        if held_id == finished_id {
+                            finished.next();
+                        }
+                        held.next().map(|(id, r)| self.claim_view(id, r, None))
+                    } else {
+                        finished
+                            .next()
+                            .map(|(id, s)| self.claim_view(id, &s.record, Some(s.group_ms)))
+                    }
+                }
+            };
+            let Some(view) = next else { break };
+            if page.len() == limit {
+                return (page, true);
+            }
+            page.push(view);
+        }
+        (page, false)
     }
 
-    fn claim_view(&self, id: &KeyId, record: &ClaimRecord) -> ClaimView {
+    /// The operator's view of a finished claim record read from the
+    /// adapter's store (rules version 3); `None` if its group has expired.
+    pub fn live_claim_view(
+        &self,
+        id: &KeyId,
+        stored: &GroupedRecord<ClaimRecord>,
+    ) -> Option<ClaimView> {
+        self.finished_claims
+            .group_end_ms(stored.group_ms)
+            .map(|_| self.claim_view(id, &stored.record, Some(stored.group_ms)))
+    }
+
+    /// A record's view; `group_ms` is the group of a finished one of rules
+    /// version 3 (it lives until its group's newest possible record
+    /// expires).
+    fn claim_view(&self, id: &KeyId, record: &ClaimRecord, group_ms: Option<u64>) -> ClaimView {
+        let ttl_ms = self.claim_config.claim_ttl_ms;
+        let expires_after_ms = match group_ms.and_then(|g| self.finished_claims.group_end_ms(g)) {
+            Some(end_ms) => (end_ms - 1).saturating_add(ttl_ms),
+            None => record.ttl_base_ms().saturating_add(ttl_ms),
+        };
         ClaimView {
             principal: id.0.clone(),
             key: id.1.clone(),
             record: record.clone(),
-            expires_after_ms: record
-                .ttl_base_ms()
-                .saturating_add(self.claim_config.claim_ttl_ms),
+            expires_after_ms,
             size_bytes: record.size_bytes(id),
         }
     }
 
-    /// Every claim record in (principal, key) order (snapshots).
+    /// Every claim record held in memory, in (principal, key) order
+    /// (snapshots): all of them before rules version 3, the held ones from
+    /// it.
     pub(crate) fn claim_records(&self) -> impl Iterator<Item = (&KeyId, &ClaimRecord)> {
         self.claims.iter()
     }
@@ -400,6 +519,9 @@ impl Registry {
         if record.attempt == 0 || record.fence == 0 {
             return Err("a claim record without a holder");
         }
+        if self.rules.finished_claims_grouped() && !record.is_held() {
+            return Err("a finished claim among the held ones");
+        }
         self.claims.put(id, record);
         Ok(())
     }
@@ -407,6 +529,79 @@ impl Registry {
     /// Sets the last fence issued (snapshots).
     pub(crate) fn restore_last_fence(&mut self, last_fence: u64) {
         self.last_fence = last_fence;
+    }
+
+    /// The width of the groups finished claims open under the claim TTL in
+    /// force (rules version 3).
+    fn claim_group_width_ms(&self) -> u64 {
+        key_group_width_ms(self.claim_config.claim_ttl_ms)
+    }
+
+    /// The live record of `id`, wherever it lies: held in memory, else
+    /// (rules version 3) among the finished ones, read from what the
+    /// adapter fetched if it lies outside.
+    fn claim_lookup<'a>(&'a self, id: &KeyId, fetched: &'a Prefetched) -> Option<&'a ClaimRecord> {
+        self.claims.get(id).or_else(|| {
+            self.finished_claims
+                .get(id, &fetched.claims)
+                .map(|stored| &stored.record)
+        })
+    }
+
+    /// Sets the record of `id`, replacing the one it had (`was_held`: in
+    /// memory, else none or a finished one). Before rules version 3 every
+    /// record is in memory; from it a held record is, and a finished one
+    /// goes into the group open now.
+    fn claim_set(&mut self, id: KeyId, record: ClaimRecord, was_held: bool, fetched: &Prefetched) {
+        if !self.rules.finished_claims_grouped() {
+            self.claims.put(id, record);
+            return;
+        }
+        if !was_held {
+            self.finished_claims.remove(&id, &fetched.claims);
+        }
+        if record.is_held() {
+            self.claims.put(id, record);
+        } else {
+            if was_held {
+                self.claims.remove(&id);
+            }
+            let width_ms = self.claim_group_width_ms();
+            self.finished_claims.insert(id, record, width_ms);
+        }
+    }
+
+    /// Expires the claim records older than the claim TTL: the held ones
+    /// exactly, the finished ones by group (rules version 3). A held one
+    /// that goes while finished records lie outside is noted as removed
+    /// among them too, so that a later entry of the same batch — whose ids
+    /// were listed for fetching while it was held, so not fetched — finds
+    /// it gone rather than unfetched.
+    pub(crate) fn expire_claims(&mut self) {
+        let (now_ms, ttl_ms) = (self.cluster_time_ms, self.claim_config.claim_ttl_ms);
+        let finished = &mut self.finished_claims;
+        self.claims
+            .expire(now_ms, ttl_ms, |id| finished.mark_removed(id));
+        finished.expire(now_ms, ttl_ms);
+    }
+
+    /// At the raise to rules version 3: every finished record leaves memory
+    /// for the groups, in (TTL base, principal, key) order under the width
+    /// in force. Deterministic, once, O(finished); a record's group starts
+    /// at or before its base, so none expires earlier than its TTL.
+    pub(crate) fn group_finished_claims(&mut self) {
+        let mut finished: Vec<(u64, KeyId, ClaimRecord)> = self
+            .claims
+            .iter()
+            .filter(|(_, record)| !record.is_held())
+            .map(|(id, record)| (record.ttl_base_ms(), id.clone(), record.clone()))
+            .collect();
+        finished.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let width_ms = self.claim_group_width_ms();
+        for (_, id, record) in finished {
+            self.claims.remove(&id);
+            self.finished_claims.insert(id, record, width_ms);
+        }
     }
 
     /// Step 2 of every claim request: the key is not empty and within
@@ -442,6 +637,21 @@ impl Registry {
         Ok(())
     }
 
+    /// From rules version 3, finished records lie outside memory: bytes
+    /// they bring count against the principal's share of
+    /// `claim_cached_bytes_max` (as key records do against theirs), not the
+    /// memory budget.
+    fn check_claim_bytes_share(&self, principal: &Principal, growth: u64) -> Result<(), Rejection> {
+        if !self.rules.finished_claims_grouped() || principal.is_anonymous() || growth == 0 {
+            return Ok(());
+        }
+        let (_, bytes) = self.claim_usage(principal);
+        if bytes.saturating_add(growth) > self.quota(self.claim_config.claim_cached_bytes_max) {
+            return Err(Rejection::ResourceExhausted(Limit::PrincipalQuota));
+        }
+        Ok(())
+    }
+
     /// The answer a claim would get from a *completed* record, without
     /// applying anything: `Some` only when applying `claim` now would pass
     /// steps 1–3 and answer the record's result at step 4 while changing
@@ -450,19 +660,34 @@ impl Registry {
     /// no record, another fingerprint, a held or released record, a refused
     /// key or lease — is `None` and goes through the log.
     pub fn completed_claim_answer(&self, claim: &Claim) -> Option<ClaimAnswer> {
+        self.completed_claim_answer_with(claim, |_| None)
+    }
+
+    /// [`Registry::completed_claim_answer`], when finished records may lie
+    /// in the adapter's store: `stored` reads what it holds under an id
+    /// (called only when the registry does not hold the record itself).
+    pub fn completed_claim_answer_with(
+        &self,
+        claim: &Claim,
+        stored: impl FnOnce(&KeyId) -> Option<GroupedRecord<ClaimRecord>>,
+    ) -> Option<ClaimAnswer> {
         self.check_cluster(Some(claim.cluster_id)).ok()?;
         self.check_claim_key(&claim.key).ok()?;
         self.check_lease(claim.lease_ms).ok()?;
-        let record = self
-            .claims
-            .get(&(claim.principal.clone(), claim.key.clone()))?;
-        match &record.state {
+        let view = if self.claim_must_be_fetched(&(claim.principal.clone(), claim.key.clone())) {
+            let id = (claim.principal.clone(), claim.key.clone());
+            self.claim_over(&claim.principal, &claim.key, stored(&id))?
+        } else {
+            self.claim_record(&claim.principal, &claim.key)?
+        };
+        let record = view.record;
+        match record.state {
             ClaimState::Completed {
                 completed_ms,
                 result,
             } if record.fingerprint == claim.fingerprint => Some(ClaimAnswer::Completed {
-                result: result.clone(),
-                completed_ms: *completed_ms,
+                result,
+                completed_ms,
                 fence: record.fence,
                 attempt: record.attempt,
             }),
@@ -471,13 +696,19 @@ impl Registry {
     }
 
     /// A claim, in the order of checks of the module doc.
-    pub(crate) fn claim(&mut self, log_index: u64, claim: &Claim) -> Result<Outcome, Rejection> {
+    pub(crate) fn claim(
+        &mut self,
+        log_index: u64,
+        claim: &Claim,
+        fetched: &Prefetched,
+    ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(claim.cluster_id))?;
         self.check_claim_key(&claim.key)?;
         self.check_lease(claim.lease_ms)?;
         let now_ms = self.cluster_time_ms;
         let id: KeyId = (claim.principal.clone(), claim.key.clone());
-        let attempt = match self.claims.get(&id) {
+        let was_held = self.claims.contains(&id);
+        let attempt = match self.claim_lookup(&id, fetched) {
             Some(record) if record.fingerprint != claim.fingerprint => {
                 return Err(Rejection::KeyConflict);
             }
@@ -514,32 +745,44 @@ impl Registry {
                     }));
                 }
                 // Released, or a lease that ran out: a takeover.
-                ClaimState::Held { .. } | ClaimState::Released { .. } => record.attempt + 1,
+                ClaimState::Held { .. } => record.attempt + 1,
+                ClaimState::Released { .. } => {
+                    let attempt = record.attempt + 1;
+                    if !was_held {
+                        // Rules version 3: a released record comes back
+                        // into memory, held.
+                        let size = claim_record_size_bytes(&id.0, &id.1, 0);
+                        self.check_budget(size)?;
+                        self.check_quota(&id.0, None, size)?;
+                    }
+                    attempt
+                }
             },
             None => {
-                if self.claims.len() as u64 >= self.claim_config.claims_max {
+                if self.claim_count() as u64 >= self.claim_config.claims_max {
                     return Err(Rejection::ResourceExhausted(Limit::Claims));
                 }
                 let size = claim_record_size_bytes(&id.0, &id.1, 0);
-                if self.claims.cached_bytes().saturating_add(size)
+                if self.claim_cached_bytes().saturating_add(size)
                     > self.claim_config.claim_cached_bytes_max
                 {
                     return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
                 }
                 self.check_budget(size)?;
-                let (claims_held, _) = self.claims.usage(&id.0);
+                let (claims_held, _) = self.claim_usage(&id.0);
                 self.check_quota(
                     &id.0,
                     Some((claims_held, self.claim_config.claims_max)),
                     size,
                 )?;
+                self.check_claim_bytes_share(&id.0, size)?;
                 1
             }
         };
         let fence = self.last_fence.saturating_add(1).max(log_index);
         self.last_fence = fence;
         let lease_deadline_ms = now_ms.saturating_add(claim.lease_ms);
-        self.claims.put(
+        self.claim_set(
             id,
             ClaimRecord {
                 fingerprint: claim.fingerprint,
@@ -550,6 +793,8 @@ impl Registry {
                     lease_deadline_ms,
                 },
             },
+            was_held,
+            fetched,
         );
         Ok(Outcome::Claimed(ClaimAnswer::Won {
             fence,
@@ -562,8 +807,13 @@ impl Registry {
 
     /// The record of (principal, key) if `fence` is its current holder's
     /// fence, else `FENCED` with the key's current fence.
-    fn fenced_record(&self, id: &KeyId, fence: u64) -> Result<&ClaimRecord, Rejection> {
-        match self.claims.get(id) {
+    fn fenced_record<'a>(
+        &'a self,
+        id: &KeyId,
+        fence: u64,
+        fetched: &'a Prefetched,
+    ) -> Result<&'a ClaimRecord, Rejection> {
+        match self.claim_lookup(id, fetched) {
             Some(record) if record.fence == fence => Ok(record),
             Some(record) => Err(Rejection::Fenced {
                 fence: record.fence,
@@ -579,6 +829,7 @@ impl Registry {
         key: &IdempotencyKey,
         fence: u64,
         result: &[u8],
+        fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
         self.check_claim_key(key)?;
@@ -600,11 +851,11 @@ impl Registry {
         // fence, a stale holder's included.
         #[cfg(feature = "broken-no-fence-check")]
         let record = match self.claims.get(&id) {
-            Some(record) if matches!(record.state, ClaimState::Held { .. }) => record,
-            _ => self.fenced_record(&id, fence)?,
+            Some(record) if record.is_held() => record,
+            _ => self.fenced_record(&id, fence, fetched)?,
         };
         #[cfg(not(feature = "broken-no-fence-check"))]
-        let record = self.fenced_record(&id, fence)?;
+        let record = self.fenced_record(&id, fence, fetched)?;
         match &record.state {
             ClaimState::Completed { completed_ms, .. } => Ok(Outcome::ClaimCompleted {
                 fence,
@@ -616,18 +867,23 @@ impl Registry {
                 let mut record = record.clone();
                 let completed_ms = self.cluster_time_ms;
                 let grown = result.len() as u64;
-                if self.claims.cached_bytes().saturating_add(grown)
+                if self.claim_cached_bytes().saturating_add(grown)
                     > self.claim_config.claim_cached_bytes_max
                 {
                     return Err(Rejection::ResourceExhausted(Limit::ClaimCachedBytes));
                 }
-                self.check_budget(grown)?;
-                self.check_quota(principal, None, grown)?;
+                if self.rules.finished_claims_grouped() {
+                    // The record leaves memory: nothing grows there.
+                    self.check_claim_bytes_share(principal, grown)?;
+                } else {
+                    self.check_budget(grown)?;
+                    self.check_quota(principal, None, grown)?;
+                }
                 record.state = ClaimState::Completed {
                     completed_ms,
                     result: result.to_vec(),
                 };
-                self.claims.put(id, record);
+                self.claim_set(id, record, true, fetched);
                 Ok(Outcome::ClaimCompleted {
                     fence,
                     completed_ms,
@@ -643,11 +899,12 @@ impl Registry {
         principal: &Principal,
         key: &IdempotencyKey,
         fence: u64,
+        fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
         self.check_claim_key(key)?;
         let id: KeyId = (principal.clone(), key.clone());
-        let record = self.fenced_record(&id, fence)?;
+        let record = self.fenced_record(&id, fence, fetched)?;
         match &record.state {
             ClaimState::Released { .. } => Ok(Outcome::ClaimReleased { duplicate: true }),
             ClaimState::Completed { .. } => Err(Rejection::Fenced { fence }),
@@ -656,7 +913,7 @@ impl Registry {
                 record.state = ClaimState::Released {
                     released_ms: self.cluster_time_ms,
                 };
-                self.claims.put(id, record);
+                self.claim_set(id, record, true, fetched);
                 Ok(Outcome::ClaimReleased { duplicate: false })
             }
         }
@@ -669,12 +926,13 @@ impl Registry {
         key: &IdempotencyKey,
         fence: u64,
         lease_ms: u64,
+        fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
         self.check_claim_key(key)?;
         self.check_lease(lease_ms)?;
         let id: KeyId = (principal.clone(), key.clone());
-        let record = self.fenced_record(&id, fence)?;
+        let record = self.fenced_record(&id, fence, fetched)?;
         let ClaimState::Held {
             holder,
             lease_deadline_ms,
@@ -690,7 +948,7 @@ impl Registry {
                 holder: *holder,
                 lease_deadline_ms: extended_ms,
             };
-            self.claims.put(id, record);
+            self.claim_set(id, record, true, fetched);
         }
         Ok(Outcome::ClaimExtended {
             lease_deadline_ms: extended_ms,
@@ -704,9 +962,18 @@ impl Registry {
         cluster_id: ClusterId,
         principal: &Principal,
         key: &IdempotencyKey,
+        fetched: &Prefetched,
     ) -> Result<Outcome, Rejection> {
         self.check_cluster(Some(cluster_id))?;
-        let existed = self.claims.remove(&(principal.clone(), key.clone()));
+        let id = (principal.clone(), key.clone());
+        let existed = if self.claims.remove(&id) {
+            // See `expire_claims`: gone from memory, noted gone among the
+            // finished too.
+            self.finished_claims.mark_removed(&id);
+            true
+        } else {
+            self.finished_claims.remove(&id, &fetched.claims)
+        };
         Ok(Outcome::ClaimForgotten { existed })
     }
 }

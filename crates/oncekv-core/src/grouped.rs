@@ -411,6 +411,21 @@ impl<R: Grouped> GroupStore<R> {
         true
     }
 
+    /// Notes that `id` has no live record, while records lie outside: for a
+    /// record that left by another way than this store (a held claim
+    /// expiring or forgotten in memory: see `Registry::expire_claims`), so
+    /// that a lookup finds it gone rather than unfetched. The caller knows
+    /// this store holds no live record of `id`.
+    pub fn mark_removed(&mut self, id: &KeyId) {
+        if self.outside {
+            let previous = self.overlay.insert(id.clone(), None);
+            debug_assert!(
+                previous.is_none_or(|previous| previous.is_none()),
+                "a live record marked removed"
+            );
+        }
+    }
+
     /// Expires, oldest first, every group whose newest possible record is
     /// older than `ttl_ms` at `now_ms` (created at or before `now_ms -
     /// ttl_ms - 1`): its summary goes, and so do the records of it held

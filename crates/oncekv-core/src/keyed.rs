@@ -69,11 +69,13 @@ impl Grouped for KeyRecord {
 }
 
 /// Records an adapter read from its store for the entries about to apply:
-/// for each id the registry named ([`crate::Registry::keys_to_fetch`]), the
-/// record stored under it or `None`.
+/// for each id the registry named ([`crate::Registry::keys_to_fetch`],
+/// [`crate::Registry::claims_to_fetch`]), the record stored under it or
+/// `None`.
 #[derive(Clone, Debug, Default)]
 pub struct Prefetched {
     pub(crate) keys: Fetched<KeyRecord>,
+    pub(crate) claims: Fetched<crate::ClaimRecord>,
 }
 
 impl Prefetched {
@@ -85,5 +87,11 @@ impl Prefetched {
     /// Adds what the store holds under key `id`.
     pub fn insert(&mut self, id: KeyId, stored: Option<GroupedRecord>) {
         self.keys.insert(id, stored);
+    }
+
+    /// Adds what the store holds under finished claim `id` (rules version
+    /// 3).
+    pub fn insert_claim(&mut self, id: KeyId, stored: Option<GroupedRecord<crate::ClaimRecord>>) {
+        self.claims.insert(id, stored);
     }
 }

@@ -95,7 +95,7 @@ pub use keyed::{
 pub use session::CachedResponse;
 pub use types::*;
 
-use claims::ClaimStore;
+use claims::{ClaimGroups, ClaimStore};
 use imbl::{OrdMap, OrdSet};
 use keyed::KeyStore;
 use kv::{KvStore, Refusal};
@@ -128,8 +128,13 @@ pub struct Registry {
     keys: KeyStore,
     /// TTL and limits of claims (rule 20).
     claim_config: ClaimConfig,
-    /// Records of claims, by (principal, key).
+    /// Records of claims, by (principal, key): every one before rules
+    /// version 3, the held ones from it.
     claims: ClaimStore,
+    /// From rules version 3, the finished (completed or released) claim
+    /// records, grouped by the cluster time their TTL counts from, as key
+    /// records are. Never holds an id `claims` holds.
+    finished_claims: ClaimGroups,
     /// The largest fencing token ever issued: fences only grow, for every
     /// key, even across a record's expiry or an operator's forget.
     last_fence: u64,
@@ -311,6 +316,63 @@ impl Registry {
             })
             .filter(|id| self.keys.must_fetch(id))
             .collect()
+    }
+
+    /// The ids of the finished claim records `entry` reads that this
+    /// registry does not hold (rules version 3, once an adapter took their
+    /// changes): what an adapter whose store holds the rest must fetch
+    /// before applying it, as [`Registry::keys_to_fetch`] for keys. A held
+    /// claim is always in memory and never named.
+    pub fn claims_to_fetch(&self, entry: &Entry) -> Vec<KeyId> {
+        if !self.finished_claims.has_records_outside() {
+            return Vec::new();
+        }
+        entry
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Claim(claim) => Some((claim.principal.clone(), claim.key.clone())),
+                Op::CompleteClaim { principal, key, .. }
+                | Op::ReleaseClaim { principal, key, .. }
+                | Op::ExtendClaim { principal, key, .. }
+                | Op::ForgetClaim { principal, key, .. } => Some((principal.clone(), key.clone())),
+                _ => None,
+            })
+            .filter(|id| self.claim_must_be_fetched(id))
+            .collect()
+    }
+
+    /// The finished claim records changed since the last call (every one,
+    /// the first time), for an adapter to write into its store, as
+    /// [`Registry::take_key_changes`] for keys (rules version 3; before it
+    /// there are none, and taking them changes nothing the log decides).
+    pub fn take_claim_changes(&mut self) -> Changes<ClaimRecord> {
+        self.finished_claims.take_changes()
+    }
+
+    /// Whether finished claim records may lie outside the registry.
+    pub fn has_claim_records_outside(&self) -> bool {
+        self.finished_claims.has_records_outside()
+    }
+
+    /// The finished claim changes held after `after`, in (principal, key)
+    /// order, as [`Registry::key_changes_after`] for keys.
+    pub fn claim_changes_after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = (&'a KeyId, &'a Option<GroupedRecord<ClaimRecord>>)> + 'a {
+        self.finished_claims.changes_after(after)
+    }
+
+    /// The start of the oldest live group of finished claims: records of
+    /// older groups are expired wherever they lie.
+    pub fn first_live_claim_group_ms(&self) -> u64 {
+        self.finished_claims.first_live_group_ms()
+    }
+
+    /// Finished claim records (and removals) held in memory.
+    pub fn claim_records_held(&self) -> usize {
+        self.finished_claims.held()
     }
 
     /// The key records changed since the last call (every record, the
@@ -696,32 +758,32 @@ impl Registry {
             Op::RaiseRules { cluster_id, rules } => self
                 .raise_rules(*cluster_id, *rules)
                 .map(|()| self.all_configs()),
-            Op::Claim(claim) => self.claim(log_index, claim),
+            Op::Claim(claim) => self.claim(log_index, claim, fetched),
             Op::CompleteClaim {
                 cluster_id,
                 principal,
                 key,
                 fence,
                 result,
-            } => self.complete_claim(*cluster_id, principal, key, *fence, result),
+            } => self.complete_claim(*cluster_id, principal, key, *fence, result, fetched),
             Op::ReleaseClaim {
                 cluster_id,
                 principal,
                 key,
                 fence,
-            } => self.release_claim(*cluster_id, principal, key, *fence),
+            } => self.release_claim(*cluster_id, principal, key, *fence, fetched),
             Op::ExtendClaim {
                 cluster_id,
                 principal,
                 key,
                 fence,
                 lease_ms,
-            } => self.extend_claim(*cluster_id, principal, key, *fence, *lease_ms),
+            } => self.extend_claim(*cluster_id, principal, key, *fence, *lease_ms, fetched),
             Op::ForgetClaim {
                 cluster_id,
                 principal,
                 key,
-            } => self.forget_claim(*cluster_id, principal, key),
+            } => self.forget_claim(*cluster_id, principal, key, fetched),
         };
         result.unwrap_or_else(Outcome::Rejected)
     }
@@ -763,8 +825,7 @@ impl Registry {
             self.cluster_time_ms,
             self.keyed_config.idempotency_key_ttl_ms,
         );
-        self.claims
-            .expire(self.cluster_time_ms, self.claim_config.claim_ttl_ms);
+        self.expire_claims();
     }
 
     fn remove_session(&mut self, client_id: ClientId) -> bool {
@@ -820,6 +881,22 @@ impl Registry {
         }
         self.keys.check_invariants()?;
         self.claims.check_invariants()?;
+        self.finished_claims.check_invariants()?;
+        if !self.rules.finished_claims_grouped() && self.finished_claims.len() > 0 {
+            return Err("finished claims grouped before rules version 3".to_owned());
+        }
+        if self.rules.finished_claims_grouped()
+            && self.claims.iter().any(|(_, record)| !record.is_held())
+        {
+            return Err("a finished claim in memory at rules version 3".to_owned());
+        }
+        if self
+            .finished_claims
+            .iter()
+            .any(|(id, stored)| self.claims.contains(id) || stored.record.is_held())
+        {
+            return Err("a claim both held and finished, or a held one grouped".to_owned());
+        }
         self.kv.check_invariants()?;
         let cached: u64 = self
             .sessions
@@ -844,7 +921,15 @@ impl Registry {
         if self
             .claims
             .iter()
-            .any(|(_, record)| record.fence > self.last_fence)
+            .map(|(_, record)| record)
+            .chain(
+                self.finished_claims
+                    .iter()
+                    .map(|(_, stored)| &stored.record),
+            )
+            .any(|record| {
+                record.fence > self.last_fence || record.fence == 0 || record.attempt == 0
+            })
         {
             return Err("a claim fence above the last fence issued".to_owned());
         }
@@ -1192,8 +1277,7 @@ impl Registry {
         self.claim_config = claim_config;
         self.keys
             .expire(self.cluster_time_ms, keyed_patched.idempotency_key_ttl_ms);
-        self.claims
-            .expire(self.cluster_time_ms, claim_config.claim_ttl_ms);
+        self.expire_claims();
         Ok(())
     }
 
@@ -1210,7 +1294,11 @@ impl Registry {
                 ),
             )));
         }
+        let grouping = !self.rules.finished_claims_grouped() && rules.finished_claims_grouped();
         self.rules = rules;
+        if grouping {
+            self.group_finished_claims();
+        }
         Ok(())
     }
 
@@ -1285,7 +1373,7 @@ impl Registry {
         #[cfg(feature = "broken-skip-dedup")]
         let skip_dedup = self
             .keys
-            .get(&id, fetched)
+            .get(&id, &fetched.keys)
             .is_some_and(|stored| stored.record.response.fingerprint == fingerprint);
         #[cfg(not(feature = "broken-skip-dedup"))]
         let skip_dedup = false;

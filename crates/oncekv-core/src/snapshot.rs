@@ -27,7 +27,7 @@
 //! The part is everything but the records whose number grows with rate ×
 //! TTL: a node whose record store holds them reads the part alone
 //! ([`read_part`]), and one that installs streams the records that follow
-//! into its store ([`KeyRecords`]). Version 8 is version 9 without the
+//! into its store ([`Records`]). Version 8 is version 9 without the
 //! rules version: a state at rules version 1 is written in it (so a build
 //! that knows no rules version reads it, and the state hash of such a state
 //! is what it was), a later one in version 9. Version 7 had the groups'
@@ -42,6 +42,17 @@
 //! live key group (start, end, records, bytes, multiset hash). Maps are
 //! ordered, so the bytes — and the hash — do not depend on platform,
 //! process or insertion order.
+//!
+//! Version 10 (rules version 3, not released yet: docs/state-beyond-ram.md
+//! §4.12) puts finished (completed or released) claims in creation-time
+//! groups as keys are: its header adds the claim groups' floor, their count
+//! and the number of finished claims (version 9's claim count is of the
+//! held ones); the part adds one group summary per claim group after the
+//! key groups', and holds only the held claims; the finished claim records
+//! stream after the key records, in (principal, key) order, each in one
+//! group whose sums they must match. Its state hash's records summary adds
+//! the claim groups' floor and count, and one summary per claim group
+//! follows the key groups'.
 //!
 //! Version 7 adds the creation-time groups of idempotency keys (expiry by
 //! group, docs/state-beyond-ram.md §4.3). Version 6 had none and is still
@@ -89,7 +100,7 @@
 //! (before batched entries) had no last client id; it is refused, like any
 //! other unknown version.
 
-use super::claims::ClaimRecord;
+use super::claims::{ClaimGroups, ClaimRecord, ClaimStore};
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
 use super::grouped::{Counted, GroupSummary, Usage};
 use super::keyed::{GroupedRecord, KeyId, KeyRecord, KeyStore};
@@ -105,6 +116,11 @@ use std::io::{self, Read, Write};
 
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 9;
+/// Version 10: finished claims in groups and streamed after the key
+/// records (rules version 3, not released yet: see the module doc).
+pub const SNAPSHOT_FORMAT_VERSION_10: u32 = 10;
+/// The highest version this build reads.
+const SNAPSHOT_FORMAT_VERSION_MAX: u32 = SNAPSHOT_FORMAT_VERSION_10;
 /// Version 8: version 9 without the rules version (a state at rules
 /// version 1 is still written in it, byte for byte as before).
 pub const SNAPSHOT_FORMAT_VERSION_8: u32 = 8;
@@ -192,11 +208,7 @@ pub(crate) fn key_record_hash(id: &KeyId, record: &KeyRecord) -> [u8; 32] {
 
 /// The hash of one claim record: of its snapshot record's bytes.
 pub(crate) fn claim_record_hash(id: &KeyId, record: &ClaimRecord) -> [u8; 32] {
-    let bytes = codec::encode(&ClaimRecordRef {
-        principal: &id.0,
-        key: &id.1,
-        record,
-    });
+    let bytes = codec::encode(&ClaimRecordRef::of(id, record));
     *blake3::keyed_hash(&CLAIM_RECORD_HASH_KEY, &bytes).as_bytes()
 }
 
@@ -209,6 +221,17 @@ struct RecordsSummary {
     key_groups: u64,
     claims: u64,
     claims_hash: [u8; 32],
+}
+
+/// The records' summary of a version 10 state (rules version 3): version
+/// 9's, its claims being the held ones, then the finished claims' groups'
+/// floor and count (one [`KeyGroupSummary`] record per claim group follows
+/// the key groups').
+#[derive(Serialize)]
+struct RecordsSummaryV10 {
+    base: RecordsSummary,
+    claim_groups_floor_ms: u64,
+    claim_groups: u64,
 }
 
 /// One live key group as the state hash sees it.
@@ -264,7 +287,7 @@ impl KeyGroupRecordV8 {
     /// The summary it describes, checked: the per-principal usage in
     /// strictly increasing principal order, non-empty, adding up to the
     /// group's counts.
-    fn into_summary(self) -> Result<(u64, GroupSummary), SnapshotError> {
+    fn into_summary(self, texts: &GroupTexts) -> Result<(u64, GroupSummary), SnapshotError> {
         let mut usage = Usage {
             records: self.records,
             bytes: self.bytes,
@@ -278,27 +301,18 @@ impl KeyGroupRecordV8 {
                 || *principal_records == 0
                 || principal.0.len() > Principal::BYTES_MAX
             {
-                return Err(SnapshotError::Inconsistent(
-                    "a key group's usage per principal out of order or empty",
-                ));
+                return Err(SnapshotError::Inconsistent(texts.order));
             }
-            records =
-                records
-                    .checked_add(*principal_records)
-                    .ok_or(SnapshotError::Inconsistent(
-                        "a key group's usage per principal overflows",
-                    ))?;
+            records = records
+                .checked_add(*principal_records)
+                .ok_or(SnapshotError::Inconsistent(texts.overflow))?;
             bytes = bytes
                 .checked_add(*principal_bytes)
-                .ok_or(SnapshotError::Inconsistent(
-                    "a key group's usage per principal overflows",
-                ))?;
+                .ok_or(SnapshotError::Inconsistent(texts.overflow))?;
             last = Some(principal);
         }
         if records != self.records || bytes != self.bytes {
-            return Err(SnapshotError::Inconsistent(
-                "a key group's usage per principal disagrees with its counts",
-            ));
+            return Err(SnapshotError::Inconsistent(texts.disagree));
         }
         for (principal, principal_records, principal_bytes) in self.by_principal {
             usage
@@ -338,7 +352,7 @@ pub enum SnapshotError {
     #[error("not an oncekv snapshot")]
     BadMagic,
     #[error(
-        "unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION_2} to {SNAPSHOT_FORMAT_VERSION})"
+        "unsupported snapshot version {0} (this build reads {SNAPSHOT_FORMAT_VERSION_2} to {SNAPSHOT_FORMAT_VERSION_MAX})"
     )]
     UnsupportedVersion(u32),
     #[error("snapshot truncated")]
@@ -416,7 +430,8 @@ impl HeaderV6 {
             claim_config: *registry.claim_config(),
             budget: *registry.budget_config(),
             last_fence: registry.last_fence(),
-            claims: registry.claim_count() as u64,
+            // Every claim before rules version 3, the held ones from it.
+            claims: registry.claims.len() as u64,
         }
     }
 }
@@ -449,13 +464,27 @@ struct HeaderV9 {
     rules: RulesVersion,
 }
 
+/// The header of format version 10: version 9's (whose claim count is of
+/// the held claims), then the finished claims' groups' floor, their count
+/// and the number of finished claim records.
+#[derive(Serialize, Deserialize)]
+struct HeaderV10 {
+    base: HeaderV9,
+    claim_groups_floor_ms: u64,
+    claim_groups: u64,
+    finished_claims: u64,
+}
+
 /// The format a state is written in: 8 at rules version 1 (what a build
-/// that knows no rules versions reads, and hashes alike), 9 from 2.
+/// that knows no rules versions reads, and hashes alike), 9 at 2, 10 from
+/// 3.
 fn format_of(registry: &Registry) -> u32 {
     if registry.rules == RulesVersion::V1 {
         SNAPSHOT_FORMAT_VERSION_8
-    } else {
+    } else if !registry.rules.finished_claims_grouped() {
         SNAPSHOT_FORMAT_VERSION
+    } else {
+        SNAPSHOT_FORMAT_VERSION_10
     }
 }
 
@@ -465,6 +494,16 @@ struct ClaimRecordRef<'a> {
     principal: &'a Principal,
     key: &'a IdempotencyKey,
     record: &'a ClaimRecord,
+}
+
+impl<'a> ClaimRecordRef<'a> {
+    fn of(id: &'a KeyId, record: &'a ClaimRecord) -> ClaimRecordRef<'a> {
+        ClaimRecordRef {
+            principal: &id.0,
+            key: &id.1,
+            record,
+        }
+    }
 }
 
 /// The owned twin of [`ClaimRecordRef`]: the same bytes.
@@ -657,12 +696,22 @@ pub fn write_part_only<W: Write>(registry: &Registry, out: W) -> io::Result<()> 
 /// (length, then the record): what follows a part written by
 /// [`write_part_only`].
 pub fn encode_key_record(id: &KeyId, record: &KeyRecord, out: &mut Vec<u8>) -> io::Result<()> {
-    let bytes = KeyRecordRef::of(id, record);
+    encode_framed(&KeyRecordRef::of(id, record), out)
+}
+
+/// Appends one finished claim record to `out` as a version 10 snapshot
+/// holds it: what follows the key records after a part written by
+/// [`write_part_only`].
+pub fn encode_claim_record(id: &KeyId, record: &ClaimRecord, out: &mut Vec<u8>) -> io::Result<()> {
+    encode_framed(&ClaimRecordRef::of(id, record), out)
+}
+
+fn encode_framed<T: Serialize>(bytes: &T, out: &mut Vec<u8>) -> io::Result<()> {
     // Encoded in place after a length slot filled in after (no buffer per
     // record on the sending path).
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    codec::encode_into(&bytes, out);
+    codec::encode_into(bytes, out);
     let length = u32::try_from(out.len() - start - 4)
         .ok()
         .filter(|length| u64::from(*length) <= RECORD_BYTES_MAX)
@@ -695,8 +744,19 @@ pub fn state_hash(registry: &Registry) -> StateHash {
         claims: registry.claims.len() as u64,
         claims_hash: registry.claims.records_hash().to_bytes(),
     };
-    write_record(&mut out, &mut buffer, &summary).expect("writing into a sink cannot fail");
-    for (&start_ms, group) in registry.keys.groups() {
+    let grouped_claims = format_of(registry) >= SNAPSHOT_FORMAT_VERSION_10;
+    if grouped_claims {
+        let summary = RecordsSummaryV10 {
+            base: summary,
+            claim_groups_floor_ms: registry.finished_claims.groups_floor_ms(),
+            claim_groups: registry.finished_claims.groups().count() as u64,
+        };
+        write_record(&mut out, &mut buffer, &summary).expect("writing into a sink cannot fail");
+    } else {
+        write_record(&mut out, &mut buffer, &summary).expect("writing into a sink cannot fail");
+    }
+    let claim_groups = registry.finished_claims.groups().filter(|_| grouped_claims);
+    for (&start_ms, group) in registry.keys.groups().chain(claim_groups) {
         let group = KeyGroupSummary {
             start_ms,
             end_ms: group.end_ms,
@@ -711,13 +771,18 @@ pub fn state_hash(registry: &Registry) -> StateHash {
 
 fn write_body<W: Write>(registry: &Registry, out: &mut HashingWriter<W>) -> io::Result<()> {
     assert!(
-        !registry.keys.has_records_outside(),
-        "a snapshot of a registry whose key records lie outside it"
+        !registry.keys.has_records_outside()
+            && (!registry.finished_claims.has_records_outside()
+                || registry.finished_claims.len() == 0),
+        "a snapshot of a registry whose key or claim records lie outside it"
     );
     let mut buffer = Vec::new();
     write_part(registry, out, &mut buffer)?;
     for (id, stored) in registry.keys.iter() {
         write_record(out, &mut buffer, &KeyRecordRef::of(id, &stored.record))?;
+    }
+    for (id, stored) in registry.finished_claims.iter() {
+        write_record(out, &mut buffer, &ClaimRecordRef::of(id, &stored.record))?;
     }
     Ok(())
 }
@@ -734,6 +799,11 @@ fn write_part<W: Write>(
     for (&start_ms, group) in registry.keys.groups() {
         write_record(out, buffer, &KeyGroupRecordV8::of(start_ms, group))?;
     }
+    if format_of(registry) >= SNAPSHOT_FORMAT_VERSION_10 {
+        for (&start_ms, group) in registry.finished_claims.groups() {
+            write_record(out, buffer, &KeyGroupRecordV8::of(start_ms, group))?;
+        }
+    }
     write_claims(registry, out, buffer)?;
     let digest = out.hasher.clone().finalize();
     out.write_all(digest.as_bytes())
@@ -745,13 +815,8 @@ fn write_claims<W: Write>(
     out: &mut W,
     buffer: &mut Vec<u8>,
 ) -> io::Result<()> {
-    for ((principal, key), record) in registry.claim_records() {
-        let record = ClaimRecordRef {
-            principal,
-            key,
-            record,
-        };
-        write_record(out, buffer, &record)?;
+    for (id, record) in registry.claim_records() {
+        write_record(out, buffer, &ClaimRecordRef::of(id, record))?;
     }
     Ok(())
 }
@@ -770,7 +835,17 @@ fn write_head<W: Write>(registry: &Registry, out: &mut W, buffer: &mut Vec<u8>) 
             base: header,
             rules: registry.rules,
         };
-        write_record(out, buffer, &header)?;
+        if version == SNAPSHOT_FORMAT_VERSION {
+            write_record(out, buffer, &header)?;
+        } else {
+            let header = HeaderV10 {
+                base: header,
+                claim_groups_floor_ms: registry.finished_claims.groups_floor_ms(),
+                claim_groups: registry.finished_claims.groups().count() as u64,
+                finished_claims: registry.finished_claims.len(),
+            };
+            write_record(out, buffer, &header)?;
+        }
     }
     for (client_id, session) in &registry.sessions {
         let record = SessionRecordRef {
@@ -810,11 +885,16 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     match read_part(input, true)? {
         Part::Whole(registry) => Ok(registry),
         Part::Records(mut registry, records) => {
-            for record in records {
-                let (id, stored) = record?;
-                registry.keys.hold_restored(id, stored);
+            for record in *records {
+                match record? {
+                    Streamed::Key(id, stored) => registry.keys.hold_restored(id, stored),
+                    Streamed::Claim(id, stored) => {
+                        registry.finished_claims.hold_restored(id, stored);
+                    }
+                }
             }
             registry.keys.mark_inside();
+            registry.finished_claims.mark_inside();
             // Every group's summary against the records it holds, again
             // (the reader checked them as they came).
             registry
@@ -827,40 +907,58 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
 
 /// What [`read_part`] read.
 pub enum Part<R> {
-    /// A version 8 snapshot's registry without its key records (they lie
-    /// outside it: [`Registry::has_key_records_outside`]), and the records,
-    /// still to be read.
-    Records(Registry, Box<KeyRecords<R>>),
+    /// A version 8 or later snapshot's registry without its streamed
+    /// records — idempotency keys, and from version 10 finished claims (they
+    /// lie outside it: [`Registry::has_key_records_outside`]) — and the
+    /// records, still to be read.
+    Records(Registry, Box<Records<R>>),
     /// An older snapshot, read whole (its records kept or counted, as
     /// asked).
     Whole(Registry),
 }
 
-/// The idempotency-key records of a version 8 snapshot, read one at a time
-/// after its part: each checked (order, bounds, a live group covering it)
-/// as it comes; after the last, every group's records checked against its
-/// summary (count, bytes, multiset hash, per principal) and the file's
-/// trailer checked — an error then is the iterator's last item. Dropped
-/// before the end, nothing past the part was verified.
-pub struct KeyRecords<R> {
+/// One record streamed after a snapshot's part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Streamed {
+    /// An idempotency key's record, in its group.
+    Key(KeyId, GroupedRecord),
+    /// A finished claim's record, in its group (version 10).
+    Claim(KeyId, GroupedRecord<ClaimRecord>),
+}
+
+/// The streamed records of a version 8 or later snapshot, read one at a
+/// time after its part: the idempotency keys, then (version 10) the
+/// finished claims, each checked (order, bounds, a live group covering it)
+/// as it comes; after the last of a kind, every group of that kind checked
+/// against its summary (count, bytes, multiset hash, per principal); after
+/// the last of all, the file's trailer — an error then is the iterator's
+/// last item. Dropped before the end, nothing past the part was verified.
+pub struct Records<R> {
     input: HashingReader<R>,
     buffer: Vec<u8>,
-    remaining: u64,
+    keys_remaining: u64,
+    claims_remaining: u64,
     last: Option<KeyId>,
     now_ms: u64,
+    last_fence: u64,
     /// The restored groups with their summaries (no records).
     keys: KeyStore,
+    claims: ClaimGroups,
+    /// The held claims (a finished one never has a held one's id).
+    held: ClaimStore,
     counted: std::collections::BTreeMap<u64, Usage>,
+    /// Whether the key groups' sums were checked (after the last key).
+    keys_checked: bool,
     finished: bool,
 }
 
-impl<R: Read> KeyRecords<R> {
+impl<R: Read> Records<R> {
     /// Records still to come.
     pub fn remaining(&self) -> u64 {
-        self.remaining
+        self.keys_remaining + self.claims_remaining
     }
 
-    fn next_record(&mut self) -> Result<(KeyId, GroupedRecord), SnapshotError> {
+    fn next_key(&mut self) -> Result<Streamed, SnapshotError> {
         let record: KeyRecordOwned = read_record(&mut self.input, &mut self.buffer)?;
         // The record hash is of these very bytes (a writer encodes the
         // record canonically; bytes that decode alike but differ fail the
@@ -875,37 +973,111 @@ impl<R: Read> KeyRecords<R> {
             .entry(group_ms)
             .or_default()
             .add(&Counted::hashed(&id, &record, hash));
-        self.remaining -= 1;
+        self.keys_remaining -= 1;
         self.last = Some(id.clone());
-        Ok((id, GroupedRecord { group_ms, record }))
+        Ok(Streamed::Key(id, GroupedRecord { group_ms, record }))
+    }
+
+    fn next_claim(&mut self) -> Result<Streamed, SnapshotError> {
+        let record: ClaimRecordOwned = read_record(&mut self.input, &mut self.buffer)?;
+        let hash = *blake3::keyed_hash(&CLAIM_RECORD_HASH_KEY, &self.buffer).as_bytes();
+        let (id, record) = checked_claim(self.now_ms, record)?;
+        if self.last.as_ref().is_some_and(|last| *last >= id) {
+            return Err(SnapshotError::Inconsistent("finished claims out of order"));
+        }
+        if record.is_held() || self.held.contains(&id) {
+            return Err(SnapshotError::Inconsistent(
+                "a held claim among the finished ones",
+            ));
+        }
+        if record.fence > self.last_fence || record.fence == 0 || record.attempt == 0 {
+            return Err(SnapshotError::Inconsistent(
+                "a finished claim's fence or attempt out of bounds",
+            ));
+        }
+        let group_ms = self
+            .claims
+            .group_covering(record.ttl_base_ms())
+            .map_err(SnapshotError::Inconsistent)?;
+        self.counted
+            .entry(group_ms)
+            .or_default()
+            .add(&Counted::hashed(&id, &record, hash));
+        self.claims_remaining -= 1;
+        self.last = Some(id.clone());
+        Ok(Streamed::Claim(id, GroupedRecord { group_ms, record }))
+    }
+
+    /// Every group of a kind against what its records added up to.
+    fn check_sums<'a>(
+        counted: &mut std::collections::BTreeMap<u64, Usage>,
+        groups: impl Iterator<Item = (&'a u64, &'a GroupSummary)>,
+        why: &'static str,
+    ) -> Result<(), SnapshotError> {
+        for (start, group) in groups {
+            if counted.remove(start).unwrap_or_default() != group.usage {
+                return Err(SnapshotError::Inconsistent(why));
+            }
+        }
+        counted.clear();
+        Ok(())
+    }
+
+    fn next_record(&mut self) -> Option<Result<Streamed, SnapshotError>> {
+        if self.keys_remaining > 0 {
+            return Some(self.next_key());
+        }
+        if !self.keys_checked {
+            self.keys_checked = true;
+            if let Err(error) = self.end_of_keys() {
+                return Some(Err(error));
+            }
+        }
+        if self.claims_remaining > 0 {
+            return Some(self.next_claim());
+        }
+        None
+    }
+
+    /// After the last key record: the key groups' sums; claims start over
+    /// in (principal, key) order.
+    fn end_of_keys(&mut self) -> Result<(), SnapshotError> {
+        Self::check_sums(
+            &mut self.counted,
+            self.keys.groups(),
+            "key records disagree with their group's summary",
+        )?;
+        self.last = None;
+        Ok(())
     }
 
     fn finish(&mut self) -> Result<(), SnapshotError> {
-        for (start, group) in self.keys.groups() {
-            if self.counted.remove(start).unwrap_or_default() != group.usage {
-                return Err(SnapshotError::Inconsistent(
-                    "key records disagree with their group's summary",
-                ));
-            }
-        }
+        Self::check_sums(
+            &mut self.counted,
+            self.claims.groups(),
+            "finished claim records disagree with their group's summary",
+        )?;
         check_trailer(&mut self.input)
     }
 }
 
-impl<R: Read> Iterator for KeyRecords<R> {
-    type Item = Result<(KeyId, GroupedRecord), SnapshotError>;
+impl<R: Read> Iterator for Records<R> {
+    type Item = Result<Streamed, SnapshotError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.finished {
             return None;
         }
-        if self.remaining == 0 {
-            self.finished = true;
-            return self.finish().err().map(Err);
+        match self.next_record() {
+            None => {
+                self.finished = true;
+                self.finish().err().map(Err)
+            }
+            Some(record) => {
+                self.finished = record.is_err();
+                Some(record)
+            }
         }
-        let record = self.next_record();
-        self.finished = record.is_err();
-        Some(record)
     }
 }
 
@@ -946,7 +1118,7 @@ pub fn read_leaving_keys<R: Read>(input: R) -> Result<Registry, SnapshotError> {
 /// Reads a snapshot up to its key records: all of a version 8 snapshot
 /// but its key records, which the caller reads (or leaves: a node whose
 /// store holds them reads nothing proportional to their number) from the
-/// returned [`KeyRecords`]; the part is checked against its own digest and
+/// returned [`Records`]; the part is checked against its own digest and
 /// every invariant that does not need the records. An older snapshot is
 /// read whole, its key records kept (`keep_older_keys`) or counted and
 /// dropped as [`read_leaving_keys`] does.
@@ -964,21 +1136,37 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
     let mut version = [0u8; 4];
     read_exact(&mut input, &mut version)?;
     let version = u32::from_le_bytes(version);
-    if !(SNAPSHOT_FORMAT_VERSION_2..=SNAPSHOT_FORMAT_VERSION).contains(&version) {
+    if !(SNAPSHOT_FORMAT_VERSION_2..=SNAPSHOT_FORMAT_VERSION_MAX).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     let mut buffer = Vec::new();
     // Key groups: the floor and count of a version 7 snapshot; none before
     // (its records are grouped as they are read).
     let mut key_groups = None;
+    // Finished claims' groups (floor, count) and records: version 10.
+    let mut claim_groups = None;
     let mut rules = RulesVersion::V1;
     let (header, claim_config, budget, last_fence, claims) = if version > SNAPSHOT_FORMAT_VERSION_6
     {
-        let header: HeaderV7 = if version > SNAPSHOT_FORMAT_VERSION_8 {
-            let header: HeaderV9 = read_record(&mut input, &mut buffer)?;
-            if !header.rules.is_known() || header.rules == RulesVersion::V1 {
+        let header: HeaderV7 = if version > SNAPSHOT_FORMAT_VERSION {
+            let header: HeaderV10 = read_record(&mut input, &mut buffer)?;
+            if !header.base.rules.is_known() || !header.base.rules.finished_claims_grouped() {
                 return Err(SnapshotError::Inconsistent(
-                    "a version 9 snapshot of an unknown rules version",
+                    "a version 10 snapshot of an unknown rules version, or one before 3",
+                ));
+            }
+            rules = header.base.rules;
+            claim_groups = Some((
+                header.claim_groups_floor_ms,
+                header.claim_groups,
+                header.finished_claims,
+            ));
+            header.base.base
+        } else if version > SNAPSHOT_FORMAT_VERSION_8 {
+            let header: HeaderV9 = read_record(&mut input, &mut buffer)?;
+            if header.rules != RulesVersion::V2 {
+                return Err(SnapshotError::Inconsistent(
+                    "a version 9 snapshot of a rules version other than 2",
                 ));
             }
             rules = header.rules;
@@ -1102,27 +1290,14 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
         return Err(SnapshotError::Inconsistent("more key groups than time"));
     }
     if version > SNAPSHOT_FORMAT_VERSION_7 {
-        let (floor_ms, count) = key_groups.expect("a version 8 or 9 header has key groups");
-        let mut groups = Vec::new();
-        // The groups' counts add up to the header's before any is summed
-        // into the registry's totals (which would overflow on a peer's or
-        // a disk's bytes otherwise). A principal's usage across groups is
-        // bounded by these sums, each group's adding up to its counts.
-        let (mut records, mut bytes) = (0u64, 0u64);
-        for _ in 0..count {
-            let group: KeyGroupRecordV8 = read_record(&mut input, &mut buffer)?;
-            let (start_ms, summary) = group.into_summary()?;
-            records = records
-                .checked_add(summary.usage.records)
-                .filter(|records| *records <= idempotency_keys)
-                .ok_or(SnapshotError::Inconsistent(
-                    "key groups hold more records than the header says",
-                ))?;
-            bytes = bytes
-                .checked_add(summary.usage.bytes)
-                .ok_or(SnapshotError::Inconsistent("key groups' bytes overflow"))?;
-            groups.push((start_ms, summary));
-        }
+        let (floor_ms, count) = key_groups.expect("a version 8 or later header has key groups");
+        let groups = read_group_summaries(
+            &mut input,
+            &mut buffer,
+            count,
+            idempotency_keys,
+            &KEY_GROUP_TEXTS,
+        )?;
         registry
             .keys
             .restore_summaries(groups, floor_ms)
@@ -1131,6 +1306,24 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
             return Err(SnapshotError::Inconsistent(
                 "key groups' counts disagree with the header",
             ));
+        }
+        let mut finished_claims = 0;
+        if let Some((floor_ms, count, records)) = claim_groups {
+            if count > floor_ms {
+                return Err(SnapshotError::Inconsistent("more claim groups than time"));
+            }
+            let groups =
+                read_group_summaries(&mut input, &mut buffer, count, records, &CLAIM_GROUP_TEXTS)?;
+            registry
+                .finished_claims
+                .restore_summaries(groups, floor_ms)
+                .map_err(SnapshotError::Inconsistent)?;
+            if registry.finished_claims.len() != records {
+                return Err(SnapshotError::Inconsistent(
+                    "claim groups' counts disagree with the header",
+                ));
+            }
+            finished_claims = records;
         }
         for _ in 0..claims {
             let record: ClaimRecordOwned = read_record(&mut input, &mut buffer)?;
@@ -1145,14 +1338,19 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
         registry
             .check_invariants()
             .map_err(|_| SnapshotError::Inconsistent("state indexes disagree"))?;
-        let records = Box::new(KeyRecords {
+        let records = Box::new(Records {
             input,
             buffer,
-            remaining: idempotency_keys,
+            keys_remaining: idempotency_keys,
+            claims_remaining: finished_claims,
             last: None,
             now_ms: registry.cluster_time_ms,
+            last_fence: registry.last_fence,
             keys: registry.keys.clone(),
+            claims: registry.finished_claims.clone(),
+            held: registry.claims.clone(),
             counted: std::collections::BTreeMap::new(),
+            keys_checked: false,
             finished: false,
         });
         return Ok(Part::Records(registry, records));
@@ -1210,6 +1408,73 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
         .check_invariants()
         .map_err(|_| SnapshotError::Inconsistent("state indexes disagree"))?;
     Ok(Part::Whole(registry))
+}
+
+/// What a kind's group summaries are called in the errors of a reader.
+struct GroupTexts {
+    order: &'static str,
+    overflow: &'static str,
+    disagree: &'static str,
+    too_many: &'static str,
+    bytes_overflow: &'static str,
+}
+
+const KEY_GROUP_TEXTS: GroupTexts = GroupTexts {
+    order: "a key group's usage per principal out of order or empty",
+    overflow: "a key group's usage per principal overflows",
+    disagree: "a key group's usage per principal disagrees with its counts",
+    too_many: "key groups hold more records than the header says",
+    bytes_overflow: "key groups' bytes overflow",
+};
+
+const CLAIM_GROUP_TEXTS: GroupTexts = GroupTexts {
+    order: "a claim group's usage per principal out of order or empty",
+    overflow: "a claim group's usage per principal overflows",
+    disagree: "a claim group's usage per principal disagrees with its counts",
+    too_many: "claim groups hold more records than the header says",
+    bytes_overflow: "claim groups' bytes overflow",
+};
+
+/// Reads `count` group summaries (version 8's records), checked one by
+/// one, their counts adding up to at most `records_max` (the header's)
+/// before any is summed into the registry's totals, which would overflow
+/// on a peer's or a disk's bytes otherwise. A principal's usage across
+/// groups is bounded by these sums, each group's adding up to its counts.
+fn read_group_summaries<R: Read>(
+    input: &mut R,
+    buffer: &mut Vec<u8>,
+    count: u64,
+    records_max: u64,
+    texts: &GroupTexts,
+) -> Result<Vec<(u64, GroupSummary)>, SnapshotError> {
+    let mut groups = Vec::new();
+    let (mut records, mut bytes) = (0u64, 0u64);
+    for _ in 0..count {
+        let group: KeyGroupRecordV8 = read_record(input, buffer)?;
+        let (start_ms, summary) = group.into_summary(texts)?;
+        records = records
+            .checked_add(summary.usage.records)
+            .filter(|records| *records <= records_max)
+            .ok_or(SnapshotError::Inconsistent(texts.too_many))?;
+        bytes = bytes
+            .checked_add(summary.usage.bytes)
+            .ok_or(SnapshotError::Inconsistent(texts.bytes_overflow))?;
+        groups.push((start_ms, summary));
+    }
+    Ok(groups)
+}
+
+/// A finished claim record of a version 10 snapshot: its bounds (as a held
+/// one's) and its time, checked against the cluster time restored.
+fn checked_claim(
+    now_ms: u64,
+    record: ClaimRecordOwned,
+) -> Result<(KeyId, ClaimRecord), SnapshotError> {
+    check_claim_bounds(&record)?;
+    if record.record.ttl_base_ms() > now_ms {
+        return Err(SnapshotError::Inconsistent("claim from the future"));
+    }
+    Ok(((record.principal, record.key), record.record))
 }
 
 /// Reads a snapshot from bytes.
@@ -1294,14 +1559,14 @@ fn checked_key(
     ))
 }
 
-fn restore_claim(registry: &mut Registry, record: ClaimRecordOwned) -> Result<(), SnapshotError> {
-    let id = (record.principal, record.key);
-    if id.1.0.is_empty() || id.1.0.len() as u64 > bounds::CLAIM_KEY_BYTES_MAX {
+/// A claim record's key, principal and result within their hard bounds.
+fn check_claim_bounds(record: &ClaimRecordOwned) -> Result<(), SnapshotError> {
+    if record.key.0.is_empty() || record.key.0.len() as u64 > bounds::CLAIM_KEY_BYTES_MAX {
         return Err(SnapshotError::Inconsistent(
             "claim key empty or beyond its hard bound",
         ));
     }
-    if id.0.0.len() > Principal::BYTES_MAX {
+    if record.principal.0.len() > Principal::BYTES_MAX {
         return Err(SnapshotError::Inconsistent("claim principal name too long"));
     }
     if record.record.result_bytes() > bounds::CLAIM_RESULT_BYTES_MAX {
@@ -1309,6 +1574,12 @@ fn restore_claim(registry: &mut Registry, record: ClaimRecordOwned) -> Result<()
             "claim result beyond its hard bound",
         ));
     }
+    Ok(())
+}
+
+fn restore_claim(registry: &mut Registry, record: ClaimRecordOwned) -> Result<(), SnapshotError> {
+    check_claim_bounds(&record)?;
+    let id = (record.principal, record.key);
     let now_ms = registry.cluster_time_ms;
     let from_the_future = match &record.record.state {
         crate::ClaimState::Held { .. } => false,
@@ -1721,11 +1992,11 @@ mod tests {
         assert_eq!(part.key_count(), 3);
         assert_eq!(state_hash(&part), state_hash(&registry));
         assert_eq!(records.remaining(), 3);
-        let read: Vec<(KeyId, GroupedRecord)> = records.map(Result::unwrap).collect();
-        let held: Vec<(KeyId, GroupedRecord)> = registry
+        let read: Vec<Streamed> = records.map(Result::unwrap).collect();
+        let held: Vec<Streamed> = registry
             .keys
             .iter()
-            .map(|(id, stored)| (id.clone(), stored.clone()))
+            .map(|(id, stored)| Streamed::Key(id.clone(), stored.clone()))
             .collect();
         assert_eq!(read, held);
     }

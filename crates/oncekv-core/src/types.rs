@@ -328,12 +328,27 @@ impl RulesVersion {
     /// started at this version gets [`KeyedConfig::for_rules`]'s limits
     /// (50 M keys, 16 GiB).
     pub const V2: RulesVersion = RulesVersion(2);
-    /// What this build starts new clusters at, and the highest it knows.
+    /// Finished claims (completed or released) lie in creation-time groups
+    /// like idempotency keys, so that they can lie in the node's record
+    /// store: a finished claim lives at least `claim_ttl_ms` and less than
+    /// that plus one group's width ([`crate::key_group_width_ms`] of the
+    /// claim TTL); a held one stays in memory, exact. **Not released yet**
+    /// (docs/state-beyond-ram.md §4.12): a build knows it only with the
+    /// core's `unreleased-rules` feature, for the tests of the work in
+    /// progress.
+    pub const V3: RulesVersion = RulesVersion(3);
+    /// What this build starts new clusters at.
     pub const LATEST: RulesVersion = RulesVersion::V2;
+    /// The highest version this build knows.
+    pub const HIGHEST_KNOWN: RulesVersion = if cfg!(feature = "unreleased-rules") {
+        RulesVersion::V3
+    } else {
+        RulesVersion::LATEST
+    };
 
     /// Whether this build knows the version.
     pub fn is_known(self) -> bool {
-        (RulesVersion::V1..=RulesVersion::LATEST).contains(&self)
+        (RulesVersion::V1..=RulesVersion::HIGHEST_KNOWN).contains(&self)
     }
 
     /// Why this build refuses the version, when it does not know it: the
@@ -343,7 +358,7 @@ impl RulesVersion {
             format!(
                 "rules_version {self} is unknown to this build (it knows {} to {})",
                 RulesVersion::V1,
-                RulesVersion::LATEST
+                RulesVersion::HIGHEST_KNOWN
             )
         })
     }
@@ -352,6 +367,12 @@ impl RulesVersion {
     /// budget (version 1) or against `idempotency_cached_bytes_max` alone.
     pub fn key_records_in_memory_budget(self) -> bool {
         self < RulesVersion::V2
+    }
+
+    /// Whether finished claims lie in creation-time groups (version 3),
+    /// not in memory beside the held ones.
+    pub fn finished_claims_grouped(self) -> bool {
+        self >= RulesVersion::V3
     }
 }
 
