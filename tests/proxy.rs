@@ -1096,4 +1096,50 @@ async fn proxy_survives_its_own_crash_and_the_leaders() {
     .await;
     assert_eq!((later.status, &later.body), (201, &answer.body));
     assert_eq!(upstream.calls_with("s2").len(), 1, "{:?}", upstream.calls());
+
+    // --reply-before-record: the upstream's answer goes to its caller
+    // before the record is written — here while the cluster cannot write
+    // (the killed leader still down, a second node paused), where a proxy
+    // that records first holds the answer until the cluster is back or its
+    // call deadline (10 s) passes. The key stays held meanwhile: once the
+    // cluster is back, the retry gets the replay, and the upstream saw one
+    // call.
+    let early = ProxyProcess::start(
+        &endpoints,
+        &upstream.url(),
+        &["--wait-ms", "15000", "--reply-before-record"],
+    )
+    .await;
+    let http = early.http();
+    let request = tokio::spawn(async move {
+        post(
+            &http,
+            "/ship",
+            &[("Idempotency-Key", "s4"), ("x-test-sleep-ms", "1000")],
+            "ship 4",
+        )
+        .await
+    });
+    upstream.wait_for_calls("s4", 1).await;
+    let paused = (1..=3)
+        .find(|&node| node != leader && cluster.is_running(node))
+        .expect("a live node besides the killed leader");
+    cluster.pause(paused);
+    let answer = tokio::time::timeout(Duration::from_secs(5), request).await;
+    cluster.resume(paused);
+    let answer = answer
+        .expect("answered while the cluster could not record")
+        .unwrap();
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(answer.header("idempotent-replayed"), Some("false"));
+    let retry = post(
+        &early.http(),
+        "/ship",
+        &[("Idempotency-Key", "s4")],
+        "ship 4",
+    )
+    .await;
+    assert_eq!((retry.status, &retry.body), (201, &answer.body));
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("s4").len(), 1, "{:?}", upstream.calls());
 }

@@ -109,6 +109,14 @@ pub struct ProxyArgs {
     /// without its body. At most the cluster's claim_result_bytes_max.
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 10)]
     pub response_bytes_max: usize,
+    /// Give a keyed request's final answer to its caller as soon as the
+    /// upstream gives it, and record it after (one consensus write less on
+    /// the caller's path). The key stays held until the record lands, so a
+    /// retry meanwhile waits and gets the replay; but an answer whose
+    /// record then fails (the lease taken over, the cluster out of reach)
+    /// was given and is not the key's (docs/proxy.md).
+    #[arg(long)]
+    pub reply_before_record: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
@@ -221,6 +229,7 @@ impl ProxyArgs {
         config.body_bytes_max = self.body_bytes_max;
         config.header_bytes_max = self.header_bytes_max;
         config.response_bytes_max = self.response_bytes_max;
+        config.reply_before_record = self.reply_before_record;
         Ok(config)
     }
 

@@ -8,6 +8,9 @@
 //! - `passed_through`: through the proxy without a key;
 //! - `keyed_new`: through the proxy with a new `Idempotency-Key` each time
 //!   (claim, forward, complete: two log writes);
+//! - `keyed_new_early`: the same through a second proxy run with
+//!   `--reply-before-record` (the answer given before the complete: one log
+//!   write on the caller's path);
 //! - `keyed_replay`: through the proxy with each client's one key again
 //!   (answered from the record: one claim call, the upstream untouched);
 //! - `once_cycle`: no HTTP at all — the client library's `Client::once`
@@ -149,6 +152,7 @@ impl Drop for ProxyProcess {
 fn start_proxy(
     args: &Args,
     upstream: std::net::SocketAddr,
+    extra: &[&str],
 ) -> Result<(ProxyProcess, String), Failure> {
     let mut child = Command::new(&args.oncekv)
         .args([
@@ -160,6 +164,7 @@ fn start_proxy(
         ])
         .arg("--upstream")
         .arg(format!("http://{upstream}"))
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -182,6 +187,8 @@ enum Mode {
     Direct,
     PassedThrough,
     KeyedNew,
+    /// New keys through a second proxy run with `--reply-before-record`.
+    KeyedNewEarly,
     KeyedReplay,
     OnceCycle,
 }
@@ -192,6 +199,7 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::PassedThrough => "passed_through",
             Mode::KeyedNew => "keyed_new",
+            Mode::KeyedNewEarly => "keyed_new_early",
             Mode::KeyedReplay => "keyed_replay",
             Mode::OnceCycle => "once_cycle",
         }
@@ -214,12 +222,19 @@ fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
 }
 
 /// Runs `clients` closed loops of `mode` for `seconds`.
+/// Where requests go: the upstream itself, the proxy, the proxy that
+/// replies before it records.
+struct Targets {
+    upstream: String,
+    proxy: String,
+    early_proxy: String,
+}
+
 async fn measure(
     mode: Mode,
     clients: usize,
     seconds: u64,
-    upstream: &str,
-    proxy: &str,
+    targets: &Targets,
     library: &oncekv_client::Client,
     run: &str,
 ) -> Outcome {
@@ -228,8 +243,9 @@ async fn measure(
     let mut tasks = Vec::new();
     for client in 0..clients {
         let target = match mode {
-            Mode::Direct => upstream.to_owned(),
-            _ => proxy.to_owned(),
+            Mode::Direct => targets.upstream.clone(),
+            Mode::KeyedNewEarly => targets.early_proxy.clone(),
+            _ => targets.proxy.clone(),
         };
         let library = library.clone();
         let run = run.to_owned();
@@ -253,8 +269,8 @@ async fn measure(
                 let began = Instant::now();
                 let result = match mode {
                     Mode::Direct | Mode::PassedThrough => send(&http, &target, None).await,
-                    Mode::KeyedNew => {
-                        let key = format!("bench-{run}-{client}-{n}");
+                    Mode::KeyedNew | Mode::KeyedNewEarly => {
+                        let key = format!("bench-{run}-{}-{client}-{n}", mode.name());
                         send(&http, &target, Some(&key)).await
                     }
                     Mode::KeyedReplay => send(&http, &target, Some(&replay_key)).await,
@@ -329,8 +345,15 @@ fn ms(duration: Duration) -> f64 {
 async fn main() -> Result<(), Failure> {
     let args = parse_args().map_err(|error| format!("usage: {error}"))?;
     let upstream = start_upstream().await?;
-    let (proxy_process, proxy) = start_proxy(&args, upstream)?;
+    let (proxy_process, proxy) = start_proxy(&args, upstream, &[])?;
+    let (early_process, early_proxy) = start_proxy(&args, upstream, &["--reply-before-record"])?;
     let proxy_pid = proxy_process.0.id();
+    let early_pid = early_process.0.id();
+    let targets = Targets {
+        upstream: upstream.to_string(),
+        proxy,
+        early_proxy,
+    };
     let library = oncekv_client::Client::connect(args.endpoints.split(',').map(str::to_owned));
     #[allow(clippy::disallowed_methods)] // a run id only keeps keys of two runs apart
     let run: u64 = std::time::SystemTime::now()
@@ -338,16 +361,8 @@ async fn main() -> Result<(), Failure> {
         .map_or(0, |since| since.as_secs());
     // Warm up: the proxy's connections to the cluster and the upstream.
     let warm_up = format!("{run}-warm-up");
-    let _ = measure(
-        Mode::KeyedNew,
-        4,
-        1,
-        &upstream.to_string(),
-        &proxy,
-        &library,
-        &warm_up,
-    )
-    .await;
+    let _ = measure(Mode::KeyedNew, 4, 1, &targets, &library, &warm_up).await;
+    let _ = measure(Mode::KeyedNewEarly, 4, 1, &targets, &library, &warm_up).await;
     println!(
         "{:>7} {:<15} {:>9} {:>8} {:>8} {:>10} {:>10} {:>14} {:>7}",
         "clients",
@@ -366,21 +381,26 @@ async fn main() -> Result<(), Failure> {
             Mode::Direct,
             Mode::PassedThrough,
             Mode::KeyedNew,
+            Mode::KeyedNewEarly,
             Mode::KeyedReplay,
             Mode::OnceCycle,
         ] {
-            let cpu_before = cpu_time(proxy_pid);
+            let pid = if mode == Mode::KeyedNewEarly {
+                early_pid
+            } else {
+                proxy_pid
+            };
+            let cpu_before = cpu_time(pid);
             let outcome = measure(
                 mode,
                 clients,
                 args.seconds,
-                &upstream.to_string(),
-                &proxy,
+                &targets,
                 &library,
                 &format!("{run}-{clients}"),
             )
             .await;
-            let proxy_cpu = cpu_time(proxy_pid).saturating_sub(cpu_before);
+            let proxy_cpu = cpu_time(pid).saturating_sub(cpu_before);
             let p50 = percentile(&outcome.latencies, 0.50);
             let p99 = percentile(&outcome.latencies, 0.99);
             if mode == Mode::Direct {

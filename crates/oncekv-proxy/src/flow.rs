@@ -46,6 +46,40 @@ pub struct Proxy {
     client: Client,
     upstream: Upstream,
     metrics: Arc<Metrics>,
+    keyed_tasks: Arc<KeyedTasks>,
+}
+
+/// The keyed requests' tasks still running: each records or releases its
+/// key, and may outlive its caller's connection; shutdown waits for them.
+#[derive(Debug, Default)]
+struct KeyedTasks {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One running keyed task, counted until dropped.
+struct KeyedTask(Arc<KeyedTasks>);
+
+impl KeyedTask {
+    fn start(tasks: &Arc<KeyedTasks>) -> KeyedTask {
+        tasks
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        KeyedTask(Arc::clone(tasks))
+    }
+}
+
+impl Drop for KeyedTask {
+    fn drop(&mut self) {
+        if self
+            .0
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// What a request got, and what to count of it.
@@ -145,7 +179,21 @@ impl Proxy {
             client,
             upstream,
             metrics,
+            keyed_tasks: Arc::default(),
         })
+    }
+
+    /// Waits until no keyed request's task runs (each recorded or released
+    /// its key).
+    pub async fn keyed_tasks_done(&self) {
+        let tasks = &self.keyed_tasks;
+        loop {
+            let idle = tasks.idle.notified();
+            if tasks.running.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// The upstream requests go to.
@@ -330,12 +378,23 @@ impl Proxy {
             &body,
         );
         let proxy = Arc::clone(self);
-        let work = tokio::spawn(async move {
+        let (early, mut early_answer) = tokio::sync::oneshot::channel();
+        let early = self.config.reply_before_record.then_some(early);
+        let task = KeyedTask::start(&self.keyed_tasks);
+        let mut work = tokio::spawn(async move {
+            let _task = task;
             proxy
-                .claim_and_forward(parts, body, claim_key, fingerprint)
+                .claim_and_forward(parts, body, claim_key, fingerprint, early)
                 .await
         });
-        match work.await {
+        // With --reply-before-record the upstream's answer may come before
+        // the task ends (it goes on to record it); else the task's answer.
+        let finished = tokio::select! {
+            biased;
+            Ok(answered) = &mut early_answer => return answered,
+            finished = &mut work => finished,
+        };
+        match finished {
             Ok(answered) => answered,
             Err(error) => {
                 tracing::error!(%error, "a keyed request's task failed");
@@ -380,16 +439,22 @@ impl Proxy {
     }
 
     /// Claims the key, forwards once under the won claim, records or
-    /// releases; or replays, waits, refuses.
+    /// releases; or replays, waits, refuses. With `early` (the proxy's
+    /// `--reply-before-record`), a final answer goes to the caller through
+    /// it before the record is written; what this returns then is for no
+    /// one (the record's failure is logged).
     async fn claim_and_forward(
         &self,
         parts: Parts,
         body: Bytes,
         claim_key: Vec<u8>,
         fingerprint: Vec<u8>,
+        early: Option<tokio::sync::oneshot::Sender<Answered>>,
     ) -> Answered {
         let first: Mutex<Option<Forwarded>> = Mutex::new(None);
         let holder: Mutex<Option<(u64, u64)>> = Mutex::new(None);
+        let early = Mutex::new(early);
+        let mut replied = false;
         let mut waited = false;
         let outcome = self
             .client
@@ -399,17 +464,33 @@ impl Proxy {
                 &self.options,
                 |_| waited = true,
                 |token| {
-                    let (first, holder, parts) = (&first, &holder, &parts);
+                    let (first, holder, parts, early, replied) =
+                        (&first, &holder, &parts, &early, &mut replied);
                     async move {
                         *lock(holder) = Some((token.fence, token.attempt));
                         let forwarded = self.forward_claimed(parts, body, &token).await?;
                         let record = forwarded.record.encode();
-                        *lock(first) = Some(forwarded);
+                        // A holder a heartbeat found fenced records nothing:
+                        // its answer waits for the complete's verdict.
+                        let early = lock(early).take().filter(|_| !token.is_fenced());
+                        match early {
+                            Some(early) => {
+                                *replied = true;
+                                let answer = self.answer_first(forwarded, Outcome::Forwarded);
+                                if let Err(answer) = early.send(answer) {
+                                    drop(answer);
+                                }
+                            }
+                            None => *lock(first) = Some(forwarded),
+                        }
                         Ok::<_, NotRecorded>(record)
                     }
                 },
             )
             .await;
+        if replied {
+            return self.after_early_reply(outcome, &claim_key);
+        }
         if waited {
             self.metrics.waited();
         }
@@ -449,6 +530,42 @@ impl Proxy {
                     .await
             }
         }
+    }
+
+    /// After the caller had its answer (`--reply-before-record`): the
+    /// record's fate, logged and counted (the caller's request was counted
+    /// as forwarded when it was answered).
+    fn after_early_reply(
+        &self,
+        outcome: Result<OnceOutcome, OnceError<NotRecorded>>,
+        claim_key: &[u8],
+    ) -> Answered {
+        let key = String::from_utf8_lossy(claim_key).into_owned();
+        match outcome {
+            Ok(_) => {}
+            Err(OnceError::Record {
+                error: Error::Fenced { current_fence },
+                ..
+            }) => {
+                self.metrics.early_reply_unrecorded();
+                tracing::warn!(
+                    key,
+                    current_fence,
+                    "an answer given before its record (--reply-before-record) is not the key's: the lease was taken over before the record landed (FENCED)"
+                );
+            }
+            Err(OnceError::Record { error, .. } | OnceError::Claim(error)) => {
+                self.metrics.early_reply_unrecorded();
+                tracing::warn!(
+                    key,
+                    error = %error,
+                    "an answer given before its record (--reply-before-record) may not be recorded; the key stays held until its lease runs out if it is not"
+                );
+            }
+            // The effect (the forward) succeeded, or nothing was replied.
+            Err(OnceError::Failed { .. }) => {}
+        }
+        Answered::problem(answer_lost(), Outcome::Forwarded)
     }
 
     /// Forwards the request under `token`'s claim and reads the answer as

@@ -114,6 +114,15 @@ pub struct Config {
     /// encoded); a larger body is passed on but recorded without it. At
     /// most the cluster's `claim_result_bytes_max` (64 KiB by default).
     pub response_bytes_max: usize,
+    /// `--reply-before-record`: give a keyed request's final answer to its
+    /// caller as soon as the upstream gave it, and record it (one more
+    /// consensus write) after, instead of before. One write less on the
+    /// caller's path; the key stays held until the record lands, so a
+    /// retry meanwhile waits for it and gets the replay. What it gives up
+    /// (docs/proxy.md): an answer given whose record then fails — the
+    /// lease was taken over meanwhile (FENCED), or the cluster could not
+    /// be reached — is an answer the key does not replay.
+    pub reply_before_record: bool,
 }
 
 impl Config {
@@ -135,6 +144,7 @@ impl Config {
             body_bytes_max: 1 << 20,
             header_bytes_max: 16 << 10,
             response_bytes_max: 64 << 10,
+            reply_before_record: false,
         }
     }
 

@@ -97,6 +97,7 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<OutcomeLabels, Counter>,
     in_progress_waits: Counter,
+    early_replies_unrecorded: Counter,
     upstream_responses: Family<ClassLabels, Counter>,
     added_latency: Family<PathLabels, Histogram, fn() -> Histogram>,
     callers_reloads: Family<ResultLabels, Counter>,
@@ -120,6 +121,7 @@ impl Metrics {
             registry: Registry::with_prefix("oncekv_proxy"),
             requests: Family::default(),
             in_progress_waits: Counter::default(),
+            early_replies_unrecorded: Counter::default(),
             upstream_responses: Family::default(),
             added_latency: Family::new_with_constructor(latency_histogram),
             callers_reloads: Family::default(),
@@ -133,6 +135,11 @@ impl Metrics {
             "in_progress_waits",
             "Keyed requests that found their key held by another request in progress and waited for it (up to --wait-ms); each is also counted once in requests_total by how it ended",
             metrics.in_progress_waits.clone(),
+        );
+        metrics.registry.register(
+            "early_replies_unrecorded",
+            "With --reply-before-record: answers given to their caller whose record then failed (the lease taken over, or the cluster out of reach); such an answer is not replayed to a retry",
+            metrics.early_replies_unrecorded.clone(),
         );
         metrics.registry.register(
             "upstream_responses",
@@ -173,6 +180,12 @@ impl Metrics {
     /// Counts a keyed request that waited for another in progress.
     pub fn waited(&self) {
         self.in_progress_waits.inc();
+    }
+
+    /// Counts an answer given before its record (`--reply-before-record`)
+    /// whose record then failed.
+    pub fn early_reply_unrecorded(&self) {
+        self.early_replies_unrecorded.inc();
     }
 
     /// Counts an upstream call's end.

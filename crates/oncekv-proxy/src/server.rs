@@ -26,11 +26,17 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Serves `proxy` on `listener` until `shutdown` completes; then requests
 /// in flight get [`SHUTDOWN_GRACE`] to finish.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>) {
+    let keyed = Arc::clone(&proxy);
     let service = move |request: Request<Incoming>| {
         let proxy = Arc::clone(&proxy);
         async move { Ok::<_, Infallible>(proxy.handle(request).await) }
     };
-    serve_with(listener, service, shutdown).await;
+    // Keyed requests record or release in tasks of their own, which may
+    // outlive their connection (`--reply-before-record`): waited for too.
+    serve_with(listener, service, shutdown, async move {
+        keyed.keyed_tasks_done().await;
+    })
+    .await;
 }
 
 /// Serves `metrics` on `listener` (`GET /metrics`, anything else 404)
@@ -44,7 +50,7 @@ pub async fn serve_metrics(
         let metrics = Arc::clone(&metrics);
         async move { Ok::<_, Infallible>(metrics_answer(&metrics, &request)) }
     };
-    serve_with(listener, service, shutdown).await;
+    serve_with(listener, service, shutdown, async {}).await;
 }
 
 fn metrics_answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<ProxyBody> {
@@ -61,8 +67,14 @@ fn metrics_answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<Pr
     }
 }
 
-async fn serve_with<S, F>(listener: TcpListener, service: S, shutdown: impl Future<Output = ()>)
-where
+/// Serves until `shutdown`, then waits up to [`SHUTDOWN_GRACE`] for the
+/// connections to end and then for `drained`.
+async fn serve_with<S, F>(
+    listener: TcpListener,
+    service: S,
+    shutdown: impl Future<Output = ()>,
+    drained: impl Future<Output = ()>,
+) where
     S: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
 {
@@ -114,6 +126,7 @@ where
     let _ = stop.send(true);
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while connections.join_next().await.is_some() {}
+        drained.await;
     })
     .await;
 }
