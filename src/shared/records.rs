@@ -18,7 +18,7 @@
 
 use oncekv_core::snapshot::Streamed;
 use oncekv_core::stored::{
-    key_id_bytes, key_id_from_bytes, key_record_bytes, key_record_from_bytes,
+    KIND_KEY, key_id_bytes, key_id_from_bytes, key_record_bytes, key_record_from_bytes,
 };
 use oncekv_core::{GroupedRecord, KeyChanges, KeyId, KeyView, Prefetched, Registry};
 use oncekv_records::{Checkpoint, Options, RecordStore, StoredRecord, View};
@@ -254,15 +254,18 @@ impl OutsideRecords {
         self.store().view().map_err(store_error)
     }
 
-    /// The live key records of `view` that `is_live` accepts (by group),
-    /// in (principal, key) order, from `after` (exclusive) on.
+    /// The live key records of `view` (by group), in (principal, key)
+    /// order, from `after` (exclusive) on. Only the key records' kind is
+    /// read: the scan stops at the first row of another kind (the store
+    /// keeps finished claims after every key record).
     pub fn records_after<'a>(
         view: &'a View,
         after: Option<&KeyId>,
     ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord)>> + 'a {
-        let start = after.map_or_else(|| vec![oncekv_core::stored::KIND_KEY], key_id_bytes);
+        let start = after.map_or_else(|| vec![KIND_KEY], key_id_bytes);
         let after = after.cloned();
         view.records_from(&start)
+            .take_while(|item| !matches!(item, Ok((key, _)) if key.first() != Some(&KIND_KEY)))
             .map(|item| {
                 let (key, stored) = item.map_err(store_error)?;
                 let id = key_id_from_bytes(&key)
@@ -369,5 +372,78 @@ impl OutsideRecords {
     /// Bytes on disk of the store.
     pub fn disk_bytes(&self) -> u64 {
         self.store().disk_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncekv_core::stored::{claim_id_bytes, claim_record_bytes};
+    use oncekv_core::{
+        CachedResponse, ClaimRecord, ClaimState, CommandResult, Fingerprint, IdempotencyKey,
+        KeyRecord, Principal,
+    };
+
+    fn id(principal: &str, key: &[u8]) -> KeyId {
+        (
+            Principal(principal.to_owned()),
+            IdempotencyKey(key.to_vec()),
+        )
+    }
+
+    fn key_record(created_ms: u64) -> GroupedRecord {
+        GroupedRecord {
+            group_ms: created_ms,
+            record: KeyRecord {
+                created_ms,
+                response: CachedResponse {
+                    fingerprint: Fingerprint(created_ms.into()),
+                    result: Ok(CommandResult::Stored),
+                },
+            },
+        }
+    }
+
+    /// A store holding finished claims (kind 2, after every key record)
+    /// lists its key records and nothing else: a claim row never reaches
+    /// the key records' decoding (which would fail the scan), from the
+    /// start or from any key.
+    #[test]
+    fn a_key_scan_stops_before_claim_rows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = OutsideRecords::open(dir.path()).expect("open");
+        let keys = [id("a", b"1"), id("a", b"2"), id("b", b"1")];
+        let claim = ClaimRecord {
+            fingerprint: Fingerprint(1),
+            fence: 3,
+            attempt: 1,
+            state: ClaimState::Released { released_ms: 10 },
+        };
+        let mut rows: Vec<(Vec<u8>, Option<StoredRecord>)> = keys
+            .iter()
+            .map(|id| (key_id_bytes(id), Some(to_stored(&key_record(10)))))
+            .collect();
+        for claim_id in [id("", b"0"), id("a", b"1"), id("z", b"9")] {
+            let stored = StoredRecord {
+                group: 10,
+                bytes: claim_record_bytes(&claim),
+            };
+            rows.push((claim_id_bytes(&claim_id), Some(stored)));
+        }
+        let checkpoint = Checkpoint {
+            watermark: 0,
+            applied: applied_bytes(1),
+        };
+        records.store().flush(rows, &checkpoint).expect("flush");
+        let view = records.view().expect("view");
+        let listed = |after: Option<&KeyId>| -> Vec<KeyId> {
+            OutsideRecords::records_after(&view, after)
+                .map(|item| item.expect("every listed row decodes").0)
+                .collect()
+        };
+        assert_eq!(listed(None), keys);
+        assert_eq!(listed(Some(&keys[0])), keys[1..]);
+        assert_eq!(listed(Some(&keys[2])), Vec::<KeyId>::new());
+        assert_eq!(listed(Some(&id("zz", b"z"))), Vec::<KeyId>::new());
     }
 }
