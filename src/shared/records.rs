@@ -22,6 +22,7 @@ use oncekv_core::stored::{
 };
 use oncekv_core::{GroupedRecord, KeyChanges, KeyId, KeyView, Prefetched, Registry};
 use oncekv_records::{Checkpoint, Options, RecordStore, StoredRecord, View};
+use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
 use std::path::Path;
@@ -178,7 +179,7 @@ impl OutsideRecords {
         let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
         let changes = &pending.layer.changes;
         let checkpoint = Checkpoint {
-            watermark: changes.first_live_group_ms,
+            watermarks: BTreeMap::from([(KIND_KEY, changes.first_live_group_ms)]),
             applied: applied_bytes(index),
         };
         let store = self.store();
@@ -207,10 +208,11 @@ impl OutsideRecords {
     /// records (in (principal, key) order, each in a live group; an error
     /// among them — the snapshot's last checks come as its last item —
     /// leaves the generation in force) with the checkpoint of `index` and
-    /// `watermark`, fsynced and named current on disk. The records are
-    /// streamed, never held. Returns it for [`OutsideRecords::switch_to`],
-    /// which readers see only once the registry is replaced with it.
-    /// Blocking: run it off the async workers.
+    /// `watermark` (the key records'), fsynced and named current on disk.
+    /// The records are streamed, never held. Returns it for
+    /// [`OutsideRecords::switch_to`], which readers see only once the
+    /// registry is replaced with it. Blocking: run it off the async
+    /// workers.
     pub fn install_generation<I>(
         &self,
         records: I,
@@ -222,7 +224,7 @@ impl OutsideRecords {
     {
         let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
         let checkpoint = Checkpoint {
-            watermark,
+            watermarks: BTreeMap::from([(KIND_KEY, watermark)]),
             applied: applied_bytes(index),
         };
         let stored = records.into_iter().map(|item| match item {
@@ -431,7 +433,7 @@ mod tests {
             rows.push((claim_id_bytes(&claim_id), Some(stored)));
         }
         let checkpoint = Checkpoint {
-            watermark: 0,
+            watermarks: BTreeMap::from([(KIND_KEY, 0)]),
             applied: applied_bytes(1),
         };
         records.store().flush(rows, &checkpoint).expect("flush");

@@ -13,14 +13,21 @@
 //! flushes go on; the compaction filter that drops the records of expired
 //! groups; and installing a received state into a new generation.
 //!
-//! It must not decide anything about a record: keys and record bytes are
-//! opaque here, the registry core says what changed and below which group
-//! records are expired (the checkpoint's watermark), and nothing here reads
-//! a clock or a random source. It must never drop a record that some
-//! checkpoint still readable — the latest, or one a live view holds — says
-//! is live: fjall's compaction filter runs whatever snapshots are open, so
-//! the filter's watermark is the lowest of the durable one and every open
-//! view's.
+//! A record's **kind** is the first byte of its store key (the core's
+//! `stored` module: 1 for idempotency keys, 2 for finished claims). Kinds
+//! expire apart, as their TTLs differ: the checkpoint carries one expiry
+//! watermark per kind, and a record is expired when its group is below its
+//! own kind's watermark. A kind the checkpoint does not name has watermark
+//! 0 (nothing of it is expired), and so does a record with an empty key.
+//!
+//! It must not decide anything about a record: beyond the kind byte, keys
+//! and record bytes are opaque here; the registry core says what changed
+//! and below which group each kind's records are expired (the checkpoint's
+//! watermarks), and nothing here reads a clock or a random source. It must
+//! never drop a record that some checkpoint still readable — the latest,
+//! or one a live view holds — says is live: fjall's compaction filter runs
+//! whatever snapshots are open, so the filter's watermark for a kind is
+//! the lowest of the durable one and every open view's for that kind.
 
 use fjall::compaction::filter::{
     CompactionFilter, CompactionFilterResult, Context, Factory, ItemAccessor, Verdict,
@@ -32,8 +39,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The format of a stored value (its first byte).
 pub const VALUE_FORMAT: u8 = 1;
-/// The format of the checkpoint row (its first byte).
-pub const CHECKPOINT_FORMAT: u8 = 1;
+/// The format of the checkpoint row (its first byte): `2 ‖ n u16 ‖ (kind u8,
+/// watermark u64)ⁿ ‖ applied` (numbers big-endian, kinds strictly
+/// increasing), written when a checkpoint names a kind other than
+/// [`FORMAT_1_KIND`].
+pub const CHECKPOINT_FORMAT: u8 = 2;
+/// The checkpoint format of one watermark: `1 ‖ watermark u64 ‖ applied`.
+/// Still read, as that watermark for every kind; still written for a
+/// checkpoint that names no kind but [`FORMAT_1_KIND`], byte for byte as
+/// builds before per-kind watermarks wrote it, so that they read such a
+/// store.
+pub const CHECKPOINT_FORMAT_1: u8 = 1;
+/// The one kind a format-1 checkpoint is written for (the core's
+/// idempotency keys): the only kind of record stores had before kinds
+/// expired apart.
+pub const FORMAT_1_KIND: u8 = 1;
 /// The keyspace of the records.
 const RECORDS: &str = "records";
 /// The keyspace of the checkpoint row.
@@ -55,8 +75,15 @@ pub enum Error {
     Store { path: PathBuf, source: fjall::Error },
     #[error("record store {path}: {why}")]
     Corrupt { path: PathBuf, why: String },
-    #[error("record store: the expiry watermark would move back from {durable} to {requested}")]
-    WatermarkBackwards { durable: u64, requested: u64 },
+    #[error(
+        "record store: the expiry watermark of kind {kind} would move back from {durable} to \
+         {requested}"
+    )]
+    WatermarkBackwards {
+        kind: u8,
+        durable: u64,
+        requested: u64,
+    },
     #[error("record store install: keys must come in strictly increasing order")]
     OutOfOrder,
     #[error("record store install: reading the incoming state: {0}")]
@@ -89,7 +116,7 @@ impl StoredRecord {
     }
 }
 
-/// Both stored shapes, a value and the checkpoint row: a format byte, a
+/// A stored value and a format-1 checkpoint row: a format byte, a
 /// big-endian number (the group, the watermark), then opaque bytes.
 fn frame(format: u8, number: u64, bytes: &[u8]) -> Vec<u8> {
     let mut framed = Vec::with_capacity(9 + bytes.len());
@@ -107,35 +134,127 @@ fn unframe(framed: &[u8]) -> Option<(u8, u64, &[u8])> {
 
 /// The row that says which applied state the records belong to: written
 /// in the batch of every flush, read back at open and in every view.
+///
+/// A checkpoint that names kind [`FORMAT_1_KIND`] alone is written as
+/// format 1 and so reads back naming every kind at that watermark: the
+/// same for that kind's records, and no other kind's records lie under
+/// such a checkpoint (the registry names one kind only while it stores one
+/// kind). Compare checkpoints read back by [`Checkpoint::watermark`], not
+/// as a whole.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
-    /// Records of groups below it are expired: absent to every reader,
-    /// dropped by compaction when no open view is older.
-    pub watermark: u64,
+    /// Per kind (a store key's first byte): records of that kind whose
+    /// group is below it are expired — absent to every reader, dropped by
+    /// compaction when no open view is older. A kind not named has
+    /// watermark 0.
+    pub watermarks: BTreeMap<u8, u64>,
     /// The caller's description of the applied state (log id, membership,
     /// the in-memory part's file and hash), opaque here.
     pub applied: Vec<u8>,
 }
 
+/// A format-2 checkpoint's bytes before its watermarks: format, count.
+const CHECKPOINT_HEAD_BYTES: usize = 3;
+/// One watermark of a format-2 checkpoint: kind, watermark.
+const CHECKPOINT_ENTRY_BYTES: usize = 9;
+
 impl Checkpoint {
-    fn encode(&self) -> Vec<u8> {
-        frame(CHECKPOINT_FORMAT, self.watermark, &self.applied)
+    /// The watermark of records of `kind` (0 when the checkpoint does not
+    /// name it).
+    pub fn watermark(&self, kind: u8) -> u64 {
+        self.watermarks.get(&kind).copied().unwrap_or(0)
     }
 
-    fn decode(path: &Path, row: &[u8]) -> Result<Checkpoint> {
+    /// The watermark of the record stored under `key`: its kind's (0 for
+    /// an empty key).
+    fn watermark_of(&self, key: &[u8]) -> u64 {
+        key.first().map_or(0, |&kind| self.watermark(kind))
+    }
+
+    /// Whether this checkpoint is written in format 1: it names no kind but
+    /// [`FORMAT_1_KIND`].
+    fn is_format_1(&self) -> bool {
+        self.watermarks.keys().all(|&kind| kind == FORMAT_1_KIND)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        if self.is_format_1() {
+            return frame(
+                CHECKPOINT_FORMAT_1,
+                self.watermark(FORMAT_1_KIND),
+                &self.applied,
+            );
+        }
+        let count = u16::try_from(self.watermarks.len()).expect("at most 256 kinds");
+        let mut row = Vec::with_capacity(
+            CHECKPOINT_HEAD_BYTES
+                + CHECKPOINT_ENTRY_BYTES * self.watermarks.len()
+                + self.applied.len(),
+        );
+        row.push(CHECKPOINT_FORMAT);
+        row.extend_from_slice(&count.to_be_bytes());
+        for (&kind, watermark) in &self.watermarks {
+            row.push(kind);
+            row.extend_from_slice(&watermark.to_be_bytes());
+        }
+        row.extend_from_slice(&self.applied);
+        row
+    }
+
+    /// The checkpoint of `row`, and the watermarks it binds: those the
+    /// next checkpoint may not move back, and that compaction goes by.
+    /// They are the checkpoint's own, except for format 1: it reads as
+    /// one watermark for every kind, but binds [`FORMAT_1_KIND`]'s only —
+    /// it was only ever written over records of that kind, and the first
+    /// format-2 checkpoint may name another kind's first watermark below
+    /// it.
+    fn decode(path: &Path, row: &[u8]) -> Result<(Checkpoint, Watermarks)> {
         let corrupt = |why: String| Error::Corrupt {
             path: path.to_owned(),
             why,
         };
-        match unframe(row) {
-            Some((CHECKPOINT_FORMAT, watermark, applied)) => Ok(Checkpoint {
-                watermark,
-                applied: applied.to_vec(),
-            }),
-            Some((format, _, _)) => Err(corrupt(format!(
-                "checkpoint format {format}, this build reads {CHECKPOINT_FORMAT}"
+        match row.split_first() {
+            Some((&CHECKPOINT_FORMAT_1, _)) => {
+                let Some((_, watermark, applied)) = unframe(row) else {
+                    return Err(corrupt("a truncated checkpoint row (format 1)".to_owned()));
+                };
+                let checkpoint = Checkpoint {
+                    watermarks: (0..=u8::MAX).map(|kind| (kind, watermark)).collect(),
+                    applied: applied.to_vec(),
+                };
+                Ok((checkpoint, BTreeMap::from([(FORMAT_1_KIND, watermark)])))
+            }
+            Some((&CHECKPOINT_FORMAT, rest)) => {
+                let truncated = || corrupt("a truncated checkpoint row (format 2)".to_owned());
+                let (count, mut rest) = rest.split_first_chunk::<2>().ok_or_else(truncated)?;
+                let mut watermarks = BTreeMap::new();
+                for _ in 0..u16::from_be_bytes(*count) {
+                    let (&kind, tail) = rest.split_first().ok_or_else(truncated)?;
+                    let (watermark, tail) = tail.split_first_chunk::<8>().ok_or_else(truncated)?;
+                    if watermarks
+                        .last_key_value()
+                        .is_some_and(|(&last, _)| last >= kind)
+                    {
+                        return Err(corrupt(format!(
+                            "a checkpoint row whose kinds are not in strictly increasing order \
+                             (kind {kind})"
+                        )));
+                    }
+                    watermarks.insert(kind, u64::from_be_bytes(*watermark));
+                    rest = tail;
+                }
+                let checkpoint = Checkpoint {
+                    watermarks,
+                    applied: rest.to_vec(),
+                };
+                let binding = checkpoint.watermarks.clone();
+                Ok((checkpoint, binding))
+            }
+            Some((format, _)) => Err(corrupt(format!(
+                "checkpoint format {format}, this build reads {CHECKPOINT_FORMAT_1} and \
+                 {CHECKPOINT_FORMAT}"
             ))),
-            None => Err(corrupt("a truncated checkpoint row".to_owned())),
+            None => Err(corrupt("an empty checkpoint row".to_owned())),
         }
     }
 }
@@ -159,9 +278,14 @@ impl Default for Options {
     }
 }
 
-/// The expiry watermarks in force: the durable one (the latest flushed
-/// checkpoint's) and each open view's. The compaction filter drops only
-/// below the lowest of them.
+/// Per kind, the watermark records of that kind are expired below (a kind
+/// not named: 0).
+type Watermarks = BTreeMap<u8, u64>;
+
+/// The expiry watermarks in force, per kind: the durable ones (those the
+/// latest flushed checkpoint binds) and each open view's. The compaction
+/// filter drops a kind's records only below the lowest of them for that
+/// kind.
 #[derive(Debug, Default)]
 struct Pins {
     state: Mutex<PinState>,
@@ -169,8 +293,8 @@ struct Pins {
 
 #[derive(Debug, Default)]
 struct PinState {
-    durable: u64,
-    views: BTreeMap<u64, u64>,
+    durable: Watermarks,
+    views: BTreeMap<u64, Watermarks>,
     next_view: u64,
 }
 
@@ -182,17 +306,29 @@ impl Pins {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn filter_watermark(&self) -> u64 {
+    /// Per kind, the lowest of the durable watermark and every open
+    /// view's: a kind some of them do not name is not in it (watermark 0).
+    fn filter_watermarks(&self) -> Watermarks {
         let state = self.lock();
-        state.views.values().copied().fold(state.durable, u64::min)
+        let mut lowest = state.durable.clone();
+        for view in state.views.values() {
+            lowest.retain(|kind, watermark| match view.get(kind) {
+                Some(&pinned) => {
+                    *watermark = (*watermark).min(pinned);
+                    true
+                }
+                None => false,
+            });
+        }
+        lowest
     }
 
-    /// Registers a view at the durable watermark; its id.
+    /// Registers a view at the durable watermarks; its id.
     fn pin(&self) -> u64 {
         let mut state = self.lock();
         let id = state.next_view;
         state.next_view += 1;
-        let durable = state.durable;
+        let durable = state.durable.clone();
         state.views.insert(id, durable);
         id
     }
@@ -210,21 +346,41 @@ impl Factory for ExpiredGroups {
     }
 
     fn make_filter(&self, _: &Context) -> Box<dyn CompactionFilter> {
-        Box::new(ExpiredGroupsFilter(self.0.filter_watermark()))
+        Box::new(ExpiredGroupsFilter(self.0.filter_watermarks()))
     }
 }
 
-/// Drops a record whose group is below the watermark it was made with; a
+/// Drops a record whose group is below its kind's watermark as the filter
+/// was made; a record of a kind without one, with an empty key, or whose
 /// value it cannot read is kept (never drop what we do not understand).
-struct ExpiredGroupsFilter(u64);
+struct ExpiredGroupsFilter(Watermarks);
+
+impl ExpiredGroupsFilter {
+    /// The watermark of the record stored under `key`: its kind's, `None`
+    /// for a kind without one or an empty key (kept).
+    fn watermark_of(&self, key: &[u8]) -> Option<u64> {
+        key.first().and_then(|kind| self.0.get(kind)).copied()
+    }
+}
+
+/// Whether the stored `value` is of a group below `watermark`.
+fn below(watermark: u64, value: &[u8]) -> bool {
+    matches!(unframe(value), Some((VALUE_FORMAT, group, _)) if group < watermark)
+}
 
 impl CompactionFilter for ExpiredGroupsFilter {
     fn filter_item(&mut self, item: ItemAccessor<'_>, _: &Context) -> CompactionFilterResult {
-        // Only the group is read: compaction meets every record.
+        // The kind first, from the key: a record of a kind without a
+        // watermark is kept without reading its value. Then only the group
+        // is read: compaction meets every record.
+        let Some(watermark) = self.watermark_of(item.key()) else {
+            return Ok(Verdict::Keep);
+        };
         let value = item.value()?;
-        Ok(match unframe(&value) {
-            Some((VALUE_FORMAT, group, _)) if group < self.0 => Verdict::Remove,
-            _ => Verdict::Keep,
+        Ok(if below(watermark, &value) {
+            Verdict::Remove
+        } else {
+            Verdict::Keep
         })
     }
 }
@@ -302,8 +458,8 @@ impl Generation {
             meta,
             pins,
         };
-        if let Some(checkpoint) = generation.checkpoint()? {
-            generation.pins.lock().durable = checkpoint.watermark;
+        if let Some((_, binding)) = generation.checkpoint_and_binding()? {
+            generation.pins.lock().durable = binding;
         }
         Ok(generation)
     }
@@ -316,14 +472,16 @@ impl Generation {
     }
 
     /// Commits `batch` with `checkpoint` in it, atomically, and fsyncs the
-    /// journal; only then may compaction drop below its watermark.
+    /// journal; only then may compaction drop below its watermarks.
     fn commit(&self, mut batch: fjall::OwnedWriteBatch, checkpoint: &Checkpoint) -> Result<()> {
         batch.insert(&self.meta, CHECKPOINT_KEY, checkpoint.encode());
         batch
             .commit()
             .and_then(|()| self.sync_journal())
             .map_err(|source| self.store_error(source))?;
-        self.pins.lock().durable = checkpoint.watermark;
+        // What the row binds as read back (see `Checkpoint::decode`): a
+        // format-1 row binds its one kind, which is all it names.
+        self.pins.lock().durable = checkpoint.watermarks.clone();
         Ok(())
     }
 
@@ -339,6 +497,13 @@ impl Generation {
     }
 
     fn checkpoint(&self) -> Result<Option<Checkpoint>> {
+        Ok(self
+            .checkpoint_and_binding()?
+            .map(|(checkpoint, _)| checkpoint))
+    }
+
+    /// The latest checkpoint and the watermarks it binds.
+    fn checkpoint_and_binding(&self) -> Result<Option<(Checkpoint, Watermarks)>> {
         let row = self
             .meta
             .get(CHECKPOINT_KEY)
@@ -418,18 +583,26 @@ impl RecordStore {
     /// Writes `changes` (a record, or `None` for a removal) and the
     /// checkpoint they bring the store to in one atomic batch, and fsyncs
     /// it before returning: after a crash the store holds all of it or
-    /// none. The watermark never moves back.
+    /// none. No kind's watermark moves back (leaving out a kind the
+    /// durable checkpoint names moves it back to 0).
     pub fn flush<I>(&self, changes: I, checkpoint: &Checkpoint) -> Result<()>
     where
         I: IntoIterator<Item = (Vec<u8>, Option<StoredRecord>)>,
     {
         let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let generation = &self.generation;
-        let durable = generation.pins.lock().durable;
-        if checkpoint.watermark < durable {
+        let backwards = generation
+            .pins
+            .lock()
+            .durable
+            .iter()
+            .map(|(&kind, &durable)| (kind, durable))
+            .find(|&(kind, durable)| checkpoint.watermark(kind) < durable);
+        if let Some((kind, durable)) = backwards {
             return Err(Error::WatermarkBackwards {
+                kind,
                 durable,
-                requested: checkpoint.watermark,
+                requested: checkpoint.watermark(kind),
             });
         }
         let mut batch = generation.db.batch();
@@ -467,13 +640,13 @@ impl RecordStore {
         let checkpoint = row
             .map(|row| Checkpoint::decode(&generation.dir, &row))
             .transpose()?;
-        view.checkpoint = checkpoint;
+        view.checkpoint = checkpoint.map(|(checkpoint, _)| checkpoint);
         Ok(view)
     }
 
     /// Builds a new generation from a received state — `records` in
-    /// strictly increasing key order (records below the checkpoint's
-    /// watermark are skipped), written as tables directly — commits
+    /// strictly increasing key order (records below their kind's watermark
+    /// in the checkpoint are skipped), written as tables directly — commits
     /// `checkpoint` in it, fsyncs, and only then names it in `CURRENT`.
     /// Returns the new store; this one (and its views) go on reading the
     /// old generation until dropped, and its directory is deleted at the
@@ -510,7 +683,7 @@ impl RecordStore {
                 if last.as_ref().is_some_and(|last| *last >= key) {
                     return Err(Error::OutOfOrder);
                 }
-                if record.group >= checkpoint.watermark {
+                if record.group >= checkpoint.watermark_of(&key) {
                     ingestion
                         .write(key.clone(), record.encode())
                         .map_err(|source| generation.store_error(source))?;
@@ -581,10 +754,6 @@ impl View {
         self.checkpoint.as_ref()
     }
 
-    fn watermark(&self) -> u64 {
-        self.checkpoint.as_ref().map_or(0, |c| c.watermark)
-    }
-
     /// The record of `key` as of this view, whatever its group.
     pub fn get(&self, key: &[u8]) -> Result<Option<StoredRecord>> {
         let generation = &self.generation;
@@ -595,13 +764,14 @@ impl View {
         value.map(|value| generation.decode(&value)).transpose()
     }
 
-    /// The live records (groups at or above the watermark) with keys at or
-    /// after `start`, in key order: what a snapshot sends and a page lists.
+    /// The live records (groups at or above their kind's watermark) with
+    /// keys at or after `start`, in key order (so kind by kind): what a
+    /// snapshot sends and a page lists.
     pub fn records_from<'a>(
         &'a self,
         start: &[u8],
     ) -> impl Iterator<Item = Result<(Vec<u8>, StoredRecord)>> + use<'a> {
-        let watermark = self.watermark();
+        let checkpoint = self.checkpoint.as_ref();
         let generation = &self.generation;
         self.snapshot
             .range(&generation.records, start.to_vec()..)
@@ -611,7 +781,11 @@ impl View {
                     .map_err(|source| generation.store_error(source))
                     .and_then(|(key, value)| Ok((key.to_vec(), generation.decode(&value)?)));
                 match item {
-                    Ok((_, ref record)) if record.group < watermark => None,
+                    Ok((ref key, ref record))
+                        if checkpoint.is_some_and(|c| record.group < c.watermark_of(key)) =>
+                    {
+                        None
+                    }
                     other => Some(other),
                 }
             })
@@ -715,21 +889,187 @@ mod tests {
         assert_eq!(StoredRecord::decode(&[]), None);
     }
 
-    /// The filter's watermark is the lowest of the durable one and every
-    /// open view's.
+    /// The filter's watermark for a kind is the lowest of the durable one
+    /// and every open view's for that kind; a kind some of them do not name
+    /// has none (nothing of it is dropped).
     #[test]
     fn the_filter_watermark_waits_for_the_oldest_view() {
         let pins = Pins::default();
-        pins.lock().durable = 5;
+        pins.lock().durable = BTreeMap::from([(1, 5), (2, 40)]);
         let old = pins.pin();
-        pins.lock().durable = 9;
+        pins.lock().durable = BTreeMap::from([(1, 9), (2, 30), (3, 7)]);
         let new = pins.pin();
-        assert_eq!(pins.filter_watermark(), 5);
+        assert_eq!(pins.filter_watermarks(), BTreeMap::from([(1, 5), (2, 30)]));
         pins.unpin(old);
-        assert_eq!(pins.filter_watermark(), 9);
+        assert_eq!(
+            pins.filter_watermarks(),
+            BTreeMap::from([(1, 9), (2, 30), (3, 7)])
+        );
         pins.unpin(new);
-        pins.lock().durable = 12;
-        assert_eq!(pins.filter_watermark(), 12);
+        pins.lock().durable = BTreeMap::from([(1, 12)]);
+        assert_eq!(pins.filter_watermarks(), BTreeMap::from([(1, 12)]));
+    }
+
+    /// The filter goes by the record's kind, from its key: a record below
+    /// its own kind's watermark is dropped, one of a kind without a
+    /// watermark or with an empty key, or with a value it cannot read, is
+    /// kept.
+    #[test]
+    fn the_filter_drops_only_below_the_records_own_kind() {
+        let filter = ExpiredGroupsFilter(BTreeMap::from([(1, 10), (2, 3)]));
+        let group = |group: u64| {
+            StoredRecord {
+                group,
+                bytes: b"r".to_vec(),
+            }
+            .encode()
+        };
+        let dropped = |key: &[u8], value: &[u8]| {
+            filter
+                .watermark_of(key)
+                .is_some_and(|watermark| below(watermark, value))
+        };
+        assert!(dropped(b"\x01k", &group(9)));
+        assert!(!dropped(b"\x01k", &group(10)));
+        assert!(!dropped(b"\x02k", &group(9)));
+        assert!(dropped(b"\x02k", &group(2)));
+        assert!(!dropped(b"\x03k", &group(0)), "a kind without a watermark");
+        assert!(!dropped(b"", &group(0)), "an empty key");
+        let mut unknown = group(0);
+        unknown[0] = 9;
+        assert!(!dropped(b"\x01k", &unknown), "a value of an unknown format");
+    }
+
+    fn decode(row: &[u8]) -> Result<(Checkpoint, Watermarks)> {
+        Checkpoint::decode(Path::new("store"), row)
+    }
+
+    /// A format-1 row (the one watermark builds before per-kind
+    /// watermarks wrote) reads as that watermark for every kind; of them
+    /// it binds the next checkpoint and compaction by kind 1's only.
+    #[test]
+    fn a_format_1_checkpoint_reads_as_one_watermark_for_every_kind() {
+        let mut row = vec![1, 0, 0, 0, 0, 0, 0, 0x30, 0x39];
+        row.extend_from_slice(b"applied");
+        let (checkpoint, binding) = decode(&row).expect("format 1");
+        for kind in 0..=u8::MAX {
+            assert_eq!(checkpoint.watermark(kind), 12_345, "kind {kind}");
+        }
+        assert_eq!(checkpoint.applied, b"applied");
+        assert_eq!(binding, BTreeMap::from([(FORMAT_1_KIND, 12_345)]));
+    }
+
+    /// A checkpoint that names kind 1 alone (or no kind) is written as
+    /// format 1, byte for byte as before per-kind watermarks.
+    #[test]
+    fn a_kind_1_checkpoint_is_written_as_format_1() {
+        let checkpoint = Checkpoint {
+            watermarks: BTreeMap::from([(1, 0x0102_0304_0506_0708)]),
+            applied: vec![0xAA, 0xBB],
+        };
+        assert_eq!(
+            checkpoint.encode(),
+            [1, 1, 2, 3, 4, 5, 6, 7, 8, 0xAA, 0xBB],
+            "format 1: the watermark, then the applied bytes"
+        );
+        // Read back, it names every kind at that watermark (format 1 is
+        // written only while kind 1 is the only kind stored), and binds
+        // kind 1's, as the checkpoint did.
+        let (read, binding) = decode(&checkpoint.encode()).expect("read back");
+        assert_eq!(read.watermark(1), 0x0102_0304_0506_0708);
+        assert_eq!(read.watermark(2), 0x0102_0304_0506_0708);
+        assert_eq!(read.applied, checkpoint.applied);
+        assert_eq!(binding, checkpoint.watermarks);
+        let none = Checkpoint {
+            watermarks: BTreeMap::new(),
+            applied: Vec::new(),
+        };
+        assert_eq!(none.encode(), [1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// A checkpoint naming another kind is written as format 2 and reads
+    /// back as it was; a kind it does not name has watermark 0.
+    #[test]
+    fn a_two_kind_checkpoint_round_trips_as_format_2() {
+        for watermarks in [
+            BTreeMap::from([(1, 500), (2, 70)]),
+            BTreeMap::from([(2, 70)]),
+            BTreeMap::from([(0, 1), (1, u64::MAX), (255, 3)]),
+        ] {
+            let checkpoint = Checkpoint {
+                watermarks,
+                applied: b"index 7".to_vec(),
+            };
+            let row = checkpoint.encode();
+            assert_eq!(row[0], CHECKPOINT_FORMAT);
+            assert_eq!(
+                row.len(),
+                CHECKPOINT_HEAD_BYTES
+                    + CHECKPOINT_ENTRY_BYTES * checkpoint.watermarks.len()
+                    + checkpoint.applied.len()
+            );
+            let (read, binding) = decode(&row).expect("format 2");
+            assert_eq!(read, checkpoint);
+            assert_eq!(binding, checkpoint.watermarks);
+            assert_eq!(read.watermark(9), 0, "a kind not named");
+        }
+        let row = Checkpoint {
+            watermarks: BTreeMap::from([(1, 0x0102), (2, 0x0304)]),
+            applied: vec![0xEE],
+        }
+        .encode();
+        assert_eq!(
+            row,
+            [
+                2, 0, 2, 1, 0, 0, 0, 0, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0, 0, 3, 4, 0xEE
+            ]
+        );
+    }
+
+    /// A truncated or garbled checkpoint row is a clear error, never a
+    /// panic: every cut of a format-2 row short of its watermarks, a
+    /// format-1 row short of its one, kinds repeated or out of order, a
+    /// count beyond the row, an unknown format, an empty row.
+    #[test]
+    fn a_truncated_or_garbled_checkpoint_is_an_error() {
+        let why = |row: &[u8]| match decode(row) {
+            Err(Error::Corrupt { why, .. }) => why,
+            Err(other) => panic!("expected Corrupt, got {other}"),
+            Ok(read) => panic!("read {row:?} as {read:?}"),
+        };
+        let row = Checkpoint {
+            watermarks: BTreeMap::from([(1, 500), (2, 70)]),
+            applied: b"applied".to_vec(),
+        }
+        .encode();
+        let watermarks_end = CHECKPOINT_HEAD_BYTES + 2 * CHECKPOINT_ENTRY_BYTES;
+        assert!(why(&row[..1]).contains("truncated"));
+        for cut in 1..watermarks_end {
+            assert!(why(&row[..cut]).contains("truncated"), "cut at {cut}");
+        }
+        for cut in watermarks_end..=row.len() {
+            let (read, _) = decode(&row[..cut]).expect("the applied bytes are opaque");
+            assert_eq!(read.applied, row[watermarks_end..cut]);
+        }
+        for cut in 1..9 {
+            assert!(
+                why(&[1; 9][..cut]).contains("truncated"),
+                "format 1 cut at {cut}"
+            );
+        }
+        let mut repeated = row.clone();
+        repeated[CHECKPOINT_HEAD_BYTES + CHECKPOINT_ENTRY_BYTES] = 1;
+        assert!(why(&repeated).contains("increasing"));
+        let mut descending = row.clone();
+        descending[CHECKPOINT_HEAD_BYTES] = 3;
+        assert!(why(&descending).contains("increasing"));
+        let mut too_many = row.clone();
+        too_many[1..3].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert!(why(&too_many).contains("truncated"));
+        let mut unknown = row;
+        unknown[0] = 3;
+        assert!(why(&unknown).contains("format 3"));
+        assert!(why(&[]).contains("empty"));
     }
 }
 

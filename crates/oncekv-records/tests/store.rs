@@ -18,8 +18,17 @@ const PER_BATCH: u32 = 50;
 /// A flush removes the records of the batch this many flushes back.
 const KEPT_BATCHES: u64 = 3;
 
+/// The kind of the batch workload's records (the first byte of a key).
+const KIND: u8 = 1;
+
 fn key(batch: u64, n: u32) -> Vec<u8> {
-    format!("b{batch:08}-{n:04}").into_bytes()
+    kind_key(KIND, batch, n)
+}
+
+fn kind_key(kind: u8, batch: u64, n: u32) -> Vec<u8> {
+    let mut key = vec![kind];
+    key.extend_from_slice(format!("{batch:08}-{n:04}").as_bytes());
+    key
 }
 
 fn record(group: u64, text: &str) -> StoredRecord {
@@ -29,9 +38,14 @@ fn record(group: u64, text: &str) -> StoredRecord {
     }
 }
 
+/// A checkpoint of the batch workload's one kind (written as format 1).
 fn checkpoint(watermark: u64, applied: u64) -> Checkpoint {
+    kinds_checkpoint(&[(KIND, watermark)], applied)
+}
+
+fn kinds_checkpoint(watermarks: &[(u8, u64)], applied: u64) -> Checkpoint {
     Checkpoint {
-        watermark,
+        watermarks: watermarks.iter().copied().collect(),
         applied: applied.to_be_bytes().to_vec(),
     }
 }
@@ -115,7 +129,11 @@ fn a_view_is_frozen_at_its_checkpoint() {
     for batch in 5..=8 {
         flush_batch(&store, batch);
     }
-    assert_eq!(view.checkpoint(), Some(&checkpoint(0, 4)));
+    // Written as format 1 (the batch workload names one kind): it reads
+    // back as that watermark for every kind.
+    let read = view.checkpoint().expect("a checkpoint");
+    assert_eq!(read.applied, checkpoint(0, 4).applied);
+    assert_eq!((read.watermark(KIND), read.watermark(2)), (0, 0));
     assert_eq!(
         view.records().count(),
         (KEPT_BATCHES as usize) * PER_BATCH as usize
@@ -167,10 +185,188 @@ fn expired_groups_leave_only_when_no_view_needs_them() {
     assert!(matches!(
         store.flush(Vec::new(), &checkpoint(2, 3)),
         Err(Error::WatermarkBackwards {
+            kind: KIND,
             durable: 3,
             requested: 2
         })
     ));
+}
+
+/// Per kind (the key's first byte), live records of `view`, by group.
+fn live_by_kind(view: &oncekv_records::View) -> BTreeMap<u8, BTreeMap<u64, u32>> {
+    let mut live: BTreeMap<u8, BTreeMap<u64, u32>> = BTreeMap::new();
+    for item in view.records() {
+        let (key, record) = item.expect("record");
+        *live
+            .entry(key[0])
+            .or_default()
+            .entry(record.group)
+            .or_default() += 1;
+    }
+    live
+}
+
+/// Ten records in each of `groups`, for each kind.
+fn groups_of(
+    kinds: &[u8],
+    groups: std::ops::RangeInclusive<u64>,
+) -> BTreeMap<u8, BTreeMap<u64, u32>> {
+    kinds
+        .iter()
+        .map(|&kind| (kind, groups.clone().map(|group| (group, 10)).collect()))
+        .collect()
+}
+
+/// Each kind expires by its own watermark: records below it are absent to
+/// views at once and leave the disk at compaction (not while an older view
+/// reads them), records of a kind without a watermark stay; no kind's
+/// watermark moves back, not even by being left out, after a reopen too.
+#[test]
+fn each_kind_leaves_by_its_own_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    let changes = [1u8, 2, 7].into_iter().flat_map(|kind| {
+        (1..=5u64).flat_map(move |group| {
+            (0..10u32).map(move |n| (kind_key(kind, group, n), Some(record(group, "r"))))
+        })
+    });
+    store
+        .flush(changes, &kinds_checkpoint(&[(1, 0), (2, 0)], 1))
+        .expect("flush");
+    let old_view = store.view().expect("view");
+    store
+        .flush(Vec::new(), &kinds_checkpoint(&[(1, 3), (2, 2)], 2))
+        .expect("raise the watermarks");
+    let new_view = store.view().expect("view");
+    let mut live = groups_of(&[1], 3..=5);
+    live.extend(groups_of(&[2], 2..=5));
+    live.extend(groups_of(&[7], 1..=5));
+    assert_eq!(
+        live_by_kind(&new_view),
+        live,
+        "each kind from its own watermark"
+    );
+    assert_eq!(
+        live_by_kind(&old_view),
+        groups_of(&[1, 2, 7], 1..=5),
+        "the old view keeps its records"
+    );
+
+    store.compact().expect("compact");
+    assert_eq!(
+        live_by_kind(&old_view),
+        groups_of(&[1, 2, 7], 1..=5),
+        "compaction waits for the old view"
+    );
+    assert!(store.get(&kind_key(1, 1, 0)).expect("get").is_some());
+    assert!(store.get(&kind_key(2, 1, 0)).expect("get").is_some());
+
+    drop(old_view);
+    drop(new_view);
+    store.compact().expect("compact");
+    let kept = |kind: u8, group: u64| store.get(&kind_key(kind, group, 9)).expect("get").is_some();
+    assert!(!kept(1, 1) && !kept(1, 2), "kind 1 below 3 dropped");
+    assert!(kept(1, 3), "kind 1 from 3 kept");
+    assert!(!kept(2, 1), "kind 2 below 2 dropped");
+    assert!(
+        kept(2, 2),
+        "kind 2 from 2 kept, though below kind 1's watermark"
+    );
+    assert!(kept(7, 1), "a kind without a watermark is never dropped");
+
+    let refused = |store: &RecordStore, watermarks: &[(u8, u64)]| match store
+        .flush(Vec::new(), &kinds_checkpoint(watermarks, 3))
+    {
+        Err(Error::WatermarkBackwards {
+            kind,
+            durable,
+            requested,
+        }) => (kind, durable, requested),
+        other => panic!("{watermarks:?}: expected WatermarkBackwards, got {other:?}"),
+    };
+    assert_eq!(refused(&store, &[(1, 3), (2, 1)]), (2, 2, 1));
+    assert_eq!(refused(&store, &[(1, 2), (2, 9)]), (1, 3, 2));
+    assert_eq!(refused(&store, &[(1, 4)]), (2, 2, 0), "kind 2 left out");
+    drop(store);
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(refused(&store, &[(1, 3), (2, 1)]), (2, 2, 1));
+    store
+        .flush(Vec::new(), &kinds_checkpoint(&[(1, 3), (2, 2), (7, 1)], 3))
+        .expect("no kind moves back");
+}
+
+/// A store whose checkpoint is format 1 (one watermark, as written before
+/// per-kind watermarks and while only kind 1 is named) reads it for every
+/// kind, and after a reopen takes a first format-2 checkpoint that names
+/// another kind's first watermark below kind 1's: format 1 binds kind 1
+/// only.
+#[test]
+fn a_format_1_store_takes_another_kinds_first_watermark_below_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+        let changes = (1..=6u64).map(|group| (kind_key(1, group, 0), Some(record(group, "k"))));
+        store.flush(changes, &checkpoint(5, 1)).expect("flush");
+    }
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    let read = store.checkpoint().expect("checkpoint").expect("one");
+    assert_eq!((read.watermark(1), read.watermark(2)), (5, 5));
+    assert_eq!(
+        live_by_kind(&store.view().expect("view")),
+        BTreeMap::from([(1, BTreeMap::from([(5, 1), (6, 1)]))])
+    );
+    assert!(matches!(
+        store.flush(Vec::new(), &checkpoint(4, 2)),
+        Err(Error::WatermarkBackwards {
+            kind: 1,
+            durable: 5,
+            requested: 4
+        })
+    ));
+    let claims = (2..=3u64).map(|group| (kind_key(2, group, 0), Some(record(group, "c"))));
+    store
+        .flush(claims, &kinds_checkpoint(&[(1, 5), (2, 2)], 2))
+        .expect("kind 2's first watermark, below kind 1's");
+    let view = store.view().expect("view");
+    let live = live_by_kind(&view);
+    assert_eq!(live[&2], BTreeMap::from([(2, 1), (3, 1)]));
+    assert_eq!(live[&1], BTreeMap::from([(5, 1), (6, 1)]));
+}
+
+/// An install skips the records below their own kind's watermark.
+#[test]
+fn an_install_skips_each_kind_below_its_own_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    let incoming: Vec<(Vec<u8>, StoredRecord)> = [1u8, 2, 7]
+        .into_iter()
+        .flat_map(|kind| {
+            (1..=4u64).flat_map(move |group| {
+                (0..10u32).map(move |n| (kind_key(kind, group, n), record(group, "r")))
+            })
+        })
+        .collect();
+    let installed = store
+        .install(
+            incoming.into_iter().map(Ok),
+            &kinds_checkpoint(&[(1, 3), (2, 2)], 9),
+        )
+        .expect("install");
+    let mut live = groups_of(&[1], 3..=4);
+    live.extend(groups_of(&[2], 2..=4));
+    live.extend(groups_of(&[7], 1..=4));
+    assert_eq!(live_by_kind(&installed.view().expect("view")), live);
+    assert_eq!(
+        installed.get(&kind_key(1, 2, 0)).expect("get"),
+        None,
+        "not written"
+    );
+    assert!(installed.get(&kind_key(2, 2, 0)).expect("get").is_some());
+    assert_eq!(
+        installed.get(&kind_key(2, 1, 0)).expect("get"),
+        None,
+        "not written"
+    );
 }
 
 /// An install builds a new generation from streamed records and switches
