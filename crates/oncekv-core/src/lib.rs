@@ -344,9 +344,13 @@ impl Registry {
 
     /// The finished claim records changed since the last call (every one,
     /// the first time), for an adapter to write into its store, as
-    /// [`Registry::take_key_changes`] for keys (rules version 3; before it
-    /// there are none, and taking them changes nothing the log decides).
+    /// [`Registry::take_key_changes`] for keys. Before rules version 3
+    /// there are none and nothing is taken: every claim stays in memory
+    /// and none is ever to be fetched.
     pub fn take_claim_changes(&mut self) -> Changes<ClaimRecord> {
+        if !self.rules.finished_claims_grouped() {
+            return Changes::default();
+        }
         self.finished_claims.take_changes()
     }
 

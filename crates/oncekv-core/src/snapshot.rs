@@ -119,8 +119,13 @@ pub const SNAPSHOT_FORMAT_VERSION: u32 = 9;
 /// Version 10: finished claims in groups and streamed after the key
 /// records (rules version 3, not released yet: see the module doc).
 pub const SNAPSHOT_FORMAT_VERSION_10: u32 = 10;
-/// The highest version this build reads.
-const SNAPSHOT_FORMAT_VERSION_MAX: u32 = SNAPSHOT_FORMAT_VERSION_10;
+/// The highest version this build reads: 10 only where rules version 3 is
+/// known (else a version 10 file is "unsupported", not "inconsistent").
+const SNAPSHOT_FORMAT_VERSION_MAX: u32 = if RulesVersion::HIGHEST_KNOWN.0 >= 3 {
+    SNAPSHOT_FORMAT_VERSION_10
+} else {
+    SNAPSHOT_FORMAT_VERSION
+};
 /// Version 8: version 9 without the rules version (a state at rules
 /// version 1 is still written in it, byte for byte as before).
 pub const SNAPSHOT_FORMAT_VERSION_8: u32 = 8;
@@ -955,7 +960,7 @@ pub struct Records<R> {
 impl<R: Read> Records<R> {
     /// Records still to come.
     pub fn remaining(&self) -> u64 {
-        self.keys_remaining + self.claims_remaining
+        self.keys_remaining.saturating_add(self.claims_remaining)
     }
 
     fn next_key(&mut self) -> Result<Streamed, SnapshotError> {
@@ -1321,6 +1326,11 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
             if registry.finished_claims.len() != records {
                 return Err(SnapshotError::Inconsistent(
                     "claim groups' counts disagree with the header",
+                ));
+            }
+            if idempotency_keys.checked_add(records).is_none() {
+                return Err(SnapshotError::Inconsistent(
+                    "more streamed records than can be counted",
                 ));
             }
             finished_claims = records;
