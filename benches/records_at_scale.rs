@@ -130,7 +130,7 @@ fn main() {
             ops: ops.into(),
         };
         let fetched = records
-            .fetch(registry.keys_to_fetch(&entry))
+            .fetch(registry.keys_to_fetch(&entry), Vec::new())
             .expect("the store reads");
         for outcome in registry.apply_prefetched(index, &entry, &fetched) {
             assert!(
@@ -147,7 +147,7 @@ fn main() {
         next += count;
         since_flush += count;
         if since_flush >= RECORDS_PER_FLUSH || next == keys {
-            let pending = records.push(registry.take_key_changes());
+            let pending = records.push(registry.take_record_changes());
             records.flush(pending, index).expect("the store flushes");
             since_flush = 0;
         }

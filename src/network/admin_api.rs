@@ -522,7 +522,10 @@ impl admin_server::Admin for AdminApi {
         )?;
         let applied = self.state.read();
         let registry = &applied.registry;
-        let (claims, more) = registry.claims_after(&principal, &after_key, limit);
+        let (claims, more) = self
+            .state
+            .claims_page(registry, &principal, &after_key, limit)
+            .map_err(|e| Status::internal(format!("reading the record store: {e}")))?;
         Ok(Response::new(proto::ListClaimsReply {
             claims: claims.iter().map(convert::claim_to_proto).collect(),
             applied_index: registry.applied_index(),
@@ -540,10 +543,12 @@ impl admin_server::Admin for AdminApi {
         let key = convert::claim_key_from_proto(request.key).map_err(convert_status)?;
         let applied = self.state.read();
         let registry = &applied.registry;
+        let claim = self
+            .state
+            .claim_view(registry, &principal, &key)
+            .map_err(|e| Status::internal(format!("reading the record store: {e}")))?;
         Ok(Response::new(proto::GetClaimReply {
-            claim: registry
-                .claim_record(&principal, &key)
-                .map(|view| convert::claim_to_proto(&view)),
+            claim: claim.map(|view| convert::claim_to_proto(&view)),
             applied_index: registry.applied_index(),
             cluster_time_ms: registry.cluster_time_ms(),
         }))

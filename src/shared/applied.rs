@@ -91,6 +91,40 @@ impl SharedState {
         }
     }
 
+    /// The live claim record of `key` of `principal` in `registry` (this
+    /// state's, read under its lock), from wherever it lies (a finished
+    /// one in the record store from rules version 3).
+    pub fn claim_view(
+        &self,
+        registry: &oncekv_core::Registry,
+        principal: &oncekv_core::Principal,
+        key: &oncekv_core::IdempotencyKey,
+    ) -> std::io::Result<Option<oncekv_core::ClaimView>> {
+        match &self.records {
+            Some(records) if registry.has_claim_records_outside() => {
+                records.claim_view(registry, &(principal.clone(), key.clone()))
+            }
+            _ => Ok(registry.claim_record(principal, key)),
+        }
+    }
+
+    /// One page of live claim records of `registry` (this state's, read
+    /// under its lock) after (`principal`, `key`), from wherever they lie.
+    pub fn claims_page(
+        &self,
+        registry: &oncekv_core::Registry,
+        principal: &oncekv_core::Principal,
+        key: &oncekv_core::IdempotencyKey,
+        limit: usize,
+    ) -> std::io::Result<(Vec<oncekv_core::ClaimView>, bool)> {
+        match &self.records {
+            Some(records) if registry.has_claim_records_outside() => {
+                records.claims_page(registry, &(principal.clone(), key.clone()), limit)
+            }
+            _ => Ok(registry.claims_after(principal, key, limit)),
+        }
+    }
+
     /// The applied cluster id, read without the state lock.
     pub fn cluster_id(&self) -> Option<ClusterId> {
         self.cluster_id.get().copied()

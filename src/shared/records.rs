@@ -1,26 +1,33 @@
-//! The idempotency-key records of the applied state that lie outside the
-//! registry (docs/state-beyond-ram.md §4.5): the on-disk record store
-//! (`crates/oncekv-records`) and the layers of changes on their way into
-//! it. The registry holds the changes since the last snapshot build; each
-//! build takes them (`Registry::take_key_changes`) into a *layer* here and
-//! flushes the layer into the store; a read goes registry → layers, newest
-//! first → store, so a record is found in exactly one place at every
-//! moment.
+//! The records of the applied state that lie outside the registry
+//! (docs/state-beyond-ram.md §4.5, §4.12): idempotency keys, and from rules
+//! version 3 finished claims, in the on-disk record store
+//! (`crates/oncekv-records`, one kind byte per store key) and the layers of
+//! changes on their way into it. The registry holds the changes since the
+//! last snapshot build; each build takes them
+//! (`Registry::take_record_changes`) into a *layer* here and flushes the
+//! layer into the store; a read goes registry → layers, newest first →
+//! store, so a record is found in exactly one place at every moment.
 //!
 //! It owns that lookup order, the layers' lifetime (a layer leaves only
-//! after its flush committed) and the switch to a new store generation
-//! when a take held every record (the first after a restart or an install:
-//! what the store held before is not of this state). It decides nothing
-//! about a record (the registry does, from what is fetched here) and must
-//! not be read without the applied state's lock held, for reading or
-//! writing: the registry's changes, the layers and the store agree only
-//! under it.
+//! after its flush committed), each kind's store forms and watermark, and
+//! the switch to a new store generation when a take held every record (the
+//! first after a restart or an install: what the store held before is not
+//! of this state). It decides nothing about a record (the registry does,
+//! from what is fetched here) and must not be read without the applied
+//! state's lock held, for reading or writing: the registry's changes, the
+//! layers and the store agree only under it.
 
+use oncekv_core::codec::CodecError;
 use oncekv_core::snapshot::Streamed;
 use oncekv_core::stored::{
-    KIND_KEY, key_id_bytes, key_id_from_bytes, key_record_bytes, key_record_from_bytes,
+    KIND_CLAIM, KIND_KEY, claim_id_bytes, claim_id_from_bytes, claim_record_bytes,
+    claim_record_from_bytes, key_id_bytes, key_id_from_bytes, key_record_bytes,
+    key_record_from_bytes,
 };
-use oncekv_core::{GroupedRecord, KeyChanges, KeyId, KeyView, Prefetched, Registry};
+use oncekv_core::{
+    Changes, ClaimRecord, ClaimView, GroupedRecord, KeyChanges, KeyId, KeyRecord, KeyView,
+    Prefetched, RecordChanges, Registry,
+};
 use oncekv_records::{Checkpoint, Options, RecordStore, StoredRecord, View};
 use std::collections::BTreeMap;
 use std::io;
@@ -31,7 +38,71 @@ use std::sync::{Arc, Mutex, RwLock};
 /// One take of changes, on its way into the store.
 #[derive(Debug)]
 struct Layer {
-    changes: KeyChanges,
+    keys: KeyChanges,
+    /// Finished claims' changes (rules version 3; `None` before).
+    claims: Option<Changes<ClaimRecord>>,
+}
+
+impl Layer {
+    /// Whether the take held every record: below it, the store is of
+    /// another state (a complete keys' take replaces the store; a complete
+    /// claims' take alone is the first after the raise to version 3, when
+    /// the store holds no claim).
+    fn replaces_below<R: StoredKind>(&self) -> bool {
+        self.keys.complete || R::changes(self).is_some_and(|changes| changes.complete)
+    }
+}
+
+/// A kind of record the store holds: its kind byte and byte forms.
+trait StoredKind: Clone + Sized {
+    const KIND: u8;
+    const NOUN: &'static str;
+    fn id_bytes(id: &KeyId) -> Vec<u8>;
+    fn id_from_bytes(bytes: &[u8]) -> Option<KeyId>;
+    fn record_bytes(&self) -> Vec<u8>;
+    fn record_from_bytes(bytes: &[u8]) -> Result<Self, CodecError>;
+    /// This kind's changes in a layer.
+    fn changes(layer: &Layer) -> Option<&Changes<Self>>;
+}
+
+impl StoredKind for KeyRecord {
+    const KIND: u8 = KIND_KEY;
+    const NOUN: &'static str = "key";
+    fn id_bytes(id: &KeyId) -> Vec<u8> {
+        key_id_bytes(id)
+    }
+    fn id_from_bytes(bytes: &[u8]) -> Option<KeyId> {
+        key_id_from_bytes(bytes)
+    }
+    fn record_bytes(&self) -> Vec<u8> {
+        key_record_bytes(self)
+    }
+    fn record_from_bytes(bytes: &[u8]) -> Result<Self, CodecError> {
+        key_record_from_bytes(bytes)
+    }
+    fn changes(layer: &Layer) -> Option<&Changes<Self>> {
+        Some(&layer.keys)
+    }
+}
+
+impl StoredKind for ClaimRecord {
+    const KIND: u8 = KIND_CLAIM;
+    const NOUN: &'static str = "claim";
+    fn id_bytes(id: &KeyId) -> Vec<u8> {
+        claim_id_bytes(id)
+    }
+    fn id_from_bytes(bytes: &[u8]) -> Option<KeyId> {
+        claim_id_from_bytes(bytes)
+    }
+    fn record_bytes(&self) -> Vec<u8> {
+        claim_record_bytes(self)
+    }
+    fn record_from_bytes(bytes: &[u8]) -> Result<Self, CodecError> {
+        claim_record_from_bytes(bytes)
+    }
+    fn changes(layer: &Layer) -> Option<&Changes<Self>> {
+        layer.claims.as_ref()
+    }
 }
 
 /// The records outside the registry: see the module doc.
@@ -65,27 +136,112 @@ fn corrupt(why: String) -> io::Error {
 }
 
 /// The stored form of a grouped record.
-fn to_stored(record: &GroupedRecord) -> StoredRecord {
+fn to_stored<R: StoredKind>(record: &GroupedRecord<R>) -> StoredRecord {
     StoredRecord {
         group: record.group_ms,
-        bytes: key_record_bytes(&record.record),
+        bytes: record.record.record_bytes(),
     }
 }
 
 /// The record a store holds, checked.
-fn from_stored(stored: StoredRecord) -> io::Result<GroupedRecord> {
-    let record = key_record_from_bytes(&stored.bytes)
-        .map_err(|e| corrupt(format!("a stored key record does not decode: {e}")))?;
+fn from_stored<R: StoredKind>(stored: StoredRecord) -> io::Result<GroupedRecord<R>> {
+    let record = R::record_from_bytes(&stored.bytes)
+        .map_err(|e| corrupt(format!("a stored {} record does not decode: {e}", R::NOUN)))?;
     Ok(GroupedRecord {
         group_ms: stored.group,
         record,
     })
 }
 
+/// A layer's rows for the store, in store-key order (kind 1 before kind 2).
+fn layer_rows(layer: &Layer) -> impl Iterator<Item = (Vec<u8>, Option<StoredRecord>)> + '_ {
+    let claims = layer.claims.iter().flat_map(|claims| claims.records.iter());
+    layer
+        .keys
+        .records
+        .iter()
+        .map(|(id, change)| (key_id_bytes(id), change.as_ref().map(to_stored)))
+        .chain(claims.map(|(id, change)| (claim_id_bytes(id), change.as_ref().map(to_stored))))
+}
+
+/// The checkpoint of a layer (or an install) at `index`: the keys'
+/// watermark, and the claims' from rules version 3 (a checkpoint naming
+/// kind 1 alone is written in the format a build without claims in the
+/// store reads).
+fn checkpoint(index: u64, keys_watermark: u64, claims_watermark: Option<u64>) -> Checkpoint {
+    let mut watermarks = BTreeMap::from([(KIND_KEY, keys_watermark)]);
+    if let Some(watermark) = claims_watermark {
+        watermarks.insert(KIND_CLAIM, watermark);
+    }
+    Checkpoint {
+        watermarks,
+        applied: applied_bytes(index),
+    }
+}
+
 /// What a flush's checkpoint says of the applied state: the log index it
 /// covers (big-endian), for restarts to match the store with a snapshot.
 pub fn applied_bytes(index: u64) -> Vec<u8> {
     index.to_be_bytes().to_vec()
+}
+
+/// One operator's view in a merged page, or a record to check first.
+enum Listed<R> {
+    /// A view already made (a held claim: always live).
+    View(ClaimView),
+    /// A record or removal from the registry's changes, a layer or the
+    /// store.
+    Change(Option<GroupedRecord<R>>),
+}
+
+type Stream<'a, R> =
+    std::iter::Peekable<Box<dyn Iterator<Item = io::Result<(KeyId, Listed<R>)>> + 'a>>;
+
+fn stream<'a, R: 'a>(
+    items: impl Iterator<Item = io::Result<(KeyId, Listed<R>)>> + 'a,
+) -> Stream<'a, R> {
+    (Box::new(items) as Box<dyn Iterator<Item = _>>).peekable()
+}
+
+/// At most `limit` views of the least ids over `streams` (highest priority
+/// first: where several name an id, the first one's says), and whether
+/// more follow; `live` makes a view of a record, `None` if it has expired.
+fn merged_page<R, V>(
+    mut streams: Vec<Stream<'_, R>>,
+    limit: usize,
+    view: impl Fn(&KeyId, Listed<R>) -> Option<V>,
+) -> io::Result<(Vec<V>, bool)> {
+    let mut page = Vec::new();
+    while page.len() <= limit {
+        let mut least: Option<KeyId> = None;
+        for stream in &mut streams {
+            match stream.peek() {
+                Some(Ok((id, _))) if least.as_ref().is_none_or(|least| id < least) => {
+                    least = Some(id.clone());
+                }
+                Some(Err(_)) => {
+                    return Err(stream.next().and_then(Result::err).expect("an error"));
+                }
+                _ => {}
+            }
+        }
+        let Some(least) = least else { break };
+        let mut resolved = None;
+        for stream in &mut streams {
+            if matches!(stream.peek(), Some(Ok((id, _))) if *id == least) {
+                let (_, listed) = stream.next().expect("peeked")?;
+                resolved.get_or_insert(listed);
+            }
+        }
+        if let Some(listed) = resolved
+            && let Some(view) = view(&least, listed)
+        {
+            page.push(view);
+        }
+    }
+    let more = page.len() > limit;
+    page.truncate(limit);
+    Ok((page, more))
 }
 
 impl OutsideRecords {
@@ -118,34 +274,49 @@ impl OutsideRecords {
         self.store.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// What lies outside the registry under `id`, from the newest layer
-    /// holding it, else the store — stopping at a layer that held every
-    /// record (below it, the store is of another state).
-    pub fn get(&self, id: &KeyId) -> io::Result<Option<GroupedRecord>> {
+    /// What lies outside the registry under `id` of kind `R`, from the
+    /// newest layer holding it, else the store — stopping at a layer that
+    /// held every record (below it, the store is of another state).
+    fn get_kind<R: StoredKind>(&self, id: &KeyId) -> io::Result<Option<GroupedRecord<R>>> {
         {
             let layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
             for layer in layers.iter().rev() {
-                if let Some(change) = layer.changes.records.get(id) {
+                if let Some(change) = R::changes(layer).and_then(|changes| changes.records.get(id))
+                {
                     return Ok(change.clone());
                 }
-                if layer.changes.complete {
+                if layer.replaces_below::<R>() {
                     return Ok(None);
                 }
             }
         }
         self.store()
-            .get(&key_id_bytes(id))
+            .get(&R::id_bytes(id))
             .map_err(store_error)?
             .map(from_stored)
             .transpose()
     }
 
-    /// The records of `ids`, for the entry about to apply.
-    pub fn fetch(&self, ids: Vec<KeyId>) -> io::Result<Prefetched> {
+    /// The key record outside the registry under `id`.
+    pub fn get(&self, id: &KeyId) -> io::Result<Option<GroupedRecord>> {
+        self.get_kind(id)
+    }
+
+    /// The finished claim record outside the registry under `id`.
+    pub fn get_claim(&self, id: &KeyId) -> io::Result<Option<GroupedRecord<ClaimRecord>>> {
+        self.get_kind(id)
+    }
+
+    /// The records the registry named for the entry about to apply.
+    pub fn fetch(&self, keys: Vec<KeyId>, claims: Vec<KeyId>) -> io::Result<Prefetched> {
         let mut fetched = Prefetched::none();
-        for id in ids {
+        for id in keys {
             let stored = self.get(&id)?;
             fetched.insert(id, stored);
+        }
+        for id in claims {
+            let stored = self.get_claim(&id)?;
+            fetched.insert_claim(id, stored);
         }
         Ok(fetched)
     }
@@ -153,8 +324,11 @@ impl OutsideRecords {
     /// Adds a take of changes as the newest layer: call it under the
     /// applied state's write lock, in the same critical section as the
     /// take, then [`OutsideRecords::flush`] the result.
-    pub fn push(&self, changes: KeyChanges) -> PendingFlush {
-        let layer = Arc::new(Layer { changes });
+    pub fn push(&self, changes: RecordChanges) -> PendingFlush {
+        let layer = Arc::new(Layer {
+            keys: changes.keys,
+            claims: changes.claims,
+        });
         self.layers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -177,25 +351,26 @@ impl OutsideRecords {
     /// off the async workers.
     pub fn flush(&self, pending: PendingFlush, index: u64) -> io::Result<()> {
         let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
-        let changes = &pending.layer.changes;
-        let checkpoint = Checkpoint {
-            watermarks: BTreeMap::from([(KIND_KEY, changes.first_live_group_ms)]),
-            applied: applied_bytes(index),
-        };
+        let layer = &pending.layer;
+        let checkpoint = checkpoint(
+            index,
+            layer.keys.first_live_group_ms,
+            layer
+                .claims
+                .as_ref()
+                .map(|claims| claims.first_live_group_ms),
+        );
         let store = self.store();
-        if changes.complete {
-            let records = changes.records.iter().filter_map(|(id, change)| {
-                let record = change.as_ref()?;
-                Some(Ok((key_id_bytes(id), to_stored(record))))
-            });
+        if layer.keys.complete {
+            // Every key record, and (at rules version 3, where both kinds
+            // are taken whole together) every finished claim.
+            let records = layer_rows(layer).filter_map(|(key, change)| Some(Ok((key, change?))));
             let replaced = store.install(records, &checkpoint).map_err(store_error)?;
             *self.store.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(replaced);
         } else {
-            let records = changes
-                .records
-                .iter()
-                .map(|(id, change)| (key_id_bytes(id), change.as_ref().map(to_stored)));
-            store.flush(records, &checkpoint).map_err(store_error)?;
+            store
+                .flush(layer_rows(layer), &checkpoint)
+                .map_err(store_error)?;
         }
         self.layers
             .lock()
@@ -204,36 +379,30 @@ impl OutsideRecords {
         Ok(())
     }
 
-    /// Builds a new store generation from an installed snapshot's key
-    /// records (in (principal, key) order, each in a live group; an error
-    /// among them — the snapshot's last checks come as its last item —
-    /// leaves the generation in force) with the checkpoint of `index` and
-    /// `watermark` (the key records'), fsynced and named current on disk.
-    /// The records are streamed, never held. Returns it for
-    /// [`OutsideRecords::switch_to`], which readers see only once the
+    /// Builds a new store generation from an installed snapshot's streamed
+    /// records (keys, then finished claims, each in (principal, key) order
+    /// and in a live group; an error among them — the snapshot's last
+    /// checks come as its last item — leaves the generation in force) with
+    /// the checkpoint of `index` and the watermarks, fsynced and named
+    /// current on disk. The records are streamed, never held. Returns it
+    /// for [`OutsideRecords::switch_to`], which readers see only once the
     /// registry is replaced with it. Blocking: run it off the async
     /// workers.
     pub fn install_generation<I>(
         &self,
         records: I,
         index: u64,
-        watermark: u64,
+        keys_watermark: u64,
+        claims_watermark: Option<u64>,
     ) -> io::Result<Arc<RecordStore>>
     where
         I: IntoIterator<Item = Result<Streamed, oncekv_core::snapshot::SnapshotError>>,
     {
         let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
-        let checkpoint = Checkpoint {
-            watermarks: BTreeMap::from([(KIND_KEY, watermark)]),
-            applied: applied_bytes(index),
-        };
+        let checkpoint = checkpoint(index, keys_watermark, claims_watermark);
         let stored = records.into_iter().map(|item| match item {
             Ok(Streamed::Key(id, record)) => Ok((key_id_bytes(&id), to_stored(&record))),
-            // Rules version 3 is not released: no serving build makes
-            // such a snapshot (docs/state-beyond-ram.md 4.12).
-            Ok(Streamed::Claim(..)) => {
-                Err("a snapshot with finished claim records (rules version 3), which this build does not store yet".to_owned())
-            }
+            Ok(Streamed::Claim(id, record)) => Ok((claim_id_bytes(&id), to_stored(&record))),
             Err(e) => Err(e.to_string()),
         });
         let store = self
@@ -256,27 +425,45 @@ impl OutsideRecords {
         self.store().view().map_err(store_error)
     }
 
-    /// The live key records of `view` (by group), in (principal, key)
-    /// order, from `after` (exclusive) on. Only the key records' kind is
-    /// read: the scan stops at the first row of another kind (the store
-    /// keeps finished claims after every key record).
-    pub fn records_after<'a>(
+    /// The live records of kind `R` in `view` (by their kind's watermark),
+    /// in (principal, key) order, from `after` (exclusive) on. Only that
+    /// kind's rows are read: the scan stops at the first row of another.
+    fn rows_after<'a, R: StoredKind + 'a>(
         view: &'a View,
         after: Option<&KeyId>,
-    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord)>> + 'a {
-        let start = after.map_or_else(|| vec![KIND_KEY], key_id_bytes);
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> + 'a {
+        let start = after.map_or_else(|| vec![R::KIND], R::id_bytes);
         let after = after.cloned();
         view.records_from(&start)
-            .take_while(|item| !matches!(item, Ok((key, _)) if key.first() != Some(&KIND_KEY)))
+            .take_while(|item| !matches!(item, Ok((key, _)) if key.first() != Some(&R::KIND)))
             .map(|item| {
                 let (key, stored) = item.map_err(store_error)?;
-                let id = key_id_from_bytes(&key)
-                    .ok_or_else(|| corrupt(format!("a stored key {key:?} does not decode")))?;
+                let id = R::id_from_bytes(&key).ok_or_else(|| {
+                    corrupt(format!("a stored {} {key:?} does not decode", R::NOUN))
+                })?;
                 Ok((id, from_stored(stored)?))
             })
             .filter(
                 move |item| !matches!((item, &after), (Ok((id, _)), Some(after)) if id <= after),
             )
+    }
+
+    /// The live key records of `view`, in (principal, key) order, from
+    /// `after` (exclusive) on.
+    pub fn records_after<'a>(
+        view: &'a View,
+        after: Option<&KeyId>,
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord)>> + 'a {
+        OutsideRecords::rows_after::<KeyRecord>(view, after)
+    }
+
+    /// The live finished claim records of `view`, in (principal, key)
+    /// order, from `after` (exclusive) on.
+    pub fn claim_records_after<'a>(
+        view: &'a View,
+        after: Option<&KeyId>,
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<ClaimRecord>)>> + 'a {
+        OutsideRecords::rows_after::<ClaimRecord>(view, after)
     }
 
     /// The live record of `id` for an operator, from wherever it lies.
@@ -289,6 +476,56 @@ impl OutsideRecords {
         Ok(registry.key_over(&id.0, &id.1, stored))
     }
 
+    /// The live claim record of `id` for an operator, from wherever it
+    /// lies.
+    pub fn claim_view(&self, registry: &Registry, id: &KeyId) -> io::Result<Option<ClaimView>> {
+        let stored = if registry.claim_must_be_fetched(id) {
+            self.get_claim(id)?
+        } else {
+            None
+        };
+        Ok(registry.claim_over(&id.0, &id.1, stored))
+    }
+
+    /// The layers a reader merges, newest first, down to one that replaced
+    /// the store below it for kind `R`; and whether the store is below.
+    fn layers_for<R: StoredKind>(&self) -> (Vec<Arc<Layer>>, bool) {
+        let mut layers = Vec::new();
+        for layer in self
+            .layers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .rev()
+        {
+            layers.push(layer.clone());
+            if layer.replaces_below::<R>() {
+                return (layers, false);
+            }
+        }
+        (layers, true)
+    }
+
+    /// The layers' changes of kind `R` after `after`, newest layer first.
+    fn layer_streams<'a, R: StoredKind + 'a>(
+        layers: &'a [Arc<Layer>],
+        after: &KeyId,
+    ) -> Vec<Stream<'a, R>> {
+        let range = (Bound::Excluded(after.clone()), Bound::Unbounded);
+        layers
+            .iter()
+            .filter_map(|layer| R::changes(layer))
+            .map(|changes| {
+                stream(
+                    changes
+                        .records
+                        .range(range.clone())
+                        .map(|(id, change)| Ok((id.clone(), Listed::Change(change.clone())))),
+                )
+            })
+            .collect()
+    }
+
     /// One page of live key records for operators: at most `limit` after
     /// `after` in (principal, key) order, and whether more follow — the
     /// registry's changes over the layers over the store, merged.
@@ -298,77 +535,65 @@ impl OutsideRecords {
         after: &KeyId,
         limit: usize,
     ) -> io::Result<(Vec<KeyView>, bool)> {
-        type Stream<'a> = std::iter::Peekable<
-            Box<dyn Iterator<Item = io::Result<(KeyId, Option<GroupedRecord>)>> + 'a>,
-        >;
-        let mut layers = Vec::new();
-        let mut store_below = true;
-        for layer in self
-            .layers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .rev()
-        {
-            layers.push(layer.clone());
-            if layer.changes.complete {
-                store_below = false;
-                break;
-            }
-        }
+        let (layers, store_below) = self.layers_for::<KeyRecord>();
         let view = store_below.then(|| self.view()).transpose()?;
-        let range = (Bound::Excluded(after.clone()), Bound::Unbounded);
         // Highest priority first: the registry, the layers newest first,
         // the store.
-        let mut streams: Vec<Stream<'_>> = Vec::new();
-        let registry_changes = registry
-            .key_changes_after(after)
-            .map(|(id, change)| Ok((id.clone(), change.clone())));
-        streams.push((Box::new(registry_changes) as Box<dyn Iterator<Item = _>>).peekable());
-        for layer in &layers {
-            let changes = layer
-                .changes
-                .records
-                .range(range.clone())
-                .map(|(id, change)| Ok((id.clone(), change.clone())));
-            streams.push((Box::new(changes) as Box<dyn Iterator<Item = _>>).peekable());
-        }
+        let mut streams: Vec<Stream<'_, KeyRecord>> =
+            vec![stream(registry.key_changes_after(after).map(
+                |(id, change)| Ok((id.clone(), Listed::Change(change.clone()))),
+            ))];
+        streams.extend(OutsideRecords::layer_streams(&layers, after));
         if let Some(view) = &view {
-            let stored = OutsideRecords::records_after(view, Some(after))
-                .map(|item| item.map(|(id, record)| (id, Some(record))));
-            streams.push((Box::new(stored) as Box<dyn Iterator<Item = _>>).peekable());
+            streams.push(stream(
+                OutsideRecords::records_after(view, Some(after))
+                    .map(|item| item.map(|(id, record)| (id, Listed::Change(Some(record))))),
+            ));
         }
-        let mut page = Vec::new();
-        while page.len() <= limit {
-            let mut least: Option<KeyId> = None;
-            for stream in &mut streams {
-                match stream.peek() {
-                    Some(Ok((id, _))) if least.as_ref().is_none_or(|least| id < least) => {
-                        least = Some(id.clone());
-                    }
-                    Some(Err(_)) => {
-                        return Err(stream.next().and_then(Result::err).expect("an error"));
-                    }
-                    _ => {}
-                }
-            }
-            let Some(least) = least else { break };
-            let mut resolved = None;
-            for stream in &mut streams {
-                if matches!(stream.peek(), Some(Ok((id, _))) if *id == least) {
-                    let (_, change) = stream.next().expect("peeked")?;
-                    resolved.get_or_insert(change);
-                }
-            }
-            if let Some(Some(stored)) = resolved
-                && let Some(view) = registry.live_key_view(&least, &stored)
-            {
-                page.push(view);
-            }
+        merged_page(streams, limit, |id, listed| match listed {
+            Listed::Change(Some(stored)) => registry.live_key_view(id, &stored),
+            Listed::Change(None) | Listed::View(_) => None,
+        })
+    }
+
+    /// One page of live claim records for operators (rules version 3,
+    /// finished ones outside the registry): at most `limit` after `after`
+    /// in (principal, key) order, and whether more follow — the held
+    /// claims (always in memory, and live), then the registry's finished
+    /// changes, the layers newest first and the store, merged.
+    pub fn claims_page(
+        &self,
+        registry: &Registry,
+        after: &KeyId,
+        limit: usize,
+    ) -> io::Result<(Vec<ClaimView>, bool)> {
+        let (layers, store_below) = self.layers_for::<ClaimRecord>();
+        let view = store_below.then(|| self.view()).transpose()?;
+        let mut streams: Vec<Stream<'_, ClaimRecord>> = vec![
+            stream(registry.held_claim_views_after(after).map(|view| {
+                Ok((
+                    (view.principal.clone(), view.key.clone()),
+                    Listed::View(view),
+                ))
+            })),
+            stream(
+                registry
+                    .claim_changes_after(after)
+                    .map(|(id, change)| Ok((id.clone(), Listed::Change(change.clone())))),
+            ),
+        ];
+        streams.extend(OutsideRecords::layer_streams(&layers, after));
+        if let Some(view) = &view {
+            streams.push(stream(
+                OutsideRecords::claim_records_after(view, Some(after))
+                    .map(|item| item.map(|(id, record)| (id, Listed::Change(Some(record))))),
+            ));
         }
-        let more = page.len() > limit;
-        page.truncate(limit);
-        Ok((page, more))
+        merged_page(streams, limit, |id, listed| match listed {
+            Listed::View(view) => Some(view),
+            Listed::Change(Some(stored)) => registry.live_claim_view(id, &stored),
+            Listed::Change(None) => None,
+        })
     }
 
     /// Bytes on disk of the store.

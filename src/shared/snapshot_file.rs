@@ -391,8 +391,12 @@ impl SnapshotFile {
 enum Phase {
     /// The file's bytes.
     Part,
-    /// The view's records after this one (`None`: from the first).
+    /// The view's key records after this one (`None`: from the first).
     Records {
+        after: Option<KeyId>,
+    },
+    /// Then its finished claim records (rules version 3; none before).
+    Claims {
         after: Option<KeyId>,
     },
     Trailer,
@@ -438,6 +442,25 @@ impl WholeSnapshot {
                 }
                 self.phase = if count == RECORDS_PER_BATCH {
                     Phase::Records { after: last }
+                } else {
+                    Phase::Claims { after: None }
+                };
+                self.hasher.update(&self.pending);
+            }
+            Phase::Claims { after } => {
+                let mut last = None;
+                let mut count = 0;
+                for item in OutsideRecords::claim_records_after(view, after.as_ref()) {
+                    let (id, stored) = item?;
+                    snapshot::encode_claim_record(&id, &stored.record, &mut self.pending)?;
+                    last = Some(id);
+                    count += 1;
+                    if count == RECORDS_PER_BATCH {
+                        break;
+                    }
+                }
+                self.phase = if count == RECORDS_PER_BATCH {
+                    Phase::Claims { after: last }
                 } else {
                     Phase::Trailer
                 };

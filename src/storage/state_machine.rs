@@ -510,6 +510,10 @@ fn read_installed(
                 key_records,
                 snapshot_index(meta),
                 registry.first_live_key_group_ms(),
+                registry
+                    .rules()
+                    .finished_claims_grouped()
+                    .then(|| registry.first_live_claim_group_ms()),
             )?;
             Ok((registry, Some(store)))
         }
@@ -559,7 +563,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let pending = self
                 .state
                 .records()
-                .map(|records| records.push(applied.registry.take_key_changes()));
+                .map(|records| records.push(applied.registry.take_record_changes()));
             (meta, applied.registry.clone(), pending)
         };
         let files = self.files.clone();
@@ -611,11 +615,15 @@ impl StateMachineStore {
                         (registry.session_count(), registry.key_count())
                     };
                     let before = counts(&applied.registry);
-                    // The key records the entry reads that lie in the
-                    // record store (none while the registry holds all).
-                    let to_fetch = applied.registry.keys_to_fetch(registry_entry);
+                    // The key and finished claim records the entry reads
+                    // that lie in the record store (none while the
+                    // registry holds all; claims only from rules version 3).
+                    let keys = applied.registry.keys_to_fetch(registry_entry);
+                    let claims = applied.registry.claims_to_fetch(registry_entry);
                     let fetched = match self.state.records() {
-                        Some(records) if !to_fetch.is_empty() => records.fetch(to_fetch)?,
+                        Some(records) if !keys.is_empty() || !claims.is_empty() => {
+                            records.fetch(keys, claims)?
+                        }
                         _ => oncekv_core::Prefetched::none(),
                     };
                     let outcomes =
@@ -644,7 +652,10 @@ impl StateMachineStore {
         if let Some(held) = &self.key_records_held
             && self.state.records().is_some()
         {
-            held.store(applied.registry.key_records_held(), Ordering::Relaxed);
+            held.store(
+                applied.registry.key_records_held() + applied.registry.claim_records_held(),
+                Ordering::Relaxed,
+            );
         }
         Ok(replies)
     }
@@ -875,7 +886,7 @@ mod tests {
         // A store flushed past every snapshot, or deleted: the part file's
         // records are nowhere else, and the node refuses to start.
         let outside = reopened.state().records().unwrap().clone();
-        let pending = outside.push(oncekv_core::KeyChanges::default());
+        let pending = outside.push(oncekv_core::RecordChanges::default());
         outside.flush(pending, 9).unwrap();
         drop((outside, reopened));
         let refused = StateMachineStore::open_with_records(&snapshots, &records).err();

@@ -478,6 +478,11 @@ impl Registry {
             .map(|_| self.claim_view(id, &stored.record, Some(stored.group_ms)))
     }
 
+    /// The view of a held record (or of any record before rules version 3).
+    pub(crate) fn claim_view_of(&self, id: &KeyId, record: &ClaimRecord) -> ClaimView {
+        self.claim_view(id, record, None)
+    }
+
     /// A record's view; `group_ms` is the group of a finished one of rules
     /// version 3 (it lives until its group's newest possible record
     /// expires).

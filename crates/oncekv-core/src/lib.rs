@@ -102,6 +102,14 @@ use kv::{KvStore, Refusal};
 use session::{Session, response_size_bytes};
 use std::ops::Bound;
 
+/// What an adapter's build takes ([`Registry::take_record_changes`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordChanges {
+    pub keys: KeyChanges,
+    /// From rules version 3: the finished claims' changes.
+    pub claims: Option<Changes<ClaimRecord>>,
+}
+
 /// The whole replicated state: sessions, their cached responses, cluster
 /// time, config and the key-value data, as of `applied_index`. Its maps are
 /// persistent (copy-on-write, ordered): a clone costs O(1), so a snapshot or
@@ -352,6 +360,33 @@ impl Registry {
             return Changes::default();
         }
         self.finished_claims.take_changes()
+    }
+
+    /// Both kinds' changes at once, for an adapter's build: the key
+    /// records', and from rules version 3 the finished claims' (`None`
+    /// before it: no claim goes to the store, and the store's checkpoint
+    /// names only the keys' watermark, as a build that knows no claims in
+    /// the store writes it).
+    pub fn take_record_changes(&mut self) -> RecordChanges {
+        RecordChanges {
+            keys: self.take_key_changes(),
+            claims: self
+                .rules
+                .finished_claims_grouped()
+                .then(|| self.finished_claims.take_changes()),
+        }
+    }
+
+    /// The held claims (always in memory) after `after`, as operators see
+    /// them, in (principal, key) order: what a reader merges over the
+    /// finished ones wherever they lie.
+    pub fn held_claim_views_after<'a>(
+        &'a self,
+        after: &KeyId,
+    ) -> impl Iterator<Item = ClaimView> + 'a {
+        self.claims
+            .after(after)
+            .map(|(id, record)| self.claim_view_of(id, record))
     }
 
     /// Whether finished claim records may lie outside the registry.
