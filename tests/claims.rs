@@ -9,24 +9,11 @@
 
 mod support;
 
-use oncekv_client::{
-    ClaimAnswer, Client, ClientConfig, Error, OnceError, OnceOptions, OnceOutcome,
-};
+use oncekv_client::{ClaimAnswer, Client, Error, OnceError, OnceOptions, OnceOutcome};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use support::cluster::Cluster;
-
-fn patient(cluster: &Cluster) -> Client {
-    Client::with_config(
-        cluster.client_addrs(),
-        ClientConfig {
-            call_timeout: Duration::from_secs(60),
-            attempt_timeout: Duration::from_secs(2),
-            ..ClientConfig::default()
-        },
-    )
-}
 
 fn options(lease_ms: u64) -> OnceOptions {
     OnceOptions {
@@ -64,7 +51,7 @@ async fn charge(
 async fn once_runs_an_effect_once_and_takes_over_from_a_dead_holder() {
     let cluster = Cluster::start("claims-once").await;
     cluster.wait_for_leader(Duration::from_secs(60)).await;
-    let client = patient(&cluster);
+    let client = cluster.patient_client();
 
     // Five concurrent callers, then five more: one run, one result.
     let runs = Arc::new(AtomicU64::new(0));
@@ -215,7 +202,7 @@ async fn lost_replies_and_leader_deaths_keep_claims_exactly_once() {
     let cluster =
         Cluster::start_with("claims-faults", &["--fault", "drop-first-execute-reply"]).await;
     cluster.wait_for_leader(Duration::from_secs(60)).await;
-    let client = patient(&cluster);
+    let client = cluster.patient_client();
     match client
         .claim(b"lost", b"effect", Duration::from_secs(30))
         .await

@@ -11,40 +11,16 @@
 
 mod support;
 
-use oncekv_client::{ClaimAnswer, Client, ClientConfig};
+use oncekv_client::ClaimAnswer;
 use oncekv_wire::proto::{self, admin_client::AdminClient};
 use std::time::Duration;
 use support::admin::wait_hashes_agree;
 use support::cluster::Cluster;
-use support::raw::{Raw, raw_client};
+use support::raw::raw_client;
 use tonic::transport::Channel;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(30);
-
-fn patient(cluster: &Cluster) -> Client {
-    Client::with_config(
-        cluster.client_addrs(),
-        ClientConfig {
-            call_timeout: Duration::from_secs(60),
-            attempt_timeout: Duration::from_secs(2),
-            ..ClientConfig::default()
-        },
-    )
-}
-
-async fn set_config(raw: &Raw, patch: proto::RegistryConfigPatch) -> proto::SetConfigReply {
-    let request = proto::SetConfigRequest {
-        cluster_id: raw.cluster_id.clone(),
-        patch: Some(patch),
-    };
-    raw.admin_on_leader(DEADLINE, |mut admin: AdminClient<Channel>| {
-        let request = request.clone();
-        async move { admin.set_config(request).await.map(|r| r.into_inner()) }
-    })
-    .await
-    .expect("SetConfig")
-}
 
 /// Every claim on `node`, paged `limit` at a time: (key, state, attempt).
 async fn all_claims(cluster: &Cluster, node: u64, limit: u32) -> Vec<(Vec<u8>, String, u64)> {
@@ -101,16 +77,17 @@ async fn claim_records_in_the_record_store_still_answer_repeats() {
     )
     .await;
     let raw = raw_client(&cluster).await;
-    let raised = set_config(
-        &raw,
-        proto::RegistryConfigPatch {
-            rules_version: Some(3),
-            ..Default::default()
-        },
-    )
-    .await;
+    let raised = raw
+        .set_config(
+            DEADLINE,
+            proto::RegistryConfigPatch {
+                rules_version: Some(3),
+                ..Default::default()
+            },
+        )
+        .await;
     assert_eq!(raised.config.expect("the configs").rules_version, 3);
-    let client = patient(&cluster);
+    let client = cluster.patient_client();
     let count = 150;
     for n in 0..count {
         let ClaimAnswer::Won { fence, attempt, .. } =

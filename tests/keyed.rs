@@ -8,14 +8,14 @@
 
 mod support;
 
-use oncekv_client::{Client, ClientConfig, Error, KeyedReply};
+use oncekv_client::{Error, KeyedReply};
 use oncekv_core::{Command, CommandResult, Value};
 use oncekv_wire::convert;
 use oncekv_wire::proto::{self, admin_client::AdminClient};
 use std::time::Duration;
 use support::admin::wait_hashes_agree;
 use support::cluster::Cluster;
-use support::raw::{Raw, raw_client};
+use support::raw::raw_client;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
@@ -26,17 +26,6 @@ fn incr(key: &str, delta: i64) -> Command {
         key: key.as_bytes().to_vec(),
         delta,
     }
-}
-
-fn patient(cluster: &Cluster) -> Client {
-    Client::with_config(
-        cluster.client_addrs(),
-        ClientConfig {
-            call_timeout: DEADLINE,
-            attempt_timeout: Duration::from_secs(2),
-            ..ClientConfig::default()
-        },
-    )
 }
 
 fn executed(value: i64, duplicate: bool) -> (CommandResult, bool) {
@@ -82,19 +71,6 @@ async fn wait_key_applied(cluster: &Cluster, node: u64, key: &[u8]) {
     }
 }
 
-async fn set_config(raw: &Raw, patch: proto::RegistryConfigPatch) -> proto::SetConfigReply {
-    let request = proto::SetConfigRequest {
-        cluster_id: raw.cluster_id.clone(),
-        patch: Some(patch),
-    };
-    raw.admin_on_leader(DEADLINE, |mut admin: AdminClient<Channel>| {
-        let request = request.clone();
-        async move { admin.set_config(request).await.map(|r| r.into_inner()) }
-    })
-    .await
-    .expect("SetConfig")
-}
-
 /// A keyed increment whose reply is lost (a fault-injection build drops
 /// it; otherwise the call simply completes) and whose leader is then
 /// killed: the library retries the same key at the new leader, which
@@ -105,7 +81,7 @@ async fn set_config(raw: &Raw, patch: proto::RegistryConfigPatch) -> proto::SetC
 async fn keyed_increment_retried_across_a_leader_kill_applies_once() {
     let cluster = Cluster::start("keyed-failover").await;
     let raw = raw_client(&cluster).await;
-    let client = patient(&cluster);
+    let client = cluster.patient_client();
     // Warm the library up (cluster id, leader) and show a first execution.
     assert_eq!(
         answer(
@@ -199,12 +175,12 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
     )
     .await;
     let raw = raw_client(&cluster).await;
-    let client = patient(&cluster);
+    let client = cluster.patient_client();
     // Ten minutes: keys expire by creation-time group (a 1,024th of the
     // TTL wide, here 585 ms), so under the default 24 h TTL they would
     // outlive the second set below by up to a minute.
-    set_config(
-        &raw,
+    raw.set_config(
+        DEADLINE,
         proto::RegistryConfigPatch {
             idempotency_key_ttl_ms: Some(600_000),
             ..Default::default()
@@ -287,14 +263,15 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
     // at the config entry itself, the rest at the first entry stamped a
     // second after their group's end: plain increments (no key) move
     // cluster time on until the leader holds no key.
-    let reply = set_config(
-        &raw,
-        proto::RegistryConfigPatch {
-            idempotency_key_ttl_ms: Some(1_000),
-            ..Default::default()
-        },
-    )
-    .await;
+    let reply = raw
+        .set_config(
+            DEADLINE,
+            proto::RegistryConfigPatch {
+                idempotency_key_ttl_ms: Some(1_000),
+                ..Default::default()
+            },
+        )
+        .await;
     let config = reply.config.expect("the config in force");
     assert_eq!(config.idempotency_key_ttl_ms, 1_000);
     let deadline = Instant::now() + DEADLINE;
@@ -393,7 +370,7 @@ async fn key_records_in_the_record_store_still_answer_repeats() {
     )
     .await;
     let raw = raw_client(&cluster).await;
-    let client = patient(&cluster);
+    let client = cluster.patient_client();
     let count = 150;
     let name = |n: u32| format!("store-{n:03}").into_bytes();
     for n in 0..count {

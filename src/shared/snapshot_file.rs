@@ -21,7 +21,7 @@
 use crate::raft_types::SnapshotMeta;
 use crate::shared::records::OutsideRecords;
 use futures::Stream;
-use oncekv_core::{KeyId, Registry, codec, snapshot};
+use oncekv_core::{GroupedRecord, KeyId, Registry, codec, snapshot};
 use oncekv_records::View;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -417,6 +417,26 @@ pub(crate) struct WholeSnapshot {
     phase: Phase,
 }
 
+/// Encodes up to [`RECORDS_PER_BATCH`] of `records` into `pending` with
+/// `encode`; the last id when the batch filled (more may follow), `None`
+/// when the records ran out.
+fn encode_batch<R>(
+    records: impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>>,
+    pending: &mut Vec<u8>,
+    encode: fn(&KeyId, &R, &mut Vec<u8>) -> io::Result<()>,
+) -> io::Result<Option<KeyId>> {
+    let mut count = 0;
+    for item in records {
+        let (id, stored) = item?;
+        encode(&id, &stored.record, pending)?;
+        count += 1;
+        if count == RECORDS_PER_BATCH {
+            return Ok(Some(id));
+        }
+    }
+    Ok(None)
+}
+
 impl WholeSnapshot {
     /// Fills `pending` with the next records (or the trailer); `false` at
     /// the end.
@@ -429,40 +449,26 @@ impl WholeSnapshot {
         };
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Records { after } => {
-                let mut last = None;
-                let mut count = 0;
-                for item in OutsideRecords::records_after(view, after.as_ref()) {
-                    let (id, stored) = item?;
-                    snapshot::encode_key_record(&id, &stored.record, &mut self.pending)?;
-                    last = Some(id);
-                    count += 1;
-                    if count == RECORDS_PER_BATCH {
-                        break;
-                    }
-                }
-                self.phase = if count == RECORDS_PER_BATCH {
-                    Phase::Records { after: last }
-                } else {
-                    Phase::Claims { after: None }
+                let full = encode_batch(
+                    OutsideRecords::records_after(view, after.as_ref()),
+                    &mut self.pending,
+                    snapshot::encode_key_record,
+                )?;
+                self.phase = match full {
+                    Some(last) => Phase::Records { after: Some(last) },
+                    None => Phase::Claims { after: None },
                 };
                 self.hasher.update(&self.pending);
             }
             Phase::Claims { after } => {
-                let mut last = None;
-                let mut count = 0;
-                for item in OutsideRecords::claim_records_after(view, after.as_ref()) {
-                    let (id, stored) = item?;
-                    snapshot::encode_claim_record(&id, &stored.record, &mut self.pending)?;
-                    last = Some(id);
-                    count += 1;
-                    if count == RECORDS_PER_BATCH {
-                        break;
-                    }
-                }
-                self.phase = if count == RECORDS_PER_BATCH {
-                    Phase::Claims { after: last }
-                } else {
-                    Phase::Trailer
+                let full = encode_batch(
+                    OutsideRecords::claim_records_after(view, after.as_ref()),
+                    &mut self.pending,
+                    snapshot::encode_claim_record,
+                )?;
+                self.phase = match full {
+                    Some(last) => Phase::Claims { after: Some(last) },
+                    None => Phase::Trailer,
                 };
                 self.hasher.update(&self.pending);
             }

@@ -264,6 +264,19 @@ impl Cluster {
         self.nodes.pid(node)
     }
 
+    /// A client library handle on this cluster that waits out elections
+    /// and restarts: a 60 s call deadline, 2 s per attempt.
+    pub fn patient_client(&self) -> oncekv_client::Client {
+        oncekv_client::Client::with_config(
+            self.client_addrs(),
+            oncekv_client::ClientConfig {
+                call_timeout: Duration::from_secs(60),
+                attempt_timeout: Duration::from_secs(2),
+                ..oncekv_client::ClientConfig::default()
+            },
+        )
+    }
+
     /// The client endpoints of all nodes (those added later included), in
     /// node order.
     pub fn client_addrs(&self) -> Vec<String> {

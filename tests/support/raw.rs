@@ -117,6 +117,25 @@ impl Raw {
         self.on_leader_of(deadline, AdminClient::new, call).await
     }
 
+    /// `Admin.SetConfig` with `patch` on the leader, retried until
+    /// `deadline`; panics if it never succeeds.
+    pub async fn set_config(
+        &self,
+        deadline: Duration,
+        patch: proto::RegistryConfigPatch,
+    ) -> proto::SetConfigReply {
+        let request = proto::SetConfigRequest {
+            cluster_id: self.cluster_id.clone(),
+            patch: Some(patch),
+        };
+        self.admin_on_leader(deadline, |mut admin: AdminClient<Channel>| {
+            let request = request.clone();
+            async move { admin.set_config(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+        .expect("SetConfig")
+    }
+
     /// [`Raw::on_leader`] for any service client `make` builds on a channel.
     async fn on_leader_of<C, T, F, Fut>(
         &self,

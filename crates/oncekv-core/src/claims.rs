@@ -679,13 +679,15 @@ impl Registry {
         self.check_cluster(Some(claim.cluster_id)).ok()?;
         self.check_claim_key(&claim.key).ok()?;
         self.check_lease(claim.lease_ms).ok()?;
-        let view = if self.claim_must_be_fetched(&(claim.principal.clone(), claim.key.clone())) {
-            let id = (claim.principal.clone(), claim.key.clone());
-            self.claim_over(&claim.principal, &claim.key, stored(&id))?
+        let id = (claim.principal.clone(), claim.key.clone());
+        let stored = if self.claim_must_be_fetched(&id) {
+            stored(&id)
         } else {
-            self.claim_record(&claim.principal, &claim.key)?
+            None
         };
-        let record = view.record;
+        let record = self
+            .claim_over(&claim.principal, &claim.key, stored)?
+            .record;
         match record.state {
             ClaimState::Completed {
                 completed_ms,
