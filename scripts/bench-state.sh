@@ -33,9 +33,17 @@
 # failed — refused at a limit, or lost to an election — are counted in a
 # `failed_requests=` line with the first failure's reason).
 #
+# WORKLOAD=claims loads KEYS finished claims instead (loadgen oncekv-claim:
+# one claim → complete cycle per new key, the value as the result; rules
+# version 3 keeps them in the record store) and measures the load only
+# (MEASURE=load), ending with
+#   claims=N rss_mb_max=M disk_bytes_per_claim=B claim_cycles_s=R
+# and each node's `oncekv_claim_records_in_memory`.
+#
 #   scripts/bench-state.sh KEYS
 #
 # environment:
+#   WORKLOAD          "keys" (default) or "claims" (see above)
 #   ONCEKV_PORT_BASE  node N on base+N, base+100+N, ... (default 9700)
 #   CLIENTS           closed-loop clients (default 64)
 #   VALUE_BYTES       bytes of each put's value (default 64)
@@ -65,7 +73,14 @@ esac
 readonly KEYS=$1
 readonly CLIENTS=${CLIENTS:-64}
 readonly VALUE_BYTES=${VALUE_BYTES:-64}
-readonly MEASURE=${MEASURE:-all}
+readonly WORKLOAD=${WORKLOAD:-keys}
+[[ $WORKLOAD == keys || $WORKLOAD == claims ]] || { usage >&2; exit 2; }
+if [[ $WORKLOAD == claims ]]; then
+    # The other measurements drive keyed runs: with claims, the load alone.
+    readonly MEASURE=load
+else
+    readonly MEASURE=${MEASURE:-all}
+fi
 readonly RAISE_LIMITS=${RAISE_LIMITS:-1}
 readonly KEEP_DATA=${KEEP_DATA:-0}
 EXPIRE_KEYS=${EXPIRE_KEYS:-1000000}
@@ -175,10 +190,19 @@ leader() {
     "$LOADGEN" oncekv-leader --endpoints "$(endpoints "${NODES[@]}")" --wait-s "$LEADER_WAIT_S"
 }
 
-# Live idempotency keys in node N's applied state (its metrics gauge).
-node_keys() {
+# Node N's metrics gauge $2.
+node_gauge() {
     curl -fsS --max-time 5 "http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + $1))/metrics" 2>/dev/null \
-        | awk '$1 == "oncekv_idempotency_keys_live" { printf "%d", $2 }'
+        | awk -v name="$2" '$1 == name { printf "%d", $2 }'
+}
+# Live records of the workload in node N's applied state: idempotency keys,
+# or claims.
+node_keys() {
+    if [[ $WORKLOAD == claims ]]; then
+        node_gauge "$1" oncekv_claims_live
+    else
+        node_gauge "$1" oncekv_idempotency_keys_live
+    fi
 }
 
 # Waits until every node reports the same applied index (writes have
@@ -214,12 +238,19 @@ if ((RAISE_LIMITS == 1)); then
     ((cached < 268435456)) && cached=268435456
     budget=$((cached + cached / 4 + 536870912))
     ((budget < 1073741824)) && budget=1073741824
-    oncekv admin config set --endpoints "$(endpoints "${NODES[@]}")" \
-        --idempotency-keys-max "$keys_max" \
-        --idempotency-cached-bytes-max "$cached" \
-        --memory-budget-bytes "$budget" >"$WORK/config.log" 2>&1 \
+    if [[ $WORKLOAD == claims ]]; then
+        # Finished claims lie on disk (rules version 3): their count and
+        # bytes limits, not the budget (held ones: at most CLIENTS).
+        ((cached < 17179869184)) || cached=17179869184
+        limits=(--claims-max "$keys_max" --claim-cached-bytes-max "$cached")
+    else
+        limits=(--idempotency-keys-max "$keys_max" --idempotency-cached-bytes-max "$cached"
+            --memory-budget-bytes "$budget")
+    fi
+    oncekv admin config set --endpoints "$(endpoints "${NODES[@]}")" "${limits[@]}" \
+        >"$WORK/config.log" 2>&1 \
         || { cat "$WORK/config.log" >&2; die "raising the limits failed (a node must have 2 x budget + 128 MiB of memory)"; }
-    echo "limits: idempotency_keys_max=$keys_max idempotency_cached_bytes_max=$cached memory_budget_bytes=$budget" >&2
+    echo "limits: ${limits[*]}" >&2
 fi
 
 rss_before=$(max_rss_mb)
@@ -284,10 +315,16 @@ catch_up_by_snapshot() {
     echo "follower_catch_up_s=$(since "$started") (node $follower paused through a ${P99_RUN_S}s run and a leader snapshot; its snapshot index ${before_index:-?} -> ${after_index:-?}; write p99 ms of each ${P99_RUN_S}s run from its resume:$p99s)"
 }
 
-echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
+if [[ $WORKLOAD == claims ]]; then
+    echo "loading $KEYS claim -> complete cycles: $CLIENTS clients, $VALUE_BYTES-byte results, leader $LEADER" >&2
+    load_mode=oncekv-claim
+else
+    echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
+    load_mode=oncekv-keyed
+fi
 load_started=$(now)
 started=$load_started
-load=$("$LOADGEN" oncekv-keyed --endpoint "$LEADER" --clients "$CLIENTS" \
+load=$("$LOADGEN" "$load_mode" --endpoint "$LEADER" --clients "$CLIENTS" \
     --value-bytes "$VALUE_BYTES" --total-ops "$KEYS" --duration-s "$LOAD_MAX_S" \
     --request-timeout-s 30 2>"$WORK/load.err") || { cat "$WORK/load.err" >&2; die "the load failed"; }
 load_s=$(since "$started")
@@ -413,4 +450,9 @@ if [[ $MEASURE == all ]]; then
     fi
 fi
 
-echo "keys=$keys rss_mb_max=$rss_after disk_bytes_per_key=$disk_per_key keyed_ops_s=$ops"
+if [[ $WORKLOAD == claims ]]; then
+    echo "claim records in memory per node: $(for n in "${NODES[@]}"; do printf 'n%s=%s ' "$n" "$(node_gauge "$n" oncekv_claim_records_in_memory)"; done)"
+    echo "claims=$keys rss_mb_max=$rss_after disk_bytes_per_claim=$disk_per_key claim_cycles_s=$ops"
+else
+    echo "keys=$keys rss_mb_max=$rss_after disk_bytes_per_key=$disk_per_key keyed_ops_s=$ops"
+fi

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite — what the README's quick start and .ci/run run:
-# the workspace's tests (with the fault-injection hooks and the unreleased
-# rules versions), the Python
+# the workspace's tests (with the fault-injection hooks), the Python
 # client's (clients/python/run-tests.sh: a venv under target/, pip install
 # from PyPI, pytest and the consumer example against the debug binary just
 # built), then the jepsen-like smoke run on that debug build (one 45 s run
@@ -10,11 +9,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# With the unreleased rules versions known (rules version 3, finished claims
-# in the record store: docs/state-beyond-ram.md 4.12), so that their tests
-# (crates/oncekv-core/tests/finished_claims.rs, tests/claims_store.rs) run
-# in the same build; a cluster still starts at the latest released version,
-# and no served build turns the feature on.
-cargo test --workspace --features fault-injection,unreleased-rules
+cargo test --workspace --features fault-injection
 ONCEKV_BIN=target/debug/oncekv clients/python/run-tests.sh
 scripts/jepsen.sh ci-smoke

@@ -95,6 +95,7 @@ pub struct NodeMetrics {
     record_store_disk_bytes: Gauge,
     claims_live: Gauge,
     claims_held: Gauge,
+    claim_records_in_memory: Gauge,
     cached_responses: Gauge,
     cached_bytes: Gauge,
     term: Gauge,
@@ -158,6 +159,7 @@ impl NodeMetrics {
             record_store_disk_bytes: Gauge::default(),
             claims_live: Gauge::default(),
             claims_held: Gauge::default(),
+            claim_records_in_memory: Gauge::default(),
             cached_responses: Gauge::default(),
             cached_bytes: Gauge::default(),
             term: Gauge::default(),
@@ -239,6 +241,11 @@ impl NodeMetrics {
             "claims_held",
             "Claim records whose key is held now (their lease may have run out without a takeover yet)",
             self.claims_held.clone(),
+        );
+        self.registry.register(
+            "claim_records_in_memory",
+            "Claim records (and removals) held in memory: every held claim, and the finished ones changed since the last snapshot build, which moves them into the record store (rules version 3; below it every claim is in memory)",
+            self.claim_records_in_memory.clone(),
         );
         self.registry.register(
             "sessions_live",
@@ -531,6 +538,8 @@ impl NodeMetrics {
         self.claims_live
             .set(saturating_i64(registry.claim_count() as u64));
         self.claims_held.set(saturating_i64(registry.claims_held()));
+        self.claim_records_in_memory
+            .set(saturating_i64(registry.claim_records_in_memory() as u64));
         self.cached_responses.set(saturating_i64(responses));
         self.cached_bytes.set(saturating_i64(bytes));
         self.state_hash_info.clear();

@@ -64,16 +64,18 @@ async fn config_change_applies_everywhere_and_takes_effect() {
         .json();
     assert_eq!(shown["config"]["session_ttl_ms"], 60_000);
     // A new cluster starts at the latest rules version, with its limits:
-    // idempotency-key records on disk, 50 M of them.
-    assert_eq!(shown["config"]["rules_version"], 2);
+    // idempotency-key records and finished claims on disk, 50 M of each.
+    assert_eq!(shown["config"]["rules_version"], 3);
     assert_eq!(shown["config"]["idempotency_keys_max"], 50_000_000u64);
     assert_eq!(shown["config"]["idempotency_cached_bytes_max"], 16u64 << 30);
+    assert_eq!(shown["config"]["claims_max"], 50_000_000u64);
+    assert_eq!(shown["config"]["claim_cached_bytes_max"], 16u64 << 30);
     // The version never goes down, and is raised alone.
     for (args, why) in [
-        (&["--rules-version", "1"][..], "never goes down"),
+        (&["--rules-version", "2"][..], "never goes down"),
         (&["--rules-version", "9"][..], "unknown to this build"),
         (
-            &["--rules-version", "2", "--window", "4"][..],
+            &["--rules-version", "3", "--window", "4"][..],
             "raised alone",
         ),
     ] {
@@ -90,12 +92,12 @@ async fn config_change_applies_everywhere_and_takes_effect() {
     }
     let same = oncekv(
         &endpoints,
-        &["admin", "config", "set", "--rules-version", "2", "--json"],
+        &["admin", "config", "set", "--rules-version", "3", "--json"],
     )
     .await
     .json();
     assert_eq!(
-        same["config"]["rules_version"], 2,
+        same["config"]["rules_version"], 3,
         "a raise to the version in force"
     );
     let set = oncekv(

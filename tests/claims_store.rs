@@ -1,6 +1,6 @@
-//! Finished claims in the record store (rules version 3, not released:
-//! docs/state-beyond-ram.md §4.12) on a real 3-node cluster built with the
-//! `unreleased-rules` feature. After the raise to version 3, a completed or
+//! Finished claims in the record store (rules version 3:
+//! docs/state-beyond-ram.md §4.12) on a real 3-node cluster started at
+//! version 2 and raised. After the raise to version 3, a completed or
 //! released claim leaves memory for the record store at the next snapshot
 //! build, as key records do: repeats of stored completed claims are still
 //! answered with their result (by the leader from the store after a read
@@ -64,9 +64,12 @@ fn expected_state(n: u32) -> &'static str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_records_in_the_record_store_still_answer_repeats() {
+    // Started at version 2, as a build before version 3 started it.
     let cluster = Cluster::start_with(
         "claims-store",
         &[
+            "--fault",
+            "bootstrap-at-rules-2",
             "--snapshot-every-entries",
             "1000000",
             "--snapshot-every-key-records",
@@ -77,19 +80,8 @@ async fn claim_records_in_the_record_store_still_answer_repeats() {
     )
     .await;
     let raw = raw_client(&cluster).await;
-    let raised = raw
-        .set_config(
-            DEADLINE,
-            proto::RegistryConfigPatch {
-                rules_version: Some(3),
-                ..Default::default()
-            },
-        )
-        .await;
-    assert_eq!(raised.config.expect("the configs").rules_version, 3);
     let client = cluster.patient_client();
-    let count = 150;
-    for n in 0..count {
+    let finish = async |n: u32| {
         let ClaimAnswer::Won { fence, attempt, .. } =
             client.claim(&name(n), b"job", LEASE).await.unwrap()
         else {
@@ -104,6 +96,31 @@ async fn claim_records_in_the_record_store_still_answer_repeats() {
                 .await
                 .unwrap();
         }
+    };
+    // The first 40 finish at version 2, all in memory; the raise moves
+    // them into groups (then, at the next build, into the store).
+    let count = 150;
+    for n in 0..40 {
+        finish(n).await;
+    }
+    let leader = cluster.wait_for_leader(DEADLINE).await;
+    assert_eq!(
+        gauge(&cluster, leader, "oncekv_claim_records_in_memory").await,
+        40.0,
+        "every claim in memory at version 2"
+    );
+    let raised = raw
+        .set_config(
+            DEADLINE,
+            proto::RegistryConfigPatch {
+                rules_version: Some(3),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert_eq!(raised.config.expect("the configs").rules_version, 3);
+    for n in 40..count {
+        finish(n).await;
     }
     for node in 1..=3 {
         assert!(
@@ -210,7 +227,7 @@ async fn claim_records_in_the_record_store_still_answer_repeats() {
             expected,
             "node {node}"
         );
-        let in_memory = gauge(&cluster, node, "oncekv_idempotency_keys_in_memory").await;
+        let in_memory = gauge(&cluster, node, "oncekv_claim_records_in_memory").await;
         assert!(in_memory < 30.0, "node {node}: {in_memory}");
     }
     for n in [0u32, 3, 149] {

@@ -466,7 +466,7 @@ async fn keyed_commands(e: &[String]) {
         object["config"]["idempotency_key_ttl_ms"], 3_600_000,
         "{object}"
     );
-    // A new cluster's default (rules version 2: key records on disk).
+    // A new cluster's default (from rules version 2: key records on disk).
     assert_eq!(
         object["config"]["idempotency_keys_max"], 50_000_000,
         "{object}"

@@ -12,8 +12,8 @@ mod support;
 
 use oncekv_core::snapshot;
 use oncekv_core::{
-    BudgetConfigPatch, ClaimConfigPatch, Command, ConfigPatch, IdempotencyKey, KeyedConfig,
-    KeyedConfigPatch, Limit, Op, Outcome, Principal, Rejection, RulesVersion, Value,
+    BudgetConfigPatch, ClaimConfig, ClaimConfigPatch, Command, ConfigPatch, IdempotencyKey,
+    KeyedConfig, KeyedConfigPatch, Limit, Op, Outcome, Principal, Rejection, RulesVersion, Value,
 };
 use support::registry::{CLUSTER, Driver};
 
@@ -109,16 +109,24 @@ fn fill(driver: &mut Driver, who: &str, from: u64, bound: u64) -> (Outcome, u64)
 #[test]
 fn a_new_cluster_starts_at_the_latest_rules_and_an_old_log_stays_at_version_1() {
     let new = Driver::with_rules(RulesVersion::LATEST);
-    assert_eq!(new.registry.rules(), RulesVersion::V2);
+    assert_eq!(new.registry.rules(), RulesVersion::V3);
     assert_eq!(new.registry.keyed_config().idempotency_keys_max, 50_000_000);
     assert_eq!(
         new.registry.keyed_config().idempotency_cached_bytes_max,
         16 << 30
     );
+    assert_eq!(new.registry.claim_config().claims_max, 50_000_000);
+    assert_eq!(new.registry.claim_config().claim_cached_bytes_max, 16 << 30);
+    // A cluster started at version 2 (by the build before 3) keeps the
+    // claim limits it started with: every claim is in memory there.
+    let two = Driver::with_rules(RulesVersion::V2);
+    assert_eq!(two.registry.keyed_config().idempotency_keys_max, 50_000_000);
+    assert_eq!(*two.registry.claim_config(), ClaimConfig::default());
     let old = Driver::new();
     assert_eq!(old.registry.rules(), RulesVersion::V1);
     assert_eq!(*old.registry.keyed_config(), KeyedConfig::default());
     assert_eq!(old.registry.keyed_config().idempotency_keys_max, 1_000_000);
+    assert_eq!(*old.registry.claim_config(), ClaimConfig::default());
     // A version this build does not know is refused at bootstrap too.
     let mut unknown = Driver {
         registry: oncekv_core::Registry::new(),

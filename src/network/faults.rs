@@ -1,6 +1,6 @@
 //! Test-only fault hooks shared by the node: a handle on how many execute
 //! replies this node should still drop, and whether it starts with a
-//! rewound commit record. It owns those settings and nothing else; the services decide where a fault applies. Faults can be
+//! rewound commit record, or bootstraps at an older rules version. It owns those settings and nothing else; the services decide where a fault applies. Faults can be
 //! set only in a `fault-injection` build (the `--fault` flag of
 //! `oncekv node`, or the Admin `InjectFault` RPC); in any other build the
 //! counter stays zero.
@@ -19,6 +19,10 @@ pub struct FaultControl {
     /// Whether the node starts with the entries of its last term after the
     /// first dropped (`--fault lose-term-tail`).
     lose_term_tail: bool,
+    /// The rules version a cluster this node bootstraps starts at, when not
+    /// the latest (`--fault bootstrap-at-rules-N`): a cluster as an older
+    /// build made it, to raise in a test.
+    bootstrap_rules: Option<u32>,
 }
 
 impl FaultControl {
@@ -29,7 +33,21 @@ impl FaultControl {
             drop_execute_replies: Arc::new(AtomicU64::new(drop_execute_replies)),
             rewind_commit_record: false,
             lose_term_tail: false,
+            bootstrap_rules: None,
         }
+    }
+
+    /// The same, bootstrapping a new cluster at rules version `rules`.
+    pub fn bootstrapping_at_rules(self, rules: u32) -> FaultControl {
+        FaultControl {
+            bootstrap_rules: Some(rules),
+            ..self
+        }
+    }
+
+    /// The rules version to bootstrap a new cluster at, if not the latest.
+    pub fn bootstrap_rules(&self) -> Option<u32> {
+        self.bootstrap_rules
     }
 
     /// The same, starting with the committed index of the log taken back to

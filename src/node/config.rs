@@ -195,7 +195,9 @@ pub struct NodeOptions {
     /// committed index back at the first entry of the log's last term, as
     /// a power loss can leave it), `lose-term-tail` (start with the entries
     /// of the log's last term after its first dropped, as a power loss can
-    /// on a leader whose followers stored them before its own fdatasync).
+    /// on a leader whose followers stored them before its own fdatasync),
+    /// `bootstrap-at-rules-N` (a new cluster starts at rules version N, as
+    /// an older build started it).
     #[cfg(feature = "fault-injection")]
     #[arg(long)]
     pub fault: Vec<String>,
@@ -676,12 +678,19 @@ impl NodeOptions {
         let mut drop_execute_replies = 0;
         let mut rewind_commit_record = false;
         let mut lose_term_tail = false;
+        let mut bootstrap_rules = None;
         for fault in &self.fault {
             match fault.as_str() {
                 "drop-first-execute-reply" => drop_execute_replies = 1,
                 "rewind-commit-record" => rewind_commit_record = true,
                 "lose-term-tail" => lose_term_tail = true,
-                other => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
+                other => match other
+                    .strip_prefix("bootstrap-at-rules-")
+                    .and_then(|rules| rules.parse::<u32>().ok())
+                {
+                    Some(rules) => bootstrap_rules = Some(rules),
+                    None => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
+                },
             }
         }
         let mut faults = crate::network::faults::FaultControl::new(drop_execute_replies);
@@ -690,6 +699,9 @@ impl NodeOptions {
         }
         if lose_term_tail {
             faults = faults.losing_term_tail();
+        }
+        if let Some(rules) = bootstrap_rules {
+            faults = faults.bootstrapping_at_rules(rules);
         }
         Ok(faults)
     }

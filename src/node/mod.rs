@@ -806,11 +806,14 @@ async fn ensure_bootstrapped(
             let entry = Entry::single(
                 stamp_ms,
                 // A new cluster starts under the latest rules, with their
-                // default limits (records beyond RAM: 50 M keys).
+                // default limits (records beyond RAM: 50 M keys and claims).
                 Op::BootstrapWithRules {
                     cluster_id,
                     config: config.initial_registry,
-                    rules: RulesVersion::LATEST,
+                    rules: config
+                        .faults
+                        .bootstrap_rules()
+                        .map_or(RulesVersion::LATEST, RulesVersion),
                 },
             );
             match raft.client_write(entry).await {

@@ -414,6 +414,13 @@ impl Registry {
         self.finished_claims.held()
     }
 
+    /// Claim records (and removals) in memory: the held claims (below
+    /// version 3 every claim) and the finished ones not yet taken by an
+    /// adapter ([`Registry::claim_records_held`]).
+    pub fn claim_records_in_memory(&self) -> usize {
+        self.claims.len().saturating_add(self.claim_records_held())
+    }
+
     /// The key records changed since the last call (every record, the
     /// first time), for an adapter to write into its store. From then on
     /// the registry holds only the records changed since, and reads the
@@ -1035,12 +1042,15 @@ impl Registry {
                 config.validate().map_err(Rejection::InvalidArgument)?;
                 let keyed = KeyedConfig::for_rules(rules);
                 keyed.validate(config).map_err(Rejection::InvalidArgument)?;
+                let claims = ClaimConfig::for_rules(rules);
+                claims.validate().map_err(Rejection::InvalidArgument)?;
                 self.budget
-                    .validate(config, &keyed, &self.claim_config)
+                    .validate(config, &keyed, &claims)
                     .map_err(Rejection::InvalidArgument)?;
                 self.cluster_id = Some(cluster_id);
                 self.config = *config;
                 self.keyed_config = keyed;
+                self.claim_config = claims;
                 self.rules = rules;
                 Ok(Outcome::Bootstrapped {
                     cluster_id,

@@ -43,9 +43,9 @@
 //! ordered, so the bytes — and the hash — do not depend on platform,
 //! process or insertion order.
 //!
-//! Version 10 (rules version 3, not released yet: docs/state-beyond-ram.md
-//! §4.12) puts finished (completed or released) claims in creation-time
-//! groups as keys are: its header adds the claim groups' floor, their count
+//! Version 10 (rules version 3: docs/state-beyond-ram.md §4.12) puts
+//! finished (completed or released) claims in creation-time groups as keys
+//! are: its header adds the claim groups' floor, their count
 //! and the number of finished claims (version 9's claim count is of the
 //! held ones); the part adds one group summary per claim group after the
 //! key groups', and holds only the held claims; the finished claim records
@@ -117,15 +117,10 @@ use std::io::{self, Read, Write};
 pub const MAGIC: &[u8; 8] = b"ONCEKVSS";
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 9;
 /// Version 10: finished claims in groups and streamed after the key
-/// records (rules version 3, not released yet: see the module doc).
+/// records (rules version 3: see the module doc).
 pub const SNAPSHOT_FORMAT_VERSION_10: u32 = 10;
-/// The highest version this build reads: 10 only where rules version 3 is
-/// known (else a version 10 file is "unsupported", not "inconsistent").
-const SNAPSHOT_FORMAT_VERSION_MAX: u32 = if RulesVersion::HIGHEST_KNOWN.0 >= 3 {
-    SNAPSHOT_FORMAT_VERSION_10
-} else {
-    SNAPSHOT_FORMAT_VERSION
-};
+/// The highest version this build reads.
+const SNAPSHOT_FORMAT_VERSION_MAX: u32 = SNAPSHOT_FORMAT_VERSION_10;
 /// Version 8: version 9 without the rules version (a state at rules
 /// version 1 is still written in it, byte for byte as before).
 pub const SNAPSHOT_FORMAT_VERSION_8: u32 = 8;

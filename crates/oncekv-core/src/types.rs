@@ -332,19 +332,17 @@ impl RulesVersion {
     /// like idempotency keys, so that they can lie in the node's record
     /// store: a finished claim lives at least `claim_ttl_ms` and less than
     /// that plus one group's width ([`crate::key_group_width_ms`] of the
-    /// claim TTL); a held one stays in memory, exact. **Not released yet**
-    /// (docs/state-beyond-ram.md §4.12): a build knows it only with the
-    /// core's `unreleased-rules` feature, for the tests of the work in
-    /// progress.
+    /// claim TTL); a held one stays in memory, exact. Finished claims count
+    /// against `claim_cached_bytes_max` (and their principal's share of
+    /// it), not the memory budget; a released claim taken over comes back
+    /// under the budget. A cluster started at this version gets
+    /// [`ClaimConfig::for_rules`]'s limits (50 M claims, 16 GiB).
     pub const V3: RulesVersion = RulesVersion(3);
     /// What this build starts new clusters at.
-    pub const LATEST: RulesVersion = RulesVersion::V2;
-    /// The highest version this build knows.
-    pub const HIGHEST_KNOWN: RulesVersion = if cfg!(feature = "unreleased-rules") {
-        RulesVersion::V3
-    } else {
-        RulesVersion::LATEST
-    };
+    pub const LATEST: RulesVersion = RulesVersion::V3;
+    /// The highest version this build knows (a version in progress is
+    /// defined beside the others but known only once it is released).
+    pub const HIGHEST_KNOWN: RulesVersion = RulesVersion::LATEST;
 
     /// Whether this build knows the version.
     pub fn is_known(self) -> bool {
@@ -1008,6 +1006,23 @@ impl Default for ClaimConfig {
 }
 
 impl ClaimConfig {
+    /// The configs a cluster bootstrapped under `rules` starts with:
+    /// [`ClaimConfig::default`] below version 3 (every claim in memory);
+    /// from version 3, whose finished claims lie on disk, 50 M live claims
+    /// and 16 GiB of claim records — as [`KeyedConfig::for_rules`] for
+    /// keys. Held claims stay bounded by the memory budget.
+    pub fn for_rules(rules: RulesVersion) -> ClaimConfig {
+        if rules.finished_claims_grouped() {
+            ClaimConfig {
+                claims_max: 50_000_000,
+                claim_cached_bytes_max: bounds::CLAIM_CACHED_BYTES_MAX,
+                ..ClaimConfig::default()
+            }
+        } else {
+            ClaimConfig::default()
+        }
+    }
+
     /// The largest record one claim can need: the longest key, the longest
     /// principal name and the largest result.
     pub fn largest_record_bytes(&self) -> u64 {

@@ -1,4 +1,4 @@
-//! Finished claims in creation-time groups (rules version 3, not released:
+//! Finished claims in creation-time groups (rules version 3:
 //! docs/state-beyond-ram.md §4.12). At version 3 a completed or released
 //! claim leaves memory for a group by the cluster time its TTL counts from,
 //! as idempotency keys do, so that an adapter can keep it in its record

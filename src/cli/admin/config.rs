@@ -75,7 +75,8 @@ pub struct ConfigSetArgs {
     #[arg(long)]
     pub lease_ms_max: Option<u64>,
     /// The bytes the applied state may account for (data, sessions and
-    /// claims; idempotency keys too at rules version 1).
+    /// held claims — finished ones too below rules version 3 —;
+    /// idempotency keys too at rules version 1).
     #[arg(long)]
     pub memory_budget_bytes: Option<u64>,
     /// The percent of each capacity limit one authenticated principal may
