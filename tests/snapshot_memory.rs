@@ -6,8 +6,8 @@
 //! snapshot's bytes. Before snapshots streamed to and from files, building
 //! held about three copies of the snapshot, serving one more, and
 //! installing two besides the decoded state. With a record store, an
-//! install holds none of a snapshot's idempotency-key records: they stream
-//! from the file into the store.
+//! install holds none of a snapshot's idempotency-key records or finished
+//! claims (rules version 3): they stream from the file into the store.
 //!
 //! The allocator counts every thread of the process (blocking threads
 //! included), so the tests of this binary run one at a time.
@@ -15,7 +15,11 @@
 use futures::StreamExt;
 use oncekv::raft_types::{Entry, TypeConfig};
 use oncekv::storage::StateMachineStore;
-use oncekv_core::{ClusterId, Command, Op, RegistryConfig, Value};
+use oncekv_core::fingerprint::claim_fingerprint;
+use oncekv_core::{
+    Claim, ClusterId, Command, IdempotencyKey, Nonce, Op, Principal, RegistryConfig, RulesVersion,
+    Value,
+};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -95,6 +99,16 @@ async fn apply_all(state_machine: &mut StateMachineStore, ops: impl Iterator<Ite
         cluster_id: ClusterId(7),
         config: RegistryConfig::default(),
     };
+    apply_after(state_machine, bootstrap, ops).await;
+}
+
+/// Applies `bootstrap` then one entry per op of `ops` (log index 1, 2, …;
+/// each stamped with its index as its cluster time) to `state_machine`.
+async fn apply_after(
+    state_machine: &mut StateMachineStore,
+    bootstrap: Op,
+    ops: impl Iterator<Item = Op> + Send,
+) {
     let entries = std::iter::once(bootstrap)
         .chain(ops)
         .zip(1u64..)
@@ -310,6 +324,31 @@ async fn with_key_records(dir: &std::path::Path) -> StateMachineStore {
     state_machine
 }
 
+/// `follower` after receiving (in 1 MiB chunks) and installing `current`.
+async fn install(
+    mut follower: StateMachineStore,
+    current: oncekv::raft_types::Snapshot,
+) -> StateMachineStore {
+    let meta = current.meta.clone();
+    let inbox = follower.snapshot_inbox();
+    let mut incoming = inbox.receive(&meta).await.expect("receive");
+    let mut chunks = std::pin::pin!(current.snapshot.into_chunks(1 << 20));
+    while let Some(chunk) = chunks.next().await {
+        incoming.write(chunk.expect("read")).await.expect("write");
+    }
+    let received = incoming.finish().await.expect("a whole snapshot");
+    follower
+        .install_snapshot(&meta, received)
+        .await
+        .expect("install");
+    follower
+}
+
+/// A fresh state machine with a record store under `dir`.
+fn with_store(dir: &std::path::Path) -> StateMachineStore {
+    StateMachineStore::open_with_records(&dir.join("snapshots"), &dir.join("state")).expect("open")
+}
+
 /// Receiving and installing a snapshot of idempotency-key records on a
 /// node with a record store streams them from the file into the store:
 /// the node holds none of them after, and while it installs holds far
@@ -319,22 +358,6 @@ async fn installing_key_records_into_the_store_holds_none_of_them() {
     let _serial = SERIAL.lock().await;
     let leader_dir = tempfile::tempdir().unwrap();
     let mut leader = with_key_records(leader_dir.path()).await;
-    let install = |follower: StateMachineStore, current: oncekv::raft_types::Snapshot| async move {
-        let mut follower = follower;
-        let meta = current.meta.clone();
-        let inbox = follower.snapshot_inbox();
-        let mut incoming = inbox.receive(&meta).await.expect("receive");
-        let mut chunks = std::pin::pin!(current.snapshot.into_chunks(1 << 20));
-        while let Some(chunk) = chunks.next().await {
-            incoming.write(chunk.expect("read")).await.expect("write");
-        }
-        let received = incoming.finish().await.expect("a whole snapshot");
-        follower
-            .install_snapshot(&meta, received)
-            .await
-            .expect("install");
-        follower
-    };
 
     let memory_dir = tempfile::tempdir().unwrap();
     let in_memory = StateMachineStore::open(memory_dir.path()).expect("open");
@@ -347,11 +370,7 @@ async fn installing_key_records_into_the_store_holds_none_of_them() {
     drop(in_memory);
 
     let store_dir = tempfile::tempdir().unwrap();
-    let follower = StateMachineStore::open_with_records(
-        &store_dir.path().join("snapshots"),
-        &store_dir.path().join("state"),
-    )
-    .expect("open");
+    let follower = with_store(store_dir.path());
     let current = leader.get_current_snapshot().await.unwrap().unwrap();
     let (follower, peak, kept) = measure(install(follower, current)).await;
     eprintln!(
@@ -365,6 +384,128 @@ async fn installing_key_records_into_the_store_holds_none_of_them() {
         let applied = state.read();
         assert_eq!(applied.registry.key_count() as u64, KEYS);
         assert_eq!(applied.registry.key_records_held(), 0);
+    }
+    assert!(
+        peak * 4 <= held_bytes.max(0) as u64,
+        "installing into the store held {} KiB at most; into memory kept {} KiB",
+        peak >> 10,
+        held_bytes >> 10
+    );
+}
+
+const CLAIMS: u64 = 20_000;
+
+/// A state machine with a record store at rules version 3 holding `CLAIMS`
+/// completed claims (64-byte results), and a snapshot built (the finished
+/// claims flushed into the store).
+async fn with_claim_records(dir: &std::path::Path) -> StateMachineStore {
+    let mut state_machine = with_store(dir);
+    let bootstrap = Op::BootstrapWithRules {
+        cluster_id: ClusterId(7),
+        config: RegistryConfig::default(),
+        rules: RulesVersion::V3,
+    };
+    let key = |i: u64| IdempotencyKey(format!("job-{i:08}").into_bytes());
+    // Claim i is at log index 2 + 2i, its fence.
+    let cycles = (0..CLAIMS).flat_map(move |i| {
+        [
+            Op::Claim(Claim {
+                cluster_id: ClusterId(7),
+                principal: Principal::anonymous(),
+                key: key(i),
+                fingerprint: claim_fingerprint(b"job"),
+                lease_ms: 60_000,
+                claim_id: Nonce(u128::from(i) + 1),
+            }),
+            Op::CompleteClaim {
+                cluster_id: ClusterId(7),
+                principal: Principal::anonymous(),
+                key: key(i),
+                fence: 2 + 2 * i,
+                result: vec![i as u8; 64],
+            },
+        ]
+    });
+    apply_after(&mut state_machine, bootstrap, cycles).await;
+    {
+        let state = state_machine.state();
+        let applied = state.read();
+        assert_eq!(applied.registry.claim_count() as u64, CLAIMS);
+        assert_eq!(applied.registry.claims_held(), 0, "every claim completed");
+    }
+    state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    assert_eq!(
+        state_machine
+            .state()
+            .read()
+            .registry
+            .claim_records_in_memory(),
+        0,
+        "the build moved the finished claims into the store"
+    );
+    state_machine
+}
+
+/// The same for finished claims (rules version 3): installed into a node
+/// with a record store they stream into it, none held after, and the
+/// install holds far less than one into memory keeps.
+#[tokio::test(flavor = "current_thread")]
+async fn installing_finished_claims_into_the_store_holds_none_of_them() {
+    let _serial = SERIAL.lock().await;
+    let leader_dir = tempfile::tempdir().unwrap();
+    let mut leader = with_claim_records(leader_dir.path()).await;
+
+    let memory_dir = tempfile::tempdir().unwrap();
+    let in_memory = StateMachineStore::open(memory_dir.path()).expect("open");
+    let current = leader.get_current_snapshot().await.unwrap().unwrap();
+    let (in_memory, _, held_bytes) = measure(install(in_memory, current)).await;
+    assert_eq!(
+        in_memory.state().read().registry.claim_records_in_memory(),
+        CLAIMS as usize
+    );
+    drop(in_memory);
+
+    let store_dir = tempfile::tempdir().unwrap();
+    let follower = with_store(store_dir.path());
+    let current = leader.get_current_snapshot().await.unwrap().unwrap();
+    let (follower, peak, kept) = measure(install(follower, current)).await;
+    eprintln!(
+        "{CLAIMS} finished claims: installed into memory, kept {} KiB; into the store, held {} KiB at most and kept {} KiB",
+        held_bytes >> 10,
+        peak >> 10,
+        kept >> 10
+    );
+    {
+        let state = follower.state();
+        let applied = state.read();
+        assert_eq!(applied.registry.claim_count() as u64, CLAIMS);
+        assert_eq!(applied.registry.claim_records_in_memory(), 0);
+        assert_eq!(
+            oncekv_core::snapshot::state_hash(&applied.registry),
+            oncekv_core::snapshot::state_hash(&leader.state().read().registry),
+            "the follower's state hash is the leader's"
+        );
+        // And the records themselves are in its store.
+        for i in [0, CLAIMS / 2, CLAIMS - 1] {
+            let key = IdempotencyKey(format!("job-{i:08}").into_bytes());
+            let view = state
+                .claim_view(&applied.registry, &Principal::anonymous(), &key)
+                .expect("read the store")
+                .unwrap_or_else(|| panic!("claim {i} in the follower's store"));
+            assert_eq!(
+                view.record.state,
+                oncekv_core::ClaimState::Completed {
+                    completed_ms: 3 + 2 * i,
+                    result: vec![i as u8; 64],
+                },
+                "claim {i}"
+            );
+        }
     }
     assert!(
         peak * 4 <= held_bytes.max(0) as u64,
