@@ -77,6 +77,7 @@ readonly WORKLOAD=${WORKLOAD:-keys}
 [[ $WORKLOAD == keys || $WORKLOAD == claims ]] || { usage >&2; exit 2; }
 if [[ $WORKLOAD == claims ]]; then
     # The other measurements drive keyed runs: with claims, the load alone.
+    [[ ${MEASURE:-load} == load ]] || { echo "bench-state.sh: WORKLOAD=claims measures the load only (MEASURE=load)" >&2; exit 2; }
     readonly MEASURE=load
 else
     readonly MEASURE=${MEASURE:-all}
@@ -240,8 +241,10 @@ if ((RAISE_LIMITS == 1)); then
     ((budget < 1073741824)) && budget=1073741824
     if [[ $WORKLOAD == claims ]]; then
         # Finished claims lie on disk (rules version 3): their count and
-        # bytes limits, not the budget (held ones: at most CLIENTS).
-        ((cached < 17179869184)) || cached=17179869184
+        # bytes limits, not the budget (held ones: at most CLIENTS); never
+        # below version 3's defaults (50 M claims, 16 GiB).
+        ((keys_max > 50000000)) || keys_max=50000000
+        cached=17179869184
         limits=(--claims-max "$keys_max" --claim-cached-bytes-max "$cached")
     else
         limits=(--idempotency-keys-max "$keys_max" --idempotency-cached-bytes-max "$cached"
@@ -249,7 +252,7 @@ if ((RAISE_LIMITS == 1)); then
     fi
     oncekv admin config set --endpoints "$(endpoints "${NODES[@]}")" "${limits[@]}" \
         >"$WORK/config.log" 2>&1 \
-        || { cat "$WORK/config.log" >&2; die "raising the limits failed (a node must have 2 x budget + 128 MiB of memory)"; }
+        || { cat "$WORK/config.log" >&2; die "raising the limits failed (with a budget: a node must have 2 x budget + 128 MiB of memory)"; }
     echo "limits: ${limits[*]}" >&2
 fi
 

@@ -8,6 +8,9 @@
 //! attempt 2, GetClaim and ListClaims see every claim through the layers
 //! and the store on every node, a forgotten stored claim is new again, and
 //! restarted nodes agree with the others and still answer repeats.
+//! (Needs the `fault-injection` build: the cluster starts at version 2
+//! through `--fault bootstrap-at-rules-2`.)
+#![cfg(feature = "fault-injection")]
 
 mod support;
 

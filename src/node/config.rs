@@ -172,9 +172,10 @@ pub struct NodeOptions {
     /// Log entries kept behind a snapshot for lagging followers [default: 1000].
     #[arg(long)]
     pub logs_kept_after_snapshot: Option<u64>,
-    /// Also build a snapshot once this many idempotency-key records changed
-    /// since the last build: they are held in memory until a build moves
-    /// them into the record store (node-local) [default: 100000].
+    /// Also build a snapshot once this many idempotency-key records and
+    /// finished claims (rules version 3) changed since the last build: they
+    /// are held in memory until a build moves them into the record store
+    /// (node-local) [default: 100000].
     #[arg(long)]
     pub snapshot_every_key_records: Option<u64>,
     /// Initial session TTL, proposed at initialisation [default: 60000].
@@ -687,6 +688,7 @@ impl NodeOptions {
                 other => match other
                     .strip_prefix("bootstrap-at-rules-")
                     .and_then(|rules| rules.parse::<u32>().ok())
+                    .filter(|rules| oncekv_core::RulesVersion(*rules).is_known())
                 {
                     Some(rules) => bootstrap_rules = Some(rules),
                     None => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),
