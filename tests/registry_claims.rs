@@ -11,7 +11,7 @@ use oncekv_core::snapshot;
 use oncekv_core::{
     Claim, ClaimAnswer, ClaimConfig, ClaimConfigPatch, ClaimState, ConfigPatch, IdempotencyKey,
     InvalidArgument, KeyedConfigPatch, Limit, LimitExceeded, Nonce, Op, Outcome, Principal,
-    Rejection,
+    Rejection, RulesVersion,
 };
 use proptest::prelude::*;
 use support::registry::{CLUSTER, Driver};
@@ -588,114 +588,121 @@ proptest! {
     /// gives an equal registry with an equal hash.
     #[test]
     fn claims_keep_their_promises(steps in proptest::collection::vec(step(), 1..80)) {
-        let mut driver = Driver::new();
-        driver.apply(patch_claims(ClaimConfigPatch {
-            claim_ttl_ms: Some(1_000_000),
-            ..ClaimConfigPatch::default()
-        }));
-        // Per key: the latest fence issued, its holder and lease deadline,
-        // and the completed result.
-        let mut latest: [Option<(u64, u8, u64)>; 3] = [None; 3];
-        let mut done: [Option<Vec<u8>>; 3] = [None, None, None];
-        // Per (key, holder): the fence that holder last won.
-        let mut holding = std::collections::BTreeMap::<(u8, u8), u64>::new();
-        for step in steps {
-            match step {
-                Step::Claim { key: k, holder } => {
-                    let name = format!("k{k}");
-                    let now = driver.now_ms;
-                    let op = claim(&name, "run", u128::from(holder) + 1);
-                    // The shortcut a leader may take (rule 3) answers
-                    // exactly what the log would, and only for a
-                    // completed record.
-                    let Op::Claim(request) = &op else { unreachable!() };
-                    let shortcut = driver.registry.completed_claim_answer(request);
-                    let outcome = driver.apply(op);
-                    match &shortcut {
-                        Some(answer) => prop_assert_eq!(&outcome, &Outcome::Claimed(answer.clone())),
-                        None => prop_assert!(
-                            !matches!(outcome, Outcome::Claimed(ClaimAnswer::Completed { .. })),
-                            "the log replayed a completion the shortcut did not see"
-                        ),
-                    }
-                    match outcome {
-                        Outcome::Claimed(ClaimAnswer::Won { fence, lease_deadline_ms, duplicate, .. }) => {
-                            prop_assert!(done[k as usize].is_none(), "won a completed key");
-                            match latest[k as usize] {
-                                Some((last, last_holder, deadline)) if duplicate => {
-                                    prop_assert_eq!((fence, holder), (last, last_holder));
-                                    prop_assert_eq!(lease_deadline_ms, deadline);
+        // At version 1 (every claim in memory, exact expiry) and at the
+        // latest (finished claims in creation-time groups).
+        for rules in [RulesVersion::V1, RulesVersion::LATEST] {
+            let mut driver = match rules {
+                RulesVersion::V1 => Driver::new(),
+                rules => Driver::with_rules(rules),
+            };
+            driver.apply(patch_claims(ClaimConfigPatch {
+                claim_ttl_ms: Some(1_000_000),
+                ..ClaimConfigPatch::default()
+            }));
+            // Per key: the latest fence issued, its holder and lease deadline,
+            // and the completed result.
+            let mut latest: [Option<(u64, u8, u64)>; 3] = [None; 3];
+            let mut done: [Option<Vec<u8>>; 3] = [None, None, None];
+            // Per (key, holder): the fence that holder last won.
+            let mut holding = std::collections::BTreeMap::<(u8, u8), u64>::new();
+            for step in steps.clone() {
+                match step {
+                    Step::Claim { key: k, holder } => {
+                        let name = format!("k{k}");
+                        let now = driver.now_ms;
+                        let op = claim(&name, "run", u128::from(holder) + 1);
+                        // The shortcut a leader may take (rule 3) answers
+                        // exactly what the log would, and only for a
+                        // completed record.
+                        let Op::Claim(request) = &op else { unreachable!() };
+                        let shortcut = driver.registry.completed_claim_answer(request);
+                        let outcome = driver.apply(op);
+                        match &shortcut {
+                            Some(answer) => prop_assert_eq!(&outcome, &Outcome::Claimed(answer.clone())),
+                            None => prop_assert!(
+                                !matches!(outcome, Outcome::Claimed(ClaimAnswer::Completed { .. })),
+                                "the log replayed a completion the shortcut did not see"
+                            ),
+                        }
+                        match outcome {
+                            Outcome::Claimed(ClaimAnswer::Won { fence, lease_deadline_ms, duplicate, .. }) => {
+                                prop_assert!(done[k as usize].is_none(), "won a completed key");
+                                match latest[k as usize] {
+                                    Some((last, last_holder, deadline)) if duplicate => {
+                                        prop_assert_eq!((fence, holder), (last, last_holder));
+                                        prop_assert_eq!(lease_deadline_ms, deadline);
+                                    }
+                                    Some((last, last_holder, deadline)) => {
+                                        prop_assert!(fence > last);
+                                        prop_assert!(
+                                            last_holder == holder || deadline <= now
+                                                || !holding.contains_key(&(k, last_holder)),
+                                            "won while another lease was live"
+                                        );
+                                    }
+                                    None => prop_assert!(!duplicate),
                                 }
-                                Some((last, last_holder, deadline)) => {
-                                    prop_assert!(fence > last);
-                                    prop_assert!(
-                                        last_holder == holder || deadline <= now
-                                            || !holding.contains_key(&(k, last_holder)),
-                                        "won while another lease was live"
-                                    );
-                                }
-                                None => prop_assert!(!duplicate),
+                                latest[k as usize] = Some((fence, holder, lease_deadline_ms));
+                                holding.insert((k, holder), fence);
                             }
-                            latest[k as usize] = Some((fence, holder, lease_deadline_ms));
-                            holding.insert((k, holder), fence);
+                            Outcome::Claimed(ClaimAnswer::Completed { result, .. }) => {
+                                prop_assert_eq!(Some(result), done[k as usize].clone());
+                            }
+                            Outcome::Claimed(ClaimAnswer::InProgress { retry_after_ms, .. }) => {
+                                let (_, last_holder, deadline) = latest[k as usize].expect("held");
+                                prop_assert!(last_holder != holder);
+                                prop_assert_eq!(retry_after_ms, deadline - now);
+                            }
+                            other => prop_assert!(false, "claim answered {:?}", other),
                         }
-                        Outcome::Claimed(ClaimAnswer::Completed { result, .. }) => {
-                            prop_assert_eq!(Some(result), done[k as usize].clone());
-                        }
-                        Outcome::Claimed(ClaimAnswer::InProgress { retry_after_ms, .. }) => {
-                            let (_, last_holder, deadline) = latest[k as usize].expect("held");
-                            prop_assert!(last_holder != holder);
-                            prop_assert_eq!(retry_after_ms, deadline - now);
-                        }
-                        other => prop_assert!(false, "claim answered {:?}", other),
                     }
-                }
-                Step::Complete { key: k, holder } => {
-                    let Some(&fence) = holding.get(&(k, holder)) else { continue };
-                    let result = format!("by {holder} with {fence}").into_bytes();
-                    let outcome = driver.apply(complete(&format!("k{k}"), fence, &result));
-                    let current = latest[k as usize].map(|(fence, _, _)| fence);
-                    match outcome {
-                        Outcome::ClaimCompleted { duplicate: false, .. } => {
-                            prop_assert_eq!(current, Some(fence), "a stale fence completed");
-                            prop_assert!(done[k as usize].is_none());
-                            done[k as usize] = Some(result);
+                    Step::Complete { key: k, holder } => {
+                        let Some(&fence) = holding.get(&(k, holder)) else { continue };
+                        let result = format!("by {holder} with {fence}").into_bytes();
+                        let outcome = driver.apply(complete(&format!("k{k}"), fence, &result));
+                        let current = latest[k as usize].map(|(fence, _, _)| fence);
+                        match outcome {
+                            Outcome::ClaimCompleted { duplicate: false, .. } => {
+                                prop_assert_eq!(current, Some(fence), "a stale fence completed");
+                                prop_assert!(done[k as usize].is_none());
+                                done[k as usize] = Some(result);
+                            }
+                            Outcome::ClaimCompleted { duplicate: true, .. } => {
+                                prop_assert_eq!(current, Some(fence));
+                                prop_assert_eq!(done[k as usize].clone(), Some(result));
+                            }
+                            Outcome::Rejected(Rejection::Fenced { .. }) => {
+                                prop_assert!(current != Some(fence) || done[k as usize].is_none());
+                            }
+                            other => prop_assert!(false, "complete answered {:?}", other),
                         }
-                        Outcome::ClaimCompleted { duplicate: true, .. } => {
-                            prop_assert_eq!(current, Some(fence));
-                            prop_assert_eq!(done[k as usize].clone(), Some(result));
+                    }
+                    Step::Release { key: k, holder } => {
+                        let Some(&fence) = holding.get(&(k, holder)) else { continue };
+                        if let Outcome::ClaimReleased { .. } = driver.apply(release(&format!("k{k}"), fence)) {
+                            prop_assert_eq!(latest[k as usize].map(|(fence, _, _)| fence), Some(fence));
+                            holding.remove(&(k, holder));
                         }
-                        Outcome::Rejected(Rejection::Fenced { .. }) => {
-                            prop_assert!(current != Some(fence) || done[k as usize].is_none());
+                    }
+                    Step::Extend { key: k, holder } => {
+                        let Some(&fence) = holding.get(&(k, holder)) else { continue };
+                        if let Outcome::ClaimExtended { lease_deadline_ms, .. } =
+                            driver.apply(extend(&format!("k{k}"), fence, LEASE_MS))
+                        {
+                            let entry = latest[k as usize].as_mut().expect("held");
+                            prop_assert_eq!(entry.0, fence);
+                            prop_assert!(lease_deadline_ms >= entry.2);
+                            entry.2 = lease_deadline_ms;
                         }
-                        other => prop_assert!(false, "complete answered {:?}", other),
                     }
-                }
-                Step::Release { key: k, holder } => {
-                    let Some(&fence) = holding.get(&(k, holder)) else { continue };
-                    if let Outcome::ClaimReleased { .. } = driver.apply(release(&format!("k{k}"), fence)) {
-                        prop_assert_eq!(latest[k as usize].map(|(fence, _, _)| fence), Some(fence));
-                        holding.remove(&(k, holder));
+                    Step::Advance(ms) => driver.advance(ms),
+                    Step::Snapshot => {
+                        let restored = snapshot::from_bytes(&snapshot::to_bytes(&driver.registry))
+                            .expect("reads back");
+                        prop_assert_eq!(snapshot::state_hash(&restored), snapshot::state_hash(&driver.registry));
+                        prop_assert_eq!(&restored, &driver.registry);
+                        driver.registry = restored;
                     }
-                }
-                Step::Extend { key: k, holder } => {
-                    let Some(&fence) = holding.get(&(k, holder)) else { continue };
-                    if let Outcome::ClaimExtended { lease_deadline_ms, .. } =
-                        driver.apply(extend(&format!("k{k}"), fence, LEASE_MS))
-                    {
-                        let entry = latest[k as usize].as_mut().expect("held");
-                        prop_assert_eq!(entry.0, fence);
-                        prop_assert!(lease_deadline_ms >= entry.2);
-                        entry.2 = lease_deadline_ms;
-                    }
-                }
-                Step::Advance(ms) => driver.advance(ms),
-                Step::Snapshot => {
-                    let restored = snapshot::from_bytes(&snapshot::to_bytes(&driver.registry))
-                        .expect("reads back");
-                    prop_assert_eq!(snapshot::state_hash(&restored), snapshot::state_hash(&driver.registry));
-                    prop_assert_eq!(&restored, &driver.registry);
-                    driver.registry = restored;
                 }
             }
         }
