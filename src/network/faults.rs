@@ -1,6 +1,8 @@
 //! Test-only fault hooks shared by the node: a handle on how many execute
-//! replies this node should still drop, and whether it starts with a
-//! rewound commit record, or bootstraps at an older rules version. It owns those settings and nothing else; the services decide where a fault applies. Faults can be
+//! replies this node should still drop, whether it starts with a rewound
+//! commit record, and the rules version it bootstraps a new cluster at. It
+//! owns those settings and nothing else; the services decide where a fault
+//! applies. Faults can be
 //! set only in a `fault-injection` build (the `--fault` flag of
 //! `oncekv node`, or the Admin `InjectFault` RPC); in any other build the
 //! counter stays zero.
@@ -22,7 +24,7 @@ pub struct FaultControl {
     /// The rules version a cluster this node bootstraps starts at, when not
     /// the latest (`--fault bootstrap-at-rules-N`): a cluster as an older
     /// build made it, to raise in a test.
-    bootstrap_rules: Option<u32>,
+    bootstrap_rules: Option<oncekv_core::RulesVersion>,
 }
 
 impl FaultControl {
@@ -38,7 +40,7 @@ impl FaultControl {
     }
 
     /// The same, bootstrapping a new cluster at rules version `rules`.
-    pub fn bootstrapping_at_rules(self, rules: u32) -> FaultControl {
+    pub fn bootstrapping_at_rules(self, rules: oncekv_core::RulesVersion) -> FaultControl {
         FaultControl {
             bootstrap_rules: Some(rules),
             ..self
@@ -46,7 +48,7 @@ impl FaultControl {
     }
 
     /// The rules version to bootstrap a new cluster at, if not the latest.
-    pub fn bootstrap_rules(&self) -> Option<u32> {
+    pub fn bootstrap_rules(&self) -> Option<oncekv_core::RulesVersion> {
         self.bootstrap_rules
     }
 

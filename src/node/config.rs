@@ -687,8 +687,9 @@ impl NodeOptions {
                 "lose-term-tail" => lose_term_tail = true,
                 other => match other
                     .strip_prefix("bootstrap-at-rules-")
-                    .and_then(|rules| rules.parse::<u32>().ok())
-                    .filter(|rules| oncekv_core::RulesVersion(*rules).is_known())
+                    .and_then(|rules| rules.parse().ok())
+                    .map(oncekv_core::RulesVersion)
+                    .filter(|rules| rules.is_known())
                 {
                     Some(rules) => bootstrap_rules = Some(rules),
                     None => return Err(ConfigError::Invalid(format!("unknown fault {other:?}"))),

@@ -813,7 +813,7 @@ async fn ensure_bootstrapped(
                     rules: config
                         .faults
                         .bootstrap_rules()
-                        .map_or(RulesVersion::LATEST, RulesVersion),
+                        .unwrap_or(RulesVersion::LATEST),
                 },
             );
             match raft.client_write(entry).await {

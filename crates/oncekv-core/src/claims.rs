@@ -403,16 +403,26 @@ impl Registry {
         key: &IdempotencyKey,
         stored: Option<GroupedRecord<ClaimRecord>>,
     ) -> Option<ClaimView> {
-        let id = (principal.clone(), key.clone());
-        if let Some(record) = self.claims.get(&id) {
-            return Some(self.claim_view(&id, record, None));
+        self.claim_reading(&(principal.clone(), key.clone()), |_| stored)
+    }
+
+    /// [`Registry::claim_over`] reading the store only when it must: `stored`
+    /// is called (once) when the record of `id` is neither held nor among
+    /// the registry's own finished changes.
+    fn claim_reading(
+        &self,
+        id: &KeyId,
+        stored: impl FnOnce(&KeyId) -> Option<GroupedRecord<ClaimRecord>>,
+    ) -> Option<ClaimView> {
+        if let Some(record) = self.claims.get(id) {
+            return Some(self.claim_view(id, record, None));
         }
         let mut fetched = Prefetched::none();
-        if self.finished_claims.must_fetch(&id) {
-            fetched.insert_claim(id.clone(), stored);
+        if self.finished_claims.must_fetch(id) {
+            fetched.insert_claim(id.clone(), stored(id));
         }
-        let finished = self.finished_claims.get(&id, &fetched.claims)?;
-        Some(self.claim_view(&id, &finished.record, Some(finished.group_ms)))
+        let finished = self.finished_claims.get(id, &fetched.claims)?;
+        Some(self.claim_view(id, &finished.record, Some(finished.group_ms)))
     }
 
     /// Whether the claim record of `id`, if any, lies only in the adapter's
@@ -680,14 +690,7 @@ impl Registry {
         self.check_claim_key(&claim.key).ok()?;
         self.check_lease(claim.lease_ms).ok()?;
         let id = (claim.principal.clone(), claim.key.clone());
-        let stored = if self.claim_must_be_fetched(&id) {
-            stored(&id)
-        } else {
-            None
-        };
-        let record = self
-            .claim_over(&claim.principal, &claim.key, stored)?
-            .record;
+        let record = self.claim_reading(&id, stored)?.record;
         match record.state {
             ClaimState::Completed {
                 completed_ms,
