@@ -987,6 +987,73 @@ fn rule18_same_entries_same_bytes() {
     assert_eq!(run(), run());
 }
 
+/// Rule 18, once records lie outside: a key whose group expires while its
+/// record still waits in the registry's changes (not yet taken into the
+/// store) is gone like any other — read as absent, listed nowhere,
+/// executed anew when it comes back — and the record of an older key the
+/// store still holds is gone too. The registry keeps no index of those
+/// changes by group: it reads them as dead where they lie.
+#[test]
+fn rule18_a_key_that_expires_before_reaching_the_store_is_gone() {
+    let ttl_ms = 1_024_000;
+    let mut driver = Driver::new();
+    driver.apply(patch_keyed(ttl(ttl_ms)));
+    let mut replica = FlushingReplica::new(driver.registry.clone());
+    let mut index = driver.index;
+    let mut apply = |replica: &mut FlushingReplica, now_ms: u64, op: Op| {
+        index += 1;
+        replica.apply(index, &Entry::single(now_ms, op))
+    };
+    let start_ms = driver.now_ms + 1_500;
+    assert_eq!(
+        apply(&mut replica, start_ms, anonymous("stored", incr("n", 1))),
+        incremented(1, false)
+    );
+    replica.flush(false);
+    assert_eq!(
+        apply(&mut replica, start_ms, anonymous("waiting", incr("n", 1))),
+        incremented(2, false)
+    );
+    assert_eq!(replica.registry.key_records_held(), 1, "only the change");
+    let live = |replica: &FlushingReplica| {
+        replica
+            .registry
+            .keys_after(&Principal::anonymous(), &IdempotencyKey(Vec::new()), 10)
+            .0
+            .len()
+    };
+    assert_eq!(live(&replica), 1);
+    // Both keys' group (1 s wide under this TTL) is older than the TTL.
+    let later_ms = start_ms + ttl_ms + 1_000;
+    assert_eq!(
+        apply(&mut replica, later_ms, anonymous("other", incr("m", 1))),
+        incremented(1, false)
+    );
+    assert_eq!(replica.registry.key_count(), 1);
+    for key in ["stored", "waiting"] {
+        assert_eq!(
+            replica.key(&Principal::anonymous(), &IdempotencyKey(key.into())),
+            None,
+            "{key}"
+        );
+    }
+    assert_eq!(live(&replica), 1, "only the new key is listed");
+    assert_eq!(
+        apply(&mut replica, later_ms, anonymous("waiting", incr("n", 1))),
+        incremented(3, false),
+        "a key back after expiry executes anew"
+    );
+    assert_eq!(
+        apply(&mut replica, later_ms, anonymous("stored", incr("n", 1))),
+        incremented(4, false)
+    );
+    // What the registry hands the store next: the live records, whatever
+    // dead ones it held.
+    replica.flush(true);
+    assert_eq!(replica.store.len(), 3);
+    assert_eq!(replica.registry.key_count(), 3);
+}
+
 /// A store that hands back a record the registry never counted (a state
 /// directory of another node or cluster, or one damaged past fjall's
 /// checksums) must not panic the node: removing it takes the counts down

@@ -144,6 +144,18 @@ impl Grouped for ClaimRecord {
     }
 }
 
+/// Where a claim's live record lies (see [`Registry::claim_lookup`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lies {
+    /// Among the held records in memory (every record before rules
+    /// version 3; a held one from it).
+    InMemory,
+    /// Among the finished records in groups (rules version 3).
+    Finished,
+    /// Nowhere: the key has no live record.
+    Nowhere,
+}
+
 /// The finished claim records of rules version 3 (see [`GroupStore`]).
 pub(crate) type ClaimGroups = GroupStore<ClaimRecord>;
 
@@ -552,33 +564,41 @@ impl Registry {
         key_group_width_ms(self.claim_config.claim_ttl_ms)
     }
 
-    /// The live record of `id`, wherever it lies: held in memory, else
+    /// The live record of `id` and where it lies: held in memory, else
     /// (rules version 3) among the finished ones, read from what the
-    /// adapter fetched if it lies outside.
-    fn claim_lookup<'a>(&'a self, id: &KeyId, fetched: &'a Prefetched) -> Option<&'a ClaimRecord> {
-        self.claims.get(id).or_else(|| {
-            self.finished_claims
-                .get(id, &fetched.claims)
-                .map(|stored| &stored.record)
-        })
+    /// adapter fetched if it lies outside. One lookup in each place at
+    /// most: a lookup of a cold id in a large ordered map is the claim
+    /// path's largest cost (docs/benchmarks.md, "Claims").
+    fn claim_lookup<'a>(
+        &'a self,
+        id: &KeyId,
+        fetched: &'a Prefetched,
+    ) -> (Option<&'a ClaimRecord>, Lies) {
+        if let Some(record) = self.claims.get(id) {
+            return (Some(record), Lies::InMemory);
+        }
+        match self.finished_claims.get(id, &fetched.claims) {
+            Some(stored) => (Some(&stored.record), Lies::Finished),
+            None => (None, Lies::Nowhere),
+        }
     }
 
-    /// Sets the record of `id`, replacing the one it had (`was_held`: in
-    /// memory, else none or a finished one). Before rules version 3 every
-    /// record is in memory; from it a held record is, and a finished one
-    /// goes into the group open now.
-    fn claim_set(&mut self, id: KeyId, record: ClaimRecord, was_held: bool, fetched: &Prefetched) {
+    /// Sets the record of `id`, replacing the one it had, which lay where
+    /// `was` says. Before rules version 3 every record is in memory; from
+    /// it a held record is, and a finished one goes into the group open
+    /// now.
+    fn claim_set(&mut self, id: KeyId, record: ClaimRecord, was: Lies, fetched: &Prefetched) {
         if !self.rules.finished_claims_grouped() {
             self.claims.put(id, record);
             return;
         }
-        if !was_held {
+        if was == Lies::Finished {
             self.finished_claims.remove(&id, &fetched.claims);
         }
         if record.is_held() {
             self.claims.put(id, record);
         } else {
-            if was_held {
+            if was == Lies::InMemory {
                 self.claims.remove(&id);
             }
             let width_ms = self.claim_group_width_ms();
@@ -717,8 +737,8 @@ impl Registry {
         self.check_lease(claim.lease_ms)?;
         let now_ms = self.cluster_time_ms;
         let id: KeyId = (claim.principal.clone(), claim.key.clone());
-        let was_held = self.claims.contains(&id);
-        let attempt = match self.claim_lookup(&id, fetched) {
+        let (found, was) = self.claim_lookup(&id, fetched);
+        let attempt = match found {
             Some(record) if record.fingerprint != claim.fingerprint => {
                 return Err(Rejection::KeyConflict);
             }
@@ -758,7 +778,7 @@ impl Registry {
                 ClaimState::Held { .. } => record.attempt + 1,
                 ClaimState::Released { .. } => {
                     let attempt = record.attempt + 1;
-                    if !was_held {
+                    if was == Lies::Finished {
                         // Rules version 3: a released record comes back
                         // into memory, held.
                         let size = claim_record_size_bytes(&id.0, &id.1, 0);
@@ -803,7 +823,7 @@ impl Registry {
                     lease_deadline_ms,
                 },
             },
-            was_held,
+            was,
             fetched,
         );
         Ok(Outcome::Claimed(ClaimAnswer::Won {
@@ -823,7 +843,7 @@ impl Registry {
         fence: u64,
         fetched: &'a Prefetched,
     ) -> Result<&'a ClaimRecord, Rejection> {
-        match self.claim_lookup(id, fetched) {
+        match self.claim_lookup(id, fetched).0 {
             Some(record) if record.fence == fence => Ok(record),
             Some(record) => Err(Rejection::Fenced {
                 fence: record.fence,
@@ -893,7 +913,7 @@ impl Registry {
                     completed_ms,
                     result: result.to_vec(),
                 };
-                self.claim_set(id, record, true, fetched);
+                self.claim_set(id, record, Lies::InMemory, fetched);
                 Ok(Outcome::ClaimCompleted {
                     fence,
                     completed_ms,
@@ -923,7 +943,7 @@ impl Registry {
                 record.state = ClaimState::Released {
                     released_ms: self.cluster_time_ms,
                 };
-                self.claim_set(id, record, true, fetched);
+                self.claim_set(id, record, Lies::InMemory, fetched);
                 Ok(Outcome::ClaimReleased { duplicate: false })
             }
         }
@@ -958,7 +978,7 @@ impl Registry {
                 holder: *holder,
                 lease_deadline_ms: extended_ms,
             };
-            self.claim_set(id, record, true, fetched);
+            self.claim_set(id, record, Lies::InMemory, fetched);
         }
         Ok(Outcome::ClaimExtended {
             lease_deadline_ms: extended_ms,

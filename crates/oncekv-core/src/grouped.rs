@@ -217,7 +217,13 @@ pub(crate) struct GroupStore<R: Grouped> {
     /// The records held (see the module doc): every live record while
     /// `outside` is false, else the changes since the last take.
     overlay: OrdMap<KeyId, Option<GroupedRecord<R>>>,
-    /// (group, id) of every record in the overlay (not of removals).
+    /// (group, id) of every record in the overlay (not of removals) while
+    /// no record lies outside: what expiry takes out of the overlay. Empty
+    /// once records lie outside: the overlay then holds only the changes
+    /// since the last take, a record of an expired group in it is dead
+    /// where it lies (every read checks the group) and goes with the next
+    /// take, so neither a record's insert nor a group's expiry pays for an
+    /// index (an ordered-set insert of a cold key per record written).
     by_group: OrdSet<(u64, KeyId)>,
     /// Live groups by start.
     groups: OrdMap<u64, GroupSummary>,
@@ -312,7 +318,7 @@ impl<R: Grouped> GroupStore<R> {
                 .unwrap_or_else(|| panic!("{} record {id:?} neither held nor fetched", R::NOUN))
                 .as_ref(),
         };
-        stored.filter(|stored| self.groups.contains_key(&stored.group_ms))
+        stored.and_then(|stored| self.live(stored))
     }
 
     /// The changes held after `after`, in (principal, key) order: a record
@@ -335,7 +341,19 @@ impl<R: Grouped> GroupStore<R> {
     pub fn iter(&self) -> impl Iterator<Item = (&KeyId, &GroupedRecord<R>)> {
         self.overlay
             .iter()
-            .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
+            .filter_map(|(id, stored)| Some((id, self.live(stored.as_ref()?)?)))
+    }
+
+    /// `stored` if its group lives (a record of an expired group may stay
+    /// in the overlay while records lie outside: see `by_group`).
+    fn live<'a>(&self, stored: &'a GroupedRecord<R>) -> Option<&'a GroupedRecord<R>> {
+        self.groups.contains_key(&stored.group_ms).then_some(stored)
+    }
+
+    /// Whether `previous`, what the overlay held under an id, is no live
+    /// record (nothing, a removal, or a record of an expired group).
+    fn is_dead(&self, previous: Option<&Option<GroupedRecord<R>>>) -> bool {
+        previous.is_none_or(|previous| previous.as_ref().is_none_or(|p| self.live(p).is_none()))
     }
 
     /// Held live records strictly after `after`, in (principal, key) order.
@@ -345,7 +363,7 @@ impl<R: Grouped> GroupStore<R> {
     ) -> impl Iterator<Item = (&'a KeyId, &'a GroupedRecord<R>)> + 'a {
         self.overlay
             .range((Bound::Excluded(after.clone()), Bound::Unbounded))
-            .filter_map(|(id, stored)| Some((id, stored.as_ref()?)))
+            .filter_map(|(id, stored)| Some((id, self.live(stored.as_ref()?)?)))
     }
 
     /// The group a record based at `base_ms` belongs in, opening it
@@ -382,10 +400,12 @@ impl<R: Grouped> GroupStore<R> {
 
     fn insert_into(&mut self, id: KeyId, stored: GroupedRecord<R>) {
         self.count_in(&id, stored.group_ms, &stored.record);
-        self.by_group.insert((stored.group_ms, id.clone()));
+        if !self.outside {
+            self.by_group.insert((stored.group_ms, id.clone()));
+        }
         let previous = self.overlay.insert(id, Some(stored));
         debug_assert!(
-            previous.is_none_or(|previous| previous.is_none()),
+            self.is_dead(previous.as_ref()),
             "a record inserted over a live one"
         );
     }
@@ -402,10 +422,10 @@ impl<R: Grouped> GroupStore<R> {
             .expect("a live record's group");
         group.usage.subtract(&counted);
         self.totals.subtract(&counted);
-        self.by_group.remove(&(stored.group_ms, id.clone()));
         if self.outside {
             self.overlay.insert(id.clone(), None);
         } else {
+            self.by_group.remove(&(stored.group_ms, id.clone()));
             self.overlay.remove(id);
         }
         true
@@ -420,7 +440,7 @@ impl<R: Grouped> GroupStore<R> {
         if self.outside {
             let previous = self.overlay.insert(id.clone(), None);
             debug_assert!(
-                previous.is_none_or(|previous| previous.is_none()),
+                self.is_dead(previous.as_ref()),
                 "a live record marked removed"
             );
         }
@@ -428,9 +448,10 @@ impl<R: Grouped> GroupStore<R> {
 
     /// Expires, oldest first, every group whose newest possible record is
     /// older than `ttl_ms` at `now_ms` (created at or before `now_ms -
-    /// ttl_ms - 1`): its summary goes, and so do the records of it held
-    /// here (those outside are expired where they lie). How many records
-    /// went.
+    /// ttl_ms - 1`): its summary goes, and while no record lies outside so
+    /// do the records of it held here; once records lie outside, those of
+    /// it in the overlay are dead where they lie (see `by_group`), as are
+    /// those in the adapter's store. How many records went.
     pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> u64 {
         let mut expired = 0;
         while let Some(&(start, ref group)) = self.groups.get_min() {
@@ -440,6 +461,9 @@ impl<R: Grouped> GroupStore<R> {
             let group = self.groups.remove(&start).expect("the oldest group");
             self.totals.subtract_all(&group.usage);
             expired += group.usage.records;
+            if self.outside {
+                continue;
+            }
             let from = (
                 start,
                 (Principal(String::new()), IdempotencyKey(Vec::new())),
@@ -452,16 +476,7 @@ impl<R: Grouped> GroupStore<R> {
                 .collect();
             for entry in held {
                 self.by_group.remove(&entry);
-                // While records lie outside, kept as a removal: an entry
-                // whose ids were fetched before this expiry (found held,
-                // so not fetched) must still find the id held. Whatever
-                // the store holds under it is of this group or an older
-                // one: deleting it loses nothing live.
-                if self.outside {
-                    self.overlay.insert(entry.1, None);
-                } else {
-                    self.overlay.remove(&entry.1);
-                }
+                self.overlay.remove(&entry.1);
             }
         }
         expired
@@ -626,16 +641,22 @@ impl<R: Grouped> GroupStore<R> {
                 continue;
             };
             let Some(group) = self.groups.get(&stored.group_ms) else {
+                if self.outside {
+                    // Dead where it lies; goes with the next take.
+                    continue;
+                }
                 return Err(format!("a held {} record of an expired group", R::NOUN));
             };
             let base_ms = stored.record.base_ms();
             if base_ms < stored.group_ms || base_ms >= group.end_ms {
                 return Err(format!("a {} record outside its group's interval", R::NOUN));
             }
-            if !self.by_group.contains(&(stored.group_ms, id.clone())) {
-                return Err(format!("a {} record missing from the group index", R::NOUN));
+            if !self.outside {
+                if !self.by_group.contains(&(stored.group_ms, id.clone())) {
+                    return Err(format!("a {} record missing from the group index", R::NOUN));
+                }
+                indexed += 1;
             }
-            indexed += 1;
             held.entry(stored.group_ms)
                 .or_default()
                 .add(&Counted::of(id, &stored.record));
