@@ -838,6 +838,113 @@ async fn proxy_forwards_each_keyed_request_once() {
     assert_eq!(plain.status, 201);
 
     https_upstreams(&endpoints).await;
+    https_listener(&endpoints).await;
+}
+
+/// `--tls-cert`/`--tls-key`: the proxy's own listener speaks HTTPS (a
+/// keyed request forwarded once and replayed over it; plain HTTP gets no
+/// answer), and SIGHUP reads the pair again — a new pair is presented from
+/// the next handshake, one that does not load leaves the old in force.
+async fn https_listener(endpoints: &[String]) {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    // node-1 names 127.0.0.1; node-2 only `elsewhere.test`.
+    support::cluster::make_certs(dir, &["--node", "1"]);
+    support::cluster::make_certs(dir, &["--node", "2", "--host", "elsewhere.test"]);
+    let (cert, key) = (dir.join("listener.pem"), dir.join("listener-key.pem"));
+    let install = |name: &str| {
+        std::fs::copy(dir.join(format!("{name}.pem")), &cert).unwrap();
+        std::fs::copy(dir.join(format!("{name}-key.pem")), &key).unwrap();
+    };
+    install("node-1");
+    let upstream = Upstream::start().await;
+    let proxy = ProxyProcess::start(
+        endpoints,
+        &upstream.url(),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let https = Http::tls(&proxy.addr, &dir.join("ca.pem"));
+    let first = post(&https, "/orders", &[("Idempotency-Key", "s1")], "tls").await;
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let again = post(&https, "/orders", &[("Idempotency-Key", "s1")], "tls").await;
+    assert_eq!((again.status, &again.body), (201, &first.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(upstream.calls_with("s1").len(), 1);
+    assert!(
+        proxy
+            .http()
+            .request("POST", "/orders", &[("Idempotency-Key", "s2")], b"plain")
+            .await
+            .is_err(),
+        "plain HTTP on the HTTPS listener gets no answer"
+    );
+    assert!(upstream.calls_with("s2").is_empty());
+
+    let hang_up = |result: &'static str| {
+        let proxy = &proxy;
+        async move {
+            let before = support::metrics::counter(
+                &proxy.metrics().await,
+                "oncekv_proxy_tls_reloads_total",
+                &[("result", result)],
+            );
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(proxy.pid()),
+                nix::sys::signal::Signal::SIGHUP,
+            )
+            .unwrap();
+            wait_until("the listener certificate's reload", || async {
+                support::metrics::counter(
+                    &proxy.metrics().await,
+                    "oncekv_proxy_tls_reloads_total",
+                    &[("result", result)],
+                ) > before
+            })
+            .await;
+        }
+    };
+    // A certificate for another name: from the next handshake on, a
+    // client that checks the name refuses the proxy.
+    install("node-2");
+    hang_up("ok").await;
+    let refused = https
+        .request("POST", "/orders", &[("Idempotency-Key", "s3")], b"tls")
+        .await;
+    assert!(
+        refused.is_err(),
+        "the reloaded certificate names another host"
+    );
+    // A pair that does not load: the previous one (node-2's) stays.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    hang_up("failed").await;
+    assert!(
+        https
+            .request("POST", "/orders", &[("Idempotency-Key", "s3")], b"tls")
+            .await
+            .is_err(),
+        "still node-2's certificate"
+    );
+    install("node-1");
+    hang_up("ok").await;
+    let served = post(&https, "/orders", &[("Idempotency-Key", "s3")], "tls").await;
+    assert_eq!(
+        served.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&served.body)
+    );
+    assert_eq!(upstream.calls_with("s3").len(), 1);
 }
 
 /// An https upstream: forwarded once and replayed with `--upstream-ca`;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncekv_client::{Client, ClientConfig};
+use oncekv_proxy::listener_tls::ListenerTls;
 use oncekv_proxy::{Config, Metrics, Proxy};
 
 use super::CommonArgs;
@@ -117,6 +118,14 @@ pub struct ProxyArgs {
     /// was given and is not the key's (docs/proxy.md).
     #[arg(long)]
     pub reply_before_record: bool,
+    /// Serve HTTPS on --listen with this certificate chain (PEM, the
+    /// proxy's own certificate first; with --tls-key). Read again on
+    /// SIGHUP: a pair that does not load leaves the one in force.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
@@ -236,6 +245,10 @@ impl ProxyArgs {
     /// Binds the listeners, says where on stdout (`listening on ADDR`,
     /// then `metrics on ADDR`), and serves until asked to stop.
     async fn serve(&self, proxy: Arc<Proxy>, metrics: Arc<Metrics>) -> Result<(), String> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(ListenerTls::load(cert, key)?)),
+            _ => None,
+        };
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", self.listen))?;
@@ -257,7 +270,8 @@ impl ProxyArgs {
             println!("metrics on {addr}");
         }
         eprintln!(
-            "oncekv proxy: http://{local} -> {} (keyed methods: {})",
+            "oncekv proxy: {}://{local} -> {} (keyed methods: {})",
+            if tls.is_some() { "https" } else { "http" },
             proxy.upstream().describe(),
             self.methods.join(",")
         );
@@ -277,10 +291,12 @@ impl ProxyArgs {
         let reloader = tokio::spawn(reload_on_hangup(
             hangups,
             proxy.config().callers.clone(),
+            tls.clone(),
             metrics,
         ));
         let proxy_server = tokio::spawn(oncekv_proxy::server::serve(
             listener,
+            tls,
             proxy,
             until_stopped(stopped),
         ));
@@ -295,19 +311,35 @@ impl ProxyArgs {
     }
 }
 
-/// On every SIGHUP, reads the callers file again (if the proxy has one):
-/// a file that reads and parses is in force for every request from then
-/// on, one that does not leaves the old list in force. Either way stderr
-/// says which. (Without a handler, SIGHUP — a closed terminal — would end
-/// the proxy.)
+/// On every SIGHUP, reads the listener's certificate and key again (with
+/// --tls-cert) and the callers file (if the proxy has one): files that
+/// read and parse are in force from then on (the certificate from the
+/// next handshake, the callers for every request), ones that do not leave
+/// the old in force. Either way stderr says which. (Without a handler,
+/// SIGHUP — a closed terminal — would end the proxy.)
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
     callers: Option<Arc<oncekv_proxy::callers::SharedCallers>>,
+    tls: Option<Arc<ListenerTls>>,
     metrics: Arc<Metrics>,
 ) {
     while hangups.recv().await.is_some() {
+        if let Some(tls) = &tls {
+            let reloaded = tls.reload();
+            metrics.tls_reload(reloaded.is_ok());
+            match reloaded {
+                Ok(()) => eprintln!(
+                    "oncekv proxy: SIGHUP: reloaded the listener's certificate and key: presented from the next handshake on"
+                ),
+                Err(error) => eprintln!(
+                    "oncekv proxy: SIGHUP: listener certificate not reloaded, the previous one stays in force: {error}"
+                ),
+            }
+        }
         let Some(callers) = &callers else {
-            eprintln!("oncekv proxy: SIGHUP: no callers file to reload");
+            if tls.is_none() {
+                eprintln!("oncekv proxy: SIGHUP: no callers file or certificate to reload");
+            }
             continue;
         };
         let reloaded = callers.reload();

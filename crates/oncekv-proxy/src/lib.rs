@@ -27,6 +27,7 @@
 //! - [`body`]: bounded body reads and the body type;
 //! - [`problem`]: the proxy's own `application/problem+json` answers;
 //! - [`metrics`]: the `oncekv_proxy_*` metrics;
+//! - [`listener_tls`]: HTTPS on the proxy's own listener;
 //! - [`server`]: the listeners, connections and shutdown.
 //!
 //! `oncekv proxy` (`src/cli/proxy.rs` in the root package) only parses
@@ -37,6 +38,7 @@ pub mod callers;
 pub mod fingerprint;
 pub mod flow;
 pub mod key;
+pub mod listener_tls;
 pub mod metrics;
 pub mod problem;
 pub mod record;

@@ -101,6 +101,7 @@ pub struct Metrics {
     upstream_responses: Family<ClassLabels, Counter>,
     added_latency: Family<PathLabels, Histogram, fn() -> Histogram>,
     callers_reloads: Family<ResultLabels, Counter>,
+    tls_reloads: Family<ResultLabels, Counter>,
 }
 
 /// Added latency buckets: 50 µs doubling to about 6.5 s.
@@ -125,6 +126,7 @@ impl Metrics {
             upstream_responses: Family::default(),
             added_latency: Family::new_with_constructor(latency_histogram),
             callers_reloads: Family::default(),
+            tls_reloads: Family::default(),
         };
         metrics.registry.register(
             "requests",
@@ -157,7 +159,20 @@ impl Metrics {
             "Reloads of --callers-file on SIGHUP, by result: ok (the new list in force), failed (the file did not read or parse; the previous list stays in force)",
             metrics.callers_reloads.clone(),
         );
+        metrics.registry.register(
+            "tls_reloads",
+            "Reloads of the listener's --tls-cert and --tls-key on SIGHUP, by result: ok (the new pair presented from the next handshake on), failed (they did not read or load; the previous pair stays in force)",
+            metrics.tls_reloads.clone(),
+        );
         metrics
+    }
+
+    /// Counts a reload of the listener's certificate and key.
+    pub fn tls_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.tls_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// Counts a reload of the callers file.

@@ -1,10 +1,12 @@
-//! Serving: the proxy's listener (HTTP/1.1 connections, each request
-//! handed to [`Proxy::handle`]), the metrics listener (`GET /metrics`),
-//! and shutdown — stop accepting, let requests in flight finish within a
-//! grace period. It owns connections and nothing of a request's meaning.
+//! Serving: the proxy's listener (HTTP/1.1 connections, over TLS with
+//! `--tls-cert`, each request handed to [`Proxy::handle`]), the metrics
+//! listener (`GET /metrics`), and shutdown — stop accepting, let requests
+//! in flight finish within a grace period. It owns connections and
+//! nothing of a request's meaning.
 
 use crate::Proxy;
 use crate::body::{ProxyBody, full};
+use crate::listener_tls::ListenerTls;
 use crate::metrics::{CONTENT_TYPE, Metrics};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
@@ -14,18 +16,25 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
 /// How long a connection may take to send a request's headers (an idle
-/// keep-alive connection: its next request's).
+/// keep-alive connection: its next request's); a TLS connection has as
+/// long again for its handshake.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long requests in flight may finish after the proxy is told to stop
 /// (a keyed request is then recorded or released, not cut).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Serves `proxy` on `listener` until `shutdown` completes; then requests
-/// in flight get [`SHUTDOWN_GRACE`] to finish.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>) {
+/// Serves `proxy` on `listener` (HTTPS with `tls`) until `shutdown`
+/// completes; then requests in flight get [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<ListenerTls>>,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+) {
     let keyed = Arc::clone(&proxy);
     let service = move |request: Request<Incoming>| {
         let proxy = Arc::clone(&proxy);
@@ -33,7 +42,7 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Futu
     };
     // Keyed requests record or release in tasks of their own, which may
     // outlive their connection (`--reply-before-record`): waited for too.
-    serve_with(listener, service, shutdown, async move {
+    serve_with(listener, tls, service, shutdown, async move {
         keyed.keyed_tasks_done().await;
     })
     .await;
@@ -50,7 +59,7 @@ pub async fn serve_metrics(
         let metrics = Arc::clone(&metrics);
         async move { Ok::<_, Infallible>(metrics_answer(&metrics, &request)) }
     };
-    serve_with(listener, service, shutdown, async {}).await;
+    serve_with(listener, None, service, shutdown, async {}).await;
 }
 
 fn metrics_answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<ProxyBody> {
@@ -71,6 +80,7 @@ fn metrics_answer(metrics: &Metrics, request: &Request<Incoming>) -> Response<Pr
 /// connections to end and then for `drained`.
 async fn serve_with<S, F>(
     listener: TcpListener,
+    tls: Option<Arc<ListenerTls>>,
     service: S,
     shutdown: impl Future<Output = ()>,
     drained: impl Future<Output = ()>,
@@ -95,28 +105,18 @@ async fn serve_with<S, F>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let service = service_fn(service.clone());
-                let mut stopped = stopped.clone();
+                let service = service.clone();
+                let stopped = stopped.clone();
+                let tls = tls.as_ref().map(|tls| tls.config());
                 connections.spawn(async move {
-                    let mut builder = hyper::server::conn::http1::Builder::new();
-                    builder
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_TIMEOUT);
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    let mut connection = std::pin::pin!(connection);
-                    tokio::select! {
-                        result = connection.as_mut() => {
-                            if let Err(error) = result {
-                                tracing::debug!(%error, "connection ended");
-                            }
-                        }
-                        () = async {
-                            // The guard `wait_for` returns is not `Send`: drop it here.
-                            let _ = stopped.wait_for(|stop| *stop).await.map(drop);
-                        } => {
-                            connection.as_mut().graceful_shutdown();
-                            let _ = connection.await;
-                        }
+                    let Some(config) = tls else {
+                        return serve_connection(stream, service, stopped).await;
+                    };
+                    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                    match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, service, stopped).await,
+                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
                 });
             }
@@ -129,4 +129,37 @@ async fn serve_with<S, F>(
         drained.await;
     })
     .await;
+}
+
+/// Serves one connection's requests until it ends, or — once `stopped`
+/// says so — until its request in flight is answered.
+async fn serve_connection<IO, S, F>(
+    io: IO,
+    service: S,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Fn(Request<Incoming>) -> F + Send + 'static,
+    F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let connection = builder.serve_connection(TokioIo::new(io), service_fn(service));
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, "connection ended");
+            }
+        }
+        () = async {
+            // The guard `wait_for` returns is not `Send`: drop it here.
+            let _ = stopped.wait_for(|stop| *stop).await.map(drop);
+        } => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
 }
