@@ -19,9 +19,11 @@
 //! - **the overlay**: the records it holds. Until an adapter first takes the
 //!   changes ([`GroupStore::take_changes`]) that is every live record; after,
 //!   the records changed since the last take (a removal kept as `None`, for
-//!   the adapter's store to delete), and a record it does not hold must be
-//!   handed to it, read from the adapter's store, as [`Fetched`]. A record
-//!   found there whose group has expired is absent, wherever it still lies.
+//!   the adapter's store to delete; a record whose group expired since is
+//!   left in place, dead), and a record it does not hold must be handed to
+//!   it, read from the adapter's store, as [`Fetched`]. A record whose
+//!   group has expired is absent, wherever it still lies: every read
+//!   checks the group.
 //!
 //! It does no IO: the adapter fetches what the registry names and stores
 //! what it changed. Records are ordered by (principal, key), groups by start
@@ -351,9 +353,14 @@ impl<R: Grouped> GroupStore<R> {
     }
 
     /// Whether `previous`, what the overlay held under an id, is no live
-    /// record (nothing, a removal, or a record of an expired group).
+    /// record: nothing, a removal, or — only while records lie outside —
+    /// a record of an expired group.
     fn is_dead(&self, previous: Option<&Option<GroupedRecord<R>>>) -> bool {
-        previous.is_none_or(|previous| previous.as_ref().is_none_or(|p| self.live(p).is_none()))
+        previous.is_none_or(|previous| {
+            previous
+                .as_ref()
+                .is_none_or(|p| self.outside && self.live(p).is_none())
+        })
     }
 
     /// Held live records strictly after `after`, in (principal, key) order.
@@ -609,9 +616,11 @@ impl<R: Grouped> GroupStore<R> {
     }
 
     /// Groups are disjoint, ordered and live; their summaries add up to the
-    /// totals; the overlay's records lie in their groups and the group
-    /// index names exactly them; while no record lies outside, every
-    /// group's summary is the sum of its held records.
+    /// totals; the overlay's records of live groups lie in their groups'
+    /// intervals; while no record lies outside, the overlay holds no
+    /// record of an expired group, the group index names exactly its
+    /// records, and every group's summary is the sum of its held records
+    /// (once records lie outside the index is empty).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut previous_end = 0;
         let mut totals = Usage::default();
