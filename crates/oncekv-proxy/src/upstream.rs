@@ -197,12 +197,18 @@ impl Upstream {
             .build()
     }
 
-    /// Sends `request` (its URI already [`Upstream::uri_for`]'s).
+    /// Sends `request` (its URI already [`Upstream::uri_for`]'s). The
+    /// response comes back as HTTP/1.1 whatever version the upstream
+    /// spoke: a message's version belongs to its connection (RFC 9110
+    /// §6.2), and the caller's connection is the proxy's, HTTP/1.1 — a
+    /// forwarded answer says so as its replays do.
     pub async fn send(
         &self,
         request: http::Request<ProxyBody>,
     ) -> Result<http::Response<Incoming>, hyper_util::client::legacy::Error> {
-        self.client.request(request).await
+        let mut response = self.client.request(request).await?;
+        *response.version_mut() = http::Version::HTTP_11;
+        Ok(response)
     }
 
     /// `http://HOST:PORT/PREFIX`, for messages.
@@ -277,6 +283,32 @@ mod tests {
         );
         let refused = Upstream::new("https://a:1", &with_ca).unwrap_err();
         assert!(refused.to_string().contains("--upstream-ca"), "{refused}");
+    }
+
+    /// An HTTP/1.0 upstream's answer comes back as HTTP/1.1, the version
+    /// of the caller's connection.
+    #[tokio::test]
+    async fn an_answer_takes_the_callers_http_version() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut request = vec![0; 4096];
+            let _ = stream.read(&mut request).await.unwrap();
+            stream
+                .write_all(b"HTTP/1.0 201 Created\r\nContent-Length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+        });
+        let upstream = Upstream::new(&format!("http://{addr}"), &UpstreamTls::default()).unwrap();
+        let mut request = http::Request::new(crate::body::full("x"));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = upstream.uri_for(&"/orders".parse().unwrap()).unwrap();
+        let response = upstream.send(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::CREATED);
+        assert_eq!(response.version(), http::Version::HTTP_11);
+        server.await.unwrap();
     }
 
     /// Hop-by-hop headers, and those `Connection` names, are dropped.
