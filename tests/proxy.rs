@@ -839,6 +839,7 @@ async fn proxy_forwards_each_keyed_request_once() {
 
     https_upstreams(&endpoints).await;
     https_listener(&endpoints).await;
+    callers_certificates(&endpoints).await;
 }
 
 /// `--tls-cert`/`--tls-key`: the proxy's own listener speaks HTTPS (a
@@ -945,6 +946,110 @@ async fn https_listener(endpoints: &[String]) {
         String::from_utf8_lossy(&served.body)
     );
     assert_eq!(upstream.calls_with("s3").len(), 1);
+}
+
+/// `--callers-ca`: a verified client certificate names its caller. Alone,
+/// a certificate is required at the handshake (none, or one of another
+/// CA: no answer), and two callers' equal keys are two requests while one
+/// caller's retry is a replay. With `--callers-file` too, a caller gives a
+/// token or a certificate: neither is 407, a token and a certificate of
+/// one name share its keys, and a token given is checked even beside a
+/// good certificate.
+async fn callers_certificates(endpoints: &[String]) {
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    let args = ["--node", "1", "--client", "billing", "--client", "shipping"];
+    support::cluster::make_certs(dir, &args);
+    let foreign = tempfile::tempdir().unwrap();
+    support::cluster::make_certs(foreign.path(), &["--client", "billing"]);
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let as_caller = |addr: &str, name: &str| {
+        Http::tls_as(
+            addr,
+            &dir.join("ca.pem"),
+            &dir.join(format!("{name}.pem")),
+            &dir.join(format!("{name}-key.pem")),
+        )
+    };
+    let upstream = Upstream::start().await;
+    let listener = [
+        "--tls-cert".to_owned(),
+        path("node-1.pem"),
+        "--tls-key".to_owned(),
+        path("node-1-key.pem"),
+        "--callers-ca".to_owned(),
+        path("ca.pem"),
+    ];
+    let listener: Vec<&str> = listener.iter().map(String::as_str).collect();
+    let required = ProxyProcess::start(endpoints, &upstream.url(), &listener).await;
+    let anonymous = Http::tls(&required.addr, &dir.join("ca.pem"));
+    let no_certificate = anonymous
+        .request("POST", "/orders", &[("Idempotency-Key", "c1")], b"x")
+        .await;
+    assert!(no_certificate.is_err(), "answered without a certificate");
+    let other_ca = Http::tls_as(
+        &required.addr,
+        &dir.join("ca.pem"),
+        &foreign.path().join("billing.pem"),
+        &foreign.path().join("billing-key.pem"),
+    );
+    let wrong_ca = other_ca
+        .request("POST", "/orders", &[("Idempotency-Key", "c1")], b"x")
+        .await;
+    assert!(wrong_ca.is_err(), "answered with another CA's certificate");
+    assert!(upstream.calls_with("c1").is_empty(), "nothing forwarded");
+    let mut bodies = Vec::new();
+    for name in ["billing", "shipping", "billing"] {
+        let http = as_caller(&required.addr, name);
+        let answer = post(&http, "/orders", &[("Idempotency-Key", "c1")], "x").await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        bodies.push(answer.body);
+    }
+    assert_eq!(upstream.calls_with("c1").len(), 2, "one call per caller");
+    assert_ne!(bodies[0], bodies[1]);
+    assert_eq!(bodies[0], bodies[2], "the caller's retry is a replay");
+
+    // With a callers file: a token or a certificate.
+    let callers = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(callers.path(), "billing-token-0123456789 billing\n").unwrap();
+    let mut either = listener.clone();
+    either.extend(["--callers-file", callers.path().to_str().unwrap()]);
+    let either = ProxyProcess::start(endpoints, &upstream.url(), &either).await;
+    let anonymous = Http::tls(&either.addr, &dir.join("ca.pem"));
+    let refused = post(&anonymous, "/orders", &[("Idempotency-Key", "c2")], "x").await;
+    assert_problem(&refused, 407, "PROXY_UNAUTHENTICATED");
+    let why = refused.json()["detail"].to_string();
+    assert!(why.contains("client certificate"), "{why}");
+    let token = ("Proxy-Authorization", "Bearer billing-token-0123456789");
+    let by_token = post(
+        &anonymous,
+        "/orders",
+        &[("Idempotency-Key", "c2"), token],
+        "x",
+    )
+    .await;
+    assert_eq!(by_token.status, 201, "{by_token:?}");
+    let billing = as_caller(&either.addr, "billing");
+    let by_certificate = post(&billing, "/orders", &[("Idempotency-Key", "c2")], "x").await;
+    assert_eq!(
+        (by_certificate.status, &by_certificate.body),
+        (201, &by_token.body)
+    );
+    assert_eq!(by_certificate.header("idempotent-replayed"), Some("true"));
+    let shipping = as_caller(&either.addr, "shipping");
+    let bad_token = ("Proxy-Authorization", "Bearer not-a-listed-token-000");
+    let refused = post(
+        &shipping,
+        "/orders",
+        &[("Idempotency-Key", "c2"), bad_token],
+        "x",
+    )
+    .await;
+    assert_problem(&refused, 407, "PROXY_UNAUTHENTICATED");
+    let own = post(&shipping, "/orders", &[("Idempotency-Key", "c2")], "x").await;
+    assert_eq!(own.status, 201, "{own:?}");
+    assert_ne!(own.body, by_token.body, "shipping's c2 is its own");
+    assert_eq!(upstream.calls_with("c2").len(), 2);
 }
 
 /// An https upstream: forwarded once and replayed with `--upstream-ca`;

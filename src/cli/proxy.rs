@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncekv_client::{Client, ClientConfig};
-use oncekv_proxy::listener_tls::ListenerTls;
+use oncekv_proxy::listener_tls::{CallersCa, ListenerTls};
 use oncekv_proxy::{Config, Metrics, Proxy};
 
 use super::CommonArgs;
@@ -126,6 +126,15 @@ pub struct ProxyArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Ask callers for client certificates signed by a CA in this PEM
+    /// file (HTTPS only, with --tls-cert): the certificate's common name
+    /// (else its first DNS name) names the caller, whose idempotency keys
+    /// are its own, as --callers-file's names are. Without --callers-file
+    /// the certificate is required at the handshake; with it, a caller
+    /// gives a token or a certificate (407 with neither). Read again on
+    /// SIGHUP with the certificate and key.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub callers_ca: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<SocketAddr>,
@@ -235,6 +244,7 @@ impl ProxyArgs {
             .map(oncekv_proxy::callers::SharedCallers::load)
             .transpose()?
             .map(Arc::new);
+        config.callers_certificates = self.callers_ca.is_some();
         config.body_bytes_max = self.body_bytes_max;
         config.header_bytes_max = self.header_bytes_max;
         config.response_bytes_max = self.response_bytes_max;
@@ -246,7 +256,13 @@ impl ProxyArgs {
     /// then `metrics on ADDR`), and serves until asked to stop.
     async fn serve(&self, proxy: Arc<Proxy>, metrics: Arc<Metrics>) -> Result<(), String> {
         let tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(Arc::new(ListenerTls::load(cert, key)?)),
+            (Some(cert), Some(key)) => {
+                let callers_ca = self.callers_ca.as_ref().map(|path| CallersCa {
+                    path: path.clone(),
+                    required: self.callers_file.is_none(),
+                });
+                Some(Arc::new(ListenerTls::load(cert, key, callers_ca)?))
+            }
             _ => None,
         };
         let listener = tokio::net::TcpListener::bind(self.listen)
@@ -312,7 +328,7 @@ impl ProxyArgs {
 }
 
 /// On every SIGHUP, reads the listener's certificate and key again (with
-/// --tls-cert) and the callers file (if the proxy has one): files that
+/// --tls-cert; and --callers-ca) and the callers file (if the proxy has one): files that
 /// read and parse are in force from then on (the certificate from the
 /// next handshake, the callers for every request), ones that do not leave
 /// the old in force. Either way stderr says which. (Without a handler,
@@ -328,6 +344,9 @@ async fn reload_on_hangup(
             let reloaded = tls.reload();
             metrics.tls_reload(reloaded.is_ok());
             match reloaded {
+                Ok(()) if tls.asks_for_certificates() => eprintln!(
+                    "oncekv proxy: SIGHUP: reloaded the listener's certificate and key and the callers' CA: in force from the next handshake on"
+                ),
                 Ok(()) => eprintln!(
                     "oncekv proxy: SIGHUP: reloaded the listener's certificate and key: presented from the next handshake on"
                 ),

@@ -79,6 +79,16 @@ impl Http {
 
     /// HTTPS to `addr`, trusting the CA in the PEM file `ca`.
     pub fn tls(addr: &str, ca: &Path) -> Http {
+        Http::tls_with(addr, ca, None)
+    }
+
+    /// HTTPS to `addr`, trusting `ca`, presenting the client certificate
+    /// in the PEM file `cert` with its key `key`.
+    pub fn tls_as(addr: &str, ca: &Path, cert: &Path, key: &Path) -> Http {
+        Http::tls_with(addr, ca, Some((cert, key)))
+    }
+
+    fn tls_with(addr: &str, ca: &Path, identity: Option<(&Path, &Path)>) -> Http {
         use rustls::pki_types::CertificateDer;
         use rustls::pki_types::pem::PemObject;
         let mut roots = rustls::RootCertStore::empty();
@@ -90,8 +100,21 @@ impl Http {
         ))
         .with_safe_default_protocol_versions()
         .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+        let config = match identity {
+            None => config.with_no_client_auth(),
+            Some((cert, key)) => {
+                use rustls::pki_types::PrivateKeyDer;
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .expect("read the client certificate")
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("parse the client certificate");
+                let key = PrivateKeyDer::from_pem_file(key).expect("read the client key");
+                config
+                    .with_client_auth_cert(chain, key)
+                    .expect("a client identity")
+            }
+        };
         Http {
             addr: addr.to_string(),
             tls: Some(tokio_rustls::TlsConnector::from(Arc::new(config))),

@@ -15,7 +15,14 @@
 //!   (answered from the record: one claim call, the upstream untouched);
 //! - `once_cycle`: no HTTP at all — the client library's `Client::once`
 //!   with an empty effect (claim and complete), what the cluster costs a
-//!   keyed request.
+//!   keyed request;
+//! - `claim_only`: no HTTP either — one `Client::claim` of a new key (one
+//!   log write, left to its lease): what the claim alone costs, the part
+//!   of a new key's time the proxy cannot remove;
+//! - `claim_early`: the same claim with its complete sent in the
+//!   background as the next claim goes out — what a new key's claim costs
+//!   behind `--reply-before-record`, whose previous complete is still
+//!   being written.
 //!
 //! Each prints operations per second, p50 and p99, and the p50/p99 added
 //! over `direct`. Run it against `scripts/cluster.sh start` with a
@@ -26,6 +33,9 @@
 //! target/release/examples/proxy_bench --oncekv target/release/oncekv \
 //!     --endpoints 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 --clients 1,64 --seconds 8
 //! ```
+//!
+//! `--modes direct,keyed_new_early,claim_only` runs only those modes, in
+//! that order (the added columns are over `direct`, so name it first).
 //!
 //! It only talks to loopback addresses, kills the proxy it started when it
 //! ends, and every request has a timeout.
@@ -53,6 +63,8 @@ struct Args {
     endpoints: String,
     clients: Vec<usize>,
     seconds: u64,
+    /// The modes to run, in this order (`--modes`; all by default).
+    modes: Vec<Mode>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -61,6 +73,7 @@ fn parse_args() -> Result<Args, String> {
         endpoints: "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103".into(),
         clients: vec![1, 64],
         seconds: 8,
+        modes: Mode::ALL.to_vec(),
     };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
@@ -75,6 +88,17 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "--seconds" => args.seconds = value()?.parse().map_err(|_| "--seconds N")?,
+            "--modes" => {
+                args.modes = value()?
+                    .split(',')
+                    .map(|name| {
+                        Mode::ALL
+                            .into_iter()
+                            .find(|mode| mode.name() == name.trim())
+                            .ok_or(format!("--modes: no mode {name:?}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -191,9 +215,22 @@ enum Mode {
     KeyedNewEarly,
     KeyedReplay,
     OnceCycle,
+    ClaimOnly,
+    ClaimEarly,
 }
 
 impl Mode {
+    const ALL: [Mode; 8] = [
+        Mode::Direct,
+        Mode::PassedThrough,
+        Mode::KeyedNew,
+        Mode::KeyedNewEarly,
+        Mode::KeyedReplay,
+        Mode::OnceCycle,
+        Mode::ClaimOnly,
+        Mode::ClaimEarly,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Mode::Direct => "direct",
@@ -202,6 +239,8 @@ impl Mode {
             Mode::KeyedNewEarly => "keyed_new_early",
             Mode::KeyedReplay => "keyed_replay",
             Mode::OnceCycle => "once_cycle",
+            Mode::ClaimOnly => "claim_only",
+            Mode::ClaimEarly => "claim_early",
         }
     }
 }
@@ -281,6 +320,32 @@ async fn measure(
                             .once(key.as_bytes(), b"bench", &options, |_| async {
                                 Ok::<_, Failure>(b"{\"order\":\"created\"}".to_vec())
                             })
+                            .await
+                            .map(drop)
+                            .map_err(|error| Failure::from(error.to_string()))
+                    }
+                    Mode::ClaimEarly => {
+                        let key = format!("bench-{run}-early-{client}-{n}");
+                        match library
+                            .claim(key.as_bytes(), b"bench", Duration::from_secs(30))
+                            .await
+                        {
+                            Ok(oncekv_client::ClaimAnswer::Won { fence, .. }) => {
+                                let library = library.clone();
+                                tokio::spawn(async move {
+                                    let _ =
+                                        library.complete_claim(key.as_bytes(), fence, b"x").await;
+                                });
+                                Ok(())
+                            }
+                            Ok(_) => Err(Failure::from("not won")),
+                            Err(error) => Err(Failure::from(error.to_string())),
+                        }
+                    }
+                    Mode::ClaimOnly => {
+                        let key = format!("bench-{run}-claim-{client}-{n}");
+                        library
+                            .claim(key.as_bytes(), b"bench", Duration::from_secs(30))
                             .await
                             .map(drop)
                             .map_err(|error| Failure::from(error.to_string()))
@@ -377,14 +442,7 @@ async fn main() -> Result<(), Failure> {
     );
     for &clients in &args.clients {
         let mut direct = (Duration::ZERO, Duration::ZERO);
-        for mode in [
-            Mode::Direct,
-            Mode::PassedThrough,
-            Mode::KeyedNew,
-            Mode::KeyedNewEarly,
-            Mode::KeyedReplay,
-            Mode::OnceCycle,
-        ] {
+        for &mode in &args.modes {
             let pid = if mode == Mode::KeyedNewEarly {
                 early_pid
             } else {

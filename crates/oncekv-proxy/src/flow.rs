@@ -20,6 +20,7 @@ use crate::Config;
 use crate::body::{self, Prefix, Prefixed, ProxyBody, ReadError, full, streamed};
 use crate::fingerprint::fingerprint;
 use crate::key;
+use crate::listener_tls::CertifiedCaller;
 use crate::metrics::{Metrics, Outcome, UpstreamResult};
 use crate::problem::Problem;
 use crate::record::Record;
@@ -215,23 +216,21 @@ impl Proxy {
         parts.headers.remove(IDEMPOTENCY_FENCE);
         parts.headers.remove(IDEMPOTENCY_ATTEMPT);
         // Who calls, before anything is read, claimed or forwarded.
-        let caller = match &self.config.callers {
-            None => None,
-            Some(callers) => match callers.current().caller(&parts.headers) {
-                Ok(name) => Some(name.to_owned()),
-                Err(why) => {
-                    self.metrics.request(Outcome::Refused);
-                    return Problem::new(
-                        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-                        "PROXY_UNAUTHENTICATED",
-                        format!("{why}; nothing was forwarded"),
-                    )
-                    .response_with_header(
-                        header::PROXY_AUTHENTICATE,
-                        HeaderValue::from_static("Bearer realm=\"oncekv proxy\""),
-                    );
-                }
-            },
+        let certified = parts.extensions.remove::<CertifiedCaller>();
+        let caller = match self.caller(&parts.headers, certified) {
+            Ok(caller) => caller,
+            Err(why) => {
+                self.metrics.request(Outcome::Refused);
+                return Problem::new(
+                    StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                    "PROXY_UNAUTHENTICATED",
+                    format!("{why}; nothing was forwarded"),
+                )
+                .response_with_header(
+                    header::PROXY_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"oncekv proxy\""),
+                );
+            }
         };
         let answered = if !self.config.methods.contains(&parts.method) {
             self.pass_through(parts, body).await
@@ -264,6 +263,32 @@ impl Proxy {
             );
         }
         answered.response
+    }
+
+    /// Who calls: the name of a `--callers-file` token in the request's
+    /// `Proxy-Authorization`, else the name its connection's certificate
+    /// gives (`--callers-ca`); `None` when the proxy knows no callers; why
+    /// the request is refused (407).
+    fn caller(
+        &self,
+        headers: &HeaderMap,
+        certified: Option<CertifiedCaller>,
+    ) -> Result<Option<String>, String> {
+        if let Some(callers) = &self.config.callers
+            && (headers.contains_key(header::PROXY_AUTHORIZATION) || certified.is_none())
+        {
+            return match callers.current().caller(headers) {
+                Ok(name) => Ok(Some(name.to_owned())),
+                Err(why) if certified.is_none() && self.config.callers_certificates => Err(
+                    format!("{why}, or a client certificate signed by its --callers-ca"),
+                ),
+                Err(why) => Err(why),
+            };
+        }
+        match certified {
+            Some(CertifiedCaller(named)) => named.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Forwards a request as it is (its body streamed), and its answer.

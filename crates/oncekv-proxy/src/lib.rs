@@ -108,6 +108,10 @@ pub struct Config {
     /// `--callers-file`: only these callers may use the proxy (407
     /// otherwise), and each one's keys are its own; reloadable.
     pub callers: Option<std::sync::Arc<callers::SharedCallers>>,
+    /// `--callers-ca`: the listener asks callers for certificates, and one
+    /// it verified names its caller (when no `--callers-file` token does),
+    /// whose keys are its own as a token's caller's are.
+    pub callers_certificates: bool,
     /// Largest keyed request body (read whole, to be fingerprinted): 413.
     pub body_bytes_max: usize,
     /// Largest keyed request's headers, names and values: 431.
@@ -143,6 +147,7 @@ impl Config {
             record_headers: Vec::new(),
             key_scope: None,
             callers: None,
+            callers_certificates: false,
             body_bytes_max: 1 << 20,
             header_bytes_max: 16 << 10,
             response_bytes_max: 64 << 10,

@@ -5,17 +5,89 @@
 //! the server-side TLS configuration and nothing of a request (the
 //! handshake itself runs in [`crate::server`]). HTTP/1.1 only, as the
 //! plain listener; TLS 1.2 and 1.3 with rustls' safe defaults (ring).
+//!
+//! With `--callers-ca` it also asks callers for certificates: one that
+//! chains to that CA names its caller ([`certified_caller`]: the subject's
+//! common name, else its first DNS name), as a `--callers-file` token does.
+//! Without a callers file the certificate is required at the handshake;
+//! with one it is optional there (a token may name the caller instead) and
+//! the request is decided in [`crate::Proxy::handle`].
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::{ServerConfig, crypto};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
+
+/// Most bytes in a caller's name taken from a certificate (the callers
+/// file's limit).
+const NAME_BYTES_MAX: usize = crate::callers::NAME_BYTES_MAX;
+
+/// Who asks callers for certificates (`--callers-ca`), and whether one is
+/// required at the handshake.
+#[derive(Clone, Debug)]
+pub struct CallersCa {
+    /// The PEM file of the CA certificates a caller's chain must reach.
+    pub path: PathBuf,
+    /// Required at the handshake (no `--callers-file`), or optional there.
+    pub required: bool,
+}
+
+/// The caller a connection's certificate names, set on each of its
+/// requests by [`crate::server`]: `Ok(name)`, or why the certificate names
+/// no caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertifiedCaller(pub Result<String, String>);
+
+/// The caller a verified certificate (DER) names: its subject's common
+/// name, else its first DNS name; why none.
+pub fn certified_caller(der: &[u8]) -> CertifiedCaller {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let named = || -> Result<String, String> {
+        let (_, certificate) = X509Certificate::from_der(der)
+            .map_err(|_| "the client certificate does not parse".to_owned())?;
+        let common_name = certificate
+            .subject()
+            .iter_common_name()
+            .find_map(|name| name.as_str().ok().map(str::to_owned));
+        let dns_name = || {
+            certificate
+                .subject_alternative_name()
+                .ok()
+                .flatten()
+                .and_then(|names| {
+                    names
+                        .value
+                        .general_names
+                        .iter()
+                        .find_map(|name| match name {
+                            GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+                            _ => None,
+                        })
+                })
+        };
+        let name = common_name
+            .or_else(dns_name)
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| {
+                "the client certificate names no caller (no common name, no DNS name)".to_owned()
+            })?;
+        if name.len() > NAME_BYTES_MAX || name.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "the client certificate's name is not a caller's name (at most {NAME_BYTES_MAX} bytes, no spaces)"
+            ));
+        }
+        Ok(name)
+    };
+    CertifiedCaller(named())
+}
 
 /// The listener's certificate files and the configuration they make.
 pub struct ListenerTls {
     cert: PathBuf,
     key: PathBuf,
+    callers_ca: Option<CallersCa>,
     config: RwLock<Arc<ServerConfig>>,
 }
 
@@ -24,27 +96,39 @@ impl std::fmt::Debug for ListenerTls {
         f.debug_struct("ListenerTls")
             .field("cert", &self.cert)
             .field("key", &self.key)
+            .field("callers_ca", &self.callers_ca)
             .finish_non_exhaustive()
     }
 }
 
 impl ListenerTls {
     /// Reads the certificate chain (PEM, the proxy's certificate first)
-    /// and its private key (PEM); why not, naming the file.
-    pub fn load(cert: &Path, key: &Path) -> Result<ListenerTls, String> {
-        let config = server_config(cert, key)?;
+    /// and its private key (PEM), and the callers' CA if given; why not,
+    /// naming the file.
+    pub fn load(
+        cert: &Path,
+        key: &Path,
+        callers_ca: Option<CallersCa>,
+    ) -> Result<ListenerTls, String> {
+        let config = server_config(cert, key, callers_ca.as_ref())?;
         Ok(ListenerTls {
             cert: cert.to_owned(),
             key: key.to_owned(),
+            callers_ca,
             config: RwLock::new(Arc::new(config)),
         })
     }
 
-    /// Reads the files again: the new pair is presented from the next
-    /// handshake on, or — when it does not load — the old one stays and
-    /// the error says why.
+    /// Whether callers are asked for certificates (`--callers-ca`).
+    pub fn asks_for_certificates(&self) -> bool {
+        self.callers_ca.is_some()
+    }
+
+    /// Reads the files again (the callers' CA too): the new ones are used
+    /// from the next handshake on, or — when they do not load — the old
+    /// ones stay and the error says why.
     pub fn reload(&self) -> Result<(), String> {
-        let config = server_config(&self.cert, &self.key)?;
+        let config = server_config(&self.cert, &self.key, self.callers_ca.as_ref())?;
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         Ok(())
     }
@@ -55,7 +139,11 @@ impl ListenerTls {
     }
 }
 
-fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, String> {
+fn server_config(
+    cert: &Path,
+    key: &Path,
+    callers_ca: Option<&CallersCa>,
+) -> Result<ServerConfig, String> {
     let read = |flag: &str, path: &Path| {
         std::fs::read(path).map_err(|error| format!("{flag} {}: {error}", path.display()))
     };
@@ -72,19 +160,47 @@ fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, String> {
     let key_pem = read("--tls-key", key)?;
     let private_key = PrivateKeyDer::from_pem_slice(&key_pem)
         .map_err(|error| format!("--tls-key {}: {error}", key.display()))?;
-    let mut config =
-        ServerConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|error| format!("TLS: {error}"))?
-            .with_no_client_auth()
-            .with_single_cert(chain, private_key)
-            .map_err(|error| {
-                format!(
-                    "--tls-cert {} and --tls-key {}: {error}",
-                    cert.display(),
-                    key.display()
-                )
-            })?;
+    let provider = Arc::new(crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("TLS: {error}"))?;
+    let builder = match callers_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let flag = format!("--callers-ca {}", ca.path.display());
+            let pem = read("--callers-ca", &ca.path)?;
+            let mut roots = RootCertStore::empty();
+            for certificate in CertificateDer::pem_slice_iter(&pem) {
+                let certificate = certificate.map_err(|error| format!("{flag}: {error}"))?;
+                roots
+                    .add(certificate)
+                    .map_err(|error| format!("{flag}: a certificate rustls refuses: {error}"))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("{flag}: no PEM certificate in it"));
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if ca.required {
+                verifier
+            } else {
+                verifier.allow_unauthenticated()
+            };
+            builder.with_client_cert_verifier(
+                verifier
+                    .build()
+                    .map_err(|error| format!("{flag}: {error}"))?,
+            )
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, private_key)
+        .map_err(|error| {
+            format!(
+                "--tls-cert {} and --tls-key {}: {error}",
+                cert.display(),
+                key.display()
+            )
+        })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -98,14 +214,45 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cert = dir.path().join("cert.pem");
         let key = dir.path().join("key.pem");
-        let missing = ListenerTls::load(&cert, &key).unwrap_err();
+        let missing = ListenerTls::load(&cert, &key, None).unwrap_err();
         assert!(
             missing.contains("--tls-cert") && missing.contains("cert.pem"),
             "{missing}"
         );
         std::fs::write(&cert, "not pem").unwrap();
         std::fs::write(&key, "not pem").unwrap();
-        let empty = ListenerTls::load(&cert, &key).unwrap_err();
+        let empty = ListenerTls::load(&cert, &key, None).unwrap_err();
         assert!(empty.contains("no PEM certificate"), "{empty}");
+    }
+
+    fn certificate(common_name: Option<&str>, dns_names: &[&str]) -> Vec<u8> {
+        use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+        let names: Vec<String> = dns_names.iter().map(|name| (*name).to_owned()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name = DistinguishedName::new();
+        if let Some(name) = common_name {
+            params.distinguished_name.push(DnType::CommonName, name);
+        }
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_names_its_caller_by_common_name_else_dns_name() {
+        let named = |der: Vec<u8>| certified_caller(&der).0;
+        assert_eq!(
+            named(certificate(Some("billing"), &["svc.test"])),
+            Ok("billing".to_owned())
+        );
+        assert_eq!(
+            named(certificate(None, &["svc.test", "other.test"])),
+            Ok("svc.test".to_owned())
+        );
+        let nameless = named(certificate(None, &[])).unwrap_err();
+        assert!(nameless.contains("names no caller"), "{nameless}");
+        let spaced = named(certificate(Some("two words"), &[])).unwrap_err();
+        assert!(spaced.contains("not a caller's name"), "{spaced}");
+        let garbage = certified_caller(b"not a certificate").0.unwrap_err();
+        assert!(garbage.contains("does not parse"), "{garbage}");
     }
 }

@@ -1,12 +1,13 @@
 //! Serving: the proxy's listener (HTTP/1.1 connections, over TLS with
-//! `--tls-cert`, each request handed to [`Proxy::handle`]), the metrics
+//! `--tls-cert`, each request handed to [`Proxy::handle`] with the caller
+//! its connection's verified certificate names, under `--callers-ca`), the metrics
 //! listener (`GET /metrics`), and shutdown — stop accepting, let requests
 //! in flight finish within a grace period. It owns connections and
 //! nothing of a request's meaning.
 
 use crate::Proxy;
 use crate::body::{ProxyBody, full};
-use crate::listener_tls::ListenerTls;
+use crate::listener_tls::{ListenerTls, certified_caller};
 use crate::metrics::{CONTENT_TYPE, Metrics};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
@@ -114,7 +115,23 @@ async fn serve_with<S, F>(
                     };
                     let acceptor = tokio_rustls::TlsAcceptor::from(config);
                     match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, service, stopped).await,
+                        Ok(Ok(stream)) => {
+                            // A certificate the handshake verified names
+                            // the caller of each request on the connection.
+                            let caller = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(<[_]>::first)
+                                .map(|der| certified_caller(der));
+                            let service = move |mut request: Request<Incoming>| {
+                                if let Some(caller) = &caller {
+                                    request.extensions_mut().insert(caller.clone());
+                                }
+                                service(request)
+                            };
+                            serve_connection(stream, service, stopped).await;
+                        }
                         Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
