@@ -421,8 +421,32 @@ fn assert_problem(response: &HttpResponse, status: u16, reason: &str) {
 
 // ---- the tests -----------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_forwards_each_keyed_request_once() {
+/// The stack of the thread that runs [`forwards_each_keyed_request_once`]:
+/// its parts' futures nest deep, and in a debug build their poll frames
+/// came within a quarter of the test thread's default 2 MiB.
+const DEEP_TEST_STACK_BYTES: usize = 16 << 20;
+
+#[test]
+fn proxy_forwards_each_keyed_request_once() {
+    let run = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(forwards_each_keyed_request_once());
+    };
+    let test = std::thread::Builder::new()
+        .name("proxy_forwards_each_keyed_request_once".into())
+        .stack_size(DEEP_TEST_STACK_BYTES)
+        .spawn(run)
+        .expect("a thread");
+    if let Err(panic) = test.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn forwards_each_keyed_request_once() {
     let cluster = Cluster::start("proxy").await;
     cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let endpoints = cluster.client_addrs();
@@ -892,29 +916,7 @@ async fn https_listener(endpoints: &[String]) {
     );
     assert!(upstream.calls_with("s2").is_empty());
 
-    let hang_up = |result: &'static str| {
-        let proxy = &proxy;
-        async move {
-            let before = support::metrics::counter(
-                &proxy.metrics().await,
-                "oncekv_proxy_tls_reloads_total",
-                &[("result", result)],
-            );
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(proxy.pid()),
-                nix::sys::signal::Signal::SIGHUP,
-            )
-            .unwrap();
-            wait_until("the listener certificate's reload", || async {
-                support::metrics::counter(
-                    &proxy.metrics().await,
-                    "oncekv_proxy_tls_reloads_total",
-                    &[("result", result)],
-                ) > before
-            })
-            .await;
-        }
-    };
+    let hang_up = |result: &'static str| reload_tls(&proxy, result);
     // A certificate for another name: from the next handshake on, a
     // client that checks the name refuses the proxy.
     install("node-2");
@@ -948,13 +950,55 @@ async fn https_listener(endpoints: &[String]) {
     assert_eq!(upstream.calls_with("s3").len(), 1);
 }
 
+/// Sends `proxy` SIGHUP and waits until its listener's TLS reload counts
+/// one more `result` ("ok" or "failed").
+async fn reload_tls(proxy: &ProxyProcess, result: &str) {
+    let count = || async {
+        support::metrics::counter(
+            &proxy.metrics().await,
+            "oncekv_proxy_tls_reloads_total",
+            &[("result", result)],
+        )
+    };
+    let before = count().await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(proxy.pid()),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_until("the listener TLS's reload", || async {
+        count().await > before
+    })
+    .await;
+}
+
+/// Issues `DIR/nameless.pem` and its key: a client certificate signed by
+/// `DIR`'s CA with neither a common name nor a DNS name.
+fn issue_nameless(dir: &std::path::Path) {
+    use rcgen::{CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, Issuer, KeyPair};
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let ca_key = KeyPair::from_pem(&read("ca-key.pem")).unwrap();
+    let ca = Issuer::from_ca_cert_pem(&read("ca.pem"), ca_key).unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = DistinguishedName::new();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().unwrap();
+    let certificate = params.signed_by(&key, &ca).unwrap();
+    std::fs::write(dir.join("nameless.pem"), certificate.pem()).unwrap();
+    std::fs::write(dir.join("nameless-key.pem"), key.serialize_pem()).unwrap();
+}
+
 /// `--callers-ca`: a verified client certificate names its caller. Alone,
 /// a certificate is required at the handshake (none, or one of another
-/// CA: no answer), and two callers' equal keys are two requests while one
-/// caller's retry is a replay. With `--callers-file` too, a caller gives a
-/// token or a certificate: neither is 407, a token and a certificate of
-/// one name share its keys, and a token given is checked even beside a
-/// good certificate.
+/// CA: no answer), one that names nobody is 407, and two callers' equal
+/// keys are two requests while one caller's retry is a replay; a token
+/// sent anyway never reaches the upstream. SIGHUP reads the CA again: the
+/// old CA's certificates are refused from the next handshake, the new
+/// one's let in. With `--callers-file` too, a caller gives a token or a
+/// certificate: neither is 407, a token and a certificate of one name
+/// share its keys, and a token given is checked even beside a good
+/// certificate.
 async fn callers_certificates(endpoints: &[String]) {
     let certs = tempfile::tempdir().unwrap();
     let dir = certs.path();
@@ -962,6 +1006,10 @@ async fn callers_certificates(endpoints: &[String]) {
     support::cluster::make_certs(dir, &args);
     let foreign = tempfile::tempdir().unwrap();
     support::cluster::make_certs(foreign.path(), &["--client", "billing"]);
+    issue_nameless(dir);
+    // The proxy's own copy of the callers' CA, to be swapped on reload
+    // (the clients keep trusting dir/ca.pem for the proxy's certificate).
+    std::fs::copy(dir.join("ca.pem"), dir.join("callers-ca.pem")).unwrap();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
     let as_caller = |addr: &str, name: &str| {
         Http::tls_as(
@@ -978,7 +1026,7 @@ async fn callers_certificates(endpoints: &[String]) {
         "--tls-key".to_owned(),
         path("node-1-key.pem"),
         "--callers-ca".to_owned(),
-        path("ca.pem"),
+        path("callers-ca.pem"),
     ];
     let listener: Vec<&str> = listener.iter().map(String::as_str).collect();
     let required = ProxyProcess::start(endpoints, &upstream.url(), &listener).await;
@@ -997,22 +1045,66 @@ async fn callers_certificates(endpoints: &[String]) {
         .request("POST", "/orders", &[("Idempotency-Key", "c1")], b"x")
         .await;
     assert!(wrong_ca.is_err(), "answered with another CA's certificate");
+    let nameless = as_caller(&required.addr, "nameless");
+    let refused = post(&nameless, "/orders", &[("Idempotency-Key", "c1")], "x").await;
+    assert_problem(&refused, 407, "PROXY_UNAUTHENTICATED");
     assert!(upstream.calls_with("c1").is_empty(), "nothing forwarded");
     let mut bodies = Vec::new();
     for name in ["billing", "shipping", "billing"] {
         let http = as_caller(&required.addr, name);
-        let answer = post(&http, "/orders", &[("Idempotency-Key", "c1")], "x").await;
+        let token = ("Proxy-Authorization", "Bearer billing-token-0123456789");
+        let answer = post(&http, "/orders", &[("Idempotency-Key", "c1"), token], "x").await;
         assert_eq!(answer.status, 201, "{answer:?}");
         bodies.push(answer.body);
     }
     assert_eq!(upstream.calls_with("c1").len(), 2, "one call per caller");
     assert_ne!(bodies[0], bodies[1]);
     assert_eq!(bodies[0], bodies[2], "the caller's retry is a replay");
+    assert!(
+        upstream
+            .calls_with("c1")
+            .iter()
+            .all(|call| !call.proxy_authorization),
+        "a Proxy-Authorization reached the upstream"
+    );
+    // SIGHUP with another CA in the file: from the next handshake on, its
+    // certificates are callers and the old CA's are not.
+    std::fs::copy(foreign.path().join("ca.pem"), dir.join("callers-ca.pem")).unwrap();
+    reload_tls(&required, "ok").await;
+    let old_ca = as_caller(&required.addr, "shipping")
+        .request("POST", "/orders", &[("Idempotency-Key", "c3")], b"x")
+        .await;
+    assert!(old_ca.is_err(), "the old CA's certificate still let in");
+    let new_ca = post(&other_ca, "/orders", &[("Idempotency-Key", "c3")], "x").await;
+    assert_eq!(new_ca.status, 201, "{new_ca:?}");
+    assert_eq!(upstream.calls_with("c3").len(), 1);
+    std::fs::copy(dir.join("ca.pem"), dir.join("callers-ca.pem")).unwrap();
+    drop(required);
+    callers_tokens_or_certificates(endpoints, &upstream, dir, &listener).await;
+}
+
+/// The second half of [`callers_certificates`]: `--callers-ca` with
+/// `--callers-file`, on the certificates in `dir` and the `listener`'s
+/// flags.
+async fn callers_tokens_or_certificates(
+    endpoints: &[String],
+    upstream: &Upstream,
+    dir: &std::path::Path,
+    listener: &[&str],
+) {
+    let as_caller = |addr: &str, name: &str| {
+        Http::tls_as(
+            addr,
+            &dir.join("ca.pem"),
+            &dir.join(format!("{name}.pem")),
+            &dir.join(format!("{name}-key.pem")),
+        )
+    };
 
     // With a callers file: a token or a certificate.
     let callers = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(callers.path(), "billing-token-0123456789 billing\n").unwrap();
-    let mut either = listener.clone();
+    let mut either = listener.to_vec();
     either.extend(["--callers-file", callers.path().to_str().unwrap()]);
     let either = ProxyProcess::start(endpoints, &upstream.url(), &either).await;
     let anonymous = Http::tls(&either.addr, &dir.join("ca.pem"));
@@ -1050,6 +1142,13 @@ async fn callers_certificates(endpoints: &[String]) {
     assert_eq!(own.status, 201, "{own:?}");
     assert_ne!(own.body, by_token.body, "shipping's c2 is its own");
     assert_eq!(upstream.calls_with("c2").len(), 2);
+    assert!(
+        upstream
+            .calls_with("c2")
+            .iter()
+            .all(|call| !call.proxy_authorization),
+        "a Proxy-Authorization reached the upstream"
+    );
 }
 
 /// An https upstream: forwarded once and replayed with `--upstream-ca`;

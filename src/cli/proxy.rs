@@ -351,7 +351,7 @@ async fn reload_on_hangup(
                     "oncekv proxy: SIGHUP: reloaded the listener's certificate and key: presented from the next handshake on"
                 ),
                 Err(error) => eprintln!(
-                    "oncekv proxy: SIGHUP: listener certificate not reloaded, the previous one stays in force: {error}"
+                    "oncekv proxy: SIGHUP: listener TLS (certificate, key, callers' CA) not reloaded, the previous one stays in force: {error}"
                 ),
             }
         }

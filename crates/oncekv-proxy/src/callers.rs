@@ -1,8 +1,9 @@
 //! Who may use the proxy (`oncekv proxy --callers-file FILE`): a bearer
 //! token per caller in the `Proxy-Authorization` header, checked before
 //! anything is read, claimed or forwarded. The proxy reaches the cluster
-//! with one identity of its own, so without this file everyone who can
-//! reach its port acts as that identity; with it, a caller is known by
+//! with one identity of its own, so without this file (or client
+//! certificates, `--callers-ca`, in [`crate::listener_tls`]) everyone who
+//! can reach its port acts as that identity; with it, a caller is known by
 //! name, and its name scopes its idempotency keys (one caller can neither
 //! replay nor block another's key). It owns the file's format and the
 //! check; it never forwards the header (the upstream has its own

@@ -287,6 +287,12 @@ impl Proxy {
         }
         match certified {
             Some(CertifiedCaller(named)) => named.map(Some),
+            // Callers are asked for certificates, and this one gave none
+            // (a listener that made it optional without a callers file):
+            // refused, never the shared namespace.
+            None if self.config.callers_certificates => {
+                Err("this proxy needs a client certificate signed by its --callers-ca".to_owned())
+            }
             None => Ok(None),
         }
     }

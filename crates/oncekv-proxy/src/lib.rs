@@ -27,7 +27,8 @@
 //! - [`body`]: bounded body reads and the body type;
 //! - [`problem`]: the proxy's own `application/problem+json` answers;
 //! - [`metrics`]: the `oncekv_proxy_*` metrics;
-//! - [`listener_tls`]: HTTPS on the proxy's own listener;
+//! - [`listener_tls`]: HTTPS on the proxy's own listener, and the caller
+//!   a client certificate names (`--callers-ca`);
 //! - [`server`]: the listeners, connections and shutdown.
 //!
 //! `oncekv proxy` (`src/cli/proxy.rs` in the root package) only parses
@@ -108,9 +109,11 @@ pub struct Config {
     /// `--callers-file`: only these callers may use the proxy (407
     /// otherwise), and each one's keys are its own; reloadable.
     pub callers: Option<std::sync::Arc<callers::SharedCallers>>,
-    /// `--callers-ca`: the listener asks callers for certificates, and one
-    /// it verified names its caller (when no `--callers-file` token does),
-    /// whose keys are its own as a token's caller's are.
+    /// `--callers-ca`: callers are known by the certificates the listener
+    /// asks for ([`listener_tls::CallersCa`] makes it ask): one it verified
+    /// names its caller (when no `--callers-file` token does), whose keys
+    /// are its own as a token's caller's are, and a request with neither
+    /// is 407.
     pub callers_certificates: bool,
     /// Largest keyed request body (read whole, to be fingerprinted): 413.
     pub body_bytes_max: usize,

@@ -2,13 +2,16 @@
 //! certificate chain and key the proxy presents to its callers, read from
 //! PEM files, and read again on request (SIGHUP) without dropping a
 //! connection — a pair that does not load leaves the one in force. It owns
-//! the server-side TLS configuration and nothing of a request (the
-//! handshake itself runs in [`crate::server`]). HTTP/1.1 only, as the
+//! the server-side TLS configuration and the name a caller's certificate
+//! gives, and nothing else of a request (the handshake itself runs in
+//! [`crate::server`], the decision on the caller in [`crate::flow`]). HTTP/1.1 only, as the
 //! plain listener; TLS 1.2 and 1.3 with rustls' safe defaults (ring).
 //!
 //! With `--callers-ca` it also asks callers for certificates: one that
-//! chains to that CA names its caller ([`certified_caller`]: the subject's
-//! common name, else its first DNS name), as a `--callers-file` token does.
+//! chains to that CA (through any intermediate) names its caller
+//! ([`certified_caller`]: the subject's first common name, else its first
+//! DNS name — the rule the cluster's nodes use), as a `--callers-file`
+//! token does.
 //! Without a callers file the certificate is required at the handshake;
 //! with one it is optional there (a token may name the caller instead) and
 //! the request is decided in [`crate::Proxy::handle`].
@@ -40,19 +43,21 @@ pub struct CallersCa {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertifiedCaller(pub Result<String, String>);
 
-/// The caller a verified certificate (DER) names: its subject's common
-/// name, else its first DNS name; why none.
+/// The caller a verified certificate (DER) names: its subject's first
+/// common name, else (no common name at all) its first DNS name; why none
+/// — a first common name that is not text, or a name that is empty, over
+/// [`NAME_BYTES_MAX`] bytes, or holds spaces or control characters.
 pub fn certified_caller(der: &[u8]) -> CertifiedCaller {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let named = || -> Result<String, String> {
         let (_, certificate) = X509Certificate::from_der(der)
             .map_err(|_| "the client certificate does not parse".to_owned())?;
-        let common_name = certificate
-            .subject()
-            .iter_common_name()
-            .find_map(|name| name.as_str().ok().map(str::to_owned));
-        let dns_name = || {
-            certificate
+        let name = match certificate.subject().iter_common_name().next() {
+            Some(common_name) => common_name
+                .as_str()
+                .map_err(|_| "the client certificate's common name is not text".to_owned())?
+                .to_owned(),
+            None => certificate
                 .subject_alternative_name()
                 .ok()
                 .flatten()
@@ -66,16 +71,17 @@ pub fn certified_caller(der: &[u8]) -> CertifiedCaller {
                             _ => None,
                         })
                 })
+                .ok_or_else(|| {
+                    "the client certificate names no caller (no common name, no DNS name)"
+                        .to_owned()
+                })?,
         };
-        let name = common_name
-            .or_else(dns_name)
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| {
-                "the client certificate names no caller (no common name, no DNS name)".to_owned()
-            })?;
-        if name.len() > NAME_BYTES_MAX || name.chars().any(char::is_whitespace) {
+        if name.is_empty()
+            || name.len() > NAME_BYTES_MAX
+            || name.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
             return Err(format!(
-                "the client certificate's name is not a caller's name (at most {NAME_BYTES_MAX} bytes, no spaces)"
+                "the client certificate's name is not a caller's name (1 to {NAME_BYTES_MAX} bytes, no spaces or control characters)"
             ));
         }
         Ok(name)
@@ -250,8 +256,13 @@ mod tests {
         );
         let nameless = named(certificate(None, &[])).unwrap_err();
         assert!(nameless.contains("names no caller"), "{nameless}");
-        let spaced = named(certificate(Some("two words"), &[])).unwrap_err();
-        assert!(spaced.contains("not a caller's name"), "{spaced}");
+        for bad in ["two words", "escape\u{1b}[31m", ""] {
+            let refused = named(certificate(Some(bad), &["svc.test"])).unwrap_err();
+            assert!(
+                refused.contains("not a caller's name"),
+                "{bad:?}: {refused}"
+            );
+        }
         let garbage = certified_caller(b"not a certificate").0.unwrap_err();
         assert!(garbage.contains("does not parse"), "{garbage}");
     }

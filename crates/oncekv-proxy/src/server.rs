@@ -1,6 +1,6 @@
 //! Serving: the proxy's listener (HTTP/1.1 connections, over TLS with
 //! `--tls-cert`, each request handed to [`Proxy::handle`] with the caller
-//! its connection's verified certificate names, under `--callers-ca`), the metrics
+//! its connection's verified certificate names under `--callers-ca`), the metrics
 //! listener (`GET /metrics`), and shutdown — stop accepting, let requests
 //! in flight finish within a grace period. It owns connections and
 //! nothing of a request's meaning.
