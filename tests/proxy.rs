@@ -972,6 +972,28 @@ async fn reload_tls(proxy: &ProxyProcess, result: &str) {
     .await;
 }
 
+/// HTTPS to `addr` trusting `dir`'s CA, as the caller whose identity
+/// `oncekv certs --client NAME` wrote into `dir`.
+fn caller_http(addr: &str, dir: &std::path::Path, name: &str) -> Http {
+    Http::tls_as(
+        addr,
+        &dir.join("ca.pem"),
+        &dir.join(format!("{name}.pem")),
+        &dir.join(format!("{name}-key.pem")),
+    )
+}
+
+/// No call with `key` brought a `Proxy-Authorization` to `upstream`.
+fn assert_no_proxy_authorization(upstream: &Upstream, key: &str) {
+    assert!(
+        upstream
+            .calls_with(key)
+            .iter()
+            .all(|call| !call.proxy_authorization),
+        "a Proxy-Authorization reached the upstream with {key}"
+    );
+}
+
 /// Issues `DIR/nameless.pem` and its key: a client certificate signed by
 /// `DIR`'s CA with neither a common name nor a DNS name.
 fn issue_nameless(dir: &std::path::Path) {
@@ -1011,14 +1033,7 @@ async fn callers_certificates(endpoints: &[String]) {
     // (the clients keep trusting dir/ca.pem for the proxy's certificate).
     std::fs::copy(dir.join("ca.pem"), dir.join("callers-ca.pem")).unwrap();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-    let as_caller = |addr: &str, name: &str| {
-        Http::tls_as(
-            addr,
-            &dir.join("ca.pem"),
-            &dir.join(format!("{name}.pem")),
-            &dir.join(format!("{name}-key.pem")),
-        )
-    };
+    let as_caller = |addr: &str, name: &str| caller_http(addr, dir, name);
     let upstream = Upstream::start().await;
     let listener = [
         "--tls-cert".to_owned(),
@@ -1060,13 +1075,7 @@ async fn callers_certificates(endpoints: &[String]) {
     assert_eq!(upstream.calls_with("c1").len(), 2, "one call per caller");
     assert_ne!(bodies[0], bodies[1]);
     assert_eq!(bodies[0], bodies[2], "the caller's retry is a replay");
-    assert!(
-        upstream
-            .calls_with("c1")
-            .iter()
-            .all(|call| !call.proxy_authorization),
-        "a Proxy-Authorization reached the upstream"
-    );
+    assert_no_proxy_authorization(&upstream, "c1");
     // SIGHUP with another CA in the file: from the next handshake on, its
     // certificates are callers and the old CA's are not.
     std::fs::copy(foreign.path().join("ca.pem"), dir.join("callers-ca.pem")).unwrap();
@@ -1092,14 +1101,7 @@ async fn callers_tokens_or_certificates(
     dir: &std::path::Path,
     listener: &[&str],
 ) {
-    let as_caller = |addr: &str, name: &str| {
-        Http::tls_as(
-            addr,
-            &dir.join("ca.pem"),
-            &dir.join(format!("{name}.pem")),
-            &dir.join(format!("{name}-key.pem")),
-        )
-    };
+    let as_caller = |addr: &str, name: &str| caller_http(addr, dir, name);
 
     // With a callers file: a token or a certificate.
     let callers = tempfile::NamedTempFile::new().unwrap();
@@ -1142,13 +1144,7 @@ async fn callers_tokens_or_certificates(
     assert_eq!(own.status, 201, "{own:?}");
     assert_ne!(own.body, by_token.body, "shipping's c2 is its own");
     assert_eq!(upstream.calls_with("c2").len(), 2);
-    assert!(
-        upstream
-            .calls_with("c2")
-            .iter()
-            .all(|call| !call.proxy_authorization),
-        "a Proxy-Authorization reached the upstream"
-    );
+    assert_no_proxy_authorization(upstream, "c2");
 }
 
 /// An https upstream: forwarded once and replayed with `--upstream-ca`;
