@@ -36,7 +36,8 @@
 # WORKLOAD=claims loads KEYS finished claims instead (loadgen oncekv-claim:
 # one claim → complete cycle per new key, the value as the result; rules
 # version 3 keeps them in the record store) and measures the load only
-# (MEASURE=load), ending with
+# (MEASURE=load) or the load and then a snapshot, a restart and a join
+# (MEASURE=restart, below), ending with
 #   claims=N rss_mb_max=M disk_bytes_per_claim=B claim_cycles_s=R
 # and each node's `oncekv_claim_records_in_memory`.
 #
@@ -48,6 +49,10 @@
 #   CLIENTS           closed-loop clients (default 64)
 #   VALUE_BYTES       bytes of each put's value (default 64)
 #   MEASURE           "all" (default): snapshot, restart and join too;
+#                     "restart": the load, then only a snapshot on the
+#                     leader, a follower restarted until hashes agree and
+#                     a new node joined with no other load (the one
+#                     measurement beyond the load WORKLOAD=claims takes);
 #                     "load": load, RSS and disk only; "catchup": load,
 #                     then only the paused follower's catch-up
 #   RAISE_LIMITS      1 (default): raise the limits to fit KEYS; 0: keep
@@ -76,9 +81,10 @@ readonly VALUE_BYTES=${VALUE_BYTES:-64}
 readonly WORKLOAD=${WORKLOAD:-keys}
 [[ $WORKLOAD == keys || $WORKLOAD == claims ]] || { usage >&2; exit 2; }
 if [[ $WORKLOAD == claims ]]; then
-    # The other measurements drive keyed runs: with claims, the load alone.
-    [[ ${MEASURE:-load} == load ]] || { echo "bench-state.sh: WORKLOAD=claims measures the load only (MEASURE=load)" >&2; exit 2; }
-    readonly MEASURE=load
+    # The other measurements drive keyed runs: with claims, the load alone,
+    # or with the snapshot, restart and quiet join, which drive none.
+    [[ ${MEASURE:-load} == load || $MEASURE == restart ]] || { echo "bench-state.sh: WORKLOAD=claims measures the load (MEASURE=load) or the load, a snapshot, a restart and a join (MEASURE=restart)" >&2; exit 2; }
+    readonly MEASURE=${MEASURE:-load}
 else
     readonly MEASURE=${MEASURE:-all}
 fi
@@ -92,7 +98,7 @@ readonly KEY_GROUP_MS=84375
 # Seconds of each keyed run that measures write latency.
 readonly P99_RUN_S=15
 export ONCEKV_PORT_BASE=${ONCEKV_PORT_BASE:-9700}
-[[ $MEASURE == all || $MEASURE == load || $MEASURE == catchup ]] || { usage >&2; exit 2; }
+[[ $MEASURE == all || $MEASURE == load || $MEASURE == catchup || $MEASURE == restart ]] || { usage >&2; exit 2; }
 ((ONCEKV_PORT_BASE + 304 <= 65535)) || { echo "bench-state.sh: port base too high" >&2; exit 2; }
 
 # Bounds of every wait (seconds).
@@ -350,7 +356,9 @@ disk_per_key=$((keys > 0 ? disk / keys : 0))
 echo "load: keys=$keys seconds=$load_s ops/s=$ops rss_mb_before=$rss_before rss_mb_peak=$rss_peak rss_mb_after=$rss_after disk_bytes_max_node=$disk"
 echo "rss_mb per node after load: $(for n in "${NODES[@]}"; do printf 'n%s=%s ' "$n" "$(node_rss_mb "$n")"; done)"
 
-if [[ $MEASURE == all ]]; then
+# A snapshot on the leader, then a follower killed and restarted: until
+# every node answers one hash at one index.
+snapshot_and_restart() {
     # A snapshot on the leader, the whole state encoded into a file.
     started=$(now)
     oncekv admin snapshot --node "$LEADER" --timeout-ms $((SNAPSHOT_WAIT_S * 1000)) \
@@ -375,6 +383,25 @@ if [[ $MEASURE == all ]]; then
     done
     echo "follower_restart_until_hashes_agree_s=$(since "$started") (node $follower; $(tail -n 1 "$WORK/hash.log"))"
     echo "rss_mb of the restarted node: $(node_rss_mb "$follower")"
+}
+
+# A new node: learner, caught up (snapshot + log), promoted, with no other
+# load (under the keyed runs' load a learner at 10 M keys did not catch up
+# within `admin add-learner`'s 60 s).
+join_quiet() {
+    started=$(now)
+    timeout "$JOIN_WAIT_S" scripts/cluster.sh join 4 >"$WORK/join.log" 2>&1 \
+        || { cat "$WORK/join.log" >&2; die "node 4 did not join within ${JOIN_WAIT_S}s"; }
+    echo "new_node_join_s=$(since "$started")"
+}
+
+if [[ $MEASURE == restart ]]; then
+    snapshot_and_restart
+    join_quiet
+fi
+
+if [[ $MEASURE == all ]]; then
+    snapshot_and_restart
 
     # Write p99 without anything else going on, then while the leader
     # takes snapshot after snapshot.
@@ -427,13 +454,7 @@ if [[ $MEASURE == catchup ]]; then
 fi
 
 if [[ $MEASURE == all ]]; then
-    # A new node: learner, caught up (snapshot + log), promoted, with no
-    # other load (under the keyed runs' load a learner at 10 M keys did not
-    # catch up within `admin add-learner`'s 60 s).
-    started=$(now)
-    timeout "$JOIN_WAIT_S" scripts/cluster.sh join 4 >"$WORK/join.log" 2>&1 \
-        || { cat "$WORK/join.log" >&2; die "node 4 did not join within ${JOIN_WAIT_S}s"; }
-    echo "new_node_join_s=$(since "$started")"
+    join_quiet
 
     # Another new node while the keyed load goes on: the leader streams it
     # a snapshot, then the log written meanwhile. Keyed runs of P99_RUN_S
