@@ -101,8 +101,8 @@ pub(super) fn keyed_success(
         .insert("idempotency_key".to_owned(), json!(idempotency_key));
     if reply.duplicate {
         success.notes.push(format!(
-            "replay: idempotency key {idempotency_key:?} had already executed this command (log \
-             index {}); this is its original answer, nothing executed now",
+            "replay: idempotency key {idempotency_key:?} had already executed this command; this \
+             is its original answer (read at log index {}), nothing executed now",
             reply.log_index
         ));
     }
