@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
+use tokio_rustls::rustls::{ServerConfig, crypto};
 
 /// Most bytes in a caller's name taken from a certificate (the callers
 /// file's limit).
@@ -174,17 +174,7 @@ fn server_config(
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let flag = format!("--callers-ca {}", ca.path.display());
-            let pem = read("--callers-ca", &ca.path)?;
-            let mut roots = RootCertStore::empty();
-            for certificate in CertificateDer::pem_slice_iter(&pem) {
-                let certificate = certificate.map_err(|error| format!("{flag}: {error}"))?;
-                roots
-                    .add(certificate)
-                    .map_err(|error| format!("{flag}: a certificate rustls refuses: {error}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("{flag}: no PEM certificate in it"));
-            }
+            let roots = crate::upstream::trusted_roots(&read("--callers-ca", &ca.path)?, &flag)?;
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
             let verifier = if ca.required {
                 verifier

@@ -53,22 +53,10 @@ impl UpstreamTls {
 
     /// The rustls client configuration: roots, then the identity, if any.
     fn client_config(&self) -> Result<ClientConfig, String> {
-        let mut roots = RootCertStore::empty();
-        match &self.ca_pem {
-            Some(pem) => {
-                let certificates = CertificateDer::pem_slice_iter(pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|error| format!("--upstream-ca: not PEM certificates: {error}"))?;
-                if certificates.is_empty() {
-                    return Err("--upstream-ca: no certificate in it".to_owned());
-                }
-                for certificate in certificates {
-                    roots.add(certificate).map_err(|error| {
-                        format!("--upstream-ca: a certificate rustls refuses: {error}")
-                    })?;
-                }
-            }
+        let roots = match &self.ca_pem {
+            Some(pem) => trusted_roots(pem, "--upstream-ca")?,
             None => {
+                let mut roots = RootCertStore::empty();
                 let found = rustls_native_certs::load_native_certs();
                 let (added, _) = roots.add_parsable_certificates(found.certs);
                 if added == 0 {
@@ -77,8 +65,9 @@ impl UpstreamTls {
                         found.errors.len()
                     ));
                 }
+                roots
             }
-        }
+        };
         let builder = tls_builder()?.with_root_certificates(roots);
         match &self.identity_pem {
             None => Ok(builder.with_no_client_auth()),
@@ -97,6 +86,25 @@ impl UpstreamTls {
             }
         }
     }
+}
+
+/// The CA certificates in `pem` as a root store; why not, said as `what`'s
+/// (a flag, say): not PEM, none in it, or one rustls refuses. The
+/// upstream's `--upstream-ca` and the listener's `--callers-ca` both.
+pub(crate) fn trusted_roots(pem: &[u8], what: &str) -> Result<RootCertStore, String> {
+    let certificates = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| format!("{what}: not PEM certificates: {error}"))?;
+    if certificates.is_empty() {
+        return Err(format!("{what}: no certificate in it"));
+    }
+    let mut roots = RootCertStore::empty();
+    for certificate in certificates {
+        roots
+            .add(certificate)
+            .map_err(|error| format!("{what}: a certificate rustls refuses: {error}"))?;
+    }
+    Ok(roots)
 }
 
 /// A rustls client configuration's start: ring (as the rest of the tree),
