@@ -64,6 +64,11 @@
 #                     path is printed at the end); default 0: delete them
 #                     (the node logs are kept anyway when the load had
 #                     refused requests)
+#   REUSE             the data directory a KEEP_DATA=1 run printed: its
+#                     cluster is started again (with this ONCEKV_BIN) and
+#                     measured without a new load (MEASURE=catchup or
+#                     restart; KEYS is then only the figure to report
+#                     against; the directory is kept)
 #   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: build target/release)
 set -euo pipefail
 
@@ -89,7 +94,12 @@ else
     readonly MEASURE=${MEASURE:-all}
 fi
 readonly RAISE_LIMITS=${RAISE_LIMITS:-1}
-readonly KEEP_DATA=${KEEP_DATA:-0}
+readonly REUSE=${REUSE:-}
+KEEP_DATA=${KEEP_DATA:-0}
+[[ -n $REUSE ]] && KEEP_DATA=1
+[[ -z $REUSE || $MEASURE == catchup || $MEASURE == restart ]] \
+    || { echo "bench-state.sh: REUSE measures MEASURE=catchup or MEASURE=restart" >&2; exit 2; }
+readonly KEEP_DATA
 EXPIRE_KEYS=${EXPIRE_KEYS:-1000000}
 ((EXPIRE_KEYS > $1 / 10)) && EXPIRE_KEYS=$(($1 / 10))
 readonly EXPIRE_KEYS
@@ -129,7 +139,13 @@ readonly LOADGEN=${LOADGEN:-$ROOT/target/release/loadgen}
 
 WORK=$(mktemp -d -t oncekv-bench-state.XXXXXX)
 readonly WORK
-export ONCEKV_DATA=$WORK/data
+if [[ -n $REUSE ]]; then
+    [[ -d $REUSE/n1 ]] || die "REUSE=$REUSE holds no node directories"
+    ONCEKV_DATA=$(cd "$REUSE" && pwd)
+else
+    ONCEKV_DATA=$WORK/data
+fi
+export ONCEKV_DATA
 SAMPLER_PID=
 
 cleanup() {
@@ -138,6 +154,7 @@ cleanup() {
         || echo "bench-state.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
     if ((KEEP_DATA == 1)); then
         echo "bench-state.sh: data and node logs kept in $ONCEKV_DATA" >&2
+        [[ -n $REUSE ]] && rm -rf "$WORK"
     else
         # Requests refused during the run: the node logs say why (an
         # election, a lease expiry); they are kept, the data is not.
@@ -238,8 +255,14 @@ LEADER=$(leader) || die "no leader"
 # response: 32) bytes; the keys here are ~34 bytes. Room for 2x that, and a
 # budget above everything the state accounts.
 if ((RAISE_LIMITS == 1)); then
+    # Sized for KEYS, or for what a reused cluster already holds.
+    sized=$KEYS
+    if [[ -n $REUSE ]]; then
+        live=$(node_keys 1)
+        ((${live:-0} > sized)) && sized=$live
+    fi
     # Room for the keyed runs of MEASURE=all too (up to ~2 M keys).
-    keys_max=$((KEYS + KEYS / 10 + 1000))
+    keys_max=$((sized + sized / 10 + 1000))
     [[ $MEASURE != load ]] && keys_max=$((keys_max + 2000000))
     cached=$((keys_max * 256))
     ((cached < 268435456)) && cached=268435456
@@ -298,7 +321,7 @@ node_snapshot_index() {
 # answers one hash. Each run's p99 is printed, and whether the follower
 # caught up by a snapshot (its snapshot index moved past the one it had).
 catch_up_by_snapshot() {
-    local follower="" n pid baseline before_index p99s="" runs=0 started after_index
+    local follower="" n pid baseline before_index p99s="" errors="" runs=0 started after_index line
     for n in "${NODES[@]}"; do
         [[ $(client_addr "$n") == "$LEADER" ]] || { follower=$n; break; }
     done
@@ -314,37 +337,48 @@ catch_up_by_snapshot() {
     kill -CONT "$pid"
     # At most 20 runs (5 minutes): each ends with a check for agreement.
     while ((runs < 20)); do
-        p99s+=" $(field p99_ms "$(keyed_run "$P99_RUN_S")")"
+        line=$(keyed_run "$P99_RUN_S")
+        p99s+=" $(field p99_ms "$line")"
+        errors+=" $(field errors "$line")"
         runs=$((runs + 1))
         oncekv admin hash --endpoints "$(endpoints "${NODES[@]}")" --timeout-ms 2000 \
             >"$WORK/hash.log" 2>&1 && break
     done
     after_index=$(node_snapshot_index "$follower")
     echo "write_p99_ms_before_follower_catch_up=$(field p99_ms "$baseline") ($baseline)"
-    echo "follower_catch_up_s=$(since "$started") (node $follower paused through a ${P99_RUN_S}s run and a leader snapshot; its snapshot index ${before_index:-?} -> ${after_index:-?}; write p99 ms of each ${P99_RUN_S}s run from its resume:$p99s)"
+    echo "follower_catch_up_s=$(since "$started") (node $follower paused through a ${P99_RUN_S}s run and a leader snapshot; its snapshot index ${before_index:-?} -> ${after_index:-?}; write p99 ms of each ${P99_RUN_S}s run from its resume:$p99s; requests failed in each:$errors)"
+    if [[ -s $WORK/runs.err ]]; then
+        echo "the runs' last error: $(tail -n 1 "$WORK/runs.err")"
+    fi
 }
 
-if [[ $WORKLOAD == claims ]]; then
-    echo "loading $KEYS claim -> complete cycles: $CLIENTS clients, $VALUE_BYTES-byte results, leader $LEADER" >&2
-    load_mode=oncekv-claim
-else
-    echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
-    load_mode=oncekv-keyed
-fi
 load_started=$(now)
-started=$load_started
-load=$("$LOADGEN" "$load_mode" --endpoint "$LEADER" --clients "$CLIENTS" \
-    --value-bytes "$VALUE_BYTES" --total-ops "$KEYS" --duration-s "$LOAD_MAX_S" \
-    --request-timeout-s 30 2>"$WORK/load.err") || { cat "$WORK/load.err" >&2; die "the load failed"; }
-load_s=$(since "$started")
-echo "$load" >&2
-errors=$(grep -o 'errors=[0-9]*' <<<"$load" | cut -d= -f2)
-ops=$(grep -o 'ops/s=[0-9]*' <<<"$load" | cut -d= -f2)
-if ((${errors:-0} > 0)); then
-    echo "failed_requests=$errors $(grep -o 'first: .*' "$WORK/load.err" | head -n 1)"
-    echo "$errors" >"$WORK/refused"
+if [[ -n $REUSE ]]; then
+    echo "reusing $ONCEKV_DATA: no load, leader $LEADER; one ${P99_RUN_S}s keyed run to warm the nodes' caches" >&2
+    keyed_run "$P99_RUN_S" >/dev/null
+    load_s=0
+    ops=0
+else
+    if [[ $WORKLOAD == claims ]]; then
+        echo "loading $KEYS claim -> complete cycles: $CLIENTS clients, $VALUE_BYTES-byte results, leader $LEADER" >&2
+        load_mode=oncekv-claim
+    else
+        echo "loading $KEYS new keys: $CLIENTS clients, $VALUE_BYTES-byte values, leader $LEADER" >&2
+        load_mode=oncekv-keyed
+    fi
+    started=$load_started
+    load=$("$LOADGEN" "$load_mode" --endpoint "$LEADER" --clients "$CLIENTS" \
+        --value-bytes "$VALUE_BYTES" --total-ops "$KEYS" --duration-s "$LOAD_MAX_S" \
+        --request-timeout-s 30 2>"$WORK/load.err") || { cat "$WORK/load.err" >&2; die "the load failed"; }
+    load_s=$(since "$started")
+    echo "$load" >&2
+    errors=$(grep -o 'errors=[0-9]*' <<<"$load" | cut -d= -f2)
+    ops=$(grep -o 'ops/s=[0-9]*' <<<"$load" | cut -d= -f2)
+    if ((${errors:-0} > 0)); then
+        echo "failed_requests=$errors $(grep -o 'first: .*' "$WORK/load.err" | head -n 1)"
+        echo "$errors" >"$WORK/refused"
+    fi
 fi
-
 keys=$(wait_applied)
 kill "$SAMPLER_PID" 2>/dev/null || true
 wait "$SAMPLER_PID" 2>/dev/null || true

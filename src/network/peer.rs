@@ -195,17 +195,25 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 
 /// The snapshots this node is sending to its peers, for the snapshot
 /// schedule (`node::snapshot_schedule`): a leader that builds a newer
-/// snapshot while one is on its way purges the log the receiver needs right
-/// after it, and the receiver then needs another snapshot — under steady
-/// writes, at a size whose install outlasts a few builds, forever.
+/// snapshot while one is on its way, and purges its log up to it, purges
+/// the log the receiver needs right after the one it is installing; the
+/// receiver then needs another snapshot — under steady writes, at a size
+/// whose install outlasts a few builds, forever.
 #[derive(Debug, Default)]
 pub struct SnapshotSends {
-    /// Sends in progress, and when the last one ended.
-    state: Mutex<(usize, Option<tokio::time::Instant>)>,
+    state: Mutex<SendsState>,
+}
+
+#[derive(Debug, Default)]
+struct SendsState {
+    /// The index of each snapshot being sent.
+    active: Vec<u64>,
+    /// When the last send ended, and its snapshot's index.
+    last_ended: Option<(tokio::time::Instant, u64)>,
 }
 
 impl SnapshotSends {
-    fn state(&self) -> std::sync::MutexGuard<'_, (usize, Option<tokio::time::Instant>)> {
+    fn state(&self) -> std::sync::MutexGuard<'_, SendsState> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -214,25 +222,39 @@ impl SnapshotSends {
     /// Whether a snapshot is being sent, or one ended less than `grace` ago
     /// (its receiver is still catching up on the log after it).
     pub fn receiver_catching_up(&self, grace: Duration) -> bool {
-        let (active, last_ended) = *self.state();
-        active > 0 || last_ended.is_some_and(|ended| ended.elapsed() < grace)
+        self.log_needed_after(grace).is_some()
     }
 
-    /// Counts a send until the guard is dropped.
-    fn start(self: &Arc<Self>) -> SendInProgress {
-        self.state().0 += 1;
-        SendInProgress(self.clone())
+    /// The lowest index of the snapshots being sent, or of the last one
+    /// sent if it ended less than `grace` ago: its receiver needs the log
+    /// from the entry after it. `None`: no receiver is catching up.
+    pub fn log_needed_after(&self, grace: Duration) -> Option<u64> {
+        let state = self.state();
+        let ended = state
+            .last_ended
+            .filter(|(ended, _)| ended.elapsed() < grace)
+            .map(|(_, index)| index);
+        state.active.iter().copied().chain(ended).min()
+    }
+
+    /// Counts a send of the snapshot at `index` until the guard is dropped.
+    fn start(self: &Arc<Self>, index: u64) -> SendInProgress {
+        self.state().active.push(index);
+        SendInProgress(self.clone(), index)
     }
 }
 
-/// A snapshot send in progress (see [`SnapshotSends`]).
-struct SendInProgress(Arc<SnapshotSends>);
+/// A snapshot send in progress (see [`SnapshotSends`]), and its snapshot's
+/// index.
+struct SendInProgress(Arc<SnapshotSends>, u64);
 
 impl Drop for SendInProgress {
     fn drop(&mut self) {
         let mut state = self.0.state();
-        state.0 -= 1;
-        state.1 = Some(tokio::time::Instant::now());
+        if let Some(at) = state.active.iter().position(|index| *index == self.1) {
+            state.active.swap_remove(at);
+        }
+        state.last_ended = Some((tokio::time::Instant::now(), self.1));
     }
 }
 
@@ -643,7 +665,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let _counted = self.sends.start();
+        let _counted = self
+            .sends
+            .start(crate::shared::snapshot_file::snapshot_index(&snapshot.meta));
         let send = self.send_snapshot(vote, snapshot);
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
@@ -899,20 +923,33 @@ mod tests {
         // a loaded machine.
         let grace = Duration::from_secs(5);
         assert!(!sends.receiver_catching_up(grace), "nothing sent yet");
-        let first = sends.start();
-        let second = sends.start();
-        drop(first);
+        assert_eq!(sends.log_needed_after(grace), None);
+        let first = sends.start(700);
+        let second = sends.start(500);
+        assert_eq!(sends.log_needed_after(grace), Some(500), "the older one");
+        drop(second);
         assert!(
             sends.receiver_catching_up(Duration::ZERO),
             "one send still runs"
         );
-        drop(second);
+        assert_eq!(
+            sends.log_needed_after(Duration::ZERO),
+            Some(700),
+            "the one still running, once the other's grace is over"
+        );
+        assert_eq!(
+            sends.log_needed_after(grace),
+            Some(500),
+            "the ended one's receiver is still catching up"
+        );
+        drop(first);
         assert!(sends.receiver_catching_up(grace), "within the grace");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !sends.receiver_catching_up(Duration::from_millis(10)),
             "past the grace"
         );
+        assert_eq!(sends.log_needed_after(Duration::from_millis(10)), None);
     }
 
     fn append(indexes: std::ops::RangeInclusive<u64>) -> AppendEntriesRequest<TypeConfig> {

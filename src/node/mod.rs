@@ -183,6 +183,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         config.id,
         snapshot_schedule::Schedule {
             every_entries: config.snapshot_every_entries,
+            logs_kept: config.logs_kept_after_snapshot,
             key_records_max: usize::try_from(config.snapshot_every_key_records)
                 .unwrap_or(usize::MAX),
             key_records_held,
@@ -412,7 +413,10 @@ fn raft_config(config: &NodeConfig) -> anyhow::Result<openraft::Config> {
         // Builds are asked for by `snapshot_schedule`, staggered across the
         // members, not at the same index on every node.
         snapshot_policy: SnapshotPolicy::Never,
-        max_in_snapshot_log_to_keep: config.logs_kept_after_snapshot,
+        // Purges too: `snapshot_schedule` asks for them, keeping
+        // `logs_kept_after_snapshot` entries and the log a snapshot's
+        // receiver needs; Raft's own purge after each build never comes.
+        max_in_snapshot_log_to_keep: u64::MAX,
         install_snapshot_timeout: 5_000,
         max_payload_entries: MAX_PAYLOAD_ENTRIES,
         // Off: with pre-vote a follower cut off from the rest never raises

@@ -14,17 +14,24 @@
 //! wall-clock seconds go round the members — and at once, turn or not,
 //! when all of them are.
 //!
-//! While this node sends a snapshot to a peer (and for a while after, as the
-//! receiver catches up on the log), it holds its own builds back up to four
-//! times both intervals: a newer snapshot would let Raft purge the log the
-//! receiver needs right after the one it is installing, and the receiver
-//! would need another — at tens of millions of keys under steady writes,
-//! without end.
+//! The same task purges the log (Raft's own purge after each build is off):
+//! up to `--logs-kept-after-snapshot` entries before the last snapshot, and
+//! while this node sends a snapshot to a peer (and for a while after, as the
+//! receiver catches up on the log) no further than that snapshot — the
+//! receiver needs the log from the entry after it, and without it would
+//! need another snapshot, then another: at tens of millions of keys under
+//! steady writes, without end. That hold lasts until the log kept past the
+//! sent snapshot reaches four snapshot intervals (the log lives in memory);
+//! beyond, the purge goes on and the receiver gets a newer snapshot. Builds
+//! are held back too while a receiver catches up (a build costs the sender
+//! CPU), up to four times both intervals.
 //!
 //! Owns the schedule (pure functions of the last snapshot index, the
-//! interval, the phase and the turn) and the task that asks Raft for a build
-//! when one is due. It must not build, purge or decide anything about what a
-//! snapshot holds: Raft runs the build, the state machine writes it. Builds
+//! interval, the phase and the turn), the purge point (a pure function of
+//! the snapshot, the entries kept and the sends), and the task that asks
+//! Raft for a build or a purge when one is due. It must not build, purge or
+//! decide anything about what a snapshot holds: Raft runs the build and the
+//! purge, the state machine writes the snapshot. Builds
 //! asked for elsewhere (an operator's request) move the schedule's base like
 //! any other. The wall clock only spreads builds over time; nothing correct
 //! depends on it.
@@ -63,6 +70,8 @@ const HOLD_STRETCH: u64 = 4;
 /// catching up.
 pub(crate) struct Schedule {
     pub every_entries: u64,
+    /// Entries kept before the last snapshot when the log is purged.
+    pub logs_kept: u64,
     pub key_records_max: usize,
     pub key_records_held: Arc<AtomicUsize>,
     pub snapshot_sends: Arc<SnapshotSends>,
@@ -122,21 +131,43 @@ pub(crate) fn key_records_due(held: usize, max: usize, turn: bool) -> bool {
     held >= max || (turn && held >= max - max / 4)
 }
 
-/// Asks Raft for a build whenever the schedule says one is due; ends when
-/// Raft stops.
+/// The index up to which (inclusive) the log may be purged: `logs_kept`
+/// entries before the snapshot at `snapshot`, and no further than a
+/// snapshot being sent (`sending`: the lowest such index) unless the log
+/// kept past it would exceed `hold_max` entries. `None`: nothing to purge.
+pub(crate) fn purge_upto(
+    snapshot: u64,
+    logs_kept: u64,
+    sending: Option<u64>,
+    hold_max: u64,
+) -> Option<u64> {
+    let mut upto = snapshot.checked_sub(logs_kept)?;
+    if let Some(sent) = sending
+        && snapshot.saturating_sub(sent) <= hold_max
+    {
+        upto = upto.min(sent);
+    }
+    Some(upto)
+}
+
+/// Asks Raft for a build whenever the schedule says one is due, and for a
+/// purge whenever the purge point moves; ends when Raft stops.
 pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedule) {
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // The snapshot index when a build was last asked for, and when.
     let mut asked: Option<(u64, Instant)> = None;
+    // The last purge asked for.
+    let mut purge_asked: Option<u64> = None;
     loop {
         tick.tick().await;
-        let (applied, base, (place, count)) = {
+        let (applied, base, purged, (place, count)) = {
             let metrics = raft.metrics();
             let metrics = metrics.borrow_watched();
             (
                 metrics.last_applied.as_ref().map_or(0, |id| id.index),
                 metrics.snapshot.as_ref().map_or(0, |id| id.index),
+                metrics.purged.as_ref().map(|id| id.index),
                 // A BTreeMap: ids in order, once each.
                 position(
                     metrics
@@ -148,12 +179,25 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
                 ),
             )
         };
-        let stretch = if schedule.snapshot_sends.receiver_catching_up(CATCH_UP_GRACE) {
-            HOLD_STRETCH
-        } else {
-            1
-        };
+        let sending = schedule.snapshot_sends.log_needed_after(CATCH_UP_GRACE);
+        let stretch = if sending.is_some() { HOLD_STRETCH } else { 1 };
         let every = schedule.every_entries;
+        if base > 0
+            && let Some(upto) = purge_upto(
+                base,
+                schedule.logs_kept,
+                sending,
+                HOLD_STRETCH.saturating_mul(every),
+            )
+            && purged.is_none_or(|purged| upto > purged)
+            && purge_asked.is_none_or(|asked| upto > asked)
+        {
+            if let Err(error) = raft.trigger().purge_log(upto).await {
+                tracing::debug!(%error, "Raft refused a purge request; it is stopping");
+                return;
+            }
+            purge_asked = Some(upto);
+        }
         let entries_due = applied
             >= next_due(base, every, phase(place, count, every))
                 .saturating_add((stretch - 1).saturating_mul(every));
@@ -235,6 +279,23 @@ mod tests {
         assert_eq!(turns, [1; 6], "exactly one member's turn at a time");
         assert!(in_turn(4_200, 1, 3));
         assert!(in_turn(123, 0, 1) && in_turn(123, 0, 0));
+    }
+
+    #[test]
+    fn the_purge_keeps_entries_and_the_log_a_receiver_needs_up_to_a_bound() {
+        // 1,000 entries kept before the snapshot.
+        assert_eq!(purge_upto(10_000, 1_000, None, 40_000), Some(9_000));
+        assert_eq!(purge_upto(500, 1_000, None, 40_000), None, "too short");
+        assert_eq!(purge_upto(1_000, 1_000, None, 40_000), Some(0));
+        // A snapshot at 5,000 being sent: its receiver needs the log after
+        // it, so nothing past it goes...
+        assert_eq!(purge_upto(10_000, 1_000, Some(5_000), 40_000), Some(5_000));
+        assert_eq!(purge_upto(45_000, 1_000, Some(5_000), 40_000), Some(5_000));
+        // ...until the log kept past it would exceed the bound.
+        assert_eq!(purge_upto(45_001, 1_000, Some(5_000), 40_000), Some(44_001));
+        // Sending the latest snapshot holds nothing more than usual.
+        assert_eq!(purge_upto(10_000, 1_000, Some(10_000), 40_000), Some(9_000));
+        assert_eq!(purge_upto(10_000, 0, None, 40_000), Some(10_000));
     }
 
     #[test]

@@ -1010,6 +1010,31 @@ mod tests {
         assert_eq!(reopened.state().read().registry.applied_index(), 12);
     }
 
+    /// A received snapshot many write-behind windows long, in chunks of
+    /// odd sizes, is written, checked and installed whole: every record
+    /// and the registry's hash as sent.
+    #[tokio::test]
+    async fn a_snapshot_received_over_many_write_behind_windows_is_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = StateMachineStore::open(dir.path()).unwrap();
+        let sent = registry_with_keys(12_000);
+        let index = sent.applied_index();
+        let bytes = snapshot::to_bytes(&sent);
+        assert!(bytes.len() > 4 * (64 << 10), "{} bytes", bytes.len());
+        let mut incoming = store.snapshot_inbox().receive(&meta(index)).await.unwrap();
+        for chunk in bytes.chunks(7_777) {
+            incoming.write(chunk.to_vec()).await.unwrap();
+        }
+        let received = incoming.finish().await.unwrap();
+        store
+            .install_snapshot(&meta(index), received)
+            .await
+            .unwrap();
+        let installed = store.state().read().registry.clone();
+        assert_eq!(installed.key_count(), 12_000);
+        assert_eq!(snapshot::to_bytes(&installed), bytes);
+    }
+
     /// After a crash, temporary snapshot files — a build killed mid-write,
     /// a reception killed mid-stream, a reception complete but killed
     /// before its install renamed it — are deleted unread: the node
