@@ -20,18 +20,21 @@
 //! receiver catches up on the log) no further than that snapshot — the
 //! receiver needs the log from the entry after it, and without it would
 //! need another snapshot, then another: at tens of millions of keys under
-//! steady writes, without end. That hold lasts until the log kept past the
-//! sent snapshot reaches four snapshot intervals (the log lives in memory);
-//! beyond, the purge goes on and the receiver gets a newer snapshot. Builds
-//! are held back too while a receiver catches up (a build costs the sender
-//! CPU), up to four times both intervals.
+//! steady writes, without end. That hold lasts until the log past the sent
+//! snapshot reaches five snapshot intervals (the log lives in memory: one
+//! interval more than the builds' own hold lets it grow, so that the first
+//! build after that hold does not end it); beyond, the purge goes on and
+//! the receiver gets a newer snapshot. Builds are held back too while a
+//! receiver catches up (a build costs the sender CPU), up to four times
+//! both intervals.
 //!
 //! Owns the schedule (pure functions of the last snapshot index, the
 //! interval, the phase and the turn), the purge point (a pure function of
-//! the snapshot, the entries kept and the sends), and the task that asks
-//! Raft for a build or a purge when one is due. It must not build, purge or
-//! decide anything about what a snapshot holds: Raft runs the build and the
-//! purge, the state machine writes the snapshot. Builds
+//! the snapshot, the log's end, the entries kept and the sends), and the
+//! task that asks Raft for a build or a purge when one is due. It runs
+//! neither and decides nothing about what a snapshot holds: Raft runs the
+//! build and the purge (never past its snapshot), the state machine writes
+//! the snapshot. Builds
 //! asked for elsewhere (an operator's request) move the schedule's base like
 //! any other. The wall clock only spreads builds over time; nothing correct
 //! depends on it.
@@ -55,8 +58,8 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_secs(1);
 /// How long each member's turn for key-record builds lasts.
 const TURN: Duration = Duration::from_secs(1);
 
-/// How long after a snapshot send ends builds are still held back: the
-/// receiver fetches the log written since the snapshot meanwhile.
+/// How long after a snapshot send ends builds and the purge are still held
+/// back: the receiver fetches the log written since the snapshot meanwhile.
 const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
 
 /// How far builds are held back while a receiver catches up: both
@@ -64,10 +67,16 @@ const CATCH_UP_GRACE: Duration = Duration::from_secs(10);
 /// in memory grow that much more at most).
 const HOLD_STRETCH: u64 = 4;
 
+/// How far the log past a snapshot being sent is kept, in snapshot
+/// intervals: one more than builds are held back, since the log grows that
+/// much while they are.
+const PURGE_HOLD_STRETCH: u64 = HOLD_STRETCH + 1;
+
 /// What the node builds for: `every_entries` applied entries, and key
 /// records held in memory (published by the state machine) reaching
 /// `key_records_max`; held back while `snapshot_sends` has a receiver
-/// catching up.
+/// catching up. Purges keep `logs_kept` entries before the latest snapshot,
+/// and while a receiver catches up, the log after the snapshot it got.
 pub(crate) struct Schedule {
     pub every_entries: u64,
     /// Entries kept before the last snapshot when the log is purged.
@@ -133,17 +142,19 @@ pub(crate) fn key_records_due(held: usize, max: usize, turn: bool) -> bool {
 
 /// The index up to which (inclusive) the log may be purged: `logs_kept`
 /// entries before the snapshot at `snapshot`, and no further than a
-/// snapshot being sent (`sending`: the lowest such index) unless the log
-/// kept past it would exceed `hold_max` entries. `None`: nothing to purge.
+/// snapshot being sent (`sending`: the lowest such index) while the log
+/// past it, up to `last_log`, is at most `hold_max` entries. `None`:
+/// nothing to purge.
 pub(crate) fn purge_upto(
     snapshot: u64,
+    last_log: u64,
     logs_kept: u64,
     sending: Option<u64>,
     hold_max: u64,
 ) -> Option<u64> {
     let mut upto = snapshot.checked_sub(logs_kept)?;
     if let Some(sent) = sending
-        && snapshot.saturating_sub(sent) <= hold_max
+        && last_log.saturating_sub(sent) <= hold_max
     {
         upto = upto.min(sent);
     }
@@ -161,11 +172,12 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
     let mut purge_asked: Option<u64> = None;
     loop {
         tick.tick().await;
-        let (applied, base, purged, (place, count)) = {
+        let (applied, last_log, base, purged, (place, count)) = {
             let metrics = raft.metrics();
             let metrics = metrics.borrow_watched();
             (
                 metrics.last_applied.as_ref().map_or(0, |id| id.index),
+                metrics.last_log_index.unwrap_or(0),
                 metrics.snapshot.as_ref().map_or(0, |id| id.index),
                 metrics.purged.as_ref().map(|id| id.index),
                 // A BTreeMap: ids in order, once each.
@@ -185,9 +197,10 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
         if base > 0
             && let Some(upto) = purge_upto(
                 base,
+                last_log,
                 schedule.logs_kept,
                 sending,
-                HOLD_STRETCH.saturating_mul(every),
+                PURGE_HOLD_STRETCH.saturating_mul(every),
             )
             && purged.is_none_or(|purged| upto > purged)
             && purge_asked.is_none_or(|asked| upto > asked)
@@ -284,18 +297,46 @@ mod tests {
     #[test]
     fn the_purge_keeps_entries_and_the_log_a_receiver_needs_up_to_a_bound() {
         // 1,000 entries kept before the snapshot.
-        assert_eq!(purge_upto(10_000, 1_000, None, 40_000), Some(9_000));
-        assert_eq!(purge_upto(500, 1_000, None, 40_000), None, "too short");
-        assert_eq!(purge_upto(1_000, 1_000, None, 40_000), Some(0));
+        assert_eq!(purge_upto(10_000, 12_000, 1_000, None, 50_000), Some(9_000));
+        assert_eq!(purge_upto(500, 600, 1_000, None, 50_000), None, "too short");
+        assert_eq!(purge_upto(1_000, 1_200, 1_000, None, 50_000), Some(0));
         // A snapshot at 5,000 being sent: its receiver needs the log after
         // it, so nothing past it goes...
-        assert_eq!(purge_upto(10_000, 1_000, Some(5_000), 40_000), Some(5_000));
-        assert_eq!(purge_upto(45_000, 1_000, Some(5_000), 40_000), Some(5_000));
-        // ...until the log kept past it would exceed the bound.
-        assert_eq!(purge_upto(45_001, 1_000, Some(5_000), 40_000), Some(44_001));
+        assert_eq!(
+            purge_upto(10_000, 12_000, 1_000, Some(5_000), 50_000),
+            Some(5_000)
+        );
+        // ...though newer snapshots were built meanwhile...
+        assert_eq!(
+            purge_upto(45_000, 55_000, 1_000, Some(5_000), 50_000),
+            Some(5_000)
+        );
+        // ...until the log past it would exceed the bound.
+        assert_eq!(
+            purge_upto(45_000, 55_001, 1_000, Some(5_000), 50_000),
+            Some(44_000)
+        );
         // Sending the latest snapshot holds nothing more than usual.
-        assert_eq!(purge_upto(10_000, 1_000, Some(10_000), 40_000), Some(9_000));
-        assert_eq!(purge_upto(10_000, 0, None, 40_000), Some(10_000));
+        assert_eq!(
+            purge_upto(10_000, 12_000, 1_000, Some(10_000), 50_000),
+            Some(9_000)
+        );
+        assert_eq!(purge_upto(10_000, 10_000, 0, None, 50_000), Some(10_000));
+        // The first build after the builds' own hold (due four cycles
+        // after the sent snapshot's) still keeps the log the receiver
+        // needs: the purge's bound is one cycle longer.
+        let (every, sent) = (10_000, 30_500);
+        let delayed = next_due(sent, every, 0) + (HOLD_STRETCH - 1) * every;
+        assert_eq!(
+            purge_upto(
+                delayed,
+                delayed + every / 4,
+                1_000,
+                Some(sent),
+                PURGE_HOLD_STRETCH * every
+            ),
+            Some(sent)
+        );
     }
 
     #[test]
