@@ -241,21 +241,9 @@ impl AuthPolicy {
                 .map_err(|why| reason_status(ErrorReason::Unauthenticated(why)));
         }
         if let Some(der) = certificate.filter(|_| self.certificates) {
-            let names = super::tls::cert_names(der).ok_or_else(|| {
-                reason_status(ErrorReason::Unauthenticated(
-                    "unreadable client certificate".into(),
-                ))
-            })?;
-            let name = names
-                .common_name
-                .or_else(|| names.dns_names.into_iter().next())
-                .filter(|name| !name.is_empty() && name.len() <= Principal::BYTES_MAX)
-                .ok_or_else(|| {
-                    reason_status(ErrorReason::Unauthenticated(
-                        "the client certificate names no principal (common name or DNS name)"
-                            .into(),
-                    ))
-                })?;
+            // The rule the proxy names its callers by, too.
+            let name = oncekv_wire::certificate::holder_name(der, Principal::BYTES_MAX)
+                .map_err(|why| reason_status(ErrorReason::Unauthenticated(why.to_string())))?;
             let principal = Principal(name);
             let role = self
                 .cert_roles
@@ -440,6 +428,46 @@ mod tests {
             request = request.header("authorization", format!("Bearer {token}"));
         }
         request.body(()).unwrap()
+    }
+
+    /// A self-signed certificate (DER) with these names.
+    fn certificate(common_name: Option<&str>, dns_names: &[&str]) -> Vec<u8> {
+        use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+        let mut params =
+            CertificateParams::new(dns_names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let mut name = DistinguishedName::new();
+        if let Some(common_name) = common_name {
+            name.push(DnType::CommonName, common_name);
+        }
+        params.distinguished_name = name;
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    /// A certificate names its principal by the proxy's rule
+    /// (`oncekv_wire::certificate`): the first common name, else the first
+    /// DNS name; a name with spaces or control characters names nobody.
+    #[test]
+    fn a_certificate_names_its_principal_by_the_shared_rule() {
+        let policy = policy();
+        let caller = |der: Vec<u8>| policy.caller(None, Some(&der));
+        let alice = caller(certificate(Some("alice"), &["bob.example"])).unwrap();
+        assert_eq!(alice.principal, Principal("alice".into()));
+        assert_eq!(alice.role, Role::Client);
+        let ops = caller(certificate(Some("ops-cert"), &[])).unwrap();
+        assert_eq!(ops.role, Role::Admin, "the tokens file's certificate role");
+        let by_dns = caller(certificate(None, &["carol.example"])).unwrap();
+        assert_eq!(by_dns.principal, Principal("carol.example".into()));
+        for der in [
+            certificate(Some("al ice"), &[]),
+            certificate(Some("alice\u{7}"), &[]),
+            certificate(None, &[]),
+            b"not a certificate".to_vec(),
+        ] {
+            let refused = caller(der).unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        }
     }
 
     /// Tokens map to their principal and role; unknown tokens and missing

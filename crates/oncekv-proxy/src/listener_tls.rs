@@ -10,8 +10,8 @@
 //! With `--callers-ca` it also asks callers for certificates: one that
 //! chains to that CA (through any intermediate) names its caller
 //! ([`certified_caller`]: the subject's first common name, else its first
-//! DNS name — the rule the cluster's nodes use), as a `--callers-file`
-//! token does.
+//! DNS name — `oncekv_wire::certificate`, the rule the cluster's nodes use
+//! for principals), as a `--callers-file` token does.
 //! Without a callers file the certificate is required at the handshake;
 //! with one it is optional there (a token may name the caller instead) and
 //! the request is decided in [`crate::Proxy::handle`].
@@ -43,50 +43,14 @@ pub struct CallersCa {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertifiedCaller(pub Result<String, String>);
 
-/// The caller a verified certificate (DER) names: its subject's first
-/// common name, else (no common name at all) its first DNS name; why none
-/// — a first common name that is not text, or a name that is empty, over
-/// [`NAME_BYTES_MAX`] bytes, or holds spaces or control characters.
+/// The caller a verified certificate (DER) names: the holder name of
+/// `oncekv_wire::certificate` (its subject's first common name, else its
+/// first DNS name), at most [`NAME_BYTES_MAX`] bytes — the rule the
+/// cluster's nodes use for principals; or why none.
 pub fn certified_caller(der: &[u8]) -> CertifiedCaller {
-    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
-    let named = || -> Result<String, String> {
-        let (_, certificate) = X509Certificate::from_der(der)
-            .map_err(|_| "the client certificate does not parse".to_owned())?;
-        let name = match certificate.subject().iter_common_name().next() {
-            Some(common_name) => common_name
-                .as_str()
-                .map_err(|_| "the client certificate's common name is not text".to_owned())?
-                .to_owned(),
-            None => certificate
-                .subject_alternative_name()
-                .ok()
-                .flatten()
-                .and_then(|names| {
-                    names
-                        .value
-                        .general_names
-                        .iter()
-                        .find_map(|name| match name {
-                            GeneralName::DNSName(dns) => Some((*dns).to_owned()),
-                            _ => None,
-                        })
-                })
-                .ok_or_else(|| {
-                    "the client certificate names no caller (no common name, no DNS name)"
-                        .to_owned()
-                })?,
-        };
-        if name.is_empty()
-            || name.len() > NAME_BYTES_MAX
-            || name.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(format!(
-                "the client certificate's name is not a caller's name (1 to {NAME_BYTES_MAX} bytes, no spaces or control characters)"
-            ));
-        }
-        Ok(name)
-    };
-    CertifiedCaller(named())
+    CertifiedCaller(
+        oncekv_wire::certificate::holder_name(der, NAME_BYTES_MAX).map_err(|why| why.to_string()),
+    )
 }
 
 /// The listener's certificate files and the configuration they make.
@@ -245,11 +209,11 @@ mod tests {
             Ok("svc.test".to_owned())
         );
         let nameless = named(certificate(None, &[])).unwrap_err();
-        assert!(nameless.contains("names no caller"), "{nameless}");
+        assert!(nameless.contains("names no holder"), "{nameless}");
         for bad in ["two words", "escape\u{1b}[31m", ""] {
             let refused = named(certificate(Some(bad), &["svc.test"])).unwrap_err();
             assert!(
-                refused.contains("not a caller's name"),
+                refused.contains("not a holder's name"),
                 "{bad:?}: {refused}"
             );
         }

@@ -3,11 +3,15 @@
 //! generated from `proto/oncekv.proto` (`proto`), their codec (`codec`),
 //! the only protobuf ↔ core conversion (`convert`), the only mapping of a
 //! failure reason to a gRPC status and back (`status`), the HTTP
-//! `Idempotency-Key` header's one parser (`idempotency_header`), and the
+//! `Idempotency-Key` header's one parser (`idempotency_header`), the name a
+//! client certificate gives its holder (`certificate`, feature
+//! `certificate`: the node's principals and the proxy's callers), and the
 //! wire's size limits. It must not decide anything a node or a client decides, and must
 //! not depend on Raft or storage: no openraft, no sled, no server
 //! transport.
 
+#[cfg(feature = "certificate")]
+pub mod certificate;
 pub mod codec;
 pub mod convert;
 pub mod idempotency_header;
