@@ -290,13 +290,15 @@ async fn kill_while_writing(cluster: &Cluster, node: u64) -> Vec<String> {
 /// with the others, the receiver by a snapshot sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_while_writing_a_snapshot_ignores_the_torn_file() {
+    const LOGS_KEPT: u64 = 5;
+    let logs_kept = LOGS_KEPT.to_string();
     let cluster = Cluster::start_with(
         "snapshot-torn",
         &[
             "--snapshot-every-entries",
             "1000000",
             "--logs-kept-after-snapshot",
-            "5",
+            &logs_kept,
         ],
     )
     .await;
@@ -334,16 +336,37 @@ async fn a_node_killed_while_writing_a_snapshot_ignores_the_torn_file() {
     );
     let index = wait_converged(&cluster, &[1, 2, 3], first + 1).await;
 
-    // The receiver: down while the others snapshot and purge, then killed
-    // while the leader's snapshot arrives.
+    // The receiver: down while the others snapshot and purge past the end
+    // of its log, then killed while the leader's snapshot arrives. How
+    // many entries a round of writes makes depends on how the proposer
+    // batched them (a loaded machine batches more): rounds go on until
+    // the snapshots are more than LOGS_KEPT entries past the receiver's
+    // log, or it would catch up by the log instead.
+    let receivers_last = index;
     cluster.kill(receiver);
-    fill(&cluster, "third", 10).await;
     let others = [leader, builder];
-    let index = wait_converged(&cluster, &others, index + 1).await;
-    for node in others {
-        assert!(trigger_snapshot(&cluster, node).await >= index);
+    let mut index = index;
+    for round in 0.. {
+        assert!(round < 20, "20 rounds of writes never got past LOGS_KEPT");
+        fill(&cluster, &format!("third-{round}"), 10).await;
+        index = wait_converged(&cluster, &others, index + 1).await;
+        let mut purgeable = u64::MAX;
+        for node in others {
+            let snapshot = trigger_snapshot(&cluster, node).await;
+            assert!(snapshot >= index);
+            purgeable = purgeable.min(snapshot.saturating_sub(LOGS_KEPT));
+        }
+        if purgeable > receivers_last {
+            break;
+        }
     }
-    wait_purged(&cluster, &others).await;
+    wait_for(
+        &cluster,
+        &others,
+        "logs purged past the receiver's",
+        |seen| seen.iter().all(|s| s.purged_index > receivers_last),
+    )
+    .await;
     cluster.spawn(receiver);
     let torn = kill_while_writing(&cluster, receiver).await;
     assert!(!torn.is_empty(), "the killed reception left its file");
