@@ -219,12 +219,6 @@ impl SnapshotSends {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether a snapshot is being sent, or one ended less than `grace` ago
-    /// (its receiver is still catching up on the log after it).
-    pub fn receiver_catching_up(&self, grace: Duration) -> bool {
-        self.log_needed_after(grace).is_some()
-    }
-
     /// The lowest index of the snapshots being sent, or of the last one
     /// sent if it ended less than `grace` ago: its receiver needs the log
     /// from the entry after it. `None`: no receiver is catching up.
@@ -922,14 +916,13 @@ mod tests {
         // Long enough that the checks right after a drop fall within it on
         // a loaded machine.
         let grace = Duration::from_secs(5);
-        assert!(!sends.receiver_catching_up(grace), "nothing sent yet");
-        assert_eq!(sends.log_needed_after(grace), None);
+        assert_eq!(sends.log_needed_after(grace), None, "nothing sent yet");
         let first = sends.start(700);
         let second = sends.start(500);
         assert_eq!(sends.log_needed_after(grace), Some(500), "the older one");
         drop(second);
         assert!(
-            sends.receiver_catching_up(Duration::ZERO),
+            sends.log_needed_after(Duration::ZERO).is_some(),
             "one send still runs"
         );
         assert_eq!(
@@ -943,10 +936,10 @@ mod tests {
             "the ended one's receiver is still catching up"
         );
         drop(first);
-        assert!(sends.receiver_catching_up(grace), "within the grace");
+        assert!(sends.log_needed_after(grace).is_some(), "within the grace");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
-            !sends.receiver_catching_up(Duration::from_millis(10)),
+            sends.log_needed_after(Duration::from_millis(10)).is_none(),
             "past the grace"
         );
         assert_eq!(sends.log_needed_after(Duration::from_millis(10)), None);

@@ -202,8 +202,8 @@ pub(crate) async fn build_on_schedule(raft: Raft, node: NodeId, schedule: Schedu
                 sending,
                 PURGE_HOLD_STRETCH.saturating_mul(every),
             )
-            && purged.is_none_or(|purged| upto > purged)
-            && purge_asked.is_none_or(|asked| upto > asked)
+            // Past what was purged or already asked for (`None` < `Some`).
+            && purge_asked.max(purged).is_none_or(|done| upto > done)
         {
             if let Err(error) = raft.trigger().purge_log(upto).await {
                 tracing::debug!(%error, "Raft refused a purge request; it is stopping");
