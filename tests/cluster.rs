@@ -1,5 +1,6 @@
 //! Real 3-node clusters on loopback: election and writes through the
-//! leader, `NOT_LEADER` hints, a whole-cluster SIGKILL under load, and a
+//! leader, `NOT_LEADER` hints, a follower woken from a long pause (no
+//! election: pre-vote), a whole-cluster SIGKILL under load, and a
 //! node that catches up by snapshot and, as leader, still recognises
 //! retries of requests applied before it came back.
 
@@ -63,6 +64,67 @@ async fn election_writes_and_not_leader_hint() {
         assert_eq!(status.members.len(), 3);
     }
     cluster.wait_converged(&[1, 2, 3], 1).await;
+}
+
+/// A follower paused for several election timeouts (SIGSTOP: its timer has
+/// run out the moment it wakes) asks the others first (pre-vote); they
+/// still hear the leader, so it stays a follower: nobody's term moves, the
+/// leader keeps leading, and the woken follower catches up and names it
+/// again. (With pre-vote off it stood for election at once, at a higher
+/// term, and the leader stepped down.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_woken_from_a_long_pause_does_not_depose_the_leader() {
+    let cluster = Cluster::start("woken-follower").await;
+    let raw = raw_client(&cluster).await;
+    let session = raw.register(1).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(60)).await;
+    let term = cluster.status(leader).await.unwrap().term;
+    let follower = (1..=3).find(|node| *node != leader).unwrap();
+    cluster.pause(follower);
+    // Writes while it is paused, for at least three of the largest election
+    // timeouts (800 ms in tests): the follower misses them and its timer
+    // runs out.
+    let paused_at = Instant::now();
+    let mut seq = 0;
+    while paused_at.elapsed() < Duration::from_millis(2_400) && seq < 10_000 {
+        seq += 1;
+        let request = raw.execute_request(session.client_id, seq, seq, &incr("n"));
+        let (result, _) = raw.execute(CALL_DEADLINE, &request).await.unwrap();
+        assert_eq!(result, CommandResult::Incremented { value: seq as i64 });
+    }
+    let written = cluster.status(leader).await.unwrap();
+    assert_eq!(
+        written.term, term,
+        "the leader lost its term during the pause"
+    );
+    cluster.resume(follower);
+    cluster
+        .wait_until(
+            Duration::from_secs(60),
+            "the woken follower naming the leader and holding the writes",
+            |statuses| {
+                statuses[&follower].as_ref().is_ok_and(|status| {
+                    status.leader_id == leader && status.applied_index >= written.applied_index
+                })
+            },
+        )
+        .await;
+    for (node, status) in cluster.statuses().await {
+        let status = status.unwrap_or_else(|error| panic!("node {node}: {error}"));
+        assert_eq!(
+            (status.term, status.leader_id),
+            (term, leader),
+            "node {node} after the follower woke"
+        );
+    }
+    let request = raw.execute_request(session.client_id, seq + 1, seq + 1, &incr("n"));
+    let (result, _) = raw.execute(CALL_DEADLINE, &request).await.unwrap();
+    assert_eq!(
+        result,
+        CommandResult::Incremented {
+            value: seq as i64 + 1
+        }
+    );
 }
 
 /// Rule 17 end to end: requests of many sessions arriving together share

@@ -91,7 +91,7 @@ impl AdminApi {
     fn leader_membership(&self) -> Result<Membership<NodeId, NodeInfo>, Status> {
         let metrics = self.raft.metrics().borrow_watched().clone();
         if metrics.state != ServerState::Leader {
-            return Err(not_leader(&metrics));
+            return Err(not_leader(&metrics, self.proposer.contact()));
         }
         Ok(metrics.membership_config.membership().clone())
     }

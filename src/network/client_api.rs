@@ -548,8 +548,10 @@ impl client_server::Client for ClientApi {
         };
         let membership = metrics.membership_config.membership();
         let members = super::admin_api::members_to_proto(membership);
-        let leader_client_addr = metrics
-            .current_leader
+        // Raft's leader only while this node hears from it (a follower cut
+        // off from the others keeps its vote for a leader that may be gone).
+        let leader_id = self.proposer.contact().leader_of(&metrics);
+        let leader_client_addr = leader_id
             .and_then(|leader| membership.get_node(&leader))
             .map(|node| node.client_addr.clone())
             .unwrap_or_default();
@@ -561,7 +563,7 @@ impl client_server::Client for ClientApi {
             node_id: self.node_id,
             role: role.into(),
             term: metrics.current_term,
-            leader_id: metrics.current_leader.unwrap_or(0),
+            leader_id: leader_id.unwrap_or(0),
             leader_client_addr,
             last_log_index: metrics.last_log_index.unwrap_or(0),
             applied_index: registry.applied_index(),

@@ -12,6 +12,7 @@ pub mod client_api;
 pub mod client_wire;
 pub mod faults;
 pub mod http_api;
+pub mod leader_contact;
 pub mod peer;
 pub mod proposer;
 pub mod status;

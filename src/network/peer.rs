@@ -11,7 +11,12 @@
 //! read from the sender's snapshot file a chunk at a time as the stream is
 //! sent, and written to a temporary file by the receiver as they arrive:
 //! neither side holds a whole snapshot's bytes in memory.
+//!
+//! The service tells `leader_contact` of each append that arrives under a
+//! committed vote, so that the node names a leader only while it hears
+//! from it.
 
+use super::leader_contact::LeaderContact;
 use super::tls::PeerClaim;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::shared::ClusterIdentity;
@@ -692,14 +697,22 @@ pub struct PeerService {
     identity: ClusterIdentity,
     /// Where a received snapshot is written as it arrives.
     snapshots: SnapshotInbox,
+    /// Told of each append that arrives under a committed vote.
+    contact: LeaderContact,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, identity: ClusterIdentity, snapshots: SnapshotInbox) -> PeerService {
+    pub fn new(
+        raft: Raft,
+        identity: ClusterIdentity,
+        snapshots: SnapshotInbox,
+        contact: LeaderContact,
+    ) -> PeerService {
         PeerService {
             raft,
             identity,
             snapshots,
+            contact,
         }
     }
 
@@ -762,6 +775,14 @@ fn open_message<T: DeserializeOwned>(
     Ok(decoded)
 }
 
+/// Records an append (entries or a heartbeat) sent under a committed vote
+/// as news from that vote's leader.
+fn heard(contact: &LeaderContact, append: &AppendEntriesRequest<TypeConfig>) {
+    if append.vote.is_committed() {
+        contact.heard_from(append.vote.leader_id().node_id);
+    }
+}
+
 fn seal<T: Serialize>(value: &T) -> RaftMessage {
     RaftMessage {
         cluster_id: Vec::new(),
@@ -780,6 +801,7 @@ impl raft_server::Raft for PeerService {
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let claim = PeerClaim::of(&request);
         let rpc: AppendEntriesRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        heard(&self.contact, &rpc);
         Ok(tonic::Response::new(seal(
             &self.raft.append_entries(rpc).await,
         )))
@@ -795,15 +817,20 @@ impl raft_server::Raft for PeerService {
         request: tonic::Request<tonic::Streaming<RaftMessage>>,
     ) -> Result<tonic::Response<ReplyStream>, tonic::Status> {
         let identity = self.identity.clone();
+        let contact = self.contact.clone();
         let claim = PeerClaim::of(&request);
         let refused: Arc<Mutex<Option<tonic::Status>>> = Arc::default();
         let refusal = refused.clone();
         let appends = request
             .into_inner()
             .map(move |message| {
-                message.and_then(|message| {
+                let opened = message.and_then(|message| {
                     open_message::<AppendEntriesRequest<TypeConfig>>(&identity, &claim, message)
-                })
+                });
+                if let Ok(append) = &opened {
+                    heard(&contact, append);
+                }
+                opened
             })
             .take_while(move |opened| {
                 let go_on = match opened {

@@ -14,6 +14,7 @@
 //! load, the costs of an entry (its append, fsyncs, replication and apply
 //! call) are paid once per batch instead of once per request.
 
+use super::leader_contact::LeaderContact;
 use super::status::{clock_status, outcomes_miscounted, write_status};
 use crate::clock::ClusterClock;
 use crate::metrics::{self, NodeMetrics};
@@ -58,6 +59,7 @@ pub struct Proposer {
     admission: Arc<Semaphore>,
     max_pending_proposals: usize,
     metrics: Arc<NodeMetrics>,
+    contact: LeaderContact,
 }
 
 /// One request waiting for, or riding in, an entry.
@@ -103,6 +105,7 @@ impl Proposer {
         request_timeout: Duration,
         max_pending_proposals: usize,
         metrics: Arc<NodeMetrics>,
+        contact: LeaderContact,
     ) -> Proposer {
         metrics.set_max_pending_proposals(max_pending_proposals);
         let (queue, waiting) = mpsc::unbounded_channel();
@@ -111,6 +114,7 @@ impl Proposer {
             clock,
             request_timeout,
             metrics: metrics.clone(),
+            contact: contact.clone(),
             in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT)),
         };
         tokio::spawn(batcher.run(waiting));
@@ -120,12 +124,18 @@ impl Proposer {
             admission: Arc::new(Semaphore::new(max_pending_proposals)),
             max_pending_proposals,
             metrics,
+            contact,
         }
     }
 
     /// The metrics of the node this proposer serves.
     pub fn metrics(&self) -> &Arc<NodeMetrics> {
         &self.metrics
+    }
+
+    /// Whom the node this proposer serves hears as its leader.
+    pub fn contact(&self) -> &LeaderContact {
+        &self.contact
     }
 
     /// Proposes `op` and waits, within the request timeout, for the entry
@@ -216,6 +226,7 @@ struct Batcher {
     clock: Arc<ClusterClock>,
     request_timeout: Duration,
     metrics: Arc<NodeMetrics>,
+    contact: LeaderContact,
     /// One permit per entry in flight.
     in_flight: Arc<Semaphore>,
 }
@@ -239,7 +250,7 @@ impl Batcher {
             // for the whole request timeout: requests must not wait behind
             // them for a slot, so a step-down answers the waiting ones.
             let slot = loop {
-                if let Some(status) = not_leading(&server) {
+                if let Some(status) = not_leading(&server, &self.contact) {
                     break Err(status);
                 }
                 tokio::select! {
@@ -297,17 +308,20 @@ impl Batcher {
     }
 }
 
-/// `NOT_LEADER` (with the leader's client address when known) if this node
-/// does not lead now, as openraft's server metrics say. Only a shortcut:
-/// the Raft write is what decides, and refusing here proposes nothing.
+/// `NOT_LEADER` (with the leader's client address when this node hears
+/// from one) if this node does not lead now, as openraft's server metrics
+/// say. Only a shortcut: the Raft write is what decides, and refusing here
+/// proposes nothing.
 fn not_leading(
     server: &openraft::type_config::alias::WatchReceiverOf<TypeConfig, ServerMetrics>,
+    contact: &LeaderContact,
 ) -> Option<Status> {
     let metrics = server.borrow_watched();
     if metrics.state == ServerState::Leader {
         return None;
     }
-    let leader_client_addr = metrics.current_leader.and_then(|leader| {
+    let leader_id = contact.leader(metrics.state, metrics.current_leader);
+    let leader_client_addr = leader_id.and_then(|leader| {
         metrics
             .membership_config
             .membership()
@@ -315,7 +329,7 @@ fn not_leading(
             .map(|node| node.client_addr.clone())
     });
     Some(reason_status(ErrorReason::NotLeader {
-        leader_id: metrics.current_leader,
+        leader_id,
         leader_client_addr,
         nothing_proposed: true,
     }))

@@ -11,6 +11,7 @@
 //! reason: a learner that has not caught up yet, a fault hook this build
 //! lacks and an entry that applied with the wrong number of outcomes.
 
+use super::leader_contact::LeaderContact;
 use crate::clock::ClockError;
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::shared::SharedState;
@@ -110,14 +111,15 @@ pub fn membership_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfi
     }
 }
 
-/// `NOT_LEADER` with the leader's id and client address, when known.
-pub fn not_leader(metrics: &RaftMetrics<TypeConfig>) -> Status {
-    let leader_client_addr = metrics
-        .current_leader
+/// `NOT_LEADER` with the leader's id and client address, when this node
+/// hears from one (`contact`).
+pub fn not_leader(metrics: &RaftMetrics<TypeConfig>, contact: &LeaderContact) -> Status {
+    let leader_id = contact.leader_of(metrics);
+    let leader_client_addr = leader_id
         .and_then(|leader| metrics.membership_config.membership().get_node(&leader))
         .map(|node| node.client_addr.clone());
     reason_status(ErrorReason::NotLeader {
-        leader_id: metrics.current_leader,
+        leader_id,
         leader_client_addr,
         nothing_proposed: false,
     })

@@ -13,6 +13,7 @@ use crate::network::admin_api::AdminApi;
 use crate::network::auth::{AuthLayer, AuthPolicy, SharedPolicy};
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
+use crate::network::leader_contact::LeaderContact;
 use crate::network::peer::{PeerNetwork, PeerService, SnapshotSends};
 use crate::network::proposer::Proposer;
 use crate::network::tls::{NodeTls, Port};
@@ -209,6 +210,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         identity: identity.clone(),
         snapshots,
         metrics,
+        contact: LeaderContact::new(LeaderContact::window_for(config.election_timeout_max)),
         tls,
         auth,
         stop: servers_stopped,
@@ -419,12 +421,14 @@ fn raft_config(config: &NodeConfig) -> anyhow::Result<openraft::Config> {
         max_in_snapshot_log_to_keep: u64::MAX,
         install_snapshot_timeout: 5_000,
         max_payload_entries: MAX_PAYLOAD_ENTRIES,
-        // Off: with pre-vote a follower cut off from the rest never raises
-        // its term and keeps naming its dead leader (in `Status` and in
-        // `NOT_LEADER` hints) instead of "no leader". Failover measured the
-        // same with and without it (docs/benchmarks.md, "Raft timing"); the peer
-        // service answers pre-votes either way.
-        enable_pre_vote: Some(false),
+        // On: a follower that stalled past the election timeout (a paused
+        // process, a VM stall, a long snapshot install) asks first whether
+        // the others would vote, instead of raising its term at once and
+        // making a healthy leader step down (docs/benchmarks.md, "Raft
+        // timing"). A follower cut off from the others so keeps its vote
+        // for its last leader; it names that leader only while it hears
+        // from it (`LeaderContact`).
+        enable_pre_vote: Some(true),
         // Entries go to the followers as soon as the append is queued, not
         // after the leader's own fdatasync; commit still waits for a quorum
         // of durable copies, the leader's own counted only after its flush.
@@ -460,6 +464,9 @@ struct Wiring<'a> {
     /// Where the peer service writes snapshots a leader sends.
     snapshots: SnapshotInbox,
     metrics: Arc<NodeMetrics>,
+    /// Whom this node hears as its leader: told by the peer service, read
+    /// by every service that names a leader.
+    contact: LeaderContact,
     tls: Option<NodeTls>,
     auth: SharedPolicy,
     /// Turns `true` when the servers are to stop.
@@ -486,6 +493,7 @@ impl Wiring<'_> {
             config.request_timeout,
             config.max_pending_proposals,
             self.metrics.clone(),
+            self.contact.clone(),
         );
         let admin_api = AdminApi::new(
             config.id,
@@ -518,6 +526,7 @@ impl Wiring<'_> {
             self.state.clone(),
             self.metrics.clone(),
             health,
+            self.contact.clone(),
         ));
         if let Some(addr) = config.metrics_addr {
             servers.push(self.serve_metrics(addr).await?);
@@ -556,6 +565,7 @@ impl Wiring<'_> {
                     self.raft.clone(),
                     self.identity.clone(),
                     self.snapshots.clone(),
+                    self.contact.clone(),
                 )
                 .into_server(),
             );
@@ -628,6 +638,7 @@ impl Wiring<'_> {
             self.raft.clone(),
             self.state.clone(),
             self.metrics.clone(),
+            self.contact.clone(),
             self.tls.clone(),
             self.stopped(),
         )

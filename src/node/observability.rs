@@ -13,6 +13,7 @@
 //! it has lost touch with the leader.
 
 use crate::metrics::{CONTENT_TYPE, NodeMetrics};
+use crate::network::leader_contact::LeaderContact;
 use crate::network::tls::NodeTls;
 use crate::raft_types::{NodeId, Raft};
 use crate::shared::SharedState;
@@ -35,10 +36,13 @@ struct Scrape {
     raft: Raft,
     state: SharedState,
     metrics: Arc<NodeMetrics>,
+    contact: LeaderContact,
 }
 
 async fn scrape(State(scrape): State<Scrape>) -> impl IntoResponse {
-    let raft_metrics = scrape.raft.metrics().borrow_watched().clone();
+    let mut raft_metrics = scrape.raft.metrics().borrow_watched().clone();
+    // The leader gauge names the leader this node hears from, as `Status`.
+    raft_metrics.current_leader = scrape.contact.leader_of(&raft_metrics);
     // The newest hash, never one computed for this scrape (see
     // SharedState::latest_hash).
     let hash = scrape.state.latest_hash();
@@ -68,6 +72,7 @@ pub async fn metrics_server(
     raft: Raft,
     state: SharedState,
     metrics: Arc<NodeMetrics>,
+    contact: LeaderContact,
     tls: Option<NodeTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<impl Future<Output = std::io::Result<()>>> {
@@ -78,6 +83,7 @@ pub async fn metrics_server(
             raft,
             state,
             metrics,
+            contact,
         });
     Ok(async move {
         match tls {
@@ -101,10 +107,12 @@ pub async fn metrics_server(
     })
 }
 
-/// Whether the node can serve clients: it has the cluster id and knows a
-/// leader.
-fn serving(raft: &Raft, state: &SharedState) -> bool {
-    let has_leader = raft.metrics().borrow_watched().current_leader.is_some();
+/// Whether the node can serve clients: it has the cluster id and hears
+/// from a leader (itself, or one it heard from lately).
+fn serving(raft: &Raft, state: &SharedState, contact: &LeaderContact) -> bool {
+    let has_leader = contact
+        .leader_of(&raft.metrics().borrow_watched())
+        .is_some();
     has_leader && state.read().registry.cluster_id().is_some()
 }
 
@@ -117,6 +125,7 @@ pub async fn watch(
     state: SharedState,
     metrics: Arc<NodeMetrics>,
     health: HealthReporter,
+    contact: LeaderContact,
 ) {
     // Role, vote and leader changes only: openraft's full metrics change on
     // nearly every step of its core, and this needs none of those.
@@ -146,7 +155,7 @@ pub async fn watch(
             tracing::info!(node_id, term, "became leader");
         }
         leading = now_leading;
-        let status = if serving(&raft, &state) {
+        let status = if serving(&raft, &state, &contact) {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
