@@ -32,12 +32,17 @@ pub(crate) fn response_size_bytes(response: &Result<CommandResult, LimitExceeded
     }
 }
 
+/// The largest capacity an emptied deque keeps (`Responses::remove_below`):
+/// the least a deque allocates for responses of this size.
+const KEPT_EMPTY_CAPACITY: usize = 4;
+
 /// A session's cached responses in ascending seq order. Seqs mostly arrive
 /// in order and leave from the front as the floor rises, so a deque kept
 /// sorted serves a lookup by binary search and the common insert and
 /// removal at its ends without allocating; behind an `Arc`, a copy of the
 /// registry (for a snapshot or a hash) shares it until either side writes;
-/// a session with nothing cached (every idle one) holds no allocation.
+/// a session that never cached anything holds no allocation, one emptied
+/// keeps a small deque to refill.
 /// (A persistent ordered map allocated and filled a tree node for every
 /// response cached.)
 #[derive(Clone, Debug, Default)]
@@ -120,7 +125,11 @@ impl Responses {
                 removed_bytes += removed.cached_size_bytes();
             }
         }
-        if responses.is_empty() {
+        // A session acknowledging one request at a time empties its deque
+        // on every request and refills it at once: a small one is kept for
+        // that (two allocations and two frees per request on every node,
+        // otherwise); a large one is given back.
+        if responses.is_empty() && responses.capacity() > KEPT_EMPTY_CAPACITY {
             self.0 = None;
         }
         removed_bytes
@@ -305,7 +314,7 @@ mod tests {
     }
 
     /// Seqs cached out of order are kept sorted, found by seq, replaced in
-    /// place, dropped below a rising floor; an emptied cache holds no
+    /// place, dropped below a rising floor; an emptied large cache holds no
     /// allocation, and a copy is unaffected by writes to the original.
     #[test]
     fn responses_stay_sorted_and_copies_stay_apart() {
@@ -332,5 +341,25 @@ mod tests {
         assert_eq!(responses, Responses::default());
         let rebuilt: Responses = copy.iter().cloned().collect();
         assert_eq!(rebuilt, copy);
+    }
+
+    /// A session that acknowledges each response before the next (what
+    /// every closed-loop client does) reuses one small deque: emptied, it
+    /// is kept, equal to an empty cache, and refilled in place.
+    #[test]
+    fn a_deque_emptied_one_response_at_a_time_is_kept() {
+        let mut responses = Responses::default();
+        responses.insert(1, response(1));
+        let kept = Arc::as_ptr(responses.0.as_ref().unwrap());
+        for seq in 2..100 {
+            responses.remove_below(seq);
+            assert!(responses.0.is_some(), "the emptied deque was dropped");
+            assert_eq!(responses.len(), 0);
+            assert_eq!(responses.first(), None);
+            assert_eq!(responses, Responses::default());
+            responses.insert(seq, response(seq as i64));
+            assert_eq!(Arc::as_ptr(responses.0.as_ref().unwrap()), kept);
+        }
+        assert_eq!(responses.get(&99), Some(&response(99)));
     }
 }
