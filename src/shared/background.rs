@@ -1,7 +1,8 @@
 //! One thread, at a lower CPU priority than the rest of the node, for the
 //! work no request waits on: building a snapshot (encoding the state,
-//! flushing key records into the record store) and hashing the state for
-//! `Status`. On a busy machine the scheduler then gives the request path —
+//! flushing key records into the record store), hashing the state for
+//! `Status`, and checking and installing a snapshot received from the
+//! leader (a node that receives one is behind: no request waits on it). On a busy machine the scheduler then gives the request path —
 //! Raft, apply, the RPCs — the CPU first, and such work the time left over
 //! (at nice 10 it still gets about a tenth of a contended core, so it ends).
 //!

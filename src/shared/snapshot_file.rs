@@ -714,7 +714,10 @@ impl IncomingSnapshot {
             .map_err(io::Error::other)?;
         let meta = self.meta.clone();
         let registry_offset = self.registry_offset;
-        tokio::task::spawn_blocking(move || {
+        // On the lower-priority thread: a received state is checked while
+        // the leader and the other followers serve writes on the same
+        // cores, and no request waits on it (the receiver is behind).
+        super::background::run(move || {
             let file = writer.into_inner().map_err(|e| e.into_error())?;
             let mut snapshot = SnapshotFile {
                 file,
@@ -738,7 +741,6 @@ impl IncomingSnapshot {
             Ok(snapshot)
         })
         .await
-        .map_err(io::Error::other)?
     }
 }
 

@@ -742,12 +742,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let files = self.files.clone();
         let installed_meta = meta.clone();
         let records = self.state.records().cloned();
-        let (registry, store) = tokio::task::spawn_blocking(move || {
-            files.install(&installed_meta, snapshot, records.as_deref())
-        })
-        .await
-        .map_err(|e| snapshot_error(Some(meta), "installing", e))?
-        .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
+        // On the lower-priority thread, as the check when it arrived: on a
+        // node behind its leader no request waits on the install, and the
+        // nodes serving writes get the cores first.
+        let (registry, store) =
+            background::run(move || files.install(&installed_meta, snapshot, records.as_deref()))
+                .await
+                .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
         let mut applied = self.state.write();
         let previous = std::mem::replace(&mut applied.registry, registry);
         // Readers see the installed generation with the installed registry
