@@ -110,7 +110,7 @@ impl AdminApi {
         )
         .await
         .map_err(|_| reason_status(ErrorReason::Deadline))?
-        .map_err(membership_status)?;
+        .map_err(|error| membership_status(error, self.proposer.contact()))?;
         let members = written
             .membership
             .as_ref()
@@ -235,7 +235,7 @@ impl admin_server::Admin for AdminApi {
         )
         .await
         .map_err(|_| reason_status(ErrorReason::Deadline))?
-        .map_err(membership_status)?;
+        .map_err(|error| membership_status(error, self.proposer.contact()))?;
         let log_index = written.log_id.index;
         tracing::info!(node_id = request.node_id, log_index, "learner added");
         let matched_index = self

@@ -523,7 +523,7 @@ impl client_server::Client for ClientApi {
         let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
             .await
             .map_err(|_| reason_status(ErrorReason::Deadline))?;
-        confirmed.map_err(read_status)?;
+        confirmed.map_err(|error| read_status(error, self.proposer.contact()))?;
         let applied = self.state.read();
         Ok(Response::new(proto::ReadReply {
             value: applied

@@ -71,11 +71,13 @@ impl LeaderContact {
     fn heard_from_at(&self, leader: NodeId, now: Instant) {
         let ms = now.saturating_duration_since(self.inner.base).as_millis();
         let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1) + 1;
-        // Two stores, not one: a reader between them pairs a new time with
-        // the previous sender, which `leader_at` then refuses (it must be
-        // the leader Raft names), or the old time with the new sender
-        // (refused too, unless recent): never a leader named wrongly for
-        // longer than one append.
+        // Two stores, not one: a reader between them may pair the previous
+        // time with the new sender, and two appends recorded at once (the
+        // heartbeat and replication streams run apart) one's sender with
+        // the other's time — both times are "now". `leader_at` names only
+        // the leader Raft names, so at worst an append of a stale leader,
+        // recorded before Raft refuses it, makes the node name nobody until
+        // the real leader's next heartbeat.
         self.inner.heard_from.store(leader, Ordering::Relaxed);
         self.inner.heard_at_ms.store(ms, Ordering::Release);
     }
@@ -85,6 +87,12 @@ impl LeaderContact {
     /// the window.
     pub fn leader(&self, state: ServerState, current_leader: Option<NodeId>) -> Option<NodeId> {
         self.leader_at(state, current_leader, Instant::now())
+    }
+
+    /// `leader` if this node heard from it within the window (the rule for
+    /// a follower): for a leader openraft names in an error.
+    pub fn heard(&self, leader: Option<NodeId>) -> Option<NodeId> {
+        self.leader(ServerState::Follower, leader)
     }
 
     /// [`LeaderContact::leader`] of what Raft's metrics say.

@@ -776,7 +776,7 @@ fn open_message<T: DeserializeOwned>(
 }
 
 /// Records an append (entries or a heartbeat) sent under a committed vote
-/// as news from that vote's leader.
+/// as news from that vote's leader (a snapshot's head is recorded alike).
 fn heard(contact: &LeaderContact, append: &AppendEntriesRequest<TypeConfig>) {
     if append.vote.is_committed() {
         contact.heard_from(append.vote.leader_id().node_id);
@@ -889,6 +889,9 @@ impl raft_server::Raft for PeerService {
         let SnapshotPart::Head { vote, meta } = self.open(&claim, first)? else {
             return Err(invalid("a snapshot stream must start with its meta"));
         };
+        if vote.is_committed() {
+            self.contact.heard_from(vote.leader_id().node_id);
+        }
         let unavailable = |error: std::io::Error| {
             tracing::warn!(%error, "cannot write a received snapshot");
             reason_status(ErrorReason::Unavailable(format!(

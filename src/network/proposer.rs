@@ -300,8 +300,9 @@ impl Batcher {
             let clock = self.clock.clone();
             let metrics = self.metrics.clone();
             let request_timeout = self.request_timeout;
+            let contact = self.contact.clone();
             tokio::spawn(async move {
-                propose_batch(raft, clock, request_timeout, &metrics, batch).await;
+                propose_batch(raft, clock, request_timeout, &metrics, &contact, batch).await;
                 drop(slot);
             });
         }
@@ -349,6 +350,7 @@ async fn propose_batch(
     clock: Arc<ClusterClock>,
     request_timeout: Duration,
     metrics: &NodeMetrics,
+    contact: &LeaderContact,
     batch: Vec<Proposal>,
 ) {
     let started = metrics::now();
@@ -358,14 +360,17 @@ async fn propose_batch(
         .map(|proposal| (proposal.op, (proposal.reply, proposal._pending)))
         .unzip();
     let write = async {
-        let stamp_ms = clock.stamp().await.map_err(clock_status)?;
+        let stamp_ms = clock
+            .stamp()
+            .await
+            .map_err(|error| clock_status(error, contact))?;
         let written = raft
             .client_write(Entry {
                 stamp_ms,
                 ops: ops.into(),
             })
             .await
-            .map_err(write_status)?;
+            .map_err(|error| write_status(error, contact))?;
         Ok::<_, Status>((written.data, written.log_id.index))
     };
     let written = match tokio::time::timeout(request_timeout, write).await {

@@ -13,7 +13,7 @@
 
 use super::leader_contact::LeaderContact;
 use crate::clock::ClockError;
-use crate::raft_types::{NodeId, TypeConfig};
+use crate::raft_types::{NodeId, NodeInfo, TypeConfig};
 use crate::shared::SharedState;
 use oncekv_core::ClusterId;
 use oncekv_wire::status::{self, ErrorReason, invalid, reason_status};
@@ -43,21 +43,41 @@ pub fn required_cluster(state: &SharedState, bytes: &[u8]) -> Result<ClusterId, 
     status::required_cluster(state.cluster_id(), bytes)
 }
 
+/// The leader an openraft error names, and its client address, kept only
+/// if this node heard from it lately (`LeaderContact`): a follower cut off
+/// from the others keeps its vote for a leader that may be gone.
+fn heard_leader(
+    contact: &LeaderContact,
+    leader_id: Option<NodeId>,
+    leader: Option<NodeInfo>,
+) -> (Option<NodeId>, Option<String>) {
+    match contact.heard(leader_id) {
+        Some(id) => (Some(id), leader.map(|node| node.client_addr)),
+        None => (None, None),
+    }
+}
+
 /// The cluster clock could not stamp: not the leader, or not yet able to.
-pub fn clock_status(error: ClockError) -> Status {
+pub fn clock_status(error: ClockError, contact: &LeaderContact) -> Status {
     match error {
         // The stamp comes before the proposal: nothing was proposed.
-        ClockError::NotLeader { leader_id, leader } => reason_status(ErrorReason::NotLeader {
-            leader_id,
-            leader_client_addr: leader.map(|node| node.client_addr),
-            nothing_proposed: true,
-        }),
+        ClockError::NotLeader { leader_id, leader } => {
+            let (leader_id, leader_client_addr) = heard_leader(contact, leader_id, leader);
+            reason_status(ErrorReason::NotLeader {
+                leader_id,
+                leader_client_addr,
+                nothing_proposed: true,
+            })
+        }
         ClockError::Unavailable(why) => reason_status(ErrorReason::Unavailable(why)),
     }
 }
 
 /// A proposal openraft did not accept or lost.
-pub fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
+pub fn write_status(
+    error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+    contact: &LeaderContact,
+) -> Status {
     match error {
         // A leader whose quorum has not acknowledged it within the lease
         // refuses before appending (openraft's only use of the reason):
@@ -73,23 +93,32 @@ pub fn write_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) 
         RaftError::APIError(
             ClientWriteError::ForwardToLeader(forward)
             | ClientWriteError::LogEntryDiscarded(forward),
-        ) => reason_status(ErrorReason::NotLeader {
-            leader_id: forward.leader_id,
-            leader_client_addr: forward.leader_node.map(|node| node.client_addr),
-            nothing_proposed: false,
-        }),
+        ) => {
+            let (leader_id, leader_client_addr) =
+                heard_leader(contact, forward.leader_id, forward.leader_node);
+            reason_status(ErrorReason::NotLeader {
+                leader_id,
+                leader_client_addr,
+                nothing_proposed: false,
+            })
+        }
         other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
 }
 
 /// The read index could not be confirmed: not the leader (with its hint),
 /// or not now.
-pub fn read_status(error: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>) -> Status {
+pub fn read_status(
+    error: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>,
+    contact: &LeaderContact,
+) -> Status {
     match error {
         RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
+            let (leader_id, leader_client_addr) =
+                heard_leader(contact, forward.leader_id, forward.leader_node);
             reason_status(ErrorReason::NotLeader {
-                leader_id: forward.leader_id,
-                leader_client_addr: forward.leader_node.map(|node| node.client_addr),
+                leader_id,
+                leader_client_addr,
                 nothing_proposed: false,
             })
         }
@@ -99,7 +128,10 @@ pub fn read_status(error: RaftError<TypeConfig, LinearizableReadError<TypeConfig
 
 /// Membership errors: a change ruled out by the membership is the caller's
 /// to fix; one already in progress is for this attempt only.
-pub fn membership_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
+pub fn membership_status(
+    error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+    contact: &LeaderContact,
+) -> Status {
     match error {
         RaftError::APIError(ClientWriteError::ChangeMembershipError(change)) => match change {
             ChangeMembershipError::InProgress(progress) => reason_status(ErrorReason::Unavailable(
@@ -107,7 +139,7 @@ pub fn membership_status(error: RaftError<TypeConfig, ClientWriteError<TypeConfi
             )),
             other => invalid(other.to_string()),
         },
-        other => write_status(other),
+        other => write_status(other, contact),
     }
 }
 
@@ -161,9 +193,11 @@ mod tests {
     #[test]
     fn an_expired_lease_is_told_apart_from_an_election() {
         let lease = ForwardToLeader::<TypeConfig>::empty().with_reason(ForwardReason::LeaseExpired);
-        let status = write_status(RaftError::APIError(ClientWriteError::ForwardToLeader(
-            lease,
-        )));
+        let contact = LeaderContact::new(Duration::from_secs(1));
+        let status = write_status(
+            RaftError::APIError(ClientWriteError::ForwardToLeader(lease)),
+            &contact,
+        );
         assert_eq!(status.code(), tonic::Code::Unavailable);
         assert!(
             status.message().contains("leader lease") && !status.message().contains("election"),
@@ -175,10 +209,41 @@ mod tests {
         assert!(lease_detail.nothing_proposed);
 
         let forward = ForwardToLeader::<TypeConfig>::empty();
-        let status = write_status(RaftError::APIError(ClientWriteError::ForwardToLeader(
-            forward,
-        )));
+        let status = write_status(
+            RaftError::APIError(ClientWriteError::ForwardToLeader(forward)),
+            &contact,
+        );
         assert!(status.message().contains("election in progress"));
         assert!(!detail(&status).nothing_proposed);
+    }
+
+    /// A leader openraft names in an error is passed on only if this node
+    /// heard from it lately: a follower cut off from the others keeps its
+    /// vote for a leader that may be gone, and must not send clients there.
+    #[test]
+    fn an_error_names_the_leader_only_if_it_was_heard_from() {
+        let contact = LeaderContact::new(Duration::from_secs(60));
+        let node = NodeInfo {
+            client_addr: "127.0.0.1:7102".into(),
+            ..NodeInfo::default()
+        };
+        let forward = || {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(ForwardToLeader::<
+                TypeConfig,
+            >::new(
+                2, node.clone()
+            )))
+        };
+        let unheard = detail(&read_status(forward(), &contact));
+        assert_eq!(
+            (unheard.leader_id, unheard.leader_client_addr.as_str()),
+            (0, "")
+        );
+        contact.heard_from(2);
+        let heard = detail(&read_status(forward(), &contact));
+        assert_eq!(
+            (heard.leader_id, heard.leader_client_addr.as_str()),
+            (2, "127.0.0.1:7102")
+        );
     }
 }

@@ -1,10 +1,12 @@
 //! One thread, at a lower CPU priority than the rest of the node, for the
 //! work no request waits on: building a snapshot (encoding the state,
 //! flushing key records into the record store), hashing the state for
-//! `Status`, and checking and installing a snapshot received from the
-//! leader (a node that receives one is behind: no request waits on it). On a busy machine the scheduler then gives the request path —
-//! Raft, apply, the RPCs — the CPU first, and such work the time left over
-//! (at nice 10 it still gets about a tenth of a contended core, so it ends).
+//! `Status`, reading a snapshot a chunk at a time to send it to a node
+//! that is behind, and checking and installing a snapshot received from
+//! the leader (the node receiving one is behind: no request waits on it).
+//! On a busy machine the scheduler then gives the request path — Raft,
+//! apply, the RPCs — the CPU first, and such work the time left over (at
+//! nice 10 it still gets about a tenth of a contended core, so it ends).
 //!
 //! Owns that thread and the queue of jobs to it, run one at a time in the
 //! order given. It must not run anything a request's reply waits for, nor
@@ -59,6 +61,42 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
+    match run_caught(job).await {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Runs `job` on the background thread and returns its result, or an
+/// error naming its panic: for callers that answer a failure as an error
+/// (a snapshot's storage calls, a peer's RPC) instead of panicking the
+/// task that awaits them.
+pub async fn run_io<T, F>(job: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> std::io::Result<T> + Send + 'static,
+{
+    match run_caught(job).await {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|what| what.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(std::io::Error::other(format!(
+                "a background job panicked: {what}"
+            )))
+        }
+    }
+}
+
+/// Runs `job` on the background thread; its value, or its panic.
+async fn run_caught<T, F>(job: F) -> std::thread::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
     let (reply, result) = tokio::sync::oneshot::channel();
     let job: Job = Box::new(move || {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
@@ -69,13 +107,9 @@ where
         .unwrap_or_else(PoisonError::into_inner)
         .send(job)
         .expect("the background thread runs as long as the process");
-    match result
+    result
         .await
         .expect("the background thread answers every job")
-    {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
 }
 
 #[cfg(test)]
@@ -114,5 +148,13 @@ mod tests {
         let caught = tokio::spawn(run(|| -> u32 { panic!("job failed") })).await;
         assert!(caught.unwrap_err().is_panic());
         assert_eq!(run(|| 7).await, 7);
+        let failed = run_io(|| -> std::io::Result<u32> { panic!("install failed") }).await;
+        assert!(
+            failed
+                .unwrap_err()
+                .to_string()
+                .contains("panicked: install failed")
+        );
+        assert_eq!(run_io(|| Ok(8)).await.unwrap(), 8);
     }
 }

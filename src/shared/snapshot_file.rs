@@ -372,18 +372,20 @@ impl SnapshotFile {
                 Ok(opened) => opened,
                 Err(error) => return Some((Err(error), None)),
             };
-            let read = tokio::task::spawn_blocking(move || {
+            // Read (the record store walked and its records encoded) on the
+            // lower-priority thread, a chunk per job: the sender is usually
+            // the leader, and its request path gets the cores first.
+            let read = super::background::run_io(move || {
                 let mut chunk = Vec::with_capacity(chunk_bytes);
                 let read = (&mut reader)
                     .take(chunk_bytes as u64)
                     .read_to_end(&mut chunk)
                     .map(|_| chunk);
-                (reader, read)
+                Ok((reader, read))
             })
             .await;
             match read {
-                Err(join) => Some((Err(io::Error::other(join)), None)),
-                Ok((_, Err(error))) => Some((Err(error), None)),
+                Err(error) | Ok((_, Err(error))) => Some((Err(error), None)),
                 Ok((_, Ok(chunk))) if chunk.is_empty() => None,
                 Ok((reader, Ok(chunk))) => Some((Ok(chunk), Some(Ok((snapshot, reader))))),
             }
@@ -717,7 +719,7 @@ impl IncomingSnapshot {
         // On the lower-priority thread: a received state is checked while
         // the leader and the other followers serve writes on the same
         // cores, and no request waits on it (the receiver is behind).
-        super::background::run(move || {
+        let check = move || -> Result<SnapshotFile, ReceiveError> {
             let file = writer.into_inner().map_err(|e| e.into_error())?;
             let mut snapshot = SnapshotFile {
                 file,
@@ -739,8 +741,10 @@ impl IncomingSnapshot {
                 _decoding: decoding,
             });
             Ok(snapshot)
-        })
-        .await
+        };
+        super::background::run_io(move || Ok(check()))
+            .await
+            .map_err(ReceiveError::Io)?
     }
 }
 

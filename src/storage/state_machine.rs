@@ -569,7 +569,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let files = self.files.clone();
         let built_meta = meta.clone();
         let records = self.state.records().cloned();
-        let snapshot = background::run(move || match (records, pending) {
+        let snapshot = background::run_io(move || match (records, pending) {
             (Some(records), Some(pending)) => files.build_part(&built_meta, &registry, || {
                 records.flush(pending, snapshot_index(&built_meta))?;
                 records.view()
@@ -745,10 +745,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // On the lower-priority thread, as the check when it arrived: on a
         // node behind its leader no request waits on the install, and the
         // nodes serving writes get the cores first.
-        let (registry, store) =
-            background::run(move || files.install(&installed_meta, snapshot, records.as_deref()))
-                .await
-                .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
+        let (registry, store) = background::run_io(move || {
+            files.install(&installed_meta, snapshot, records.as_deref())
+        })
+        .await
+        .map_err(|e| snapshot_error(Some(meta), "installing", e))?;
         let mut applied = self.state.write();
         let previous = std::mem::replace(&mut applied.registry, registry);
         // Readers see the installed generation with the installed registry
