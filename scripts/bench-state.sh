@@ -250,6 +250,16 @@ echo "starting a 3-node cluster on $(endpoints "${NODES[@]}")" >&2
 scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
     || { cat "$WORK/cluster-start.log" >&2; die "the cluster did not start"; }
 LEADER=$(leader) || die "no leader"
+# `cluster.sh start` returns once two nodes elect a leader; the third may
+# still be opening a large state (a reused cluster's): wait until every
+# node serves its metrics, which the limits and the measures read.
+deadline=$((SECONDS + 300))
+for n in "${NODES[@]}"; do
+    until curl -fsS --max-time 5 -o /dev/null "http://127.0.0.1:$((ONCEKV_PORT_BASE + 200 + n))/metrics" 2>/dev/null; do
+        ((SECONDS < deadline)) || die "node $n serves no metrics within 300s"
+        sleep 0.5
+    done
+done
 
 # The limits: records are charged 64 + principal + key + response (a put's
 # response: 32) bytes; the keys here are ~34 bytes. Room for 2x that, and a
