@@ -43,32 +43,31 @@ pub fn required_cluster(state: &SharedState, bytes: &[u8]) -> Result<ClusterId, 
     status::required_cluster(state.cluster_id(), bytes)
 }
 
-/// The leader an openraft error names, and its client address, kept only
-/// if this node heard from it lately (`LeaderContact`): a follower cut off
-/// from the others keeps its vote for a leader that may be gone.
-fn heard_leader(
+/// `NOT_LEADER` for a leader an openraft error names, hinted only if this
+/// node heard from it lately (`LeaderContact`): a follower cut off from the
+/// others keeps its vote for a leader that may be gone.
+fn forwarded(
     contact: &LeaderContact,
     leader_id: Option<NodeId>,
     leader: Option<NodeInfo>,
-) -> (Option<NodeId>, Option<String>) {
-    match contact.heard(leader_id) {
+    nothing_proposed: bool,
+) -> Status {
+    let (leader_id, leader_client_addr) = match contact.heard(leader_id) {
         Some(id) => (Some(id), leader.map(|node| node.client_addr)),
         None => (None, None),
-    }
+    };
+    reason_status(ErrorReason::NotLeader {
+        leader_id,
+        leader_client_addr,
+        nothing_proposed,
+    })
 }
 
 /// The cluster clock could not stamp: not the leader, or not yet able to.
 pub fn clock_status(error: ClockError, contact: &LeaderContact) -> Status {
     match error {
         // The stamp comes before the proposal: nothing was proposed.
-        ClockError::NotLeader { leader_id, leader } => {
-            let (leader_id, leader_client_addr) = heard_leader(contact, leader_id, leader);
-            reason_status(ErrorReason::NotLeader {
-                leader_id,
-                leader_client_addr,
-                nothing_proposed: true,
-            })
-        }
+        ClockError::NotLeader { leader_id, leader } => forwarded(contact, leader_id, leader, true),
         ClockError::Unavailable(why) => reason_status(ErrorReason::Unavailable(why)),
     }
 }
@@ -93,15 +92,7 @@ pub fn write_status(
         RaftError::APIError(
             ClientWriteError::ForwardToLeader(forward)
             | ClientWriteError::LogEntryDiscarded(forward),
-        ) => {
-            let (leader_id, leader_client_addr) =
-                heard_leader(contact, forward.leader_id, forward.leader_node);
-            reason_status(ErrorReason::NotLeader {
-                leader_id,
-                leader_client_addr,
-                nothing_proposed: false,
-            })
-        }
+        ) => forwarded(contact, forward.leader_id, forward.leader_node, false),
         other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
 }
@@ -114,13 +105,7 @@ pub fn read_status(
 ) -> Status {
     match error {
         RaftError::APIError(LinearizableReadError::ForwardToLeader(forward)) => {
-            let (leader_id, leader_client_addr) =
-                heard_leader(contact, forward.leader_id, forward.leader_node);
-            reason_status(ErrorReason::NotLeader {
-                leader_id,
-                leader_client_addr,
-                nothing_proposed: false,
-            })
+            forwarded(contact, forward.leader_id, forward.leader_node, false)
         }
         other => reason_status(ErrorReason::Unavailable(other.to_string())),
     }
