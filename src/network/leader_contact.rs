@@ -1,16 +1,17 @@
 //! Whom this node hears as its leader, and since when: the leader it names
 //! in `Status`, in `NOT_LEADER` hints, in its health check and in its
-//! `oncekv_leader_id` gauge.
+//! `oncekv_raft_leader_id` gauge.
 //!
 //! With pre-vote on, a follower cut off from the others never raises its
 //! term, so Raft keeps its vote for the leader it last followed, and
 //! openraft's `current_leader` names that leader for as long as the node is
 //! cut off: a dead leader, forever. This module names a follower's leader
 //! only while it hears from it: the peer service records each append
-//! (heartbeats are appends) that arrives under a committed vote, and a
-//! leader unheard for longer than the window (twice the largest election
-//! timeout, by which time this node would itself have stood for election)
-//! is named by nobody. A leader names itself as Raft does.
+//! (heartbeats are appends) and each snapshot's head that arrives under a
+//! committed vote, and a leader unheard for longer than the window (twice
+//! the largest election timeout, by which time this node would itself
+//! have stood for election) is named by nobody. A leader names itself as
+//! Raft does.
 //!
 //! It owns one clock reading and one node id; it must not decide anything
 //! Raft decides (who leads, whom to vote for): it only words what this
