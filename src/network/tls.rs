@@ -1,8 +1,7 @@
 //! TLS of a node's ports: loading the node's certificate, key and the
 //! cluster CA into the rustls settings of the client, peer and HTTP
 //! servers and of the connections a node opens to its peers; reloading
-//! them (SIGHUP) without dropping the node; and reading the names in a
-//! certificate. It decides who a *peer* is (the node id its certificate
+//! them (SIGHUP) without dropping the node. It decides who a *peer* is (the node id its certificate
 //! names); who a *client* is and what it may do is `network::auth`'s.
 //!
 //! Naming convention (what `oncekv certs` issues):
@@ -24,6 +23,7 @@
 
 use crate::raft_types::NodeId;
 use futures::Stream;
+use oncekv_wire::certificate::{CertNames, cert_names};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -32,7 +32,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tonic::transport::{Channel, Endpoint};
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+use x509_parser::prelude::{FromDer, X509Certificate};
 
 /// The name a node's certificate carries: `node-<id>`.
 pub fn node_name(id: NodeId) -> String {
@@ -319,51 +319,6 @@ impl NodeTls {
         });
         endpoint.connect_with_connector_lazy(connector)
     }
-}
-
-/// The names a certificate carries: its subject's common name and its DNS
-/// subject alternative names.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CertNames {
-    pub common_name: Option<String>,
-    pub dns_names: Vec<String>,
-}
-
-impl CertNames {
-    /// Whether the certificate names `name` (as common name or DNS name).
-    pub fn names(&self, name: &str) -> bool {
-        self.common_name.as_deref() == Some(name) || self.dns_names.iter().any(|dns| dns == name)
-    }
-}
-
-/// The names in a DER certificate; `None` if it does not parse.
-pub fn cert_names(der: &[u8]) -> Option<CertNames> {
-    let (_, cert) = X509Certificate::from_der(der).ok()?;
-    let common_name = cert
-        .subject()
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .map(str::to_string);
-    let dns_names = cert
-        .subject_alternative_name()
-        .ok()
-        .flatten()
-        .map(|san| {
-            san.value
-                .general_names
-                .iter()
-                .filter_map(|name| match name {
-                    GeneralName::DNSName(dns) => Some(dns.to_string()),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(CertNames {
-        common_name,
-        dns_names,
-    })
 }
 
 /// What a peer connection's certificate lets its messages claim. On the
