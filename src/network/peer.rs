@@ -775,11 +775,11 @@ fn open_message<T: DeserializeOwned>(
     Ok(decoded)
 }
 
-/// Records an append (entries or a heartbeat) sent under a committed vote
-/// as news from that vote's leader (a snapshot's head is recorded alike).
-fn heard(contact: &LeaderContact, append: &AppendEntriesRequest<TypeConfig>) {
-    if append.vote.is_committed() {
-        contact.heard_from(append.vote.leader_id().node_id);
+/// Records a message sent under `vote` (an append, a heartbeat, a
+/// snapshot's head) as news from its leader, if the vote is committed.
+fn heard(contact: &LeaderContact, vote: &Vote) {
+    if vote.is_committed() {
+        contact.heard_from(vote.leader_id().node_id);
     }
 }
 
@@ -801,7 +801,7 @@ impl raft_server::Raft for PeerService {
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let claim = PeerClaim::of(&request);
         let rpc: AppendEntriesRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
-        heard(&self.contact, &rpc);
+        heard(&self.contact, &rpc.vote);
         Ok(tonic::Response::new(seal(
             &self.raft.append_entries(rpc).await,
         )))
@@ -828,7 +828,7 @@ impl raft_server::Raft for PeerService {
                     open_message::<AppendEntriesRequest<TypeConfig>>(&identity, &claim, message)
                 });
                 if let Ok(append) = &opened {
-                    heard(&contact, append);
+                    heard(&contact, &append.vote);
                 }
                 opened
             })
@@ -889,9 +889,7 @@ impl raft_server::Raft for PeerService {
         let SnapshotPart::Head { vote, meta } = self.open(&claim, first)? else {
             return Err(invalid("a snapshot stream must start with its meta"));
         };
-        if vote.is_committed() {
-            self.contact.heard_from(vote.leader_id().node_id);
-        }
+        heard(&self.contact, &vote);
         let unavailable = |error: std::io::Error| {
             tracing::warn!(%error, "cannot write a received snapshot");
             reason_status(ErrorReason::Unavailable(format!(
