@@ -280,9 +280,10 @@ async fn hash_now(state: &RwLock<AppliedState>, hashes: &Hashes) -> StateHashAt 
     }
     let applied_index = registry.applied_index();
     let cluster_time_ms = registry.cluster_time_ms();
-    let hash =
-        super::background::run(move || oncekv_core::snapshot::state_hash(&registry).to_string())
-            .await;
+    let hash = super::background::run_hash(move || {
+        oncekv_core::snapshot::state_hash(&registry).to_string()
+    })
+    .await;
     let generation = hashes.completed.fetch_add(1, Ordering::AcqRel) + 1;
     let hash = StateHashAt {
         applied_index,
@@ -343,6 +344,31 @@ mod tests {
         for index in from..=to {
             applied.registry.apply_other(index);
         }
+    }
+
+    /// A hash is answered while the background thread is held by a long
+    /// job (at tens of millions of records, an install or a build lasts
+    /// tens of seconds): hashes run on a thread of their own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hash_does_not_wait_behind_a_long_background_job() {
+        let (started, running) = tokio::sync::oneshot::channel();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let long_job = tokio::spawn(super::super::background::run(move || {
+            let _ = started.send(());
+            let _ = held.recv();
+        }));
+        running.await.unwrap();
+        let state = SharedState::default();
+        advance(&state, 7);
+        let hashed = tokio::time::timeout(Duration::from_secs(60), state.hash_now()).await;
+        release.send(()).unwrap();
+        long_job.await.unwrap();
+        assert_eq!(
+            hashed
+                .expect("the hash waited behind the long job")
+                .applied_index,
+            7
+        );
     }
 
     /// Concurrent `hash_now` calls share one computation, and each gets

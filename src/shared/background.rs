@@ -1,15 +1,17 @@
 //! One thread, at a lower CPU priority than the rest of the node, for the
 //! work no request waits on: building a snapshot (encoding the state,
-//! flushing key records into the record store), hashing the state for
-//! `Status`, reading a snapshot a chunk at a time to send it to a node
-//! that is behind, and checking and installing a snapshot received from
-//! the leader (the node receiving one is behind: no request waits on it).
+//! flushing key records into the record store), reading a snapshot a
+//! chunk at a time to send it to a node that is behind, and checking and
+//! installing a snapshot received from the leader (the node receiving one
+//! is behind: no request waits on it). A second one, at the same priority,
+//! hashes the state (`Status`, `oncekv admin hash`), so that a hash never
+//! waits behind an install or a build.
 //! On a busy machine the scheduler then gives the request path — Raft,
 //! apply, the RPCs — the CPU first, and such work the time left over (at
 //! nice 10 it still gets about a tenth of a contended core, so it ends).
 //!
-//! Owns that thread and the queue of jobs to it, run one at a time in the
-//! order given. It must not run anything a request's reply waits for, nor
+//! Owns those threads and the queue of jobs to each, run one at a time in
+//! the order given. It must not run anything a request's reply waits for, nor
 //! decide anything: a job is a closure whose result goes back to the
 //! awaiting caller as it was returned (a panic included).
 
@@ -22,20 +24,37 @@ const NICE: i32 = 10;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The queue to the background thread, started on first use.
-fn queue() -> &'static Mutex<mpsc::Sender<Job>> {
-    static QUEUE: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
-    QUEUE.get_or_init(|| {
+/// Which of the two background threads runs a job.
+#[derive(Clone, Copy, Debug)]
+enum Lane {
+    /// Builds, snapshot reads, checks and installs, one at a time in the
+    /// order given.
+    Long,
+    /// State hashes: an operator's `oncekv admin hash` or a `Status`
+    /// must not wait behind an install or a build, which at tens of
+    /// millions of records last tens of seconds.
+    Hash,
+}
+
+/// The queue to `lane`'s thread, started on first use.
+fn queue(lane: Lane) -> &'static Mutex<mpsc::Sender<Job>> {
+    static LONG: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    static HASH: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let (cell, name) = match lane {
+        Lane::Long => (&LONG, "oncekv-background"),
+        Lane::Hash => (&HASH, "oncekv-hasher"),
+    };
+    cell.get_or_init(|| {
         let (sender, jobs) = mpsc::channel::<Job>();
         std::thread::Builder::new()
-            .name("oncekv-background".into())
+            .name(name.into())
             .spawn(move || {
                 lower_this_threads_priority();
                 for job in jobs {
                     job();
                 }
             })
-            .expect("spawning the background thread");
+            .expect("spawning a background thread");
         Mutex::new(sender)
     })
 }
@@ -61,7 +80,21 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    match run_caught(job).await {
+    match run_caught(Lane::Long, job).await {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Runs `job` — a state hash — on the hashing thread (at the same lower
+/// priority), never behind a build, a snapshot read, a check or an
+/// install; a panic in `job` is resumed here.
+pub async fn run_hash<T, F>(job: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    match run_caught(Lane::Hash, job).await {
         Ok(value) => value,
         Err(panic) => std::panic::resume_unwind(panic),
     }
@@ -76,7 +109,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> std::io::Result<T> + Send + 'static,
 {
-    match run_caught(job).await {
+    match run_caught(Lane::Long, job).await {
         Ok(result) => result,
         Err(panic) => {
             let what = panic
@@ -91,8 +124,8 @@ where
     }
 }
 
-/// Runs `job` on the background thread; its value, or its panic.
-async fn run_caught<T, F>(job: F) -> std::thread::Result<T>
+/// Runs `job` on `lane`'s thread; its value, or its panic.
+async fn run_caught<T, F>(lane: Lane, job: F) -> std::thread::Result<T>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
@@ -102,7 +135,7 @@ where
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
         let _ = reply.send(outcome);
     });
-    queue()
+    queue(lane)
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .send(job)
