@@ -1,8 +1,10 @@
 //! TLS of a node's ports: loading the node's certificate, key and the
 //! cluster CA into the rustls settings of the client, peer and HTTP
 //! servers and of the connections a node opens to its peers; reloading
-//! them (SIGHUP) without dropping the node. It decides who a *peer* is (the node id its certificate
-//! names); who a *client* is and what it may do is `network::auth`'s.
+//! them (SIGHUP) without dropping the node. It decides who a *peer* is
+//! (the node id its certificate names, read with
+//! `oncekv_wire::certificate::cert_names`); who a *client* is and what it
+//! may do is `network::auth`'s.
 //!
 //! Naming convention (what `oncekv certs` issues):
 //! - a node's certificate names `node-<id>` as its common name and as a DNS

@@ -11,8 +11,8 @@
 //! nice 10 it still gets about a tenth of a contended core, so it ends).
 //!
 //! Owns those threads and the queue of jobs to each, run one at a time in
-//! the order given. It must not run anything a request's reply waits for, nor
-//! decide anything: a job is a closure whose result goes back to the
+//! the order given. It must not run anything a request's reply waits for,
+//! nor decide anything: a job is a closure whose result goes back to the
 //! awaiting caller as it was returned (a panic included).
 
 use std::sync::mpsc;
@@ -80,10 +80,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    match run_caught(Lane::Long, job).await {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    run_on(Lane::Long, job).await
 }
 
 /// Runs `job` — a state hash — on the hashing thread (at the same lower
@@ -94,7 +91,17 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    match run_caught(Lane::Hash, job).await {
+    run_on(Lane::Hash, job).await
+}
+
+/// Runs `job` on `lane`'s thread and returns its result; a panic in `job`
+/// is resumed here.
+async fn run_on<T, F>(lane: Lane, job: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    match run_caught(lane, job).await {
         Ok(value) => value,
         Err(panic) => std::panic::resume_unwind(panic),
     }
