@@ -7,7 +7,7 @@
 //! held about three copies of the snapshot, serving one more, and
 //! installing two besides the decoded state. With a record store, an
 //! install holds none of a snapshot's idempotency-key records or finished
-//! claims (rules version 3): they stream from the file into the store.
+//! claims (rules version 3): they stream into the store as they arrive.
 //!
 //! The allocator counts every thread of the process (blocking threads
 //! included), so the tests of this binary run one at a time.
@@ -350,7 +350,7 @@ fn with_store(dir: &std::path::Path) -> StateMachineStore {
 }
 
 /// Receiving and installing a snapshot of idempotency-key records on a
-/// node with a record store streams them from the file into the store:
+/// node with a record store streams them into the store as they arrive:
 /// the node holds none of them after, and while it installs holds far
 /// less than the same install into memory keeps (measured here too).
 #[tokio::test(flavor = "current_thread")]
@@ -406,7 +406,7 @@ async fn install_into_memory_then_store(
     (follower, store_dir)
 }
 
-const CLAIMS: u64 = 20_000;
+const CLAIMS: u64 = 40_000;
 
 /// A state machine with a record store at rules version 3 holding `CLAIMS`
 /// completed claims (64-byte results), and a snapshot built (the finished

@@ -896,9 +896,20 @@ impl raft_server::Raft for PeerService {
                 "cannot write the snapshot: {error}"
             )))
         };
-        // Written to a temporary file as it arrives; on any early return
-        // (a broken stream, a refused part) `incoming` is dropped and its
-        // file deleted, so nothing is replaced.
+        // Bytes that are not a snapshot of this meta are the sender's
+        // fault, refused here (as they come, or when the stream ends)
+        // instead of failing the install (a storage error stops Raft).
+        let refused = |error: ReceiveError| match error {
+            ReceiveError::Invalid(reason) => {
+                tracing::warn!(from_node_id, %reason, "received snapshot refused");
+                invalid(&format!("invalid snapshot: {reason}"))
+            }
+            ReceiveError::Io(error) => unavailable(error),
+        };
+        // Read and checked as it arrives (its part to a temporary file, its
+        // records into a staged generation of the record store); on any
+        // early return (a broken stream, a refused part) `incoming` is
+        // dropped and both deleted, so nothing is replaced.
         let mut incoming = self.snapshots.receive(&meta).await.map_err(unavailable)?;
         while let Some(part) = parts.next().await {
             match self.open(&claim, part?)? {
@@ -908,23 +919,14 @@ impl raft_server::Raft for PeerService {
                     {
                         return Err(invalid("a snapshot larger than SNAPSHOT_BYTES_MAX"));
                     }
-                    incoming.write(chunk).await.map_err(unavailable)?;
+                    incoming.write(chunk).await.map_err(refused)?;
                 }
                 SnapshotPart::Head { .. } => {
                     return Err(invalid("a snapshot stream has one meta"));
                 }
             }
         }
-        // Decoded and checked before openraft sees it: bytes that are not
-        // a snapshot of this meta are the sender's fault and refused here,
-        // instead of failing the install (a storage error stops Raft).
-        let snapshot = incoming.finish().await.map_err(|error| match error {
-            ReceiveError::Invalid(reason) => {
-                tracing::warn!(from_node_id, %reason, "received snapshot refused");
-                invalid(&format!("invalid snapshot: {reason}"))
-            }
-            ReceiveError::Io(error) => unavailable(error),
-        })?;
+        let snapshot = incoming.finish().await.map_err(refused)?;
         let snapshot = Snapshot { meta, snapshot };
         Ok(tonic::Response::new(seal(
             &self.raft.install_full_snapshot(vote, snapshot).await,

@@ -10,6 +10,11 @@
 //! apply, the RPCs — the CPU first, and such work the time left over (at
 //! nice 10 it still gets about a tenth of a contended core, so it ends).
 //!
+//! A job that waits on input as it runs — a snapshot received and written
+//! into the record store as its chunks arrive — gets a thread of its own at
+//! the same priority ([`spawn`]), so that it holds neither lane while it
+//! waits.
+//!
 //! Owns those threads and the queue of jobs to each, run one at a time in
 //! the order given. It must not run anything a request's reply waits for,
 //! nor decide anything: a job is a closure whose result goes back to the
@@ -118,17 +123,56 @@ where
 {
     match run_caught(Lane::Long, job).await {
         Ok(result) => result,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|what| what.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(std::io::Error::other(format!(
-                "a background job panicked: {what}"
-            )))
+        Err(panic) => Err(panicked(panic)),
+    }
+}
+
+/// The error a job's panic is answered with.
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> std::io::Error {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|what| what.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    std::io::Error::other(format!("a background job panicked: {what}"))
+}
+
+/// A job on a thread of its own (see [`spawn`]); awaiting it gives its
+/// result, or an error naming its panic.
+pub struct Spawned<T> {
+    outcome: tokio::sync::oneshot::Receiver<std::thread::Result<T>>,
+}
+
+impl<T> Spawned<T> {
+    /// The job's result once it ends (an error if it panicked).
+    pub async fn join(self) -> std::io::Result<T> {
+        match self.outcome.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(panic)) => Err(panicked(panic)),
+            Err(_) => Err(std::io::Error::other("a background job's thread ended")),
         }
     }
+}
+
+/// Starts `job` on a new thread named `name`, at the background threads'
+/// lower priority: for a job that waits on input as it runs, which would
+/// hold a lane (and every job queued behind it) while it waits. The
+/// thread ends with the job; nothing waits for it unless
+/// [`Spawned::join`] is awaited.
+pub fn spawn<T, F>(name: &str, job: F) -> std::io::Result<Spawned<T>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (reply, outcome) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            lower_this_threads_priority();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            let _ = reply.send(result);
+        })?;
+    Ok(Spawned { outcome })
 }
 
 /// Runs `job` on `lane`'s thread; its value, or its panic.
@@ -196,5 +240,33 @@ mod tests {
                 .contains("panicked: install failed")
         );
         assert_eq!(run_io(|| Ok(8)).await.unwrap(), 8);
+    }
+
+    #[tokio::test]
+    async fn a_spawned_job_runs_on_its_own_lower_priority_thread() {
+        let name = spawn("oncekv-test-job", || {
+            std::thread::current().name().map(str::to_owned)
+        })
+        .unwrap();
+        assert_eq!(
+            name.join().await.unwrap().as_deref(),
+            Some("oncekv-test-job")
+        );
+        #[cfg(target_os = "linux")]
+        {
+            let priority = || {
+                // SAFETY: getpriority on the calling thread's own id.
+                unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+            };
+            let mine = priority();
+            let spawned = spawn("oncekv-test-job", priority).unwrap();
+            assert_eq!(spawned.join().await.unwrap(), (mine + NICE).min(19));
+        }
+        let failed = spawn("oncekv-test-job", || -> u32 { panic!("receive failed") }).unwrap();
+        let error = failed.join().await.unwrap_err();
+        assert!(
+            error.to_string().contains("panicked: receive failed"),
+            "{error}"
+        );
     }
 }

@@ -28,7 +28,7 @@ use oncekv_core::{
     Changes, ClaimRecord, ClaimView, GroupedRecord, KeyChanges, KeyId, KeyRecord, KeyView,
     Prefetched, RecordChanges, Registry,
 };
-use oncekv_records::{Checkpoint, Options, RecordStore, StoredRecord, View};
+use oncekv_records::{Checkpoint, Options, RecordStore, Staged, StoredRecord, View};
 use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
@@ -387,7 +387,8 @@ impl OutsideRecords {
     /// current on disk. The records are streamed, never held. Returns it
     /// for [`OutsideRecords::switch_to`], which readers see only once the
     /// registry is replaced with it. Blocking: run it off the async
-    /// workers.
+    /// workers. [`OutsideRecords::stage_generation`], then
+    /// [`OutsideRecords::put_in_force`].
     pub fn install_generation<I>(
         &self,
         records: I,
@@ -398,17 +399,39 @@ impl OutsideRecords {
     where
         I: IntoIterator<Item = Result<Streamed, oncekv_core::snapshot::SnapshotError>>,
     {
-        let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
+        let staged = self.stage_generation(records, index, keys_watermark, claims_watermark)?;
+        self.put_in_force(staged)
+    }
+
+    /// The first half of [`OutsideRecords::install_generation`]: the new
+    /// generation written whole and fsynced, but not in force — what a
+    /// node receiving a snapshot does as the records arrive, while its
+    /// store in force goes on as it was. Dropped, it is deleted. Blocking.
+    pub fn stage_generation<I>(
+        &self,
+        records: I,
+        index: u64,
+        keys_watermark: u64,
+        claims_watermark: Option<u64>,
+    ) -> io::Result<Staged>
+    where
+        I: IntoIterator<Item = Result<Streamed, oncekv_core::snapshot::SnapshotError>>,
+    {
         let checkpoint = checkpoint(index, keys_watermark, claims_watermark);
         let stored = records.into_iter().map(|item| match item {
             Ok(Streamed::Key(id, record)) => Ok((key_id_bytes(&id), to_stored(&record))),
             Ok(Streamed::Claim(id, record)) => Ok((claim_id_bytes(&id), to_stored(&record))),
             Err(e) => Err(e.to_string()),
         });
-        let store = self
-            .store()
-            .install(stored, &checkpoint)
-            .map_err(store_error)?;
+        self.store().stage(stored, &checkpoint).map_err(store_error)
+    }
+
+    /// The second half of [`OutsideRecords::install_generation`]: names a
+    /// staged generation current on disk (ordered after any flush under
+    /// way) and returns it for [`OutsideRecords::switch_to`]. Blocking.
+    pub fn put_in_force(&self, staged: Staged) -> io::Result<Arc<RecordStore>> {
+        let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
+        let store = self.store().put_in_force(staged).map_err(store_error)?;
         Ok(Arc::new(store))
     }
 

@@ -1,10 +1,13 @@
 //! Snapshot files as openraft handles them: a snapshot is an open file
 //! ([`SnapshotFile`], openraft's `SnapshotData`), never its bytes in
 //! memory. This module owns the file format, reads a snapshot's registry
-//! bytes a chunk at a time for sending, and writes a received snapshot to a
-//! temporary file as its chunks arrive (then decodes and checks it from the
-//! file). It does not decide which snapshot is current, and it neither
-//! renames nor fsyncs anything into place: that is `state_machine`'s.
+//! bytes a chunk at a time for sending, and reads a received snapshot as
+//! its chunks arrive, on a thread of its own: its part to a temporary file,
+//! its key records and finished claims straight into a staged generation
+//! of the record store, everything checked on the way
+//! ([`IncomingSnapshot`]). It does not decide which snapshot is current,
+//! and it neither renames nor fsyncs anything into place nor puts a
+//! generation in force: that is `state_machine`'s.
 //!
 //! File format: meta length (u32 LE) | meta (codec, version byte 1) |
 //! registry snapshot bytes (`oncekv_core::snapshot`). A whole snapshot
@@ -184,14 +187,25 @@ pub(crate) fn write_temporary(
     Ok((temporary, file, registry_offset))
 }
 
-/// A snapshot received from a leader, not installed yet: checked when its
-/// stream ended (every record decoded and verified, none kept), its file
-/// still temporary.
+/// A snapshot received from a leader, not installed yet: checked as its
+/// stream came (every record decoded and verified), its file still
+/// temporary.
 pub(crate) struct Received {
     pub(crate) temporary: TemporaryFile,
-    /// Held until installed or dropped: one received snapshot is checked
+    /// Where the file holds only the part: the part's registry and the
+    /// staged generation of the record store holding the records.
+    pub(crate) staged: Option<Staged>,
+    /// Held until installed or dropped: one snapshot is received, checked
     /// and installed at a time.
-    _decoding: tokio::sync::OwnedSemaphorePermit,
+    _receiving: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// A received snapshot's state, ready to switch to: the part's registry
+/// (its key records outside it) and the generation holding its records,
+/// written and fsynced but not in force.
+pub(crate) struct Staged {
+    pub(crate) registry: Registry,
+    pub(crate) generation: oncekv_records::Staged,
 }
 
 /// A snapshot as openraft handles it (`SnapshotData`): an open snapshot
@@ -278,6 +292,17 @@ impl SnapshotFile {
     /// The whole snapshot's registry bytes, from the file or, for a part
     /// file, its part then the records of its view and the trailer.
     pub(crate) fn whole_reader(&self) -> io::Result<WholeSnapshot> {
+        if self
+            .received
+            .as_ref()
+            .is_some_and(|received| received.staged.is_some())
+        {
+            // Its file holds the part; its records are in a staged
+            // generation no view reads.
+            return Err(io::Error::other(
+                "a received snapshot is read once installed, not before",
+            ));
+        }
         let mut file = self.file.try_clone()?;
         file.seek(SeekFrom::Start(self.registry_offset))?;
         Ok(WholeSnapshot {
@@ -605,61 +630,97 @@ pub enum ReceiveError {
 }
 
 /// Where a node receives snapshots from a leader: temporary files in its
-/// snapshot directory, handed to the network adapter by the state machine
+/// snapshot directory, and, for the key records of a snapshot whose part
+/// comes apart (format 8 on), a staged generation of its record store.
+/// Handed to the network adapter by the state machine
 /// (`StateMachineStore::snapshot_inbox`).
 #[derive(Clone)]
 pub struct SnapshotInbox {
     dir: PathBuf,
-    decoding: Arc<tokio::sync::Semaphore>,
+    records: Option<Arc<OutsideRecords>>,
+    /// One snapshot received, checked and installed at a time.
+    receiving: Arc<tokio::sync::Semaphore>,
 }
 
+/// Buffer of a received snapshot's file.
+const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
+/// Chunks queued between the network and the receiving thread: enough to
+/// keep both busy, few enough that a slow disk slows the sender.
+const CHUNKS_QUEUED: usize = 1;
+
 impl SnapshotInbox {
-    pub(crate) fn new(dir: PathBuf) -> SnapshotInbox {
+    pub(crate) fn new(dir: PathBuf, records: Option<Arc<OutsideRecords>>) -> SnapshotInbox {
         SnapshotInbox {
             dir,
-            decoding: Arc::new(tokio::sync::Semaphore::new(1)),
+            records,
+            receiving: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
-    /// Starts receiving the snapshot `meta` describes: a new temporary
-    /// file with its header written.
+    /// Starts receiving the snapshot `meta` describes (after any reception
+    /// still being received or installed): a new temporary file with its
+    /// header written, and a thread that reads the chunks as they come
+    /// ([`IncomingSnapshot`]).
     pub async fn receive(&self, meta: &SnapshotMeta) -> io::Result<IncomingSnapshot> {
+        let permit = self
+            .receiving
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(io::Error::other)?;
         let dir = self.dir.clone();
         let header_meta = meta.clone();
         let (temporary, writer, registry_offset) = tokio::task::spawn_blocking(move || {
             let (temporary, file) = create_temporary(&dir, snapshot_index(&header_meta))?;
-            let mut writer = BufWriter::with_capacity(FILE_BUFFER_BYTES, file);
+            // Chunks come whole (a MiB each from a node of this build):
+            // the buffer gathers only the header and the part's pieces.
+            let mut writer = BufWriter::with_capacity(RECEIVE_BUFFER_BYTES, file);
             let offset = write_header(&mut writer, &header_meta)?;
             Ok::<_, io::Error>((temporary, writer, offset))
         })
         .await
         .map_err(io::Error::other)??;
-        Ok(IncomingSnapshot {
-            inbox: self.clone(),
-            temporary: Some(temporary),
-            writer: Some(writer),
-            behind: WriteBehind::default(),
+        let (chunks, arriving) = tokio::sync::mpsc::channel(CHUNKS_QUEUED);
+        let reception = Reception {
             meta: meta.clone(),
+            records: self.records.clone(),
+            temporary,
             registry_offset,
+            permit,
+        };
+        let taking_in = super::background::spawn("oncekv-snapshot-in", move || {
+            reception.take_in(arriving, writer)
+        })?;
+        Ok(IncomingSnapshot {
+            chunks: Some(chunks),
+            taking_in: Some(taking_in),
             received_bytes: 0,
         })
     }
 }
 
-/// A snapshot being received: its chunks go to a temporary file as they
-/// arrive. Dropped before [`IncomingSnapshot::finish`] (the sender died,
-/// the stream broke or was refused), it deletes its file: a partial
-/// snapshot never replaces anything.
+/// A snapshot being received. Its chunks go to a thread of its own (at the
+/// background threads' lower priority: the node receiving a snapshot is
+/// behind, and no request waits on it) that reads them as they arrive,
+/// checking everything the snapshot format checks:
+///
+/// - the part (everything but the key records and finished claims) goes to
+///   a temporary file;
+/// - the records stream straight into a staged generation of the record
+///   store, each checked as it comes and the groups' sums and the trailer
+///   after the last — so they are written and decoded once, not written to
+///   the file, decoded to check them and decoded again to install them;
+/// - without a record store, or from a snapshot before format 8, every
+///   byte goes to the file, as the whole snapshot.
+///
+/// Dropped before [`IncomingSnapshot::finish`] (the sender died, the
+/// stream broke or was refused), the thread sees the stream end short and
+/// deletes the file and the staged generation: a partial snapshot never
+/// replaces anything.
 pub struct IncomingSnapshot {
-    inbox: SnapshotInbox,
-    temporary: Option<TemporaryFile>,
-    /// `None` only while a write runs on a blocking thread (a write that
-    /// failed or was cancelled leaves it `None`, and later writes fail).
-    writer: Option<BufWriter<File>>,
-    /// The file's writeback, started as it grows.
-    behind: WriteBehind,
-    meta: SnapshotMeta,
-    registry_offset: u64,
+    /// To the receiving thread; dropped for the end of the stream.
+    chunks: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    taking_in: Option<super::background::Spawned<Result<SnapshotFile, ReceiveError>>>,
     received_bytes: u64,
 }
 
@@ -669,82 +730,247 @@ impl IncomingSnapshot {
         self.received_bytes
     }
 
-    /// Appends the next chunk of registry bytes to the file.
-    pub async fn write(&mut self, chunk: Vec<u8>) -> io::Result<()> {
-        let mut writer = self
-            .writer
-            .take()
-            .ok_or_else(|| io::Error::other("an earlier write to this snapshot failed"))?;
+    /// Hands the next chunk of registry bytes to the receiving thread
+    /// (waiting while it is [`CHUNKS_QUEUED`] chunks behind). An error is
+    /// what stopped it: bytes that are not a snapshot of the meta
+    /// ([`ReceiveError::Invalid`]), or a write that failed.
+    pub async fn write(&mut self, chunk: Vec<u8>) -> Result<(), ReceiveError> {
         let length = chunk.len() as u64;
-        let mut behind = self.behind;
-        let end = self.registry_offset + self.received_bytes + length;
-        let (writer, behind) = tokio::task::spawn_blocking(move || {
-            writer.write_all(&chunk)?;
-            if behind.due(end) {
-                writer.flush()?;
-                behind.step(writer.get_ref(), end)?;
-            }
-            Ok::<_, io::Error>((writer, behind))
-        })
-        .await
-        .map_err(io::Error::other)??;
-        self.writer = Some(writer);
-        self.behind = behind;
+        let chunks = self
+            .chunks
+            .as_ref()
+            .ok_or_else(|| io::Error::other("this snapshot's reception already stopped"))?;
+        if chunks.send(chunk).await.is_err() {
+            // The thread stopped before the stream's end: on an error.
+            self.chunks = None;
+            return match self.outcome().await {
+                Err(error) => Err(error),
+                Ok(_) => Err(ReceiveError::Invalid(
+                    "bytes after the snapshot's end".to_owned(),
+                )),
+            };
+        }
         self.received_bytes += length;
         Ok(())
     }
 
-    /// The stream ended: decodes and checks the snapshot from the file (one
-    /// received snapshot at a time per node) and against the meta. The
-    /// result is ready for openraft to install; the file is fsynced and
-    /// renamed into place by the install, not here.
+    /// The stream ended: waits for the receiving thread to read and check
+    /// the rest. The result is ready for openraft to install; the file is
+    /// fsynced and renamed into place, and the staged generation put in
+    /// force, by the install, not here.
     pub async fn finish(mut self) -> Result<SnapshotFile, ReceiveError> {
-        let writer = self
-            .writer
+        self.chunks = None;
+        self.outcome().await
+    }
+
+    async fn outcome(&mut self) -> Result<SnapshotFile, ReceiveError> {
+        self.taking_in
             .take()
-            .ok_or_else(|| io::Error::other("an earlier write to this snapshot failed"))?;
-        let temporary = self
-            .temporary
-            .take()
-            .ok_or_else(|| io::Error::other("snapshot already finished"))?;
-        let decoding = self
-            .inbox
-            .decoding
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(io::Error::other)?;
-        let meta = self.meta.clone();
-        let registry_offset = self.registry_offset;
-        // On the lower-priority thread: a received state is checked while
-        // the leader and the other followers serve writes on the same
-        // cores, and no request waits on it (the receiver is behind).
-        let check = move || -> Result<SnapshotFile, ReceiveError> {
-            let file = writer.into_inner().map_err(|e| e.into_error())?;
-            let mut snapshot = SnapshotFile {
-                file,
-                path: temporary.path().to_path_buf(),
-                meta,
-                registry_offset,
-                received: None,
-                records: None,
-            };
-            // `temporary` is dropped (the file deleted) on every error.
-            // Checked whole, the key records counted and dropped: a
-            // received state is never held in memory (the install reads
-            // the file again, into the record store).
+            .ok_or_else(|| io::Error::other("this snapshot's reception already stopped"))?
+            .join()
+            .await?
+    }
+}
+
+/// What the receiving thread owns.
+struct Reception {
+    meta: SnapshotMeta,
+    records: Option<Arc<OutsideRecords>>,
+    temporary: TemporaryFile,
+    registry_offset: u64,
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// The file a received snapshot's bytes are copied to as they are read,
+/// while the copy is on.
+struct Copy {
+    writer: BufWriter<File>,
+    /// The file's writeback, started as it grows.
+    behind: WriteBehind,
+    /// Bytes written so far (the header included).
+    end: u64,
+    /// The first write that failed: this node's disk, not the sender.
+    failed: Option<io::Error>,
+}
+
+impl Copy {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let written = self.writer.write_all(bytes).and_then(|()| {
+            self.end += bytes.len() as u64;
+            if self.behind.due(self.end) {
+                self.writer.flush()?;
+                self.behind.step(self.writer.get_ref(), self.end)?;
+            }
+            Ok(())
+        });
+        if let Err(error) = &written {
+            self.failed = Some(io::Error::new(error.kind(), error.to_string()));
+        }
+        written
+    }
+}
+
+/// A received snapshot's bytes, read on the receiving thread as the chunks
+/// arrive; every byte read is also copied to the file while the copy is
+/// on (`copy` is shared with the thread, which takes it once the part is
+/// read). The stream's end is the end of the input.
+struct Arriving {
+    chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    chunk: Vec<u8>,
+    at: usize,
+    copy: std::rc::Rc<std::cell::RefCell<Option<Copy>>>,
+}
+
+impl Read for Arriving {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => {
+                    self.chunk = chunk;
+                    self.at = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+        let length = out.len().min(self.chunk.len() - self.at);
+        let bytes = &self.chunk[self.at..self.at + length];
+        if let Some(copy) = self.copy.borrow_mut().as_mut() {
+            copy.write(bytes)?;
+        }
+        out[..length].copy_from_slice(bytes);
+        self.at += length;
+        Ok(length)
+    }
+}
+
+/// Records streamed into a staged generation, the first error of the
+/// snapshot's own kept aside: it says the sender's bytes were bad, where
+/// an error of the store says this node could not write them.
+struct Watched<I> {
+    records: I,
+    invalid: std::rc::Rc<std::cell::RefCell<Option<String>>>,
+}
+
+impl<I> Iterator for Watched<I>
+where
+    I: Iterator<Item = Result<oncekv_core::snapshot::Streamed, snapshot::SnapshotError>>,
+{
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.records.next()?;
+        if let Err(error) = &item {
+            self.invalid.borrow_mut().get_or_insert(error.to_string());
+        }
+        Some(item)
+    }
+}
+
+impl Reception {
+    /// Reads the snapshot as it arrives, checks it against its meta, and
+    /// returns it ready to install: the file (the part, or the whole
+    /// snapshot) and the staged generation holding its records, if any.
+    fn take_in(
+        self,
+        mut chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+        writer: BufWriter<File>,
+    ) -> Result<SnapshotFile, ReceiveError> {
+        use std::{cell::RefCell, rc::Rc};
+        let mut copy = Copy {
+            writer,
+            behind: WriteBehind::default(),
+            end: self.registry_offset,
+            failed: None,
+        };
+        let Some(store) = self.records.clone() else {
+            // Without a record store the file is the whole snapshot:
+            // copied as it comes, then checked from the file, every record
+            // counted and dropped (the install reads the file again).
+            while let Some(chunk) = chunks.blocking_recv() {
+                copy.write(&chunk)?;
+            }
+            let file = copy.writer.into_inner().map_err(|e| e.into_error())?;
+            let mut snapshot = self.into_file(file, None);
             snapshot
                 .read_registry_leaving_keys()
                 .map_err(ReceiveError::Invalid)?;
-            snapshot.received = Some(Received {
-                temporary,
-                _decoding: decoding,
-            });
-            Ok(snapshot)
+            return Ok(snapshot);
         };
-        super::background::run_io(move || Ok(check()))
-            .await
-            .map_err(ReceiveError::Io)?
+        let copy = Rc::new(RefCell::new(Some(copy)));
+        let input = Arriving {
+            chunks,
+            chunk: Vec::new(),
+            at: 0,
+            copy: copy.clone(),
+        };
+        // The copy's own failure, else the snapshot's.
+        let fault = |error: snapshot::SnapshotError| match copy
+            .borrow_mut()
+            .as_mut()
+            .and_then(|copy| copy.failed.take())
+        {
+            Some(failed) => ReceiveError::Io(failed),
+            None => ReceiveError::Invalid(error.to_string()),
+        };
+        let staged = match snapshot::read_part(input, false).map_err(fault)? {
+            // Before format 8: read whole, the file holding every byte.
+            snapshot::Part::Whole(registry) => {
+                check_meta(&self.meta, &registry).map_err(ReceiveError::Invalid)?;
+                None
+            }
+            snapshot::Part::Records(registry, records) => {
+                check_meta(&self.meta, &registry).map_err(ReceiveError::Invalid)?;
+                // The file keeps the part: what a build writes as its part
+                // file, byte for byte.
+                let part = copy.borrow_mut().take();
+                let invalid = Rc::new(RefCell::new(None));
+                let watched = Watched {
+                    records,
+                    invalid: invalid.clone(),
+                };
+                let generation = store
+                    .stage_generation(
+                        watched,
+                        snapshot_index(&self.meta),
+                        registry.first_live_key_group_ms(),
+                        registry
+                            .rules()
+                            .finished_claims_grouped()
+                            .then(|| registry.first_live_claim_group_ms()),
+                    )
+                    .map_err(|error| match invalid.borrow_mut().take() {
+                        Some(reason) => ReceiveError::Invalid(reason),
+                        None => ReceiveError::Io(error),
+                    })?;
+                *copy.borrow_mut() = part;
+                Some(Staged {
+                    registry,
+                    generation,
+                })
+            }
+        };
+        let copy = copy
+            .borrow_mut()
+            .take()
+            .ok_or_else(|| io::Error::other("a received snapshot's file went missing"))?;
+        let file = copy.writer.into_inner().map_err(|e| e.into_error())?;
+        Ok(self.into_file(file, staged))
+    }
+
+    /// The received snapshot: its (temporary) file, and its staged state.
+    fn into_file(self, file: File, staged: Option<Staged>) -> SnapshotFile {
+        SnapshotFile {
+            file,
+            path: self.temporary.path().to_path_buf(),
+            meta: self.meta,
+            registry_offset: self.registry_offset,
+            received: Some(Received {
+                temporary: self.temporary,
+                staged,
+                _receiving: self.permit,
+            }),
+            records: None,
+        }
     }
 }
 

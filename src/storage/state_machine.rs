@@ -263,6 +263,7 @@ impl StateMachineStore {
         let durable = current
             .as_ref()
             .map_or(0, |current| snapshot_index(&current.meta));
+        let inbox = SnapshotInbox::new(dir.to_path_buf(), state.records().cloned());
         Ok(StateMachineStore {
             state,
             builds: Arc::default(),
@@ -272,7 +273,7 @@ impl StateMachineStore {
                 dir: dir.to_path_buf(),
                 current: Mutex::new(current),
                 durable_index: tokio::sync::watch::Sender::new(durable),
-                inbox: SnapshotInbox::new(dir.to_path_buf()),
+                inbox,
             }),
         })
     }
@@ -431,9 +432,11 @@ impl SnapshotFiles {
     /// Makes `snapshot` the durable current snapshot at `meta` and returns
     /// its state (see [`read_installed`]). A snapshot received into this
     /// directory was checked when it arrived: its temporary file is
-    /// fsynced and renamed into place. Any other (another state machine's
-    /// file) is first copied into a temporary file here, a buffer at a
-    /// time, and checked from the copy.
+    /// fsynced and renamed into place — as the part file, with its staged
+    /// generation put in force, where its records went into the record
+    /// store as they came. Any other (another state machine's file) is
+    /// first copied into a temporary file here, a buffer at a time, and
+    /// checked from the copy.
     fn install(
         &self,
         meta: &SnapshotMeta,
@@ -441,9 +444,21 @@ impl SnapshotFiles {
         records: Option<&OutsideRecords>,
     ) -> io::Result<(Registry, Option<Arc<RecordStore>>)> {
         let invalid = |reason: String| io::Error::new(io::ErrorKind::InvalidData, reason);
-        if let Some(received) = snapshot.take_received(&self.dir, meta) {
+        if let Some(mut received) = snapshot.take_received(&self.dir, meta) {
             snapshot.file().sync_all()?;
             let registry_offset = snapshot.registry_offset();
+            if let Some(staged) = received.staged.take() {
+                let records = records.ok_or_else(|| {
+                    io::Error::other("a snapshot staged in a record store this node has not")
+                })?;
+                return self.install_staged(
+                    meta,
+                    received.temporary,
+                    registry_offset,
+                    staged,
+                    records,
+                );
+            }
             self.persist(meta, received.temporary, registry_offset)?;
             return read_installed(meta, &mut snapshot, records);
         }
@@ -460,6 +475,43 @@ impl SnapshotFiles {
         copy.read_registry_leaving_keys().map_err(invalid)?;
         self.persist(meta, temporary, registry_offset)?;
         read_installed(meta, &mut copy, records)
+    }
+
+    /// Installs a snapshot received as its part (the fsynced temporary
+    /// file) and its records' staged generation, in the order a build
+    /// writes (§4.5 of docs/state-beyond-ram.md): the part file renamed
+    /// into place, then the generation named in force — from then on the
+    /// two are the snapshot, made current with a view of the generation. A
+    /// crash between the two leaves a part file the store is not at
+    /// (ignored and deleted at the next start) and the previous snapshot
+    /// in force.
+    fn install_staged(
+        &self,
+        meta: &SnapshotMeta,
+        temporary: TemporaryFile,
+        registry_offset: u64,
+        staged: crate::shared::snapshot_file::Staged,
+        records: &OutsideRecords,
+    ) -> io::Result<(Registry, Option<Arc<RecordStore>>)> {
+        let path = self.dir.join(part_file_name(snapshot_index(meta)));
+        self.rename_into_place(temporary, &path)?;
+        let store = records.put_in_force(staged.generation)?;
+        let view = Arc::new(
+            store
+                .view()
+                .map_err(|e| io::Error::other(format!("reading the record store: {e}")))?,
+        );
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        self.make_current(
+            &mut current,
+            CurrentSnapshot {
+                meta: meta.clone(),
+                path,
+                registry_offset,
+                records: Some(view),
+            },
+        );
+        Ok((staged.registry, Some(store)))
     }
 
     /// The current snapshot, its file opened under the lock.
@@ -1037,6 +1089,209 @@ mod tests {
         assert_eq!(snapshot::to_bytes(&installed), bytes);
     }
 
+    /// Two state machines with record stores: a sender holding `keys` key
+    /// records, built (its records flushed into its store), and an empty
+    /// receiver. Returns them with the sender's current snapshot's bytes,
+    /// its state hash and where the receiver's store lives.
+    async fn sender_and_receiver(
+        dir: &Path,
+        keys: u64,
+    ) -> (StateMachineStore, StateMachineStore, Vec<u8>, PathBuf) {
+        let sender =
+            StateMachineStore::open_with_records(&dir.join("a/snapshots"), &dir.join("a/state"))
+                .unwrap();
+        {
+            let state = sender.state();
+            let mut applied = state.write();
+            applied.registry = registry_with_keys(keys);
+            applied.last_applied = meta(keys + 1).last_log_id;
+        }
+        let mut sender = sender;
+        sender
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let bytes: Vec<u8> = sender
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .unwrap()
+            .snapshot
+            .into_chunks(1 << 16)
+            .map(Result::unwrap)
+            .concat()
+            .await;
+        let records = dir.join("b/state");
+        let receiver =
+            StateMachineStore::open_with_records(&dir.join("b/snapshots"), &records).unwrap();
+        (sender, receiver, bytes, records)
+    }
+
+    fn generations(records: &Path) -> Vec<String> {
+        file_names(records)
+            .into_iter()
+            .filter(|name| name.starts_with("gen-"))
+            .collect()
+    }
+
+    /// Waits (with a deadline) until `done` holds: what a reception's own
+    /// thread leaves once it has seen its stream end short.
+    async fn eventually(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// With a record store, a received snapshot's records go into a staged
+    /// generation as they arrive and only its part into the file: the
+    /// received file is the part file a build writes, no larger; the
+    /// install names the generation in force and makes the part file and a
+    /// view of it the current snapshot, which sends the very bytes the
+    /// sender sent; a restart reads the part and the store.
+    #[tokio::test]
+    async fn a_received_snapshots_records_go_straight_into_a_staged_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = 3_000;
+        let (sender, mut receiver, bytes, records) = sender_and_receiver(dir.path(), keys).await;
+        let index = keys + 1;
+        let hash = snapshot::state_hash(&sender.state().read().registry);
+        let sent_part = fs::metadata(dir.path().join("a/snapshots").join(part_file_name(index)))
+            .unwrap()
+            .len();
+        assert!(bytes.len() as u64 > 2 * sent_part, "{} bytes", bytes.len());
+
+        let snapshots = dir.path().join("b/snapshots");
+        let mut incoming = receiver
+            .snapshot_inbox()
+            .receive(&meta(index))
+            .await
+            .unwrap();
+        for chunk in bytes.chunks(7_777) {
+            incoming.write(chunk.to_vec()).await.unwrap();
+        }
+        let received = incoming.finish().await.unwrap();
+        assert!(
+            received.whole_reader().is_err(),
+            "not sent before installed"
+        );
+        let temporary = temporary_files(&snapshots);
+        assert_eq!(temporary.len(), 1);
+        assert_eq!(
+            fs::metadata(snapshots.join(&temporary[0])).unwrap().len(),
+            sent_part,
+            "the received file holds the part alone"
+        );
+        assert_eq!(
+            generations(&records).len(),
+            2,
+            "staged beside the one in force"
+        );
+        assert_eq!(
+            fs::read_to_string(records.join("CURRENT")).unwrap().trim(),
+            "gen-000001"
+        );
+
+        receiver
+            .install_snapshot(&meta(index), received)
+            .await
+            .unwrap();
+        assert_eq!(
+            snapshot::state_hash(&receiver.state().read().registry),
+            hash
+        );
+        assert_eq!(receiver.state().read().registry.key_records_held(), 0);
+        assert_eq!(file_names(&snapshots), vec![part_file_name(index)]);
+        assert_eq!(generations(&records), vec!["gen-000002".to_owned()]);
+        let resent: Vec<u8> = receiver
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .unwrap()
+            .snapshot
+            .into_chunks(1 << 16)
+            .map(Result::unwrap)
+            .concat()
+            .await;
+        assert!(
+            resent == bytes,
+            "the installed snapshot sends what was received"
+        );
+        drop(receiver);
+
+        let reopened = StateMachineStore::open_with_records(&snapshots, &records).unwrap();
+        let state = reopened.state();
+        let applied = state.read();
+        assert_eq!(snapshot::state_hash(&applied.registry), hash);
+        let k1 = state
+            .key_view(
+                &applied.registry,
+                &oncekv_core::Principal::anonymous(),
+                &oncekv_core::IdempotencyKey(b"k1".to_vec()),
+            )
+            .unwrap();
+        assert_eq!(k1.expect("k1 from the store").created_ms, 1_001);
+    }
+
+    /// A reception that goes wrong among the records — a byte changed, a
+    /// stream cut short, one broken off — is refused or dropped, and
+    /// leaves no file and no staged generation: the receiver's store and
+    /// snapshot stay as they were.
+    #[tokio::test]
+    async fn a_bad_or_broken_reception_among_the_records_leaves_nothing_staged() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = 3_000;
+        let (_sender, receiver, bytes, records) = sender_and_receiver(dir.path(), keys).await;
+        let index = keys + 1;
+        let snapshots = dir.path().join("b/snapshots");
+        let inbox = receiver.snapshot_inbox();
+        let untouched = || {
+            temporary_files(&snapshots).is_empty()
+                && generations(&records) == ["gen-000001".to_owned()]
+        };
+
+        let mut changed = bytes.clone();
+        let at = changed.len() * 3 / 4;
+        changed[at] ^= 0x20;
+        let mut incoming = inbox.receive(&meta(index)).await.unwrap();
+        let mut refused = None;
+        for chunk in changed.chunks(7_777) {
+            if let Err(error) = incoming.write(chunk.to_vec()).await {
+                refused = Some(error);
+                break;
+            }
+        }
+        let refused = match refused {
+            Some(error) => error,
+            None => incoming.finish().await.unwrap_err(),
+        };
+        assert!(matches!(refused, ReceiveError::Invalid(_)), "{refused}");
+        assert!(untouched());
+
+        let mut cut_short = inbox.receive(&meta(index)).await.unwrap();
+        cut_short.write(bytes[..at].to_vec()).await.unwrap();
+        let refused = cut_short.finish().await.unwrap_err();
+        assert!(matches!(refused, ReceiveError::Invalid(_)), "{refused}");
+        assert!(untouched());
+
+        let mut broken_off = inbox.receive(&meta(index)).await.unwrap();
+        broken_off.write(bytes[..at].to_vec()).await.unwrap();
+        eventually("the records staged as they came", || {
+            generations(&records).len() == 2
+        })
+        .await;
+        drop(broken_off);
+        eventually("the reception cleaned up", untouched).await;
+
+        // And the inbox is free for the next one.
+        let mut whole = inbox.receive(&meta(index)).await.unwrap();
+        whole.write(bytes.clone()).await.unwrap();
+        whole.finish().await.unwrap();
+    }
+
     /// After a crash, temporary snapshot files — a build killed mid-write,
     /// a reception killed mid-stream, a reception complete but killed
     /// before its install renamed it — are deleted unread: the node
@@ -1055,13 +1310,14 @@ mod tests {
                 .unwrap();
             // A crash runs no destructor.
             torn_build.keep();
-            let inbox = store.snapshot_inbox();
-            let mut torn_reception = inbox.receive(&meta(12)).await.unwrap();
-            torn_reception
-                .write(registry_bytes(12)[..20].to_vec())
-                .await
+            // A reception killed mid-stream: its header and what came.
+            let (torn_reception, _, _) =
+                crate::shared::snapshot_file::write_temporary(dir.path(), &meta(12), |out| {
+                    io::Write::write_all(out, &registry_bytes(12)[..20])
+                })
                 .unwrap();
-            std::mem::forget(torn_reception);
+            torn_reception.keep();
+            let inbox = store.snapshot_inbox();
             let mut uninstalled = inbox.receive(&meta(13)).await.unwrap();
             uninstalled.write(registry_bytes(13)).await.unwrap();
             std::mem::forget(uninstalled.finish().await.unwrap());

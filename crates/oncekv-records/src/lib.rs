@@ -11,7 +11,8 @@
 //! returns (rule 4: records and the applied state they belong to move
 //! together); read **views** that see one checkpoint and its records while
 //! flushes go on; the compaction filter that drops the records of expired
-//! groups; and installing a received state into a new generation.
+//! groups; and installing a received state into a new generation, staged
+//! whole while the one in force goes on, then put in force.
 //!
 //! A record's **kind** is the first byte of its store key (the core's
 //! `stored` module: 1 for idempotency keys, 2 for finished claims). Kinds
@@ -651,27 +652,36 @@ impl RecordStore {
     /// Returns the new store; this one (and its views) go on reading the
     /// old generation until dropped, and its directory is deleted at the
     /// next open. A crash before `CURRENT` changes leaves the old
-    /// generation in force.
+    /// generation in force. [`RecordStore::stage`] then
+    /// [`RecordStore::put_in_force`].
     pub fn install<I>(&self, records: I, checkpoint: &Checkpoint) -> Result<RecordStore>
     where
         I: IntoIterator<Item = std::result::Result<(Vec<u8>, StoredRecord), String>>,
     {
-        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        // The number came from `CURRENT`: a damaged file may name the last
-        // one there is.
-        let number = self
-            .generation
-            .number
-            .checked_add(1)
-            .ok_or_else(|| Error::Corrupt {
-                path: self.root.join(CURRENT),
-                why: "it names the last generation number there is".to_owned(),
-            })?;
-        let dir = generation_dir(&self.root, number);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|source| io_error(&dir, source))?;
-        }
-        let generation = Generation::open(&self.root, number, &self.options)?;
+        let staged = self.stage(records, checkpoint)?;
+        self.put_in_force(staged)
+    }
+
+    /// The first half of [`RecordStore::install`]: builds the new
+    /// generation whole — records written as tables, `checkpoint`
+    /// committed, everything fsynced — in a directory of its own, but does
+    /// not name it in `CURRENT`: nothing reads it, a restart deletes it,
+    /// and so does dropping the [`Staged`] generation. It takes no lock of
+    /// this store, so a node can stage a state as it arrives while its
+    /// store in force goes on flushing. An error among `records` (a
+    /// received state's last checks come as its last item) or out of
+    /// order leaves nothing behind.
+    pub fn stage<I>(&self, records: I, checkpoint: &Checkpoint) -> Result<Staged>
+    where
+        I: IntoIterator<Item = std::result::Result<(Vec<u8>, StoredRecord), String>>,
+    {
+        let generation = self.new_generation()?;
+        // Deleted with its directory on every early return: retired until
+        // put in force.
+        generation
+            .retired
+            .retired
+            .store(true, std::sync::atomic::Ordering::Release);
         {
             let mut ingestion = generation
                 .records
@@ -695,7 +705,22 @@ impl RecordStore {
                 .map_err(|source| generation.store_error(source))?;
         }
         generation.commit(generation.db.batch(), checkpoint)?;
-        write_current(&self.root, number)?;
+        Ok(Staged { generation })
+    }
+
+    /// The second half of [`RecordStore::install`]: names the staged
+    /// generation in `CURRENT` (atomic rename, fsynced) and returns it as
+    /// the store; this one (and its views) go on reading the replaced
+    /// generation until dropped, and its directory goes with the last of
+    /// them (or at the next open).
+    pub fn put_in_force(&self, staged: Staged) -> Result<RecordStore> {
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = staged.generation;
+        write_current(&self.root, generation.number)?;
+        generation
+            .retired
+            .retired
+            .store(false, std::sync::atomic::Ordering::Release);
         self.generation
             .retired
             .retired
@@ -706,6 +731,28 @@ impl RecordStore {
             generation: Arc::new(generation),
             writer: Mutex::new(()),
         })
+    }
+
+    /// Opens an empty generation under a number no directory under the
+    /// root has: above the one in force and every other present (a staged
+    /// one, one being staged), chosen and created under a lock, so two
+    /// stages never share a directory.
+    fn new_generation(&self) -> Result<Generation> {
+        static NUMBERING: Mutex<()> = Mutex::new(());
+        let _numbering = NUMBERING.lock().unwrap_or_else(|p| p.into_inner());
+        let highest = generations(&self.root)?
+            .into_iter()
+            .map(|(number, _)| number)
+            .chain([self.generation.number])
+            .max()
+            .unwrap_or(0);
+        // The number came from `CURRENT` or a directory's name: a damaged
+        // one may be the last there is.
+        let number = highest.checked_add(1).ok_or_else(|| Error::Corrupt {
+            path: self.root.join(CURRENT),
+            why: "a generation has the last number there is".to_owned(),
+        })?;
+        Generation::open(&self.root, number, &self.options)
     }
 
     /// Bytes on disk of the generation in force (tables, journal, blobs).
@@ -729,6 +776,28 @@ impl RecordStore {
     /// The generation in force (its directory is `gen-NNNNNN`).
     pub fn generation(&self) -> u64 {
         self.generation.number
+    }
+}
+
+/// A generation built whole but not in force (see [`RecordStore::stage`]):
+/// put in force by [`RecordStore::put_in_force`], or, dropped, closed and
+/// its directory deleted.
+pub struct Staged {
+    generation: Generation,
+}
+
+impl Staged {
+    /// Its number (its directory is `gen-NNNNNN`).
+    pub fn generation(&self) -> u64 {
+        self.generation.number
+    }
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staged")
+            .field("generation", &self.generation.number)
+            .finish()
     }
 }
 
