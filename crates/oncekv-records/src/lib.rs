@@ -688,14 +688,17 @@ impl RecordStore {
                 .start_ingestion()
                 .map_err(|source| generation.store_error(source))?;
             let mut last: Option<Vec<u8>> = None;
+            let mut behind = WriteBehind::default();
             for item in records {
                 let (key, record) = item.map_err(Error::Incoming)?;
                 if last.as_ref().is_some_and(|last| *last >= key) {
                     return Err(Error::OutOfOrder);
                 }
                 if record.group >= checkpoint.watermark_of(&key) {
+                    let value = record.encode();
+                    behind.wrote(&generation.dir, key.len() + value.len());
                     ingestion
-                        .write(key.clone(), record.encode())
+                        .write(key.clone(), value)
                         .map_err(|source| generation.store_error(source))?;
                 }
                 last = Some(key);
@@ -778,6 +781,65 @@ impl RecordStore {
         self.generation.number
     }
 }
+
+/// Bytes of records staged between two steps of a staged generation's
+/// write-behind.
+const WRITE_BEHIND_BYTES: usize = 4 << 20;
+
+/// The write-behind of a generation being staged. fjall writes a staged
+/// generation's tables (64 MiB each) into the page cache and fsyncs each
+/// when it is whole: every few seconds 64 MiB went to the disk at once,
+/// and every other writer of the disk — the Raft log's fsyncs of every
+/// node on it — waited behind it (docs/state-beyond-ram.md §4.9h). Every
+/// [`WRITE_BEHIND_BYTES`] staged, the writeback of every file of the
+/// generation is started, so the tables reach the disk a few MiB at a time
+/// as they are written; their fsyncs are unchanged, and find little left
+/// to write. Elsewhere than Linux it does nothing.
+#[derive(Default)]
+struct WriteBehind {
+    since: usize,
+}
+
+impl WriteBehind {
+    fn wrote(&mut self, dir: &Path, bytes: usize) {
+        self.since += bytes;
+        if self.since >= WRITE_BEHIND_BYTES {
+            self.since = 0;
+            start_writeback(dir);
+        }
+    }
+}
+
+/// Starts the writeback of every regular file under `dir` (not waiting
+/// for it); a file that cannot be opened is skipped: this only moves
+/// writes earlier.
+#[cfg(target_os = "linux")]
+fn start_writeback(dir: &Path) {
+    use std::os::fd::AsRawFd;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            start_writeback(&entry.path());
+        } else if kind.is_file()
+            && let Ok(file) = std::fs::File::open(entry.path())
+        {
+            // SAFETY: a plain syscall on a descriptor `file` keeps open for
+            // the call; no memory is passed. Offset and length 0: the
+            // whole file.
+            unsafe {
+                libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_dir: &Path) {}
 
 /// A generation built whole but not in force (see [`RecordStore::stage`]):
 /// put in force by [`RecordStore::put_in_force`], or, dropped, closed and
