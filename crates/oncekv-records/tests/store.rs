@@ -430,6 +430,57 @@ fn an_install_replaces_the_generation_only_when_whole() {
     assert_eq!(assert_consistent(&store), 11);
 }
 
+/// A staged generation is read by nothing until put in force: flushes go
+/// on into the one in force meanwhile; dropped, it is deleted; left behind
+/// by a crash (never dropped), the next open deletes it; put in force, it
+/// is what a reopen reads, and a second stage beside it takes a number of
+/// its own.
+#[test]
+fn a_staged_generation_is_in_force_only_once_put_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    flush_batch(&store, 1);
+    let incoming = |batches: std::ops::RangeInclusive<u64>| -> Vec<_> {
+        batches
+            .flat_map(|batch| {
+                (0..PER_BATCH).map(move |n| Ok((key(batch, n), record(batch, "staged"))))
+            })
+            .collect()
+    };
+    let dropped = store
+        .stage(incoming(7..=8), &checkpoint(0, 8))
+        .expect("stage");
+    let dropped_dir = dir.path().join(format!("gen-{:06}", dropped.generation()));
+    assert!(dropped_dir.exists());
+    flush_batch(&store, 2);
+    drop(dropped);
+    assert!(!dropped_dir.exists(), "a dropped stage is deleted");
+
+    let crashed = store
+        .stage(incoming(7..=8), &checkpoint(0, 8))
+        .expect("stage");
+    let staged = store
+        .stage(incoming(7..=9), &checkpoint(0, 9))
+        .expect("a second stage");
+    assert_ne!(crashed.generation(), staged.generation());
+    let crashed_dir = dir.path().join(format!("gen-{:06}", crashed.generation()));
+    std::mem::forget(crashed);
+    assert_eq!(
+        assert_consistent(&store),
+        2,
+        "the store in force, unchanged"
+    );
+    let installed = store.put_in_force(staged).expect("put in force");
+    assert_eq!(assert_consistent(&installed), 9);
+    drop((store, installed));
+    let reopened = RecordStore::open(dir.path(), &Options::default()).expect("reopen");
+    assert_eq!(assert_consistent(&reopened), 9);
+    assert!(
+        !crashed_dir.exists(),
+        "a stage left by a crash goes at the next open"
+    );
+}
+
 /// A store whose `CURRENT` is gone is refused, not guessed at: nothing
 /// is deleted, and restoring the file brings everything back.
 #[test]
