@@ -1089,10 +1089,24 @@ mod tests {
         assert_eq!(snapshot::to_bytes(&installed), bytes);
     }
 
+    /// The bytes `store`'s current snapshot sends.
+    async fn current_bytes(store: &mut StateMachineStore) -> Vec<u8> {
+        store
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .unwrap()
+            .snapshot
+            .into_chunks(1 << 16)
+            .map(Result::unwrap)
+            .concat()
+            .await
+    }
+
     /// Two state machines with record stores: a sender holding `keys` key
     /// records, built (its records flushed into its store), and an empty
-    /// receiver. Returns them with the sender's current snapshot's bytes,
-    /// its state hash and where the receiver's store lives.
+    /// receiver. Returns them with the sender's current snapshot's bytes
+    /// and where the receiver's store lives.
     async fn sender_and_receiver(
         dir: &Path,
         keys: u64,
@@ -1113,16 +1127,7 @@ mod tests {
             .build_snapshot()
             .await
             .unwrap();
-        let bytes: Vec<u8> = sender
-            .get_current_snapshot()
-            .await
-            .unwrap()
-            .unwrap()
-            .snapshot
-            .into_chunks(1 << 16)
-            .map(Result::unwrap)
-            .concat()
-            .await;
+        let bytes = current_bytes(&mut sender).await;
         let records = dir.join("b/state");
         let receiver =
             StateMachineStore::open_with_records(&dir.join("b/snapshots"), &records).unwrap();
@@ -1206,16 +1211,7 @@ mod tests {
         assert_eq!(receiver.state().read().registry.key_records_held(), 0);
         assert_eq!(file_names(&snapshots), vec![part_file_name(index)]);
         assert_eq!(generations(&records), vec!["gen-000002".to_owned()]);
-        let resent: Vec<u8> = receiver
-            .get_current_snapshot()
-            .await
-            .unwrap()
-            .unwrap()
-            .snapshot
-            .into_chunks(1 << 16)
-            .map(Result::unwrap)
-            .concat()
-            .await;
+        let resent = current_bytes(&mut receiver).await;
         assert!(
             resent == bytes,
             "the installed snapshot sends what was received"
