@@ -26,6 +26,7 @@ use crate::shared::records::OutsideRecords;
 use futures::Stream;
 use oncekv_core::{GroupedRecord, KeyId, Registry, codec, snapshot};
 use oncekv_records::View;
+use std::cell::RefCell;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -812,16 +813,16 @@ impl Copy {
 
 /// A received snapshot's bytes, read on the receiving thread as the chunks
 /// arrive; every byte read is also copied to the file while the copy is
-/// on (`copy` is shared with the thread, which takes it once the part is
+/// on (`copy` is the receiving thread's, which takes it once the part is
 /// read). The stream's end is the end of the input.
-struct Arriving {
+struct Arriving<'a> {
     chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
     chunk: Vec<u8>,
     at: usize,
-    copy: std::rc::Rc<std::cell::RefCell<Option<Copy>>>,
+    copy: &'a RefCell<Option<Copy>>,
 }
 
-impl Read for Arriving {
+impl Read for Arriving<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         while self.at == self.chunk.len() {
             match self.chunks.blocking_recv() {
@@ -846,12 +847,12 @@ impl Read for Arriving {
 /// Records streamed into a staged generation, the first error of the
 /// snapshot's own kept aside: it says the sender's bytes were bad, where
 /// an error of the store says this node could not write them.
-struct Watched<I> {
+struct Watched<'a, I> {
     records: I,
-    invalid: std::rc::Rc<std::cell::RefCell<Option<String>>>,
+    invalid: &'a RefCell<Option<String>>,
 }
 
-impl<I> Iterator for Watched<I>
+impl<I> Iterator for Watched<'_, I>
 where
     I: Iterator<Item = Result<oncekv_core::snapshot::Streamed, snapshot::SnapshotError>>,
 {
@@ -875,7 +876,6 @@ impl Reception {
         mut chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
         writer: BufWriter<File>,
     ) -> Result<SnapshotFile, ReceiveError> {
-        use std::{cell::RefCell, rc::Rc};
         let mut copy = Copy {
             writer,
             behind: WriteBehind::default(),
@@ -896,12 +896,12 @@ impl Reception {
                 .map_err(ReceiveError::Invalid)?;
             return Ok(snapshot);
         };
-        let copy = Rc::new(RefCell::new(Some(copy)));
+        let copy = RefCell::new(Some(copy));
         let input = Arriving {
             chunks,
             chunk: Vec::new(),
             at: 0,
-            copy: copy.clone(),
+            copy: &copy,
         };
         // The copy's own failure, else the snapshot's.
         let fault = |error: snapshot::SnapshotError| match copy
@@ -923,10 +923,10 @@ impl Reception {
                 // The file keeps the part: what a build writes as its part
                 // file, byte for byte.
                 let part = copy.borrow_mut().take();
-                let invalid = Rc::new(RefCell::new(None));
+                let invalid = RefCell::new(None);
                 let watched = Watched {
                     records,
-                    invalid: invalid.clone(),
+                    invalid: &invalid,
                 };
                 let generation = store
                     .stage_generation(
@@ -950,8 +950,7 @@ impl Reception {
             }
         };
         let copy = copy
-            .borrow_mut()
-            .take()
+            .into_inner()
             .ok_or_else(|| io::Error::other("a received snapshot's file went missing"))?;
         let file = copy.writer.into_inner().map_err(|e| e.into_error())?;
         Ok(self.into_file(file, staged))
