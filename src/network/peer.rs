@@ -319,6 +319,37 @@ enum SnapshotPart {
     Data(#[serde(with = "chunk_bytes")] Vec<u8>),
 }
 
+/// A [`SnapshotPart::Data`] of `chunk` as a peer message's payload: the
+/// bytes `codec::encode_versioned(PEER_FORMAT_VERSION,
+/// &SnapshotPart::Data(chunk))` gives, written from the borrowed chunk into
+/// one buffer of their size (a chunk is a MiB: growing a buffer to it
+/// would copy it again and fault in fresh pages at every step).
+fn data_part_payload(chunk: &[u8]) -> Vec<u8> {
+    /// `SnapshotPart::Data`, borrowed.
+    struct DataPart<'a>(&'a [u8]);
+    impl Serialize for DataPart<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            /// The chunk as [`chunk_bytes`] writes it.
+            struct Chunk<'a>(&'a [u8]);
+            impl Serialize for Chunk<'_> {
+                fn serialize<S: serde::Serializer>(
+                    &self,
+                    serializer: S,
+                ) -> Result<S::Ok, S::Error> {
+                    chunk_bytes::serialize(self.0, serializer)
+                }
+            }
+            serializer.serialize_newtype_variant("SnapshotPart", 1, "Data", &Chunk(self.0))
+        }
+    }
+    // The version byte, the variant's index and the length (each at most
+    // nine bytes in the codec's varints), then the chunk.
+    let mut payload = Vec::with_capacity(chunk.len() + 32);
+    payload.push(PEER_FORMAT_VERSION);
+    codec::encode_into(&DataPart(chunk), &mut payload);
+    payload
+}
+
 /// Chunk bytes on the wire: written as one byte string (a length and the
 /// bytes, copied whole) instead of serde's element by element encoding of
 /// a `Vec<u8>`, which gives the same bytes in bincode but costs a call per
@@ -515,18 +546,17 @@ impl PeerClient {
         let cluster_id = cluster_id_bytes(self.identity.get());
         let from = self.from;
         let (failed, mut read_failure) = tokio::sync::mpsc::unbounded_channel::<std::io::Error>();
+        // Each chunk is encoded into its message on the thread that read
+        // it (the catch-up's, at idle priority), not on the runtime's.
         let data = snapshot
-            .into_chunks(SNAPSHOT_CHUNK_BYTES)
-            .filter_map(move |chunk| {
-                let message = match chunk {
-                    Ok(chunk) => Some(RaftMessage {
-                        cluster_id: cluster_id.clone(),
-                        from_node_id: from,
-                        payload: codec::encode_versioned(
-                            PEER_FORMAT_VERSION,
-                            &SnapshotPart::Data(chunk),
-                        ),
-                    }),
+            .into_framed_chunks(SNAPSHOT_CHUNK_BYTES, move |chunk| RaftMessage {
+                cluster_id: cluster_id.clone(),
+                from_node_id: from,
+                payload: data_part_payload(chunk),
+            })
+            .filter_map(move |message| {
+                let message = match message {
+                    Ok(message) => Some(message),
                     // The chunk stream ends after an error.
                     Err(error) => {
                         let _ = failed.send(error);
@@ -1044,6 +1074,9 @@ mod tests {
         let theirs =
             codec::encode_versioned(PEER_FORMAT_VERSION, &ElementWise::Data(chunk.clone()));
         assert_eq!(ours, theirs);
+        let borrowed = data_part_payload(&chunk);
+        assert_eq!(borrowed, ours);
+        assert!(borrowed.capacity() - borrowed.len() < 32);
         let SnapshotPart::Data(read) =
             codec::decode_versioned(PEER_FORMAT_VERSION, &theirs).unwrap()
         else {

@@ -1,19 +1,22 @@
-//! One thread, at a lower CPU priority than the rest of the node, for the
-//! work no request waits on: building a snapshot (encoding the state,
-//! flushing key records into the record store), reading a snapshot a
-//! chunk at a time to send it to a node that is behind, and checking and
-//! installing a snapshot received from the leader (the node receiving one
-//! is behind: no request waits on it). A second one, at the same priority,
-//! hashes the state (`Status`, `oncekv admin hash`), so that a hash never
-//! waits behind an install or a build.
-//! On a busy machine the scheduler then gives the request path — Raft,
-//! apply, the RPCs — the CPU first, and such work the time left over (at
-//! nice 10 it still gets about a tenth of a contended core, so it ends).
-//!
-//! A job that waits on input as it runs — a snapshot received and written
-//! into the record store as its chunks arrive — gets a thread of its own at
-//! the same priority ([`spawn`]), so that it holds neither lane while it
-//! waits.
+//! Threads at a lower CPU priority than the rest of the node, for the work
+//! no request waits on:
+//! - one for building a snapshot (encoding the state, flushing key records
+//!   into the record store) and checking and installing one, at nice 10:
+//!   on a busy machine the scheduler gives the request path — Raft, apply,
+//!   the RPCs — the CPU first, and such work the time left over (at nice 10
+//!   it still gets about a tenth of a contended core, so it ends);
+//! - a second at the same priority that hashes the state (`Status`,
+//!   `oncekv admin hash`), so that a hash never waits behind an install or
+//!   a build;
+//! - the work of a catch-up, at the idle priority (`SCHED_IDLE`): one
+//!   thread reading a snapshot a chunk at a time (and encoding each chunk's
+//!   message) to send it to a node that is behind, and, on that node, a
+//!   thread of its own per snapshot received, which takes it in as its
+//!   chunks arrive ([`spawn`]: it waits on input as it runs, so it holds
+//!   no lane). A node behind serves no request, and the quorum's requests
+//!   must not wait for it: a thread at nice 10 keeps a core for up to a
+//!   scheduler slice after a request's thread wakes, an idle one gives it
+//!   up at once (docs/state-beyond-ram.md §4.9i).
 //!
 //! Owns those threads and the queue of jobs to each, run one at a time in
 //! the order given. It must not run anything a request's reply waits for,
@@ -29,32 +32,53 @@ const NICE: i32 = 10;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Which of the two background threads runs a job.
+/// Which of the background threads runs a job.
 #[derive(Clone, Copy, Debug)]
 enum Lane {
-    /// Builds, snapshot reads, checks and installs, one at a time in the
-    /// order given.
+    /// Builds, checks and installs, one at a time in the order given.
     Long,
     /// State hashes: an operator's `oncekv admin hash` or a `Status`
     /// must not wait behind an install or a build, which at tens of
     /// millions of records last tens of seconds.
     Hash,
+    /// Snapshot reads for a node that is behind (a catch-up), at the idle
+    /// priority ([`Priority::Idle`]).
+    Catchup,
+}
+
+/// How far below the node's request path a background thread runs.
+#[derive(Clone, Copy, Debug)]
+enum Priority {
+    /// [`NICE`] lower: a share of a contended core (about a tenth), so the
+    /// work ends however busy the machine is; but once on a core it keeps
+    /// it for up to a scheduler slice after a request's thread wakes.
+    Lower,
+    /// Linux `SCHED_IDLE`: a core only when nothing else wants it, given
+    /// up the moment another thread wakes. For the work of a catch-up —
+    /// the snapshot sent to a node that is behind and taken in there —
+    /// which may take longer on a busy machine but must not delay the
+    /// requests the quorum is serving (docs/state-beyond-ram.md §4.9i).
+    /// Its share of a contended core is tiny (weight 3 against 1,024), not
+    /// nothing: a catch-up under a load that keeps every core busy crawls.
+    Idle,
 }
 
 /// The queue to `lane`'s thread, started on first use.
 fn queue(lane: Lane) -> &'static Mutex<mpsc::Sender<Job>> {
     static LONG: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
     static HASH: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
-    let (cell, name) = match lane {
-        Lane::Long => (&LONG, "oncekv-background"),
-        Lane::Hash => (&HASH, "oncekv-hasher"),
+    static CATCHUP: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let (cell, name, priority) = match lane {
+        Lane::Long => (&LONG, "oncekv-background", Priority::Lower),
+        Lane::Hash => (&HASH, "oncekv-hasher", Priority::Lower),
+        Lane::Catchup => (&CATCHUP, "oncekv-snapshot-out", Priority::Idle),
     };
     cell.get_or_init(|| {
         let (sender, jobs) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                lower_this_threads_priority();
+                lower_this_threads_priority(priority);
                 for job in jobs {
                     job();
                 }
@@ -64,18 +88,31 @@ fn queue(lane: Lane) -> &'static Mutex<mpsc::Sender<Job>> {
     })
 }
 
-/// Lowers the calling thread's CPU priority by [`NICE`] (on Linux a
-/// thread's nice value is its own); a failure leaves it as it was.
-fn lower_this_threads_priority() {
+/// Lowers the calling thread's CPU priority to `priority` (on Linux a
+/// thread's nice value and policy are its own, and lowering either needs
+/// no privilege); a failure leaves it as it was.
+fn lower_this_threads_priority(priority: Priority) {
     #[cfg(target_os = "linux")]
-    // SAFETY: plain syscalls on this thread's own id, no memory passed.
+    // SAFETY: plain syscalls on this thread's own id; the one pointer
+    // passed is to a local that outlives the call.
     unsafe {
         let thread = libc::gettid();
-        let now = libc::getpriority(libc::PRIO_PROCESS, thread as libc::id_t);
-        if libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, now + NICE) != 0 {
-            tracing::debug!("could not lower the background thread's priority");
+        let lowered = match priority {
+            Priority::Lower => {
+                let now = libc::getpriority(libc::PRIO_PROCESS, thread as libc::id_t);
+                libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, now + NICE)
+            }
+            Priority::Idle => {
+                let param = libc::sched_param { sched_priority: 0 };
+                libc::sched_setscheduler(thread, libc::SCHED_IDLE, &param)
+            }
+        };
+        if lowered != 0 {
+            tracing::debug!(?priority, "could not lower a background thread's priority");
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = priority;
 }
 
 /// Runs `job` on the background thread and returns its result; a panic in
@@ -127,6 +164,19 @@ where
     }
 }
 
+/// Runs `job` — a read of a snapshot being sent to a node that is behind —
+/// on the catch-up thread ([`Priority::Idle`]), as [`run_io`] does.
+pub async fn run_catchup_io<T, F>(job: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> std::io::Result<T> + Send + 'static,
+{
+    match run_caught(Lane::Catchup, job).await {
+        Ok(result) => result,
+        Err(panic) => Err(panicked(panic)),
+    }
+}
+
 /// The error a job's panic is answered with.
 fn panicked(panic: Box<dyn std::any::Any + Send>) -> std::io::Error {
     let what = panic
@@ -154,10 +204,11 @@ impl<T> Spawned<T> {
     }
 }
 
-/// Starts `job` on a new thread named `name`, at the background threads'
-/// lower priority: for a job that waits on input as it runs, which would
-/// hold a lane (and every job queued behind it) while it waits. The
-/// thread ends with the job; nothing waits for it unless
+/// Starts `job` — a snapshot received from the leader and taken in as it
+/// arrives — on a new thread named `name`, at the idle priority of a
+/// catch-up ([`Priority::Idle`]): for a job that waits on input as it
+/// runs, which would hold a lane (and every job queued behind it) while
+/// it waits. The thread ends with the job; nothing waits for it unless
 /// [`Spawned::join`] is awaited.
 pub fn spawn<T, F>(name: &str, job: F) -> std::io::Result<Spawned<T>>
 where
@@ -168,7 +219,7 @@ where
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            lower_this_threads_priority();
+            lower_this_threads_priority(Priority::Idle);
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
             let _ = reply.send(result);
         })?;
@@ -242,8 +293,50 @@ mod tests {
         assert_eq!(run_io(|| Ok(8)).await.unwrap(), 8);
     }
 
+    /// The calling thread's scheduling policy.
+    #[cfg(target_os = "linux")]
+    fn policy() -> i32 {
+        // SAFETY: sched_getscheduler on the calling thread's own id.
+        unsafe { libc::sched_getscheduler(libc::gettid()) }
+    }
+
     #[tokio::test]
-    async fn a_spawned_job_runs_on_its_own_lower_priority_thread() {
+    async fn catchup_reads_run_in_order_on_an_idle_priority_thread() {
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let runs: Vec<_> = (0..5)
+            .map(|n| {
+                let order = order.clone();
+                run_catchup_io(move || {
+                    order.lock().unwrap().push(n);
+                    Ok(std::thread::current().name().map(str::to_owned))
+                })
+            })
+            .collect();
+        for name in futures::future::join_all(runs).await {
+            assert_eq!(name.unwrap().as_deref(), Some("oncekv-snapshot-out"));
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+        #[cfg(target_os = "linux")]
+        {
+            assert_eq!(
+                run_catchup_io(|| Ok(policy())).await.unwrap(),
+                libc::SCHED_IDLE
+            );
+            assert_eq!(run(policy).await, libc::SCHED_OTHER);
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        }
+        let failed = run_catchup_io(|| -> std::io::Result<u32> { panic!("read failed") }).await;
+        assert!(
+            failed
+                .unwrap_err()
+                .to_string()
+                .contains("panicked: read failed")
+        );
+        assert_eq!(run_catchup_io(|| Ok(9)).await.unwrap(), 9);
+    }
+
+    #[tokio::test]
+    async fn a_spawned_job_runs_on_its_own_idle_priority_thread() {
         let name = spawn("oncekv-test-job", || {
             std::thread::current().name().map(str::to_owned)
         })
@@ -254,13 +347,9 @@ mod tests {
         );
         #[cfg(target_os = "linux")]
         {
-            let priority = || {
-                // SAFETY: getpriority on the calling thread's own id.
-                unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
-            };
-            let mine = priority();
-            let spawned = spawn("oncekv-test-job", priority).unwrap();
-            assert_eq!(spawned.join().await.unwrap(), (mine + NICE).min(19));
+            let spawned = spawn("oncekv-test-job", policy).unwrap();
+            assert_eq!(spawned.join().await.unwrap(), libc::SCHED_IDLE);
+            assert_eq!(policy(), libc::SCHED_OTHER);
         }
         let failed = spawn("oncekv-test-job", || -> u32 { panic!("receive failed") }).unwrap();
         let error = failed.join().await.unwrap_err();

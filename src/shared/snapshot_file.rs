@@ -392,28 +392,51 @@ impl SnapshotFile {
         self,
         chunk_bytes: usize,
     ) -> impl Stream<Item = io::Result<Vec<u8>>> + Send + 'static {
-        let reader = self.whole_reader().map(|reader| (self, reader));
+        self.into_framed_chunks(chunk_bytes, std::mem::take)
+    }
+
+    /// As [`SnapshotFile::into_chunks`], each chunk handed to `frame` (a
+    /// sender's message encoding) on the same thread that read it: the
+    /// stream yields what `frame` made. `frame` may take the chunk's buffer
+    /// (the next chunk is read into a new one) or leave it, to be reused
+    /// for the next chunk: then the chunk is neither allocated afresh nor
+    /// copied again on the request path's threads.
+    pub fn into_framed_chunks<T, F>(
+        self,
+        chunk_bytes: usize,
+        frame: F,
+    ) -> impl Stream<Item = io::Result<T>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Vec<u8>) -> T + Send + 'static,
+    {
+        let reader = self
+            .whole_reader()
+            .map(|reader| (self, reader, Vec::new(), frame));
         futures::stream::unfold(Some(reader), move |state| async move {
-            let (snapshot, mut reader) = match state? {
+            let (snapshot, mut reader, mut chunk, mut frame) = match state? {
                 Ok(opened) => opened,
                 Err(error) => return Some((Err(error), None)),
             };
             // Read (the record store walked and its records encoded) on the
             // lower-priority thread, a chunk per job: the sender is usually
             // the leader, and its request path gets the cores first.
-            let read = super::background::run_io(move || {
-                let mut chunk = Vec::with_capacity(chunk_bytes);
+            let read = super::background::run_catchup_io(move || {
+                chunk.clear();
+                chunk.reserve_exact(chunk_bytes);
                 let read = (&mut reader)
                     .take(chunk_bytes as u64)
                     .read_to_end(&mut chunk)
-                    .map(|_| chunk);
-                Ok((reader, read))
+                    .map(|_| (!chunk.is_empty()).then(|| frame(&mut chunk)));
+                Ok((reader, chunk, frame, read))
             })
             .await;
             match read {
-                Err(error) | Ok((_, Err(error))) => Some((Err(error), None)),
-                Ok((_, Ok(chunk))) if chunk.is_empty() => None,
-                Ok((reader, Ok(chunk))) => Some((Ok(chunk), Some(Ok((snapshot, reader))))),
+                Err(error) | Ok((_, _, _, Err(error))) => Some((Err(error), None)),
+                Ok((_, _, _, Ok(None))) => None,
+                Ok((reader, chunk, frame, Ok(Some(framed)))) => {
+                    Some((Ok(framed), Some(Ok((snapshot, reader, chunk, frame)))))
+                }
             }
         })
     }

@@ -213,6 +213,103 @@ impl Usage {
     }
 }
 
+/// What the records of a snapshot add up to, group by group, as a reader
+/// counts them in — to be checked against the groups' summaries once the
+/// last is read ([`GroupTally::agrees_with`]). Built for a stream of
+/// millions of records: a record's group is found by a binary search over
+/// the groups' bounds (not an ordered map's range per record), and its
+/// principal is counted without a map: records come in id order, so within
+/// a group their principals come sorted, each the last one counted there
+/// or a new one (records out of order count a principal twice, which
+/// disagrees with any summary; the reader refuses them first anyway).
+pub(crate) struct GroupTally<R> {
+    /// The live groups' starts, in order, and their ends.
+    starts: Vec<u64>,
+    ends: Vec<u64>,
+    tallies: Vec<Tally>,
+    kind: std::marker::PhantomData<R>,
+}
+
+/// One group's count so far (a [`Usage`] whose principals are a sorted
+/// list, appended to).
+#[derive(Default)]
+struct Tally {
+    records: u64,
+    bytes: u64,
+    hash: RecordsHash,
+    by_principal: Vec<(Principal, u64, u64)>,
+}
+
+impl<R: Grouped> GroupTally<R> {
+    /// Nothing counted yet into `store`'s live groups.
+    pub(crate) fn of(store: &GroupStore<R>) -> Self {
+        let (starts, ends) = store
+            .groups()
+            .map(|(start, group)| (*start, group.end_ms))
+            .unzip::<_, _, Vec<_>, Vec<_>>();
+        let tallies = std::iter::repeat_with(Tally::default)
+            .take(starts.len())
+            .collect();
+        GroupTally {
+            starts,
+            ends,
+            tallies,
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// Counts `record` into the live group covering `base_ms` and returns
+    /// that group's start (as [`GroupStore::group_covering`] finds it), or
+    /// why none covers it.
+    pub(crate) fn count(
+        &mut self,
+        base_ms: u64,
+        record: &Counted<'_>,
+    ) -> Result<u64, &'static str> {
+        let after = self.starts.partition_point(|start| *start <= base_ms);
+        let index = after.checked_sub(1).ok_or(R::IN_NO_LIVE_GROUP)?;
+        if base_ms >= self.ends[index] {
+            return Err(R::IN_NO_LIVE_GROUP);
+        }
+        let tally = &mut self.tallies[index];
+        tally.records += 1;
+        tally.bytes += record.size;
+        tally.hash.add(&record.hash);
+        match tally.by_principal.last_mut() {
+            Some((principal, records, bytes)) if principal == record.principal => {
+                *records += 1;
+                *bytes += record.size;
+            }
+            _ => tally
+                .by_principal
+                .push((record.principal.clone(), 1, record.size)),
+        }
+        Ok(self.starts[index])
+    }
+
+    /// Whether every live group of `store` (the one this tally was made
+    /// of) holds exactly what was counted into it.
+    pub(crate) fn agrees_with(&self, store: &GroupStore<R>) -> bool {
+        store.groups.len() == self.tallies.len()
+            && store
+                .groups()
+                .zip(self.starts.iter().zip(&self.tallies))
+                .all(|((start, group), (counted_start, tally))| {
+                    let usage = &group.usage;
+                    start == counted_start
+                        && usage.records == tally.records
+                        && usage.bytes == tally.bytes
+                        && usage.hash == tally.hash
+                        && usage.by_principal.len() == tally.by_principal.len()
+                        && usage.by_principal.iter().zip(&tally.by_principal).all(
+                            |((principal, counts), (counted, records, bytes))| {
+                                principal == counted && *counts == (*records, *bytes)
+                            },
+                        )
+                })
+    }
+}
+
 /// The grouped records of one kind: see the module doc.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct GroupStore<R: Grouped> {
@@ -685,5 +782,130 @@ impl<R: Grouped> GroupStore<R> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyed::{KeyRecord, KeyStore};
+    use crate::session::CachedResponse;
+    use crate::types::{CommandResult, Fingerprint};
+
+    fn id(principal: &str, key: &str) -> KeyId {
+        (
+            Principal(principal.into()),
+            IdempotencyKey(key.as_bytes().to_vec()),
+        )
+    }
+
+    fn record(created_ms: u64) -> KeyRecord {
+        KeyRecord {
+            created_ms,
+            response: CachedResponse {
+                fingerprint: Fingerprint(created_ms.into()),
+                result: Ok(CommandResult::Stored),
+            },
+        }
+    }
+
+    /// Records in groups [0, 100), [100, 200) and (after a gap) [300, 400).
+    fn store() -> (KeyStore, Vec<(KeyId, KeyRecord)>) {
+        let records = vec![
+            (id("alice", "a"), record(10)),
+            (id("alice", "b"), record(150)),
+            (id("bob", "c"), record(20)),
+            (id("bob", "d"), record(30)),
+            (id("carol", "f"), record(40)),
+            (id("carol", "e"), record(399)),
+        ];
+        // Inserted as the cluster's time goes: each in the group open then.
+        let mut by_time = records.clone();
+        by_time.sort_by_key(|(_, record)| record.created_ms);
+        let mut store = KeyStore::default();
+        for (id, record) in by_time {
+            store.insert(id, record, 100);
+        }
+        (store, records)
+    }
+
+    /// A snapshot reader's tally finds each record's group as the store
+    /// does — the bounds included, a time in a gap or past the last group
+    /// in none — and agrees with the summaries exactly when the records
+    /// add up to them, principal by principal.
+    #[test]
+    fn a_tally_finds_the_store_s_groups_and_agrees_only_with_their_exact_sums() {
+        let (store, records) = store();
+        let starts: Vec<u64> = store.groups().map(|(start, _)| *start).collect();
+        assert_eq!(starts, [0, 100, 300], "the groups as built");
+        let mut tally = GroupTally::<KeyRecord>::of(&store);
+        for base_ms in [0, 99, 100, 199, 300, 399, 200, 250, 299, 400, u64::MAX] {
+            let counted = (id("x", "y"), record(base_ms));
+            let counting = Counted::of(&counted.0, &counted.1);
+            assert_eq!(
+                GroupTally::<KeyRecord>::of(&store).count(base_ms, &counting),
+                store.group_covering(base_ms),
+                "at {base_ms}"
+            );
+        }
+        assert!(!tally.agrees_with(&store), "nothing counted yet");
+        for (id, record) in &records {
+            let group = tally.count(record.created_ms, &Counted::of(id, record));
+            assert_eq!(group, store.group_covering(record.created_ms));
+        }
+        assert!(tally.agrees_with(&store));
+
+        // The same records, one of them under another principal: every
+        // group's count and bytes agree (the names are as long), not its
+        // split by principal nor its hash.
+        let mut tally = GroupTally::<KeyRecord>::of(&store);
+        for (n, (id, record)) in records.iter().enumerate() {
+            let id = if n == 2 {
+                self::id("dan", "c")
+            } else {
+                id.clone()
+            };
+            tally
+                .count(record.created_ms, &Counted::of(&id, record))
+                .unwrap();
+        }
+        assert!(!tally.agrees_with(&store));
+
+        // Summaries whose count, bytes and hash agree but whose split by
+        // principal does not (as a crafted snapshot's may): one of bob's
+        // two records counted as alice's, carol's as they are.
+        let mut crafted = store.clone();
+        let (start, mut group) = crafted.groups.get_min().cloned().expect("a group");
+        let by_principal = &mut group.usage.by_principal;
+        let bob = by_principal.get_mut(&Principal("bob".into())).unwrap();
+        let one = bob.1 / 2;
+        *bob = (1, bob.1 - one);
+        let alice = by_principal.get_mut(&Principal("alice".into())).unwrap();
+        *alice = (alice.0 + 1, alice.1 + one);
+        crafted.groups.insert(start, group);
+        let mut tally = GroupTally::<KeyRecord>::of(&crafted);
+        for (id, record) in &records {
+            tally
+                .count(record.created_ms, &Counted::of(id, record))
+                .unwrap();
+        }
+        assert!(!tally.agrees_with(&crafted));
+
+        // One record short, or one twice.
+        let mut tally = GroupTally::<KeyRecord>::of(&store);
+        for (id, record) in &records[1..] {
+            tally
+                .count(record.created_ms, &Counted::of(id, record))
+                .unwrap();
+        }
+        assert!(!tally.agrees_with(&store));
+        let (id, record) = &records[0];
+        tally
+            .count(record.created_ms, &Counted::of(id, record))
+            .unwrap();
+        tally
+            .count(record.created_ms, &Counted::of(id, record))
+            .unwrap();
+        assert!(!tally.agrees_with(&store));
     }
 }

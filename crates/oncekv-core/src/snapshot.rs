@@ -102,7 +102,7 @@
 
 use super::claims::{ClaimGroups, ClaimRecord, ClaimStore};
 use super::codec::{self, CodecError, DECODE_LIMIT_BYTES};
-use super::grouped::{Counted, GroupSummary, Usage};
+use super::grouped::{Counted, GroupSummary, GroupTally, Usage};
 use super::keyed::{GroupedRecord, KeyId, KeyRecord, KeyStore};
 use super::session::{CachedResponse, Responses, Session};
 use super::types::{
@@ -941,12 +941,14 @@ pub struct Records<R> {
     last: Option<KeyId>,
     now_ms: u64,
     last_fence: u64,
-    /// The restored groups with their summaries (no records).
+    /// The restored groups with their summaries (no records), and what
+    /// the records read so far add up to in each.
     keys: KeyStore,
     claims: ClaimGroups,
+    key_tally: GroupTally<KeyRecord>,
+    claim_tally: GroupTally<ClaimRecord>,
     /// The held claims (a finished one never has a held one's id).
     held: ClaimStore,
-    counted: std::collections::BTreeMap<u64, Usage>,
     /// Whether the key groups' sums were checked (after the last key).
     keys_checked: bool,
     finished: bool,
@@ -966,13 +968,9 @@ impl<R: Read> Records<R> {
         let hash = *blake3::keyed_hash(&KEY_RECORD_HASH_KEY, &self.buffer).as_bytes();
         let (id, record) = checked_key(self.now_ms, self.last.as_ref(), record)?;
         let group_ms = self
-            .keys
-            .group_covering(record.created_ms)
+            .key_tally
+            .count(record.created_ms, &Counted::hashed(&id, &record, hash))
             .map_err(SnapshotError::Inconsistent)?;
-        self.counted
-            .entry(group_ms)
-            .or_default()
-            .add(&Counted::hashed(&id, &record, hash));
         self.keys_remaining -= 1;
         self.last = Some(id.clone());
         Ok(Streamed::Key(id, GroupedRecord { group_ms, record }))
@@ -996,31 +994,12 @@ impl<R: Read> Records<R> {
             ));
         }
         let group_ms = self
-            .claims
-            .group_covering(record.ttl_base_ms())
+            .claim_tally
+            .count(record.ttl_base_ms(), &Counted::hashed(&id, &record, hash))
             .map_err(SnapshotError::Inconsistent)?;
-        self.counted
-            .entry(group_ms)
-            .or_default()
-            .add(&Counted::hashed(&id, &record, hash));
         self.claims_remaining -= 1;
         self.last = Some(id.clone());
         Ok(Streamed::Claim(id, GroupedRecord { group_ms, record }))
-    }
-
-    /// Every group of a kind against what its records added up to.
-    fn check_sums<'a>(
-        counted: &mut std::collections::BTreeMap<u64, Usage>,
-        groups: impl Iterator<Item = (&'a u64, &'a GroupSummary)>,
-        why: &'static str,
-    ) -> Result<(), SnapshotError> {
-        for (start, group) in groups {
-            if counted.remove(start).unwrap_or_default() != group.usage {
-                return Err(SnapshotError::Inconsistent(why));
-            }
-        }
-        counted.clear();
-        Ok(())
     }
 
     fn next_record(&mut self) -> Option<Result<Streamed, SnapshotError>> {
@@ -1042,21 +1021,21 @@ impl<R: Read> Records<R> {
     /// After the last key record: the key groups' sums; claims start over
     /// in (principal, key) order.
     fn end_of_keys(&mut self) -> Result<(), SnapshotError> {
-        Self::check_sums(
-            &mut self.counted,
-            self.keys.groups(),
-            "key records disagree with their group's summary",
-        )?;
+        if !self.key_tally.agrees_with(&self.keys) {
+            return Err(SnapshotError::Inconsistent(
+                "key records disagree with their group's summary",
+            ));
+        }
         self.last = None;
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), SnapshotError> {
-        Self::check_sums(
-            &mut self.counted,
-            self.claims.groups(),
-            "finished claim records disagree with their group's summary",
-        )?;
+        if !self.claim_tally.agrees_with(&self.claims) {
+            return Err(SnapshotError::Inconsistent(
+                "finished claim records disagree with their group's summary",
+            ));
+        }
         check_trailer(&mut self.input)
     }
 }
@@ -1353,8 +1332,9 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
             last_fence: registry.last_fence,
             keys: registry.keys.clone(),
             claims: registry.finished_claims.clone(),
+            key_tally: GroupTally::of(&registry.keys),
+            claim_tally: GroupTally::of(&registry.finished_claims),
             held: registry.claims.clone(),
-            counted: std::collections::BTreeMap::new(),
             keys_checked: false,
             finished: false,
         });
