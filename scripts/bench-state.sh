@@ -70,6 +70,13 @@
 #                     restart; KEYS is then only the figure to report
 #                     against; the directory is kept)
 #   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: build target/release)
+#   ONCEKV_SCHED_GROUP "own" (default) or "shared": passed to
+#                     scripts/cluster.sh. "own" runs each node in a session
+#                     of its own, and Linux then shares the CPU equally
+#                     between the nodes whatever priority a thread has in
+#                     one; "shared" lets a catch-up's idle-priority threads
+#                     yield to the other nodes, as on hosts of their own
+#                     (docs/state-beyond-ram.md §4.9i). Printed first.
 set -euo pipefail
 
 usage() {
@@ -246,7 +253,7 @@ wait_applied() {
     done
 }
 
-echo "starting a 3-node cluster on $(endpoints "${NODES[@]}")" >&2
+echo "starting a 3-node cluster on $(endpoints "${NODES[@]}") (ONCEKV_SCHED_GROUP=${ONCEKV_SCHED_GROUP:-own})" >&2
 scripts/cluster.sh start >"$WORK/cluster-start.log" 2>&1 \
     || { cat "$WORK/cluster-start.log" >&2; die "the cluster did not start"; }
 LEADER=$(leader) || die "no leader"

@@ -50,10 +50,24 @@ environment:
                      (e.g. "--heartbeat-ms 30 --election-timeout-min-ms 120")
   ONCEKV_BIN         the oncekv binary to run (default target/release/oncekv,
                      which `start` builds first); when set, nothing is built
+  ONCEKV_SCHED_GROUP "own" (default): each node in a session of its own
+                     (setsid), detached from the terminal; Linux's autogroup
+                     then shares the CPU equally between the nodes, whatever
+                     priority a thread has inside one of them. "shared": the
+                     nodes stay in this script's session (and survive it: a
+                     node ignores the hangup), so the scheduler weighs their
+                     threads against each other and a node's background and
+                     catch-up threads yield to the other nodes' requests, as
+                     on hosts of their own (docs/operating.md)
 EOF
 }
 
 readonly NODES=(1 2 3)
+case ${ONCEKV_SCHED_GROUP:=own} in
+    own) readonly DETACH=(setsid) ;;
+    shared) readonly DETACH=() ;;
+    *) echo "cluster.sh: ONCEKV_SCHED_GROUP is \"own\" or \"shared\"" >&2; exit 2 ;;
+esac
 readonly START_TIMEOUT_S=30
 readonly STOP_TIMEOUT_S=10
 
@@ -226,9 +240,12 @@ wait_exec() {
     done
 }
 
-# Starts node N in the background, in its own session so it outlives this
-# script and the terminal; setsid execs in place, so $! becomes the node's
-# pid, and the pid file is written once it has (wait_exec). With a second
+# Starts node N in the background, in its own session (setsid, unless
+# ONCEKV_SCHED_GROUP=shared) so it outlives this script and the terminal;
+# setsid execs in place, so $! becomes the node's pid, and the pid file is
+# written once it has (wait_exec). In this script's session a node outlives
+# it too: it ignores the interrupt (an asynchronous command of a script)
+# and reloads its certificates on a hangup. With a second
 # argument `join`, never with --initialize (it waits to be added as a
 # learner).
 start_node() {
@@ -249,7 +266,7 @@ start_node() {
         make_certs "$n"
         read -r -a tls <<<"$(tls_flags "$n")"
     fi
-    RUST_LOG=${RUST_LOG:-info} setsid "$BIN" node \
+    RUST_LOG=${RUST_LOG:-info} "${DETACH[@]}" "$BIN" node \
         --id "$n" \
         --client-addr "$(client_addr "$n")" \
         --peer-addr "$(peer_addr "$n")" \

@@ -3,10 +3,14 @@
 of the proposals that finished in that second (from the deltas of its
 `oncekv_proposal_duration_seconds` histogram, so to the histogram's bucket
 bounds: 6.4, 12.8, 25.6, 51.2, 102, 205 ms ...; "-" when none finished,
-as on a follower), how many finished, the machine's disk writes (MB/s),
+as on a follower), how many finished, the machine's disk writes (MB/s;
+then the disk's write requests and flushes completed, each with its mean
+time in the device: `w=` and `fl=` count/ms, from /proc/diskstats),
 dirty page cache (MB), iowait and busy share (% of all cores), and each
 node process's CPU (% of one core, from /proc/PID/stat; a process without
---id, such as a CLI call, shows by its pid).
+--id, such as a CLI call, shows by its pid) and, in brackets, the part of
+it its background threads took (those named `oncekv-…`: builds, snapshot
+reads, receptions, hashes); `lg=` is the load generator's CPU.
 
 Used to trace write latency during a catch-up by snapshot
 (docs/state-beyond-ram.md §4.9g): start it beside
@@ -17,6 +21,7 @@ Used to trace write latency during a catch-up by snapshot
 Node N's metrics are read from 127.0.0.1:PORT_BASE+200+N (the ports
 scripts/cluster.sh gives). Linux only. Touches nothing: reads only.
 """
+import os
 import re
 import subprocess
 import sys
@@ -48,15 +53,58 @@ def node_pids():
         pid, args = line.split(" ", 1)
         node = re.search(r"--id (\d+)", args)
         pids[node.group(1) if node else pid] = int(pid)
+    loadgen = subprocess.run(["pgrep", "-x", "loadgen"], capture_output=True, text=True)
+    for pid in loadgen.stdout.split()[:1]:
+        pids["lg"] = int(pid)
     return pids
 
 
-def cpu_ticks(pid):
+def cpu_ticks(pid, task=None):
+    path = f"/proc/{pid}/task/{task}/stat" if task else f"/proc/{pid}/stat"
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        fields = open(path).read().rsplit(")", 1)[1].split()
         return int(fields[11]) + int(fields[12])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def background_ticks(pid):
+    """CPU ticks of a process's threads named `oncekv-…` (see above)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            name = open(f"/proc/{pid}/task/{task}/comm").read().strip()
+        except OSError:
+            continue
+        if name.startswith("oncekv-"):
+            total += cpu_ticks(pid, task)
+    return total
+
+
+def all_ticks():
+    return {k: (p, cpu_ticks(p), background_ticks(p)) for k, p in node_pids().items()}
+
+
+def disk_counters():
+    """Writes and flushes completed on the whole disks (not partitions), and
+    the milliseconds each kind took: (writes, write_ms, flushes, flush_ms)."""
+    totals = [0, 0, 0, 0]
+    for line in open("/proc/diskstats"):
+        fields = line.split()
+        name = fields[2]
+        if not os.path.exists(f"/sys/block/{name}") or name.startswith(("loop", "ram", "dm-")):
+            continue
+        numbers = [int(x) for x in fields[3:]]
+        totals[0] += numbers[4]
+        totals[1] += numbers[7]
+        if len(numbers) >= 17:
+            totals[2] += numbers[15]
+            totals[3] += numbers[16]
+    return totals
 
 
 def machine():
@@ -65,7 +113,7 @@ def machine():
     written_kb = int(re.search(r"^pgpgout (\d+)", vmstat, re.M).group(1))
     dirty_kb = int(re.search(r"^Dirty:\s+(\d+)", meminfo, re.M).group(1))
     cpu = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    return written_kb, dirty_kb, cpu
+    return written_kb, dirty_kb, cpu, disk_counters()
 
 
 def main():
@@ -73,7 +121,7 @@ def main():
     nodes = (1, 2, 3, 4, 5)
     before = {n: buckets(metrics(base, n)) for n in nodes}
     last = machine()
-    ticks = {k: cpu_ticks(p) for k, p in node_pids().items()}
+    ticks = all_ticks()
     with open(out, "w") as trace:
         trace.write("time p99_ms(n1/n2/...) proposals disk_MBps dirty_MB iowait% busy% cpu%\n")
         for _ in range(seconds):
@@ -97,15 +145,28 @@ def main():
             iowait = 100 * cpu[4] / total
             busy = 100 * (total - cpu[3] - cpu[4]) / total
             disk = (current[0] - last[0]) / 1024
-            last = current
-            now_ticks = {k: cpu_ticks(p) for k, p in node_pids().items()}
-            per_node = " ".join(
-                f"n{k}={now_ticks[k] - ticks.get(k, now_ticks[k])}" for k in sorted(now_ticks)
+            writes, write_ms, flushes, flush_ms = (a - b for a, b in zip(current[3], last[3]))
+            device = (
+                f"w={writes}/{write_ms / writes if writes else 0:.1f}ms "
+                f"fl={flushes}/{flush_ms / flushes if flushes else 0:.1f}ms"
             )
+            last = current
+            now_ticks = all_ticks()
+
+            def used(k):
+                then = ticks.get(k, now_ticks[k])
+                if then[0] != now_ticks[k][0]:  # a new process of that name
+                    then = (0, 0, 0)
+                (_, all_now, bg_now), (_, all_then, bg_then) = now_ticks[k], then
+                if k == "lg":
+                    return f"lg={all_now - all_then}"
+                return f"n{k}={all_now - all_then}({bg_now - bg_then})"
+
+            per_node = " ".join(used(k) for k in sorted(now_ticks))
             ticks = now_ticks
             trace.write(
                 f"{time.strftime('%H:%M:%S')} p99={'/'.join(p99s)} n={'/'.join(counts)} "
-                f"disk={disk:.0f} dirty={current[1] // 1024} wa={iowait:.0f} busy={busy:.0f} "
+                f"disk={disk:.0f} {device} dirty={current[1] // 1024} wa={iowait:.0f} busy={busy:.0f} "
                 f"{per_node}\n"
             )
             trace.flush()

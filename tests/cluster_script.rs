@@ -70,10 +70,16 @@ impl ScriptCluster {
 
     /// Runs `scripts/cluster.sh ARGS` within [`SCRIPT_TIMEOUT`].
     fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, &[])
+    }
+
+    /// Runs `scripts/cluster.sh ARGS` with `envs` set too.
+    fn run_with(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
         let mut child = Command::new("bash")
             .arg(script)
             .args(args)
+            .envs(envs.iter().copied())
             .env("ONCEKV_BIN", env!("CARGO_BIN_EXE_oncekv"))
             .env("ONCEKV_DATA", self.data())
             .env("ONCEKV_PORT_BASE", self.base.to_string())
@@ -110,7 +116,12 @@ impl ScriptCluster {
 
     /// Runs the script and panics unless it succeeds.
     fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args);
+        self.ok_with(args, &[])
+    }
+
+    /// Runs the script with `envs` set too and panics unless it succeeds.
+    fn ok_with(&self, args: &[&str], envs: &[(&str, &str)]) -> String {
+        let output = self.run_with(args, envs);
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&output.stdout),
@@ -308,6 +319,58 @@ fn restarts_on_a_loaded_machine_keep_every_node_tracked() {
         assert!(
             cluster.node_processes(n).is_empty(),
             "node {n} still runs after stop"
+        );
+    }
+}
+
+/// The session of process `pid` (the sixth field of /proc/PID/stat).
+fn session_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    let after_name = &stat[stat.rfind(')').expect("a process name") + 1..];
+    after_name
+        .split_whitespace()
+        .nth(3)
+        .and_then(|field| field.parse().ok())
+        .expect("a session id")
+}
+
+/// By default each node leads a session of its own (so Linux's autogroup
+/// shares the CPU equally between the nodes); with
+/// `ONCEKV_SCHED_GROUP=shared` the nodes stay in the caller's session —
+/// where a node's idle-priority catch-up threads yield to the other nodes'
+/// requests — and still outlive the script; any other value is refused
+/// before anything starts.
+#[test]
+fn nodes_lead_sessions_of_their_own_unless_told_to_share_the_callers() {
+    let cluster = ScriptCluster::new();
+    let ours = session_of(std::process::id());
+    cluster.ok(&["start"]);
+    for n in 1..=3 {
+        let pid = cluster.pid_file(n).expect("a pid file after start");
+        assert_eq!(session_of(pid), pid, "node {n} leads its own session");
+    }
+    cluster.ok(&["stop"]);
+
+    cluster.ok_with(&["start"], &[("ONCEKV_SCHED_GROUP", "shared")]);
+    for n in 1..=3 {
+        let pid = cluster.pid_file(n).expect("a pid file after start");
+        assert_eq!(
+            cluster.node_processes(n),
+            vec![pid],
+            "node {n} outlived the script"
+        );
+        assert_eq!(session_of(pid), ours, "node {n} is in the caller's session");
+    }
+    cluster.ok(&["status"]);
+    cluster.ok(&["stop"]);
+
+    let refused = cluster.run_with(&["start"], &[("ONCEKV_SCHED_GROUP", "everyone")]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("ONCEKV_SCHED_GROUP"));
+    for n in 1..=3 {
+        assert!(
+            cluster.node_processes(n).is_empty(),
+            "node {n} started anyway"
         );
     }
 }
