@@ -141,6 +141,18 @@ impl ScriptCluster {
         text.trim().parse().ok()
     }
 
+    /// Each node's pid file's pid, checked to be the one live process of
+    /// that node (`when` names the moment in the failure).
+    fn tracked_nodes(&self, when: &str) -> Vec<u32> {
+        (1..=3)
+            .map(|n| {
+                let tracked = self.pid_file(n).expect("a pid file");
+                assert_eq!(self.node_processes(n), vec![tracked], "node {n} {when}");
+                tracked
+            })
+            .collect()
+    }
+
     /// The pids of live processes whose command line names node `n`'s
     /// data directory: the node processes of this cluster, tracked or not.
     fn node_processes(&self, n: u64) -> Vec<u32> {
@@ -285,14 +297,7 @@ fn restarts_on_a_loaded_machine_keep_every_node_tracked() {
     let _hog = CpuHog::start();
     let began = Instant::now();
     cluster.ok(&["start"]);
-    for n in 1..=3 {
-        let tracked = cluster.pid_file(n).expect("a pid file after start");
-        assert_eq!(
-            cluster.node_processes(n),
-            vec![tracked],
-            "node {n} after start"
-        );
-    }
+    cluster.tracked_nodes("after start");
     for round in 0..restarts {
         assert!(
             began.elapsed() < LOOP_TIMEOUT,
@@ -345,21 +350,18 @@ fn nodes_lead_sessions_of_their_own_unless_told_to_share_the_callers() {
     let cluster = ScriptCluster::new();
     let ours = session_of(std::process::id());
     cluster.ok(&["start"]);
-    for n in 1..=3 {
-        let pid = cluster.pid_file(n).expect("a pid file after start");
-        assert_eq!(session_of(pid), pid, "node {n} leads its own session");
+    for pid in cluster.tracked_nodes("after start") {
+        assert_eq!(session_of(pid), pid, "node {pid} leads its own session");
     }
     cluster.ok(&["stop"]);
 
     cluster.ok_with(&["start"], &[("ONCEKV_SCHED_GROUP", "shared")]);
-    for n in 1..=3 {
-        let pid = cluster.pid_file(n).expect("a pid file after start");
+    for pid in cluster.tracked_nodes("outlived the script") {
         assert_eq!(
-            cluster.node_processes(n),
-            vec![pid],
-            "node {n} outlived the script"
+            session_of(pid),
+            ours,
+            "node {pid} is in the caller's session"
         );
-        assert_eq!(session_of(pid), ours, "node {n} is in the caller's session");
     }
     cluster.ok(&["status"]);
     cluster.ok(&["stop"]);

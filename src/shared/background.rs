@@ -158,10 +158,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> std::io::Result<T> + Send + 'static,
 {
-    match run_caught(Lane::Long, job).await {
-        Ok(result) => result,
-        Err(panic) => Err(panicked(panic)),
-    }
+    run_io_on(Lane::Long, job).await
 }
 
 /// Runs `job` — a read of a snapshot being sent to a node that is behind —
@@ -171,7 +168,16 @@ where
     T: Send + 'static,
     F: FnOnce() -> std::io::Result<T> + Send + 'static,
 {
-    match run_caught(Lane::Catchup, job).await {
+    run_io_on(Lane::Catchup, job).await
+}
+
+/// Runs `job` on `lane`'s thread: its result, or an error naming its panic.
+async fn run_io_on<T, F>(lane: Lane, job: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> std::io::Result<T> + Send + 'static,
+{
+    match run_caught(lane, job).await {
         Ok(result) => result,
         Err(panic) => Err(panicked(panic)),
     }
