@@ -226,10 +226,14 @@ fn processes_naming(needle: &str) -> Vec<u32> {
 
 /// A port base whose twelve ports (clients, peers, metrics and HTTP of
 /// nodes 1-3) are free now: below the ephemeral range, starting at a
-/// random place so that concurrent runs rarely meet.
+/// random place so that concurrent runs rarely meet, and at a different
+/// one for each cluster of this process (its tests run at once, and a
+/// base probed free is taken only when the script's nodes bind it).
 fn free_port_base() -> u16 {
+    static CLUSTERS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let offsets = [1u16, 2, 3, 101, 102, 103, 201, 202, 203, 301, 302, 303];
-    let start = u16::try_from(std::process::id() % 100).expect("below 100");
+    let ours = CLUSTERS.fetch_add(7, Ordering::Relaxed);
+    let start = u16::try_from(std::process::id() % 100).expect("below 100") + ours;
     for step in 0..100u16 {
         let base = 20_000 + ((start + step) % 100) * 100;
         let listeners: Vec<_> = offsets
