@@ -329,17 +329,12 @@ fn data_part_payload(chunk: &[u8]) -> Vec<u8> {
     struct DataPart<'a>(&'a [u8]);
     impl Serialize for DataPart<'_> {
         fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            /// The chunk as [`chunk_bytes`] writes it.
-            struct Chunk<'a>(&'a [u8]);
-            impl Serialize for Chunk<'_> {
-                fn serialize<S: serde::Serializer>(
-                    &self,
-                    serializer: S,
-                ) -> Result<S::Ok, S::Error> {
-                    chunk_bytes::serialize(self.0, serializer)
-                }
-            }
-            serializer.serialize_newtype_variant("SnapshotPart", 1, "Data", &Chunk(self.0))
+            serializer.serialize_newtype_variant(
+                "SnapshotPart",
+                1,
+                "Data",
+                &chunk_bytes::Borrowed(self.0),
+            )
         }
     }
     // The version byte, the variant's index and the length (each at most
@@ -360,6 +355,15 @@ mod chunk_bytes {
 
     pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_bytes(bytes)
+    }
+
+    /// Borrowed chunk bytes, written as [`serialize`] writes them.
+    pub(super) struct Borrowed<'a>(pub(super) &'a [u8]);
+
+    impl serde::Serialize for Borrowed<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serialize(self.0, serializer)
+        }
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(

@@ -9,8 +9,8 @@
 //! the state machine and the peer service alike), and the key records of
 //! the applied state that lie outside the registry (`records`: the on-disk
 //! store and the layers flushed into it, written by the state machine,
-//! read by the admin service), and the lower-priority thread that builds
-//! snapshots and hashes the state (`background`).
+//! read by the admin service), and the lower-priority threads that build
+//! snapshots, hash the state and do a catch-up's work (`background`).
 //!
 //! This module must not depend on `network` or `storage` (both depend on
 //! it); `tests/adapter_direction.rs` fails if it, or either adapter, names

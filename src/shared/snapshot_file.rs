@@ -418,9 +418,10 @@ impl SnapshotFile {
                 Ok(opened) => opened,
                 Err(error) => return Some((Err(error), None)),
             };
-            // Read (the record store walked and its records encoded) on the
-            // lower-priority thread, a chunk per job: the sender is usually
-            // the leader, and its request path gets the cores first.
+            // Read (the record store walked and its records encoded) and
+            // framed on the catch-up thread, at idle priority, a chunk per
+            // job: the sender is usually the leader, and its request path
+            // gets the cores first.
             let read = super::background::run_catchup_io(move || {
                 chunk.clear();
                 chunk.reserve_exact(chunk_bytes);
@@ -723,9 +724,9 @@ impl SnapshotInbox {
     }
 }
 
-/// A snapshot being received. Its chunks go to a thread of its own (at the
-/// background threads' lower priority: the node receiving a snapshot is
-/// behind, and no request waits on it) that reads them as they arrive,
+/// A snapshot being received. Its chunks go to a thread of its own (at a
+/// catch-up's idle priority: the node receiving a snapshot is behind, and
+/// no request waits on it) that reads them as they arrive,
 /// checking everything the snapshot format checks:
 ///
 /// - the part (everything but the key records and finished claims) goes to
