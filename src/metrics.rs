@@ -85,6 +85,9 @@ pub struct NodeMetrics {
     // Counted by the Raft watcher.
     pub term_changes: Counter,
     pub became_leader: Counter,
+    // Set by the catch-up watch (node::catch_up).
+    pub catching_up: Gauge,
+    pub catch_ups: Counter,
     // Set by the log store.
     pub commit_index: Gauge,
     // Refreshed at scrape time.
@@ -151,6 +154,8 @@ impl NodeMetrics {
             proposal_batch_requests: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             term_changes: Counter::default(),
             became_leader: Counter::default(),
+            catching_up: Gauge::default(),
+            catch_ups: Counter::default(),
             commit_index: Gauge::default(),
             sessions_live: Gauge::default(),
             idempotency_keys_live: Gauge::default(),
@@ -340,6 +345,16 @@ impl NodeMetrics {
             "raft_became_leader",
             "Times this node became leader",
             self.became_leader.clone(),
+        );
+        self.registry.register(
+            "catching_up",
+            "1 while this node catches up (a snapshot arriving, or far behind the cluster's commit), else 0",
+            self.catching_up.clone(),
+        );
+        self.registry.register(
+            "catch_ups",
+            "Times this node started catching up",
+            self.catch_ups.clone(),
         );
         self.registry.register(
             "raft_commit_index",

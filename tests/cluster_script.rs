@@ -34,6 +34,10 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the whole loop may take before the test gives up.
 const LOOP_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The nodes' Raft timing (`ONCEKV_NODE_ARGS` unless a test sets its own).
+const TIMING_ARGS: &str =
+    "--heartbeat-ms 100 --election-timeout-min-ms 400 --election-timeout-max-ms 800";
+
 /// A `scripts/cluster.sh` cluster of the binary under test in a temporary
 /// directory; dropping it stops the cluster and SIGKILLs any process that
 /// still names its data directory (a node the script lost track of).
@@ -79,18 +83,15 @@ impl ScriptCluster {
         let mut child = Command::new("bash")
             .arg(script)
             .args(args)
-            .envs(envs.iter().copied())
             .env("ONCEKV_BIN", env!("CARGO_BIN_EXE_oncekv"))
             .env("ONCEKV_DATA", self.data())
             .env("ONCEKV_PORT_BASE", self.base.to_string())
             .env("PATH", &self.path)
             .env_remove("ONCEKV_WORKER_THREADS")
-            .env(
-                "ONCEKV_NODE_ARGS",
-                "--heartbeat-ms 100 --election-timeout-min-ms 400 --election-timeout-max-ms 800",
-            )
+            .env("ONCEKV_NODE_ARGS", TIMING_ARGS)
             .env_remove("ONCEKV_CA")
             .env_remove("ONCEKV_TOKEN")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -151,6 +152,51 @@ impl ScriptCluster {
                 tracked
             })
             .collect()
+    }
+
+    /// Node `n`'s client address.
+    fn client_addr(&self, n: u64) -> String {
+        format!("127.0.0.1:{}", u64::from(self.base) + n)
+    }
+
+    /// Node `n`'s log as it is now.
+    fn node_log(&self, n: u64) -> String {
+        std::fs::read_to_string(self.data().join(format!("n{n}/node.log"))).unwrap_or_default()
+    }
+
+    /// Runs the `oncekv` CLI against this cluster and panics unless it
+    /// succeeds; returns its stdout.
+    fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new(env!("CARGO_BIN_EXE_oncekv"))
+            .args(args)
+            .env("ONCEKV_PORT_BASE", self.base.to_string())
+            .env_remove("ONCEKV_CA")
+            .env_remove("ONCEKV_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the oncekv CLI");
+        assert!(
+            output.status.success(),
+            "oncekv {args:?} failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// A `"field":N` number of node `n`'s `oncekv status --json`.
+    fn status_number(&self, n: u64, field: &str) -> u64 {
+        let status = self.cli(&["status", "--json", "--endpoints", &self.client_addr(n)]);
+        let pattern = format!("\"{field}\":");
+        let at = status
+            .find(&pattern)
+            .unwrap_or_else(|| panic!("{field} in {status}"));
+        status[at + pattern.len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|digits| digits.parse().ok())
+            .unwrap_or_else(|| panic!("{field} in {status}"))
     }
 
     /// The pids of live processes whose command line names node `n`'s
@@ -379,4 +425,176 @@ fn nodes_lead_sessions_of_their_own_unless_told_to_share_the_callers() {
             "node {n} started anyway"
         );
     }
+}
+
+/// This process's autogroup nice value as `/proc/PID/autogroup` shows it
+/// ("/autogroup-5 nice 0").
+fn group_nice(pid: u32) -> i32 {
+    let line = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).expect("autogroup");
+    line.split_whitespace()
+        .skip_while(|word| *word != "nice")
+        .nth(1)
+        .and_then(|nice| nice.parse().ok())
+        .unwrap_or_else(|| panic!("a nice value in {line:?}"))
+}
+
+/// Sends `signal` to process `pid`.
+fn signal(pid: u32, signal: Signal) {
+    let pid = Pid::from_raw(i32::try_from(pid).expect("a pid"));
+    kill(pid, signal).unwrap_or_else(|error| panic!("{signal} to {pid}: {error}"));
+}
+
+/// Waits (bounded) until `holds`; panics with `what` after `limit`.
+fn wait_until(limit: Duration, what: impl Fn() -> String, holds: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !holds() {
+        assert!(Instant::now() < deadline, "{}", what());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A follower that was paused while the others snapshotted and purged
+/// their logs past it catches up by a snapshot and lowers its own
+/// scheduling group (its autogroup, as it leads its session) to
+/// `--catch-up-nice` while it does, then restores it: its log says both,
+/// in that order, and its group is back at nice 0 once it has caught up.
+/// Where the machine gives the node no autogroup (the sysctl off, a CPU
+/// cgroup below the root), the node says so and lowers nothing; in the
+/// caller's session (`ONCEKV_SCHED_GROUP=shared`) it says it keeps its
+/// priority.
+#[test]
+fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
+    let cluster = ScriptCluster::new();
+    let args = format!(
+        "{TIMING_ARGS} --snapshot-every-entries 1000000 --logs-kept-after-snapshot 5 --catch-up-nice 17"
+    );
+    cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
+    let pids = cluster.tracked_nodes("after start");
+    let leader = (1..=3)
+        .find(|&n| {
+            cluster
+                .cli(&["status", "--json", "--endpoints", &cluster.client_addr(n)])
+                .contains("\"role\":\"leader\"")
+        })
+        .expect("a leader after start");
+    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
+    let pid = pids[usize::try_from(follower - 1).expect("small")];
+    let autogroup_on = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|enabled| enabled.trim() == "1");
+    assert_eq!(group_nice(pid), 0, "the follower's group before");
+
+    let behind = cluster.status_number(follower, "last_log_index");
+    signal(pid, Signal::SIGSTOP);
+    let others: Vec<String> = (1..=3)
+        .filter(|&n| n != follower)
+        .map(|n| cluster.client_addr(n))
+        .collect();
+    cluster.cli(&[
+        "bench",
+        "--clients",
+        "4",
+        "--duration",
+        "2",
+        "--endpoints",
+        &others.join(","),
+    ]);
+    for addr in &others {
+        cluster.cli(&[
+            "admin",
+            "snapshot",
+            "--node",
+            addr,
+            "--endpoints",
+            addr,
+            "--timeout-ms",
+            "60000",
+        ]);
+    }
+    let snapshot = cluster.status_number(leader, "snapshot_index");
+    // The leader purges the log it still sends only once the send to the
+    // paused node has given up.
+    wait_until(
+        Duration::from_secs(60),
+        || format!("node {leader} kept its log past {behind}"),
+        || cluster.status_number(leader, "purged_index") > behind,
+    );
+    signal(pid, Signal::SIGCONT);
+
+    const LOWERED: &str = "catching up: the node's CPU priority is lowered";
+    const RESTORED: &str = "caught up: the node's CPU priority is restored";
+    // Where this machine gives the node no autogroup (the sysctl off, or a
+    // CPU cgroup below the root, as under some CI runners), it must say so
+    // and lower nothing.
+    let no_autogroup = if autogroup_on {
+        "where autogroup does not apply"
+    } else {
+        "kernel.sched_autogroup_enabled is off"
+    };
+    if cluster.node_log(follower).contains(no_autogroup) {
+        wait_until(
+            Duration::from_secs(120),
+            || format!("node {follower} never caught up"),
+            || cluster.status_number(follower, "snapshot_index") >= snapshot,
+        );
+        let log = cluster.node_log(follower);
+        assert!(!log.contains(LOWERED), "{log}");
+        eprintln!("no autogroup for the nodes here: only checked that none lowered itself");
+        return;
+    }
+    wait_until(
+        Duration::from_secs(120),
+        || {
+            format!(
+                "node {follower} never said it caught up:\n{}",
+                cluster.node_log(follower)
+            )
+        },
+        || cluster.node_log(follower).contains(RESTORED),
+    );
+    let log = cluster.node_log(follower);
+    let lowered = log
+        .find(LOWERED)
+        .unwrap_or_else(|| panic!("lowered first:\n{log}"));
+    assert!(lowered < log.find(RESTORED).expect("restored"), "{log}");
+    // The node read its group's value back after setting it.
+    let line_of = |what: &str| {
+        log.lines()
+            .find(|line| line.contains(what))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    assert!(line_of(LOWERED).contains("group_nice=17"), "{log}");
+    assert!(line_of(RESTORED).contains("group_nice=0"), "{log}");
+    assert!(
+        cluster.status_number(follower, "snapshot_index") >= snapshot,
+        "node {follower} caught up by the snapshot"
+    );
+    assert_eq!(group_nice(pid), 0, "the follower's group after");
+    // The others never were behind.
+    for n in (1..=3).filter(|&n| n != follower) {
+        assert!(
+            !cluster.node_log(n).contains(LOWERED),
+            "node {n} lowered itself"
+        );
+    }
+    cluster.ok(&["stop"]);
+
+    // In the caller's session, the node lowers nothing (it would lower
+    // the caller too) and says so.
+    cluster.ok_with(&["start"], &[("ONCEKV_SCHED_GROUP", "shared")]);
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            format!(
+                "node {follower} said nothing of its priority:\n{}",
+                cluster.node_log(follower)
+            )
+        },
+        || {
+            cluster
+                .node_log(follower)
+                .contains("keeps its CPU priority while it catches up")
+        },
+    );
+    cluster.ok(&["stop"]);
 }

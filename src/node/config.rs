@@ -178,6 +178,14 @@ pub struct NodeOptions {
     /// (node-local) [default: 100000].
     #[arg(long)]
     pub snapshot_every_key_records: Option<u64>,
+    /// While this node catches up (a snapshot arriving, or 2,000 or more
+    /// entries behind the cluster's commit, until 100 or fewer), the nice
+    /// value of its scheduling group (Linux autogroup, when the node leads
+    /// its own session), 1 to 19; 0 keeps its priority. On a machine shared
+    /// with other nodes, the catch-up then takes the CPU the quorum leaves
+    /// over (docs/operating.md "Nodes sharing a machine") [default: 19].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=19))]
+    pub catch_up_nice: Option<u8>,
     /// Initial session TTL, proposed at initialisation [default: 60000].
     #[arg(long)]
     pub session_ttl_ms: Option<u64>,
@@ -241,6 +249,8 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     pub logs_kept_after_snapshot: u64,
     pub snapshot_every_key_records: u64,
+    /// The scheduling group's nice value while catching up (0: unchanged).
+    pub catch_up_nice: u8,
     pub initial_registry: RegistryConfig,
     pub faults: crate::network::faults::FaultControl,
     /// TLS of both ports; `None`: plain (loopback only, or --insecure).
@@ -524,6 +534,12 @@ impl NodeOptions {
                 "snapshot_every_entries must be positive".into(),
             ));
         }
+        let catch_up_nice = self.catch_up_nice.or(file.catch_up_nice).unwrap_or(19);
+        if catch_up_nice > 19 {
+            return Err(ConfigError::Invalid(
+                "catch_up_nice is 0 (unchanged) to 19".into(),
+            ));
+        }
         Ok(NodeConfig {
             id,
             client_addr,
@@ -550,6 +566,7 @@ impl NodeOptions {
                 .or(file.logs_kept_after_snapshot)
                 .unwrap_or(1_000),
             snapshot_every_key_records,
+            catch_up_nice,
             initial_registry,
             faults: self.faults()?,
             tls,

@@ -3,6 +3,7 @@
 //! logic of its own beyond the order in which things start and stop (and
 //! the reload of certificates and tokens on SIGHUP).
 
+mod catch_up;
 pub mod config;
 pub mod observability;
 mod snapshot_schedule;
@@ -192,6 +193,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         },
     ));
 
+    let catch_up = tokio::spawn(catch_up::watch(
+        config.id,
+        raft.clone(),
+        snapshots.clone(),
+        config.catch_up_nice,
+        metrics.clone(),
+    ));
     let read_index = ReadIndex::new(raft.clone(), restored);
     let clock = Arc::new(ClusterClock::new(
         raft.clone(),
@@ -247,6 +255,8 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     watcher.abort();
     reloader.abort();
     builds_scheduled.abort();
+    // A group lowered for a catch-up ends with the process, which leads it.
+    catch_up.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         for server in servers {
             let _ = server.await;

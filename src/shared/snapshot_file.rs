@@ -665,6 +665,8 @@ pub struct SnapshotInbox {
     records: Option<Arc<OutsideRecords>>,
     /// One snapshot received, checked and installed at a time.
     receiving: Arc<tokio::sync::Semaphore>,
+    /// Receptions begun since the node started.
+    begun: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Buffer of a received snapshot's file.
@@ -679,7 +681,19 @@ impl SnapshotInbox {
             dir,
             records,
             receiving: Arc::new(tokio::sync::Semaphore::new(1)),
+            begun: Arc::default(),
         }
+    }
+
+    /// Whether a snapshot is being received or installed.
+    pub fn is_receiving(&self) -> bool {
+        self.receiving.available_permits() == 0
+    }
+
+    /// How many receptions have begun since the node started (one that
+    /// began and ended between two looks shows here).
+    pub fn receptions_begun(&self) -> u64 {
+        self.begun.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Starts receiving the snapshot `meta` describes (after any reception
@@ -693,6 +707,8 @@ impl SnapshotInbox {
             .acquire_owned()
             .await
             .map_err(io::Error::other)?;
+        self.begun
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = self.dir.clone();
         let header_meta = meta.clone();
         let (temporary, writer, registry_offset) = tokio::task::spawn_blocking(move || {

@@ -1,0 +1,353 @@
+//! A node's CPU priority while it catches up: from the moment it is far
+//! behind the cluster's commit (a snapshot arriving, or a long stretch of
+//! log to apply) until it is close again, the whole process runs at a
+//! lower priority (`--catch-up-nice`), so that on a machine it shares with
+//! other nodes its catch-up takes the CPU the quorum leaves over instead of
+//! an equal share of it (docs/state-beyond-ram.md §4.9j).
+//!
+//! Owns the watch that decides when a node is catching up ([`Lag`], pure,
+//! with a gap between its two thresholds so that it does not flap) and the
+//! one lever it pulls on Linux: the nice value of the node's *autogroup*,
+//! the scheduling group Linux gives each session when
+//! `kernel.sched_autogroup_enabled` is on. That lever reaches every thread
+//! of the node at once (the node's own priority between its threads is
+//! kept), weighs the node against the other groups on the machine (no
+//! thread's nice value does: it counts only inside its group), and is
+//! raised back by any user (lowering a thread's nice value back needs
+//! `CAP_SYS_NICE`). A node only uses it when it leads its session, so that
+//! it never lowers a shell or a supervisor it shares one with. Where the
+//! lever is missing (another OS, a node sharing its session, autogroup
+//! off) the node says so once and runs at its priority.
+//!
+//! It must not decide anything Raft or the registry decides, nor slow the
+//! node in any other way: a catch-up only gets less of a contended CPU.
+
+use crate::metrics::NodeMetrics;
+use crate::raft_types::Raft;
+use crate::shared::snapshot_file::SnapshotInbox;
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Entries between the cluster's commit and this node's applied index from
+/// which a follower counts as catching up.
+pub const BEHIND_ENTRIES: u64 = 2_000;
+/// Entries behind at which it counts as caught up again.
+pub const CAUGHT_UP_ENTRIES: u64 = 100;
+/// How often the watch looks.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// Whether a node is catching up, from what it sees each time it looks.
+#[derive(Debug, Default)]
+pub struct Lag {
+    catching_up: bool,
+}
+
+/// What a look found, for [`Lag::look`].
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// This node leads (or stands for election): it never counts as behind.
+    pub leading: bool,
+    /// A snapshot is being received or installed here, or one was since
+    /// the last look.
+    pub receiving_snapshot: bool,
+    /// The cluster's commit index as the leader last told it.
+    pub cluster_committed: Option<u64>,
+    /// This node's applied index.
+    pub applied: Option<u64>,
+}
+
+impl Lag {
+    /// Takes in a look; returns the new state when it changed (`true`: the
+    /// node is now catching up).
+    pub fn look(&mut self, seen: Seen) -> Option<bool> {
+        let behind = match (seen.cluster_committed, seen.applied) {
+            (Some(committed), applied) => committed.saturating_sub(applied.unwrap_or(0)),
+            (None, _) => 0,
+        };
+        let now = if seen.leading {
+            false
+        } else if seen.receiving_snapshot {
+            true
+        } else if self.catching_up {
+            behind > CAUGHT_UP_ENTRIES
+        } else {
+            behind >= BEHIND_ENTRIES
+        };
+        (now != self.catching_up).then(|| {
+            self.catching_up = now;
+            now
+        })
+    }
+}
+
+/// The nice value of this process's autogroup, when the process leads its
+/// session (and so its group is its own).
+pub struct GroupPriority {
+    /// Its value when the node started.
+    normal: i32,
+}
+
+impl GroupPriority {
+    /// The lever, or why there is none.
+    pub fn of_this_process() -> Result<GroupPriority, String> {
+        if !cfg!(target_os = "linux") {
+            return Err("lowering a node's priority is only done on Linux".into());
+        }
+        // SAFETY: plain syscalls about this process, no pointers.
+        let (session, me) = unsafe { (libc::getsid(0), libc::getpid()) };
+        if session != me {
+            return Err(
+                "the node shares its session (and scheduling group) with the \
+                        process that started it"
+                    .into(),
+            );
+        }
+        match std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled") {
+            Ok(enabled) if enabled.trim() == "1" => {}
+            Ok(_) => return Err("kernel.sched_autogroup_enabled is off".into()),
+            Err(error) => return Err(format!("no autogroup here: {error}")),
+        }
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|error| format!("reading /proc/self/cgroup: {error}"))?;
+        let root_cpu_controlled = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+            .is_ok_and(|controllers| controllers.split_whitespace().any(|c| c == "cpu"));
+        if let Some(group) = cpu_cgroup(&cgroup, root_cpu_controlled) {
+            return Err(format!(
+                "the node runs in the CPU cgroup {group}, where autogroup does not apply \
+                 (weigh the cgroup instead: cpu.weight)"
+            ));
+        }
+        Ok(GroupPriority {
+            normal: read_group_nice()?,
+        })
+    }
+
+    /// Sets the group's nice value to `nice` (never below its normal
+    /// value); returns the value read back.
+    pub fn lower(&self, nice: i32) -> Result<i32, String> {
+        set_group_nice(nice.max(self.normal))
+    }
+
+    /// Sets the group's nice value back to what it was at start; returns
+    /// the value read back.
+    pub fn restore(&self) -> Result<i32, String> {
+        set_group_nice(self.normal)
+    }
+}
+
+/// The CPU cgroup other than the root that this process is scheduled in,
+/// from `/proc/self/cgroup` (`root_cpu_controlled`: cgroup v2's root hands
+/// the cpu controller down). Linux applies autogroup only to tasks of the
+/// root one. A v1 hierarchy with the cpu controller says it; in v2 a task
+/// below the root is in a CPU group of its own (its top-level cgroup's)
+/// once the root hands the controller down.
+fn cpu_cgroup(cgroup: &str, root_cpu_controlled: bool) -> Option<String> {
+    let mut unified = None;
+    for line in cgroup.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        if controllers.split(',').any(|controller| controller == "cpu") {
+            return (path != "/").then(|| path.to_owned());
+        }
+        if id == "0" && controllers.is_empty() {
+            unified = Some(path);
+        }
+    }
+    unified
+        .filter(|path| *path != "/" && root_cpu_controlled)
+        .map(str::to_owned)
+}
+
+/// This process's autogroup nice value, from `/proc/self/autogroup`
+/// ("/autogroup-5 nice 0").
+fn read_group_nice() -> Result<i32, String> {
+    let line = std::fs::read_to_string("/proc/self/autogroup")
+        .map_err(|error| format!("reading /proc/self/autogroup: {error}"))?;
+    parse_group_nice(&line).ok_or_else(|| format!("unexpected /proc/self/autogroup: {line:?}"))
+}
+
+fn parse_group_nice(line: &str) -> Option<i32> {
+    line.split_whitespace()
+        .skip_while(|word| *word != "nice")
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Sets this process's autogroup nice value (any user may raise it, and
+/// lower it back to 0) and reads it back.
+fn set_group_nice(nice: i32) -> Result<i32, String> {
+    std::fs::write("/proc/self/autogroup", nice.to_string())
+        .map_err(|error| format!("setting the autogroup's nice value to {nice}: {error}"))?;
+    read_group_nice()
+}
+
+/// Watches Raft's metrics and the snapshot inbox until Raft stops, and sets
+/// the node's group to `nice` while it catches up (never when `nice` is 0).
+pub async fn watch(
+    node_id: u64,
+    raft: Raft,
+    snapshots: SnapshotInbox,
+    nice: u8,
+    metrics: Arc<NodeMetrics>,
+) {
+    if nice == 0 {
+        return;
+    }
+    let lever = match GroupPriority::of_this_process() {
+        Ok(lever) => Some(lever),
+        Err(why) => {
+            tracing::info!(
+                node_id,
+                why,
+                "this node keeps its CPU priority while it catches up"
+            );
+            None
+        }
+    };
+    let mut lag = Lag::default();
+    let mut every = tokio::time::interval(LOOK_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let raft_metrics = raft.metrics();
+    let mut begun = snapshots.receptions_begun();
+    loop {
+        every.tick().await;
+        let now_begun = snapshots.receptions_begun();
+        let seen = {
+            let now = raft_metrics.borrow_watched();
+            if now.running_state.is_err() {
+                break;
+            }
+            Seen {
+                leading: matches!(now.state, ServerState::Leader | ServerState::Candidate),
+                receiving_snapshot: snapshots.is_receiving() || now_begun != begun,
+                cluster_committed: now.cluster_committed.map(|id| id.index),
+                applied: now.last_applied.map(|id| id.index),
+            }
+        };
+        begun = now_begun;
+        let Some(now_catching_up) = lag.look(seen) else {
+            continue;
+        };
+        metrics.catching_up.set(i64::from(now_catching_up));
+        if now_catching_up {
+            metrics.catch_ups.inc();
+        }
+        let Some(lever) = &lever else {
+            continue;
+        };
+        let set = if now_catching_up {
+            lever.lower(i32::from(nice))
+        } else {
+            lever.restore()
+        };
+        match set {
+            Ok(group_nice) => tracing::info!(
+                node_id,
+                group_nice,
+                catching_up = now_catching_up,
+                cluster_committed = ?seen.cluster_committed,
+                applied = ?seen.applied,
+                receiving_snapshot = seen.receiving_snapshot,
+                "{}",
+                if now_catching_up {
+                    "catching up: the node's CPU priority is lowered"
+                } else {
+                    "caught up: the node's CPU priority is restored"
+                }
+            ),
+            Err(error) => tracing::warn!(node_id, error, "cannot change the node's priority"),
+        }
+    }
+    if let Some(lever) = &lever {
+        let _ = lever.restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(committed: u64, applied: u64) -> Seen {
+        Seen {
+            leading: false,
+            receiving_snapshot: false,
+            cluster_committed: Some(committed),
+            applied: Some(applied),
+        }
+    }
+
+    #[test]
+    fn a_follower_is_catching_up_from_far_behind_until_close_again() {
+        let mut lag = Lag::default();
+        assert_eq!(lag.look(seen(1_000, 0)), None);
+        assert_eq!(lag.look(seen(BEHIND_ENTRIES - 1, 0)), None);
+        assert_eq!(lag.look(seen(BEHIND_ENTRIES, 0)), Some(true));
+        // Between the thresholds it stays as it is, either way.
+        assert_eq!(lag.look(seen(10_000, 10_000 - BEHIND_ENTRIES + 1)), None);
+        assert_eq!(lag.look(seen(10_000, 10_000 - CAUGHT_UP_ENTRIES - 1)), None);
+        assert_eq!(
+            lag.look(seen(10_000, 10_000 - CAUGHT_UP_ENTRIES)),
+            Some(false)
+        );
+        assert_eq!(lag.look(seen(10_000, 10_000 - BEHIND_ENTRIES + 1)), None);
+    }
+
+    #[test]
+    fn a_snapshot_arriving_is_catching_up_and_a_leader_never_is() {
+        let mut lag = Lag::default();
+        let receiving = Seen {
+            receiving_snapshot: true,
+            ..seen(10, 10)
+        };
+        assert_eq!(lag.look(receiving), Some(true));
+        // The install done and the log applied: caught up.
+        assert_eq!(lag.look(seen(10, 10)), Some(false));
+        assert_eq!(lag.look(seen(1_000_000, 0)), Some(true));
+        let leading = Seen {
+            leading: true,
+            ..receiving
+        };
+        assert_eq!(lag.look(leading), Some(false));
+        // Nothing known of the cluster's commit: not behind.
+        let unknown = Seen {
+            cluster_committed: None,
+            ..seen(0, 0)
+        };
+        assert_eq!(lag.look(unknown), None);
+    }
+
+    #[test]
+    fn only_a_task_of_the_root_cpu_group_has_an_autogroup() {
+        // cgroup v1 (with the v2 line of a hybrid mount): the cpu line says.
+        let hybrid = "9:name=systemd:/\n4:memory:/jobs/7\n1:cpu:/\n0::/\n";
+        assert_eq!(cpu_cgroup(hybrid, true), None);
+        let v1_below = "3:cpu,cpuacct:/system.slice/oncekv.service\n0::/\n";
+        assert_eq!(
+            cpu_cgroup(v1_below, false).as_deref(),
+            Some("/system.slice/oncekv.service")
+        );
+        // cgroup v2: below the root only once the root hands cpu down.
+        let v2 = "0::/user.slice/user-1000.slice/session-2.scope\n";
+        assert_eq!(
+            cpu_cgroup(v2, true).as_deref(),
+            Some("/user.slice/user-1000.slice/session-2.scope")
+        );
+        assert_eq!(cpu_cgroup(v2, false), None);
+        assert_eq!(cpu_cgroup("0::/\n", true), None);
+    }
+
+    #[test]
+    fn the_group_nice_value_is_read_from_its_proc_line() {
+        assert_eq!(parse_group_nice("/autogroup-5 nice 0\n"), Some(0));
+        assert_eq!(parse_group_nice("/autogroup-123 nice 19"), Some(19));
+        assert_eq!(parse_group_nice("/autogroup-1 nice -3"), Some(-3));
+        assert_eq!(parse_group_nice("garbage"), None);
+    }
+}
