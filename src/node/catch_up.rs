@@ -12,12 +12,13 @@
 //! `kernel.sched_autogroup_enabled` is on. That lever reaches every thread
 //! of the node at once (the node's own priority between its threads is
 //! kept), weighs the node against the other groups on the machine (no
-//! thread's nice value does: it counts only inside its group), and is
-//! raised back by any user (lowering a thread's nice value back needs
-//! `CAP_SYS_NICE`). A node only uses it when it leads its session, so that
-//! it never lowers a shell or a supervisor it shares one with. Where the
-//! lever is missing (another OS, a node sharing its session, autogroup
-//! off) the node says so once and runs at its priority.
+//! thread's nice value does: it counts only inside its group), and any
+//! user may set it back (a thread's nice value, once raised, needs
+//! `CAP_SYS_NICE` to come back down). A node only uses it when it leads
+//! its session, so that it never lowers a shell or a supervisor it shares
+//! one with. Where the lever is missing (another OS, a node sharing its
+//! session, autogroup off, a CPU cgroup below the root) the node says so
+//! once and runs at its priority.
 //!
 //! It must not decide anything Raft or the registry decides, nor slow the
 //! node in any other way: a catch-up only gets less of a contended CPU.
