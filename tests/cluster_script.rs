@@ -438,6 +438,36 @@ fn group_nice(pid: u32) -> i32 {
         .unwrap_or_else(|| panic!("a nice value in {line:?}"))
 }
 
+/// Linux's `SCHED_IDLE` policy number.
+const SCHED_IDLE: u32 = 5;
+
+/// The scheduling policy of each thread of `pid` named `name` (field 41 of
+/// /proc/PID/task/TID/stat).
+fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
+    let mut policies = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return policies;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let after_name = &stat[stat.rfind(')').map_or(0, |at| at + 1)..];
+        if let Some(policy) = after_name
+            .split_whitespace()
+            .nth(38)
+            .and_then(|field| field.parse().ok())
+        {
+            policies.push(policy);
+        }
+    }
+    policies
+}
+
 /// Sends `signal` to process `pid`.
 fn signal(pid: u32, signal: Signal) {
     let pid = Pid::from_raw(i32::try_from(pid).expect("a pid"));
@@ -570,6 +600,15 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
         "node {follower} caught up by the snapshot"
     );
     assert_eq!(group_nice(pid), 0, "the follower's group after");
+    // The record store's new generation, opened by the intake of the
+    // snapshot, runs its workers at the node's priority, not at the
+    // intake's idle one (which a thread inherits and cannot leave).
+    let workers = thread_policies(pid, "fjall:worker");
+    assert!(!workers.is_empty(), "the follower's record store workers");
+    assert!(
+        workers.iter().all(|&policy| policy != SCHED_IDLE),
+        "the follower's record store workers run SCHED_IDLE: {workers:?}"
+    );
     // The others never were behind.
     for n in (1..=3).filter(|&n| n != follower) {
         assert!(

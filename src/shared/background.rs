@@ -13,7 +13,9 @@
 //!   message) to send it to a node that is behind, and, on that node, a
 //!   thread of its own per snapshot received, which takes it in as its
 //!   chunks arrive ([`spawn`]: it waits on input as it runs, so it holds
-//!   no lane). A node behind serves no request, and the quorum's requests
+//!   no lane; it lowers itself once it has opened the record store's new
+//!   generation, whose worker threads would otherwise inherit the idle
+//!   policy for good). A node behind serves no request, and the quorum's requests
 //!   must not wait for it: a thread at nice 10 keeps a core for up to a
 //!   scheduler slice after a request's thread wakes, an idle one gives it
 //!   up at once (docs/state-beyond-ram.md §4.9i).
@@ -211,8 +213,9 @@ impl<T> Spawned<T> {
 }
 
 /// Starts `job` — a snapshot received from the leader and taken in as it
-/// arrives — on a new thread named `name`, at the idle priority of a
-/// catch-up ([`Priority::Idle`]): for a job that waits on input as it
+/// arrives — on a new thread named `name`, which the job lowers to the
+/// idle priority of a catch-up ([`idle_from_now`]) once it has started
+/// what must not inherit it: for a job that waits on input as it
 /// runs, which would hold a lane (and every job queued behind it) while
 /// it waits. The thread ends with the job; nothing waits for it unless
 /// [`Spawned::join`] is awaited.
@@ -225,11 +228,19 @@ where
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            lower_this_threads_priority(Priority::Idle);
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
             let _ = reply.send(result);
         })?;
     Ok(Spawned { outcome })
+}
+
+/// Lowers the calling thread — a job's own thread started by [`spawn`] —
+/// to the idle priority of a catch-up ([`Priority::Idle`]), for good: a
+/// thread leaves `SCHED_IDLE` only with a privilege. Called once whatever
+/// the job starts that outlives it (a record store's worker threads,
+/// which inherit their creator's policy) has been started.
+pub fn idle_from_now() {
+    lower_this_threads_priority(Priority::Idle);
 }
 
 /// Runs `job` on `lane`'s thread; its value, or its panic.
@@ -353,8 +364,19 @@ mod tests {
         );
         #[cfg(target_os = "linux")]
         {
-            let spawned = spawn("oncekv-test-job", policy).unwrap();
-            assert_eq!(spawned.join().await.unwrap(), libc::SCHED_IDLE);
+            // At the caller's priority until the job lowers it: what it
+            // starts first (a store's workers) keeps the caller's.
+            let spawned = spawn("oncekv-test-job", || {
+                let before = policy();
+                idle_from_now();
+                let started_after = std::thread::spawn(policy).join().unwrap();
+                (before, policy(), started_after)
+            })
+            .unwrap();
+            assert_eq!(
+                spawned.join().await.unwrap(),
+                (libc::SCHED_OTHER, libc::SCHED_IDLE, libc::SCHED_IDLE)
+            );
             assert_eq!(policy(), libc::SCHED_OTHER);
         }
         let failed = spawn("oncekv-test-job", || -> u32 { panic!("receive failed") }).unwrap();

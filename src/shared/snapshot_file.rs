@@ -890,6 +890,9 @@ impl Read for Arriving<'_> {
 struct Watched<'a, I> {
     records: I,
     invalid: &'a RefCell<Option<String>>,
+    /// Whether the thread has lowered itself: on the first record asked
+    /// for, once the staged generation (and its worker threads) exist.
+    idle: bool,
 }
 
 impl<I> Iterator for Watched<'_, I>
@@ -899,6 +902,10 @@ where
     type Item = I::Item;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if !self.idle {
+            self.idle = true;
+            super::background::idle_from_now();
+        }
         let item = self.records.next()?;
         if let Err(error) = &item {
             self.invalid.borrow_mut().get_or_insert(error.to_string());
@@ -926,6 +933,7 @@ impl Reception {
             // Without a record store the file is the whole snapshot:
             // copied as it comes, then checked from the file, every record
             // counted and dropped (the install reads the file again).
+            super::background::idle_from_now();
             while let Some(chunk) = chunks.blocking_recv() {
                 copy.write(&chunk)?;
             }
@@ -955,6 +963,7 @@ impl Reception {
         let staged = match snapshot::read_part(input, false).map_err(fault)? {
             // Before format 8: read whole, the file holding every byte.
             snapshot::Part::Whole(registry) => {
+                super::background::idle_from_now();
                 check_meta(&self.meta, &registry).map_err(ReceiveError::Invalid)?;
                 None
             }
@@ -967,6 +976,7 @@ impl Reception {
                 let watched = Watched {
                     records,
                     invalid: &invalid,
+                    idle: false,
                 };
                 let generation = store
                     .stage_generation(
