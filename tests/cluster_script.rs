@@ -185,17 +185,17 @@ impl ScriptCluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// A `"field":N` number of node `n`'s `oncekv status --json`.
-    fn status_number(&self, n: u64, field: &str) -> u64 {
+    /// Node `n`'s `oncekv status --json`.
+    fn status(&self, n: u64) -> serde_json::Value {
         let status = self.cli(&["status", "--json", "--endpoints", &self.client_addr(n)]);
-        let pattern = format!("\"{field}\":");
-        let at = status
-            .find(&pattern)
-            .unwrap_or_else(|| panic!("{field} in {status}"));
-        status[at + pattern.len()..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|digits| digits.parse().ok())
+        serde_json::from_str(&status).unwrap_or_else(|error| panic!("{error}: {status}"))
+    }
+
+    /// A number of node `n`'s `oncekv status --json`.
+    fn status_number(&self, n: u64, field: &str) -> u64 {
+        let status = self.status(n);
+        status[field]
+            .as_u64()
             .unwrap_or_else(|| panic!("{field} in {status}"))
     }
 
@@ -381,12 +381,16 @@ fn restarts_on_a_loaded_machine_keep_every_node_tracked() {
 /// The session of process `pid` (the sixth field of /proc/PID/stat).
 fn session_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
-    let after_name = &stat[stat.rfind(')').expect("a process name") + 1..];
-    after_name
-        .split_whitespace()
-        .nth(3)
+    stat_field(&stat, 6)
         .and_then(|field| field.parse().ok())
         .expect("a session id")
+}
+
+/// Field `number` (counted from 1, as proc(5) does) of a `/proc/…/stat`
+/// line; the name in brackets, field 2, may hold spaces.
+fn stat_field(stat: &str, number: usize) -> Option<&str> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(number.checked_sub(3)?)
 }
 
 /// By default each node leads a session of its own (so Linux's autogroup
@@ -456,12 +460,7 @@ fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        let after_name = &stat[stat.rfind(')').map_or(0, |at| at + 1)..];
-        if let Some(policy) = after_name
-            .split_whitespace()
-            .nth(38)
-            .and_then(|field| field.parse().ok())
-        {
+        if let Some(policy) = stat_field(&stat, 41).and_then(|field| field.parse().ok()) {
             policies.push(policy);
         }
     }
@@ -501,11 +500,7 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
     cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
     let pids = cluster.tracked_nodes("after start");
     let leader = (1..=3)
-        .find(|&n| {
-            cluster
-                .cli(&["status", "--json", "--endpoints", &cluster.client_addr(n)])
-                .contains("\"role\":\"leader\"")
-        })
+        .find(|&n| cluster.status(n)["role"] == "leader")
         .expect("a leader after start");
     let follower = (1..=3).find(|&n| n != leader).expect("a follower");
     let pid = pids[usize::try_from(follower - 1).expect("small")];
