@@ -445,9 +445,9 @@ fn group_nice(pid: u32) -> i32 {
 /// Linux's `SCHED_IDLE` policy number.
 const SCHED_IDLE: u32 = 5;
 
-/// The scheduling policy of each thread of `pid` named `name` (field 41 of
-/// /proc/PID/task/TID/stat).
-fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
+/// The scheduling policy and nice value of each thread of `pid` named
+/// `name` (fields 41 and 19 of /proc/PID/task/TID/stat).
+fn thread_scheduling(pid: u32, name: &str) -> Vec<(u32, i32)> {
     let mut policies = Vec::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return policies;
@@ -460,11 +460,21 @@ fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        if let Some(policy) = stat_field(&stat, 41).and_then(|field| field.parse().ok()) {
-            policies.push(policy);
+        let policy = stat_field(&stat, 41).and_then(|field| field.parse().ok());
+        let nice = stat_field(&stat, 19).and_then(|field| field.parse().ok());
+        if let (Some(policy), Some(nice)) = (policy, nice) {
+            policies.push((policy, nice));
         }
     }
     policies
+}
+
+/// The nice value of process `pid`'s main thread.
+fn process_nice(pid: u32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the node's stat");
+    stat_field(&stat, 19)
+        .and_then(|field| field.parse().ok())
+        .expect("a nice value")
 }
 
 /// Sends `signal` to process `pid`.
@@ -596,14 +606,20 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
     );
     assert_eq!(group_nice(pid), 0, "the follower's group after");
     // The record store's new generation, opened by the intake of the
-    // snapshot, runs its workers at the node's priority, not at the
-    // intake's idle one (which a thread inherits and cannot leave).
-    let workers = thread_policies(pid, "fjall:worker");
-    assert!(!workers.is_empty(), "the follower's record store workers");
-    assert!(
-        workers.iter().all(|&policy| policy != SCHED_IDLE),
-        "the follower's record store workers run SCHED_IDLE: {workers:?}"
-    );
+    // snapshot, runs its workers at the nice value of the node's
+    // background work, not at the intake's idle policy (which a thread
+    // inherits and cannot leave); so do the other nodes'.
+    for (n, &pid) in (1..=3).zip(&pids) {
+        let background = (process_nice(pid) + oncekv_records::WORKER_NICE).min(19);
+        let workers = thread_scheduling(pid, "fjall:worker");
+        assert!(!workers.is_empty(), "node {n}'s record store workers");
+        assert!(
+            workers
+                .iter()
+                .all(|&(policy, nice)| policy != SCHED_IDLE && nice == background),
+            "node {n}'s record store workers, (policy, nice), not (0, {background}): {workers:?}"
+        );
+    }
     // The others never were behind.
     for n in (1..=3).filter(|&n| n != follower) {
         assert!(

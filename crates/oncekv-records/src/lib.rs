@@ -268,13 +268,27 @@ pub struct Options {
     /// The journal kept before memtables must be flushed to tables: what a
     /// restart replays at most.
     pub max_journaling_bytes: u64,
+    /// How many steps of Linux `nice` below the process fjall's worker
+    /// threads run (0: at the priority of the thread that opens a
+    /// generation). They
+    /// flush and compact, which no request waits on — lookups read the
+    /// store, only snapshot builds and installs write it — yet after a
+    /// build they can take every core for seconds; the node's own
+    /// background work runs 10 below too (docs/state-beyond-ram.md §4.9k).
+    /// No other platform lowers them.
+    pub worker_nice: i32,
 }
+
+/// The default [`Options::worker_nice`]: as low as the node's background
+/// threads.
+pub const WORKER_NICE: i32 = 10;
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             cache_bytes: 64 << 20,
             max_journaling_bytes: 128 << 20,
+            worker_nice: WORKER_NICE,
         }
     }
 }
@@ -398,6 +412,73 @@ struct Generation {
     retired: Retired,
 }
 
+/// Runs `open` — a fjall database's open, which starts the database's
+/// worker threads — on a thread of its own at `nice` steps below the
+/// process (its main thread's nice value), and returns its result: a
+/// thread inherits its creator's nice value, so the workers run that low
+/// for the database's life, whichever thread opens it (the node's startup,
+/// its background thread already as low, a snapshot's intake), and the
+/// caller's own priority is untouched (an unprivileged thread could not
+/// raise it back). The open's journal replay runs there too. Where no
+/// thread can be started, or `nice` is 0, or off Linux, `open` runs here,
+/// with the workers at the caller's priority.
+fn with_workers_lowered<T: Send>(nice: i32, open: impl FnOnce() -> T + Send) -> T {
+    if nice == 0 || !cfg!(target_os = "linux") {
+        return open();
+    }
+    // `open` goes to the thread through a slot it can be taken back from,
+    // should the thread not start.
+    let open = Mutex::new(Some(open));
+    let outcome = std::thread::scope(|scope| {
+        let started = std::thread::Builder::new()
+            .name("oncekv-records-open".into())
+            .spawn_scoped(scope, || {
+                lower_this_thread_below_process(nice);
+                let open = take(&open).expect("taken only once");
+                open()
+            });
+        started.map(|thread| thread.join())
+    });
+    match outcome {
+        Ok(Ok(value)) => value,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(error) => {
+            tracing::warn!(
+                %error,
+                "record store: could not start a thread to open a generation on; its workers \
+                 keep this thread's priority"
+            );
+            let open = take(&open).expect("the thread never started");
+            open()
+        }
+    }
+}
+
+/// What `slot` holds, taken out.
+fn take<F>(slot: &Mutex<Option<F>>) -> Option<F> {
+    slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+/// Sets the calling thread's nice value to `nice` above the process's
+/// (at most 19), unless it already is as low (on Linux a thread's nice
+/// value is its own, and raising it needs no privilege; lowering it back
+/// would); a failure leaves it as it was.
+fn lower_this_thread_below_process(nice: i32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on this process's and this thread's own ids.
+    unsafe {
+        let process = libc::getpriority(libc::PRIO_PROCESS, libc::getpid() as libc::id_t);
+        let thread = libc::gettid() as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, thread);
+        let target = process.saturating_add(nice).min(19);
+        if now < target && libc::setpriority(libc::PRIO_PROCESS, thread, target) != 0 {
+            tracing::debug!("record store: could not lower the workers' priority");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+}
+
 /// A generation replaced by an install: its directory is deleted when the
 /// last holder (the replaced store, a view) lets it go, not only at the
 /// next open.
@@ -431,15 +512,15 @@ impl Generation {
         };
         let pins = Arc::new(Pins::default());
         let factory: Arc<dyn Factory> = Arc::new(ExpiredGroups(pins.clone()));
-        let db = Database::builder(&dir)
+        let builder = Database::builder(&dir)
             .cache_size(options.cache_bytes)
             .max_journaling_size(options.max_journaling_bytes)
             // Durability is ours to ask for: one fsync per flush.
             .manual_journal_persist(true)
             .with_compaction_filter_factories(Arc::new(move |name: &str| {
                 (name == RECORDS).then(|| factory.clone())
-            }))
-            .open()
+            }));
+        let db = with_workers_lowered(options.worker_nice, move || builder.open())
             .map_err(store_error)?;
         let records = db
             .keyspace(RECORDS, KeyspaceCreateOptions::default)

@@ -761,3 +761,109 @@ fn acknowledged_flushes_survive_a_power_loss() {
     // (and, without the sync, every flush's bytes go).
     println!("power loss: {lost_bytes} unsynced journal bytes zeroed over 4 rounds");
 }
+
+/// This thread's, or a thread of this process's, nice value (field 19 of
+/// its `stat`; Linux).
+#[cfg(target_os = "linux")]
+fn nice_of(stat: &str) -> i32 {
+    // The name (field 2) is in parentheses and may hold spaces: count
+    // from the last `)`, which ends it (field 3 is the first after).
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    after_name
+        .split(' ')
+        .nth(19 - 3)
+        .and_then(|field| field.parse().ok())
+        .expect("the nice field")
+}
+
+/// The nice values of this process's threads named `fjall:worker`.
+#[cfg(target_os = "linux")]
+fn worker_nice_values() -> Vec<i32> {
+    let mut values = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let path = task.expect("a task").path();
+        // A thread may end between the listing and the read.
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("stat")),
+        ) else {
+            continue;
+        };
+        if comm.trim_end() == "fjall:worker" {
+            values.push(nice_of(&stat));
+        }
+    }
+    values
+}
+
+/// fjall's workers (flushes, compactions) run `worker_nice` below the
+/// process — those of a staged generation too — and the opening thread
+/// keeps its own priority.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_stores_workers_run_below_the_process() {
+    let own = || nice_of(&std::fs::read_to_string("/proc/thread-self/stat").expect("stat"));
+    let base = nice_of(&std::fs::read_to_string("/proc/self/stat").expect("stat"));
+    assert_eq!(
+        own(),
+        base,
+        "the test thread runs at the process's nice value"
+    );
+    // Only this test lowers by 3; the others' workers run at the default
+    // (10 below), so the count of workers at `base + 3` is this test's
+    // alone — unless both clamp to 19.
+    const NICE: i32 = 3;
+    let expected = base + NICE;
+    if expected >= (base + oncekv_records::WORKER_NICE).min(19) {
+        eprintln!("skipped: the test runs at nice {base}, too low to tell workers apart");
+        return;
+    }
+    let at = |value: i32| {
+        worker_nice_values()
+            .into_iter()
+            .filter(|&nice| nice == value)
+            .count()
+    };
+    let ours = || at(expected);
+    assert_eq!(ours(), 0);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = Options {
+        worker_nice: NICE,
+        ..Options::default()
+    };
+    let store = RecordStore::open(dir.path(), &options).expect("open");
+    let workers = ours();
+    assert!(workers > 0, "the store's workers run {NICE} below");
+    assert_eq!(own(), base, "the opening thread keeps its priority");
+
+    flush_batch(&store, 1);
+    let staged = store
+        .stage(
+            (0..PER_BATCH).map(|n| Ok((key(2, n), record(2, "staged")))),
+            &checkpoint(0, 2),
+        )
+        .expect("stage");
+    assert_eq!(ours(), 2 * workers, "a staged generation's workers too");
+    assert_eq!(own(), base);
+
+    // Opened from a thread already that low (as the node's background
+    // thread opens a generation), the workers are not lowered again.
+    let other = tempfile::tempdir().expect("tempdir");
+    let opened = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: a plain syscall on this thread's own id.
+                let lowered = unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, expected)
+                };
+                assert_eq!(lowered, 0, "lowering a thread needs no privilege");
+                RecordStore::open(other.path(), &options).expect("open")
+            })
+            .join()
+            .expect("the opening thread")
+    });
+    assert_eq!(ours(), 3 * workers, "opened from a lowered thread");
+    assert_eq!(at(expected + NICE), 0, "lowered only once");
+    drop((staged, store, opened));
+}
