@@ -11,8 +11,10 @@
 //! returns (rule 4: records and the applied state they belong to move
 //! together); read **views** that see one checkpoint and its records while
 //! flushes go on; the compaction filter that drops the records of expired
-//! groups; and installing a received state into a new generation, staged
-//! whole while the one in force goes on, then put in force.
+//! groups; installing a received state into a new generation, staged
+//! whole while the one in force goes on, then put in force; and the
+//! priority of fjall's worker threads (below the process's, like the
+//! node's other background work).
 //!
 //! A record's **kind** is the first byte of its store key (the core's
 //! `stored` module: 1 for idempotency keys, 2 for finished claims). Kinds
@@ -270,12 +272,11 @@ pub struct Options {
     pub max_journaling_bytes: u64,
     /// How many steps of Linux `nice` below the process fjall's worker
     /// threads run (0: at the priority of the thread that opens a
-    /// generation). They
-    /// flush and compact, which no request waits on — lookups read the
-    /// store, only snapshot builds and installs write it — yet after a
-    /// build they can take every core for seconds; the node's own
-    /// background work runs 10 below too (docs/state-beyond-ram.md §4.9k).
-    /// No other platform lowers them.
+    /// generation). They flush and compact, which no request waits on —
+    /// lookups read the store, only snapshot builds and installs write it
+    /// — yet after a build they can take every core for seconds; the
+    /// node's own background work runs 10 below too
+    /// (docs/state-beyond-ram.md §4.9k). No other platform lowers them.
     pub worker_nice: i32,
 }
 
