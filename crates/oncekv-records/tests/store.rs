@@ -867,3 +867,155 @@ fn the_stores_workers_run_below_the_process() {
     assert_eq!(at(expected + NICE), 0, "lowered only once");
     drop((staged, store, opened));
 }
+
+/// The bytes of `dir`'s files (and its subdirectories') that are dirty in
+/// the page cache — written, not yet handed to the disk — by Linux's
+/// `cachestat` (6.5 and later; `None` where the kernel has it not).
+#[cfg(target_os = "linux")]
+fn dirty_bytes_under(dir: &Path) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    /// `struct cachestat_range` of `<linux/mman.h>`.
+    #[repr(C)]
+    struct Range {
+        offset: u64,
+        length: u64,
+    }
+    /// `struct cachestat` of `<linux/mman.h>` (in pages).
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    /// `__NR_cachestat`, one number on every architecture.
+    const CACHESTAT: libc::c_long = 451;
+    // SAFETY: sysconf reads a constant.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    let mut dirty = 0;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            dirty += dirty_bytes_under(&path)?;
+            continue;
+        }
+        // A file fjall renamed or deleted in between is no longer written.
+        let Ok(file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        // Length 0: to the end of the file.
+        let range = Range {
+            offset: 0,
+            length: 0,
+        };
+        let mut stat = CacheStat::default();
+        // SAFETY: the descriptor is open for the call; both pointers are
+        // to locals of the layout the kernel expects, which outlive it.
+        let result = unsafe {
+            libc::syscall(
+                CACHESTAT,
+                file.as_raw_fd(),
+                &range as *const Range,
+                &mut stat as *mut CacheStat,
+                0 as libc::c_uint,
+            )
+        };
+        if result != 0 {
+            return None;
+        }
+        dirty += stat.dirty * page;
+    }
+    Some(dirty)
+}
+
+/// Whether `dir` is on a file system in memory (tmpfs, ramfs), whose pages
+/// stay dirty: nothing is written back.
+#[cfg(target_os = "linux")]
+fn in_memory(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: all zeros is a value of the plain C struct; `path` is
+    // NUL-terminated, and both outlive the call that fills `fs`.
+    let kind = unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        if libc::statfs(path.as_ptr(), &mut fs) != 0 {
+            return false;
+        }
+        fs.f_type
+    };
+    #[allow(clippy::unnecessary_cast)] // `f_type`'s width differs by target
+    let kind = kind as i64;
+    kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+}
+
+/// A generation being staged reaches the disk as it is written (its
+/// write-behind, docs/state-beyond-ram.md §4.9h), not 64 MiB at a time at
+/// each table's fsync: 40 MiB into a stage, a few MiB of it at most are
+/// dirty in the page cache. (The kernel's own writeback would take 30 s
+/// to start on its own, and the stage takes a few.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_staged_generation_reaches_the_disk_as_it_is_written() {
+    const VALUE_BYTES: usize = 1024;
+    const RECORDS: u32 = 48 * 1024;
+    const CHECKED_AT: u32 = 40 * 1024;
+    const MOST_DIRTY: u64 = 16 << 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    if in_memory(dir.path()) {
+        eprintln!("skipped: the temporary directory is in memory, no disk to write back to");
+        return;
+    }
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    let in_force = dir.path().join(format!("gen-{:06}", store.generation()));
+    // Values that do not compress: a xorshift stream.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut noise = move || {
+        (0..VALUE_BYTES)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect::<Vec<u8>>()
+    };
+    let mut dirty_at_check = None;
+    let records = (0..RECORDS).map(|n| {
+        if n == CHECKED_AT {
+            let staging = std::fs::read_dir(dir.path())
+                .expect("the store's root")
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| path.is_dir() && *path != in_force)
+                .max()
+                .expect("the generation being staged");
+            dirty_at_check = Some(dirty_bytes_under(&staging));
+        }
+        let mut key = vec![KIND];
+        key.extend_from_slice(&n.to_be_bytes());
+        Ok((
+            key,
+            StoredRecord {
+                group: 1,
+                bytes: noise(),
+            },
+        ))
+    });
+    let staged = store.stage(records, &checkpoint(0, 1)).expect("stage");
+    drop(staged);
+    match dirty_at_check.expect("checked during the stage") {
+        None => eprintln!("skipped: this kernel has no cachestat (Linux 6.5 and later)"),
+        Some(dirty) => assert!(
+            dirty <= MOST_DIRTY,
+            "{} MiB of the generation being staged were dirty {} MiB into it",
+            dirty >> 20,
+            (u64::from(CHECKED_AT) * VALUE_BYTES as u64) >> 20
+        ),
+    }
+}
