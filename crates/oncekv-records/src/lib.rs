@@ -12,9 +12,9 @@
 //! together); read **views** that see one checkpoint and its records while
 //! flushes go on; the compaction filter that drops the records of expired
 //! groups; installing a received state into a new generation, staged
-//! whole while the one in force goes on, then put in force; and the
-//! priority of fjall's worker threads (below the process's, like the
-//! node's other background work).
+//! whole while the one in force goes on, then put in force; and fjall's
+//! worker threads: how many (one) and at what priority (below the
+//! process's, like the node's other background work).
 //!
 //! A record's **kind** is the first byte of its store key (the core's
 //! `stored` module: 1 for idempotency keys, 2 for finished claims). Kinds
@@ -278,11 +278,27 @@ pub struct Options {
     /// node's own background work runs 10 below too
     /// (docs/state-beyond-ram.md §4.9k). No other platform lowers them.
     pub worker_nice: i32,
+    /// fjall's worker threads per generation (at least 1; see
+    /// [`WORKER_THREADS`]).
+    pub worker_threads: usize,
 }
 
 /// The default [`Options::worker_nice`]: as low as the node's background
 /// threads.
 pub const WORKER_NICE: i32 = 10;
+
+/// The default [`Options::worker_threads`]: one. With more, fjall
+/// (3.1.13) leaves every compaction to the others and its first worker
+/// takes each compaction request off the queue only to put it back: while
+/// a compaction runs and another request waits, that worker spins on a
+/// core (docs/state-beyond-ram.md §4.9l). One worker flushes and compacts
+/// in turn, and a flush then waits behind a compaction — which nothing on
+/// the request path waits for: only builds and installs write the store,
+/// a build with one batch, an install by ingestion. (fjall's worker also
+/// blocks on its own bounded queue should writers fill it with a
+/// thousand memtable-rotation requests during one compaction; one batch
+/// per build never comes near.)
+pub const WORKER_THREADS: usize = 1;
 
 impl Default for Options {
     fn default() -> Self {
@@ -290,6 +306,7 @@ impl Default for Options {
             cache_bytes: 64 << 20,
             max_journaling_bytes: 128 << 20,
             worker_nice: WORKER_NICE,
+            worker_threads: WORKER_THREADS,
         }
     }
 }
@@ -518,6 +535,7 @@ impl Generation {
             .max_journaling_size(options.max_journaling_bytes)
             // Durability is ours to ask for: one fsync per flush.
             .manual_journal_persist(true)
+            .worker_threads(options.worker_threads.max(1))
             .with_compaction_filter_factories(Arc::new(move |name: &str| {
                 (name == RECORDS).then(|| factory.clone())
             }));
