@@ -456,9 +456,16 @@ impl OutsideRecords {
         after: Option<&KeyId>,
     ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> + 'a {
         let start = after.map_or_else(|| vec![R::KIND], R::id_bytes);
-        let after = after.cloned();
-        view.records_from(&start)
-            .take_while(|item| !matches!(item, Ok((key, _)) if key.first() != Some(&R::KIND)))
+        OutsideRecords::rows_of(view.records_from(&start), after.cloned())
+    }
+
+    /// The rows of kind `R` among `rows` (a view's, from the first of that
+    /// kind or from `after`), decoded, those up to `after` left out.
+    fn rows_of<R: StoredKind>(
+        rows: impl Iterator<Item = oncekv_records::Result<(Vec<u8>, StoredRecord)>>,
+        after: Option<KeyId>,
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> {
+        rows.take_while(|item| !matches!(item, Ok((key, _)) if key.first() != Some(&R::KIND)))
             .map(|item| {
                 let (key, stored) = item.map_err(store_error)?;
                 let id = R::id_from_bytes(&key).ok_or_else(|| {
@@ -469,6 +476,33 @@ impl OutsideRecords {
             .filter(
                 move |item| !matches!((item, &after), (Ok((id, _)), Some(after)) if id <= after),
             )
+    }
+
+    /// Every live record of kind `R` in `view`, in (principal, key) order,
+    /// as one iterator that holds the view: a whole scan read in pieces
+    /// (a snapshot sent a chunk at a time), which must not seek again at
+    /// each piece ([`View::records_from_shared`]).
+    fn all_rows<R: StoredKind + Send + 'static>(
+        view: &Arc<View>,
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> + Send + 'static {
+        OutsideRecords::rows_of(View::records_from_shared(view, &[R::KIND]), None)
+    }
+
+    /// Every live key record of `view`, in (principal, key) order, as one
+    /// iterator for a whole scan read in pieces (see [`Self::all_rows`]).
+    pub fn all_key_records(
+        view: &Arc<View>,
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord)>> + Send + 'static {
+        OutsideRecords::all_rows::<KeyRecord>(view)
+    }
+
+    /// Every live finished claim record of `view`, as
+    /// [`Self::all_key_records`].
+    pub fn all_claim_records(
+        view: &Arc<View>,
+    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<ClaimRecord>)>> + Send + 'static
+    {
+        OutsideRecords::all_rows::<ClaimRecord>(view)
     }
 
     /// The live key records of `view`, in (principal, key) order, from

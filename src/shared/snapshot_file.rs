@@ -24,7 +24,7 @@
 use crate::raft_types::SnapshotMeta;
 use crate::shared::records::OutsideRecords;
 use futures::Stream;
-use oncekv_core::{GroupedRecord, KeyId, Registry, codec, snapshot};
+use oncekv_core::{ClaimRecord, GroupedRecord, KeyId, KeyRecord, Registry, codec, snapshot};
 use oncekv_records::View;
 use std::cell::RefCell;
 use std::fmt;
@@ -443,18 +443,18 @@ impl SnapshotFile {
     }
 }
 
+/// A view's live records of one kind, in order, as one iterator for the
+/// whole scan (see [`OutsideRecords::all_key_records`]).
+type Rows<R> = Box<dyn Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> + Send>;
+
 /// Where a [`WholeSnapshot`] is.
 enum Phase {
     /// The file's bytes.
     Part,
-    /// The view's key records after this one (`None`: from the first).
-    Records {
-        after: Option<KeyId>,
-    },
+    /// The view's key records not yet read.
+    Records(Rows<KeyRecord>),
     /// Then its finished claim records (rules version 3; none before).
-    Claims {
-        after: Option<KeyId>,
-    },
+    Claims(Rows<ClaimRecord>),
     Trailer,
     Done,
 }
@@ -474,23 +474,21 @@ pub(crate) struct WholeSnapshot {
 }
 
 /// Encodes up to [`RECORDS_PER_BATCH`] of `records` into `pending` with
-/// `encode`; the last id when the batch filled (more may follow), `None`
-/// when the records ran out.
+/// `encode`; `true` when the batch filled (more may follow), `false` when
+/// the records ran out.
 fn encode_batch<R>(
-    records: impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>>,
+    records: &mut Rows<R>,
     pending: &mut Vec<u8>,
     encode: fn(&KeyId, &R, &mut Vec<u8>) -> io::Result<()>,
-) -> io::Result<Option<KeyId>> {
-    let mut count = 0;
-    for item in records {
+) -> io::Result<bool> {
+    for (count, item) in records.enumerate() {
         let (id, stored) = item?;
         encode(&id, &stored.record, pending)?;
-        count += 1;
-        if count == RECORDS_PER_BATCH {
-            return Ok(Some(id));
+        if count + 1 == RECORDS_PER_BATCH {
+            return Ok(true);
         }
     }
-    Ok(None)
+    Ok(false)
 }
 
 impl WholeSnapshot {
@@ -499,32 +497,27 @@ impl WholeSnapshot {
     fn refill(&mut self) -> io::Result<bool> {
         self.pending.clear();
         self.at = 0;
-        let Some(view) = self.records.as_deref() else {
+        let Some(view) = self.records.as_ref() else {
             self.phase = Phase::Done;
             return Ok(false);
         };
         match std::mem::replace(&mut self.phase, Phase::Done) {
-            Phase::Records { after } => {
-                let full = encode_batch(
-                    OutsideRecords::records_after(view, after.as_ref()),
-                    &mut self.pending,
-                    snapshot::encode_key_record,
-                )?;
-                self.phase = match full {
-                    Some(last) => Phase::Records { after: Some(last) },
-                    None => Phase::Claims { after: None },
+            Phase::Records(mut rows) => {
+                let full = encode_batch(&mut rows, &mut self.pending, snapshot::encode_key_record)?;
+                self.phase = if full {
+                    Phase::Records(rows)
+                } else {
+                    Phase::Claims(Box::new(OutsideRecords::all_claim_records(view)))
                 };
                 self.hasher.update(&self.pending);
             }
-            Phase::Claims { after } => {
-                let full = encode_batch(
-                    OutsideRecords::claim_records_after(view, after.as_ref()),
-                    &mut self.pending,
-                    snapshot::encode_claim_record,
-                )?;
-                self.phase = match full {
-                    Some(last) => Phase::Claims { after: Some(last) },
-                    None => Phase::Trailer,
+            Phase::Claims(mut rows) => {
+                let full =
+                    encode_batch(&mut rows, &mut self.pending, snapshot::encode_claim_record)?;
+                self.phase = if full {
+                    Phase::Claims(rows)
+                } else {
+                    Phase::Trailer
                 };
                 self.hasher.update(&self.pending);
             }
@@ -556,10 +549,11 @@ impl Read for WholeSnapshot {
                         }
                         return Ok(n);
                     }
-                    self.phase = Phase::Records { after: None };
-                    if self.records.is_none() {
+                    let Some(view) = self.records.as_ref() else {
+                        self.phase = Phase::Done;
                         return Ok(0);
-                    }
+                    };
+                    self.phase = Phase::Records(Box::new(OutsideRecords::all_key_records(view)));
                 }
                 Phase::Done => return Ok(0),
                 _ => {

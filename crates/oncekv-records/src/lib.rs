@@ -997,29 +997,53 @@ impl View {
 
     /// The live records (groups at or above their kind's watermark) with
     /// keys at or after `start`, in key order (so kind by kind): what a
-    /// snapshot sends and a page lists.
+    /// page lists. A scan read in pieces holds one iterator instead
+    /// ([`View::records_from_shared`]): each new one seeks again.
     pub fn records_from<'a>(
         &'a self,
         start: &[u8],
     ) -> impl Iterator<Item = Result<(Vec<u8>, StoredRecord)>> + use<'a> {
-        let checkpoint = self.checkpoint.as_ref();
-        let generation = &self.generation;
         self.snapshot
-            .range(&generation.records, start.to_vec()..)
-            .filter_map(move |guard| {
-                let item = guard
-                    .into_inner()
-                    .map_err(|source| generation.store_error(source))
-                    .and_then(|(key, value)| Ok((key.to_vec(), generation.decode(&value)?)));
-                match item {
-                    Ok((ref key, ref record))
-                        if checkpoint.is_some_and(|c| record.group < c.watermark_of(key)) =>
-                    {
-                        None
-                    }
-                    other => Some(other),
-                }
-            })
+            .range(&self.generation.records, start.to_vec()..)
+            .filter_map(move |guard| self.live(guard))
+    }
+
+    /// [`View::records_from`] as one iterator that holds the view: what a
+    /// snapshot sends, read a chunk at a time by another thread. It must
+    /// stay one iterator for the whole scan: an iterator opened again at
+    /// each piece seeks again, and a seek steps one by one over every
+    /// entry of the memtables newer than the view up to the next one it
+    /// may see — with keys that grow with time, every entry written since
+    /// the view, at every piece (docs/state-beyond-ram.md §4.9l).
+    pub fn records_from_shared(
+        view: &Arc<View>,
+        start: &[u8],
+    ) -> impl Iterator<Item = Result<(Vec<u8>, StoredRecord)>> + Send + 'static {
+        let held = Arc::clone(view);
+        view.snapshot
+            .range(&view.generation.records, start.to_vec()..)
+            .filter_map(move |guard| held.live(guard))
+    }
+
+    /// A stored row as a record, `None` when its group is expired by this
+    /// view's checkpoint.
+    fn live(&self, guard: fjall::Guard) -> Option<Result<(Vec<u8>, StoredRecord)>> {
+        let generation = &self.generation;
+        let item = guard
+            .into_inner()
+            .map_err(|source| generation.store_error(source))
+            .and_then(|(key, value)| Ok((key.to_vec(), generation.decode(&value)?)));
+        match item {
+            Ok((ref key, ref record))
+                if self
+                    .checkpoint
+                    .as_ref()
+                    .is_some_and(|c| record.group < c.watermark_of(key)) =>
+            {
+                None
+            }
+            other => Some(other),
+        }
     }
 
     /// Every live record, in key order.

@@ -192,6 +192,32 @@ fn expired_groups_leave_only_when_no_view_needs_them() {
     ));
 }
 
+/// A scan read in pieces holds one iterator that holds its view: with the
+/// caller's handle dropped, flushes after it and an expiry compacted away,
+/// it still reads the view's live records, exactly those of a plain scan.
+#[test]
+fn a_shared_scan_holds_its_view() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
+    let changes = (1..=5u64)
+        .flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))));
+    store.flush(changes, &checkpoint(2, 1)).expect("flush");
+    let view = std::sync::Arc::new(store.view().expect("view"));
+    let expected: Vec<Vec<u8>> = view.records().map(|item| item.expect("record").0).collect();
+    assert_eq!(expected.len(), 40, "groups 2..=5 live");
+    let mut scan = oncekv_records::View::records_from_shared(&view, &[KIND]);
+    let first = scan.next().expect("a record").expect("read").0;
+    drop(view);
+    let later = (6..=7u64)
+        .flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))));
+    store.flush(later, &checkpoint(4, 2)).expect("flush");
+    store.compact().expect("compact");
+    let read: Vec<Vec<u8>> = std::iter::once(first)
+        .chain(scan.map(|item| item.expect("record").0))
+        .collect();
+    assert_eq!(read, expected);
+}
+
 /// Per kind (the key's first byte), live records of `view`, by group.
 fn live_by_kind(view: &oncekv_records::View) -> BTreeMap<u8, BTreeMap<u64, u32>> {
     let mut live: BTreeMap<u8, BTreeMap<u64, u32>> = BTreeMap::new();
