@@ -143,15 +143,22 @@ fn a_view_is_frozen_at_its_checkpoint() {
     assert_eq!(assert_consistent(&store), 8);
 }
 
+/// Ten records in each of `groups`, keyed by group.
+fn ten_per_group(
+    groups: std::ops::RangeInclusive<u64>,
+) -> impl Iterator<Item = (Vec<u8>, Option<StoredRecord>)> {
+    groups.flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))))
+}
+
 /// Records below the watermark are absent to views at once and leave the
 /// disk at compaction, but not while an older view still reads them.
 #[test]
 fn expired_groups_leave_only_when_no_view_needs_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
-    let changes = (1..=5u64)
-        .flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))));
-    store.flush(changes, &checkpoint(0, 1)).expect("flush");
+    store
+        .flush(ten_per_group(1..=5), &checkpoint(0, 1))
+        .expect("flush");
     let old_view = store.view().expect("view");
     store
         .flush(Vec::new(), &checkpoint(3, 2))
@@ -199,18 +206,18 @@ fn expired_groups_leave_only_when_no_view_needs_them() {
 fn a_shared_scan_holds_its_view() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = RecordStore::open(dir.path(), &Options::default()).expect("open");
-    let changes = (1..=5u64)
-        .flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))));
-    store.flush(changes, &checkpoint(2, 1)).expect("flush");
+    store
+        .flush(ten_per_group(1..=5), &checkpoint(2, 1))
+        .expect("flush");
     let view = std::sync::Arc::new(store.view().expect("view"));
     let expected: Vec<Vec<u8>> = view.records().map(|item| item.expect("record").0).collect();
     assert_eq!(expected.len(), 40, "groups 2..=5 live");
     let mut scan = oncekv_records::View::records_from_shared(&view, &[KIND]);
     let first = scan.next().expect("a record").expect("read").0;
     drop(view);
-    let later = (6..=7u64)
-        .flat_map(|group| (0..10u32).map(move |n| (key(group, n), Some(record(group, "r")))));
-    store.flush(later, &checkpoint(4, 2)).expect("flush");
+    store
+        .flush(ten_per_group(6..=7), &checkpoint(4, 2))
+        .expect("flush");
     store.compact().expect("compact");
     let read: Vec<Vec<u8>> = std::iter::once(first)
         .chain(scan.map(|item| item.expect("record").0))
