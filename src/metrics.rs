@@ -88,6 +88,7 @@ pub struct NodeMetrics {
     // Set by the catch-up watch (node::catch_up).
     pub catching_up: Gauge,
     pub catch_ups: Counter,
+    pub catch_ups_starved: Counter,
     // Set by the log store.
     pub commit_index: Gauge,
     // Refreshed at scrape time.
@@ -156,6 +157,7 @@ impl NodeMetrics {
             became_leader: Counter::default(),
             catching_up: Gauge::default(),
             catch_ups: Counter::default(),
+            catch_ups_starved: Counter::default(),
             commit_index: Gauge::default(),
             sessions_live: Gauge::default(),
             idempotency_keys_live: Gauge::default(),
@@ -355,6 +357,11 @@ impl NodeMetrics {
             "catch_ups",
             "Times this node started catching up",
             self.catch_ups.clone(),
+        );
+        self.registry.register(
+            "catch_ups_starved",
+            "Catch-ups that starved at the lowered priority (the leader unheard, or the node's own look late, for a second) and went on at the node's own",
+            self.catch_ups_starved.clone(),
         );
         self.registry.register(
             "raft_commit_index",

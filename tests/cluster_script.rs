@@ -492,32 +492,17 @@ fn wait_until(limit: Duration, what: impl Fn() -> String, holds: impl Fn() -> bo
     }
 }
 
-/// A follower that was paused while the others snapshotted and purged
-/// their logs past it catches up by a snapshot and lowers its own
-/// scheduling group (its autogroup, as it leads its session) to
-/// `--catch-up-nice` while it does, then restores it: its log says both,
-/// in that order, and its group is back at nice 0 once it has caught up.
-/// Where the machine gives the node no autogroup (the sysctl off, a CPU
-/// cgroup below the root), the node says so and lowers nothing; in the
-/// caller's session (`ONCEKV_SCHED_GROUP=shared`) it says it keeps its
-/// priority.
-#[test]
-fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
-    let cluster = ScriptCluster::new();
-    let args = format!(
-        "{TIMING_ARGS} --snapshot-every-entries 1000000 --logs-kept-after-snapshot 5 --catch-up-nice 17"
-    );
-    cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
-    let pids = cluster.tracked_nodes("after start");
-    let leader = (1..=3)
-        .find(|&n| cluster.status(n)["role"] == "leader")
-        .expect("a leader after start");
-    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-    let pid = pids[usize::try_from(follower - 1).expect("small")];
-    let autogroup_on = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
-        .is_ok_and(|enabled| enabled.trim() == "1");
-    assert_eq!(group_nice(pid), 0, "the follower's group before");
+/// What a node logs when it lowers its scheduling group to catch up.
+const LOWERED: &str = "catching up: the node's CPU priority is lowered";
+/// ... when it restores it, caught up.
+const RESTORED: &str = "caught up: the node's CPU priority is restored";
+/// ... when it restores it because the catch-up starved lowered.
+const STARVED: &str = "starved while catching up: the node's CPU priority is restored";
 
+/// Pauses `follower` (process `pid`) and has the others write, snapshot and
+/// purge their logs past it, so that once resumed it catches up by a
+/// snapshot; returns the leader's snapshot index. The caller resumes it.
+fn pause_until_purged_past(cluster: &ScriptCluster, leader: u64, follower: u64, pid: u32) -> u64 {
     let behind = cluster.status_number(follower, "last_log_index");
     signal(pid, Signal::SIGSTOP);
     let others: Vec<String> = (1..=3)
@@ -553,10 +538,38 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
         || format!("node {leader} kept its log past {behind}"),
         || cluster.status_number(leader, "purged_index") > behind,
     );
+    snapshot
+}
+
+/// A follower that was paused while the others snapshotted and purged
+/// their logs past it catches up by a snapshot and lowers its own
+/// scheduling group (its autogroup, as it leads its session) to
+/// `--catch-up-nice` while it does, then restores it: its log says both,
+/// in that order, and its group is back at nice 0 once it has caught up.
+/// Where the machine gives the node no autogroup (the sysctl off, a CPU
+/// cgroup below the root), the node says so and lowers nothing; in the
+/// caller's session (`ONCEKV_SCHED_GROUP=shared`) it says it keeps its
+/// priority.
+#[test]
+fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
+    let cluster = ScriptCluster::new();
+    let args = format!(
+        "{TIMING_ARGS} --snapshot-every-entries 1000000 --logs-kept-after-snapshot 5 --catch-up-nice 17"
+    );
+    cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
+    let pids = cluster.tracked_nodes("after start");
+    let leader = (1..=3)
+        .find(|&n| cluster.status(n)["role"] == "leader")
+        .expect("a leader after start");
+    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
+    let pid = pids[usize::try_from(follower - 1).expect("small")];
+    let autogroup_on = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|enabled| enabled.trim() == "1");
+    assert_eq!(group_nice(pid), 0, "the follower's group before");
+
+    let snapshot = pause_until_purged_past(&cluster, leader, follower, pid);
     signal(pid, Signal::SIGCONT);
 
-    const LOWERED: &str = "catching up: the node's CPU priority is lowered";
-    const RESTORED: &str = "caught up: the node's CPU priority is restored";
     // Where this machine gives the node no autogroup (the sysctl off, or a
     // CPU cgroup below the root, as under some CI runners), it must say so
     // and lower nothing.
@@ -646,5 +659,92 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
                 .contains("keeps its CPU priority while it catches up")
         },
     );
+    cluster.ok(&["stop"]);
+}
+
+/// A catch-up that starves at the lowered priority goes on at the node's
+/// own: a follower catching up by a snapshot (its intake held 8 s by a
+/// test fault, so that the catch-up lasts) is stopped for 2 s, as a node
+/// whose group gets no CPU is, and on its first look after it restores its
+/// group while the snapshot is still being taken in, and does not lower it
+/// again before it has caught up.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_catch_up_starved_at_the_lowered_priority_goes_on_at_the_nodes_own() {
+    let cluster = ScriptCluster::new();
+    let args = format!(
+        "{TIMING_ARGS} --snapshot-every-entries 1000000 --logs-kept-after-snapshot 5 \
+         --catch-up-nice 17 --fault hold-snapshot-intake-ms-8000"
+    );
+    cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
+    let pids = cluster.tracked_nodes("after start");
+    let leader = (1..=3)
+        .find(|&n| cluster.status(n)["role"] == "leader")
+        .expect("a leader after start");
+    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
+    let pid = pids[usize::try_from(follower - 1).expect("small")];
+    let snapshot = pause_until_purged_past(&cluster, leader, follower, pid);
+    signal(pid, Signal::SIGCONT);
+    if cluster
+        .node_log(follower)
+        .contains("keeps its CPU priority while it catches up")
+    {
+        eprintln!("no autogroup for the nodes here: nothing to lower, nothing to starve");
+        return;
+    }
+    wait_until(
+        Duration::from_secs(60),
+        || {
+            format!(
+                "node {follower} never lowered itself:\n{}",
+                cluster.node_log(follower)
+            )
+        },
+        || cluster.node_log(follower).contains(LOWERED),
+    );
+    assert_eq!(group_nice(pid), 17, "the follower's group, lowered");
+    // Its intake is held for 8 s: it is still catching up through the stop.
+    signal(pid, Signal::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(pid, Signal::SIGCONT);
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            format!(
+                "node {follower} never said it starved:\n{}",
+                cluster.node_log(follower)
+            )
+        },
+        || cluster.node_log(follower).contains(STARVED),
+    );
+    assert_eq!(group_nice(pid), 0, "the follower's group, starved");
+    wait_until(
+        Duration::from_secs(120),
+        || {
+            format!(
+                "node {follower} never caught up:\n{}",
+                cluster.node_log(follower)
+            )
+        },
+        || cluster.node_log(follower).contains(RESTORED),
+    );
+    let log = cluster.node_log(follower);
+    let at = |what: &str| log.find(what).unwrap_or_else(|| panic!("{what}:\n{log}"));
+    assert!(
+        at(LOWERED) < at(STARVED) && at(STARVED) < at(RESTORED),
+        "{log}"
+    );
+    assert_eq!(log.matches(LOWERED).count(), 1, "lowered once:\n{log}");
+    assert!(
+        log.lines()
+            .find(|line| line.contains(STARVED))
+            .is_some_and(|line| line.contains("group_nice=0")),
+        "{log}"
+    );
+    assert!(
+        cluster.status_number(follower, "snapshot_index") >= snapshot,
+        "node {follower} caught up by the snapshot"
+    );
+    assert_eq!(group_nice(pid), 0, "the follower's group after");
     cluster.ok(&["stop"]);
 }

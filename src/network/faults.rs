@@ -1,6 +1,7 @@
 //! Test-only fault hooks shared by the node: a handle on how many execute
 //! replies this node should still drop, whether it starts with a rewound
-//! commit record, and the rules version it bootstraps a new cluster at. It
+//! commit record, the rules version it bootstraps a new cluster at, and
+//! how long a snapshot it receives waits before its intake. It
 //! owns those settings and nothing else; the services decide where a fault
 //! applies. Faults can be
 //! set only in a `fault-injection` build (the `--fault` flag of
@@ -9,6 +10,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// A shared, cloneable handle on this node's pending faults.
 #[derive(Clone, Debug, Default)]
@@ -25,6 +27,9 @@ pub struct FaultControl {
     /// the latest (`--fault bootstrap-at-rules-N`): a cluster as an older
     /// build made it, to raise in a test.
     bootstrap_rules: Option<oncekv_core::RulesVersion>,
+    /// How long each snapshot received waits, its reception begun, before
+    /// its intake (`--fault hold-snapshot-intake-ms-N`).
+    snapshot_intake_hold: Option<Duration>,
 }
 
 impl FaultControl {
@@ -36,7 +41,22 @@ impl FaultControl {
             rewind_commit_record: false,
             lose_term_tail: false,
             bootstrap_rules: None,
+            snapshot_intake_hold: None,
         }
+    }
+
+    /// The same, each snapshot received waiting `hold` before its intake:
+    /// the node counts as receiving one (and catching up) meanwhile.
+    pub fn holding_snapshot_intake(self, hold: Duration) -> FaultControl {
+        FaultControl {
+            snapshot_intake_hold: Some(hold),
+            ..self
+        }
+    }
+
+    /// How long a snapshot received waits before its intake, if at all.
+    pub fn snapshot_intake_hold(&self) -> Option<Duration> {
+        self.snapshot_intake_hold
     }
 
     /// The same, bootstrapping a new cluster at rules version `rules`.

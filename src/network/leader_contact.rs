@@ -83,6 +83,12 @@ impl LeaderContact {
         self.inner.heard_at_ms.store(ms, Ordering::Release);
     }
 
+    /// A mark that changes each time an append from a leader is heard (to
+    /// the millisecond): two equal marks mean nothing was heard between.
+    pub fn heard_mark(&self) -> u64 {
+        self.inner.heard_at_ms.load(Ordering::Acquire)
+    }
+
     /// The leader this node names: itself while Raft says it leads,
     /// otherwise Raft's `current_leader` only if it was heard from within
     /// the window.

@@ -16,6 +16,7 @@
 //! committed vote, so that the node names a leader only while it hears
 //! from it.
 
+use super::faults::FaultControl;
 use super::leader_contact::LeaderContact;
 use super::tls::PeerClaim;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
@@ -733,6 +734,8 @@ pub struct PeerService {
     snapshots: SnapshotInbox,
     /// Told of each append that arrives under a committed vote.
     contact: LeaderContact,
+    /// Test-only faults (a received snapshot held before its intake).
+    faults: FaultControl,
 }
 
 impl PeerService {
@@ -741,12 +744,14 @@ impl PeerService {
         identity: ClusterIdentity,
         snapshots: SnapshotInbox,
         contact: LeaderContact,
+        faults: FaultControl,
     ) -> PeerService {
         PeerService {
             raft,
             identity,
             snapshots,
             contact,
+            faults,
         }
     }
 
@@ -945,6 +950,9 @@ impl raft_server::Raft for PeerService {
         // early return (a broken stream, a refused part) `incoming` is
         // dropped and both deleted, so nothing is replaced.
         let mut incoming = self.snapshots.receive(&meta).await.map_err(unavailable)?;
+        if let Some(hold) = self.faults.snapshot_intake_hold() {
+            tokio::time::sleep(hold).await;
+        }
         while let Some(part) = parts.next().await {
             match self.open(&claim, part?)? {
                 SnapshotPart::Data(chunk) => {

@@ -24,6 +24,7 @@
 //! node in any other way: a catch-up only gets less of a contended CPU.
 
 use crate::metrics::NodeMetrics;
+use crate::network::leader_contact::LeaderContact;
 use crate::raft_types::Raft;
 use crate::shared::snapshot_file::SnapshotInbox;
 use openraft::ServerState;
@@ -37,12 +38,37 @@ pub const BEHIND_ENTRIES: u64 = 2_000;
 /// Entries behind at which it counts as caught up again.
 pub const CAUGHT_UP_ENTRIES: u64 = 100;
 /// How often the watch looks.
-const LOOK_EVERY: Duration = Duration::from_millis(250);
+pub const LOOK_EVERY: Duration = Duration::from_millis(250);
+/// The least silence that counts as starving a lowered node (see
+/// [`starved_after`]).
+pub const STARVED_AFTER_MIN: Duration = Duration::from_secs(1);
 
-/// Whether a node is catching up, from what it sees each time it looks.
-#[derive(Debug, Default)]
+/// How long a lowered node may go without hearing its leader, or without
+/// its own look coming round, before it counts as starved: a second, or
+/// four heartbeats where they are slower (a leader heard between
+/// heartbeats is no sign of anything).
+pub fn starved_after(heartbeat: Duration) -> Duration {
+    heartbeat.saturating_mul(4).max(STARVED_AFTER_MIN)
+}
+
+/// Whether a node is catching up, and whether at its lowered priority,
+/// from what it sees each time it looks.
+///
+/// A catch-up lowers the node; one that starves there (the leader unheard,
+/// or the node's own look late, for [`starved_after`]) goes on at the
+/// node's normal priority until it ends. Weight 15 against 1,024 is next to
+/// nothing on a machine whose cores are full: a lowered node can miss its
+/// leader's heartbeats, stand for election again and again, and never catch
+/// up (docs/state-beyond-ram.md §4.9l). A copy short for ever costs more
+/// than the quorum's share the rest of the catch-up takes.
+#[derive(Debug)]
 pub struct Lag {
     catching_up: bool,
+    /// This catch-up starved at the lowered priority.
+    starved: bool,
+    /// How long the leader has gone unheard during this catch-up.
+    unheard: Duration,
+    starved_after: Duration,
 }
 
 /// What a look found, for [`Lag::look`].
@@ -57,12 +83,39 @@ pub struct Seen {
     pub cluster_committed: Option<u64>,
     /// This node's applied index.
     pub applied: Option<u64>,
+    /// An append (a heartbeat, entries, a snapshot's head) from a leader
+    /// arrived since the last look.
+    pub leader_heard: bool,
+    /// Time since the last look ([`LOOK_EVERY`] when the node keeps up).
+    pub since_last_look: Duration,
+}
+
+/// What to do with the node's priority after a look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The node began catching up: lower it.
+    Lower,
+    /// The node is still catching up, but starved lowered: its priority
+    /// back for the rest of the catch-up.
+    Starved,
+    /// The node caught up (or leads): its priority back.
+    Restore,
 }
 
 impl Lag {
-    /// Takes in a look; returns the new state when it changed (`true`: the
-    /// node is now catching up).
-    pub fn look(&mut self, seen: Seen) -> Option<bool> {
+    /// A lag that counts a lowered node starved after `starved_after` of
+    /// silence ([`starved_after`]).
+    pub fn new(starved_after: Duration) -> Lag {
+        Lag {
+            catching_up: false,
+            starved: false,
+            unheard: Duration::ZERO,
+            starved_after,
+        }
+    }
+
+    /// Takes in a look; returns what to do when something changed.
+    pub fn look(&mut self, seen: Seen) -> Option<Step> {
         let behind = match (seen.cluster_committed, seen.applied) {
             (Some(committed), applied) => committed.saturating_sub(applied.unwrap_or(0)),
             (None, _) => 0,
@@ -76,10 +129,32 @@ impl Lag {
         } else {
             behind >= BEHIND_ENTRIES
         };
-        (now != self.catching_up).then(|| {
-            self.catching_up = now;
-            now
-        })
+        match (self.catching_up, now) {
+            (false, true) => {
+                self.catching_up = true;
+                self.starved = false;
+                self.unheard = Duration::ZERO;
+                Some(Step::Lower)
+            }
+            (true, false) => {
+                self.catching_up = false;
+                self.starved = false;
+                Some(Step::Restore)
+            }
+            (true, true) if !self.starved => {
+                self.unheard = if seen.leader_heard {
+                    Duration::ZERO
+                } else {
+                    self.unheard.saturating_add(seen.since_last_look)
+                };
+                let late = seen.since_last_look.saturating_sub(LOOK_EVERY);
+                (self.unheard >= self.starved_after || late >= self.starved_after).then(|| {
+                    self.starved = true;
+                    Step::Starved
+                })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -189,12 +264,15 @@ fn set_group_nice(nice: i32) -> Result<i32, String> {
     read_group_nice()
 }
 
-/// Watches Raft's metrics and the snapshot inbox until Raft stops, and sets
-/// the node's group to `nice` while it catches up (never when `nice` is 0).
+/// Watches Raft's metrics, the snapshot inbox and the leader's appends
+/// until Raft stops, and sets the node's group to `nice` while it catches
+/// up (never when `nice` is 0), or until it starves there ([`Lag`]).
 pub async fn watch(
     node_id: u64,
     raft: Raft,
     snapshots: SnapshotInbox,
+    contact: LeaderContact,
+    heartbeat: Duration,
     nice: u8,
     metrics: Arc<NodeMetrics>,
 ) {
@@ -212,56 +290,76 @@ pub async fn watch(
             None
         }
     };
-    let mut lag = Lag::default();
+    let mut lag = Lag::new(starved_after(heartbeat));
     let mut every = tokio::time::interval(LOOK_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let raft_metrics = raft.metrics();
     let mut begun = snapshots.receptions_begun();
+    let mut heard = contact.heard_mark();
+    let mut looked = tokio::time::Instant::now();
     loop {
         every.tick().await;
         let now_begun = snapshots.receptions_begun();
+        let now_heard = contact.heard_mark();
+        let now = tokio::time::Instant::now();
         let seen = {
-            let now = raft_metrics.borrow_watched();
-            if now.running_state.is_err() {
+            let metrics = raft_metrics.borrow_watched();
+            if metrics.running_state.is_err() {
                 break;
             }
             Seen {
-                leading: matches!(now.state, ServerState::Leader | ServerState::Candidate),
+                leading: matches!(metrics.state, ServerState::Leader | ServerState::Candidate),
                 receiving_snapshot: snapshots.is_receiving() || now_begun != begun,
-                cluster_committed: now.cluster_committed.map(|id| id.index),
-                applied: now.last_applied.map(|id| id.index),
+                cluster_committed: metrics.cluster_committed.map(|id| id.index),
+                applied: metrics.last_applied.map(|id| id.index),
+                leader_heard: now_heard != heard,
+                since_last_look: now.saturating_duration_since(looked),
             }
         };
-        begun = now_begun;
-        let Some(now_catching_up) = lag.look(seen) else {
+        (begun, heard, looked) = (now_begun, now_heard, now);
+        let Some(step) = lag.look(seen) else {
             continue;
         };
-        metrics.catching_up.set(i64::from(now_catching_up));
-        if now_catching_up {
-            metrics.catch_ups.inc();
+        match step {
+            Step::Lower => {
+                metrics.catching_up.set(1);
+                metrics.catch_ups.inc();
+            }
+            Step::Starved => {
+                metrics.catch_ups_starved.inc();
+            }
+            Step::Restore => {
+                metrics.catching_up.set(0);
+            }
         }
         let Some(lever) = &lever else {
             continue;
         };
-        let set = if now_catching_up {
-            lever.lower(i32::from(nice))
-        } else {
-            lever.restore()
+        let (set, what) = match step {
+            Step::Lower => (
+                lever.lower(i32::from(nice)),
+                "catching up: the node's CPU priority is lowered",
+            ),
+            Step::Starved => (
+                lever.restore(),
+                "starved while catching up: the node's CPU priority is restored \
+                 for the rest of the catch-up",
+            ),
+            Step::Restore => (
+                lever.restore(),
+                "caught up: the node's CPU priority is restored",
+            ),
         };
         match set {
             Ok(group_nice) => tracing::info!(
                 node_id,
                 group_nice,
-                catching_up = now_catching_up,
                 cluster_committed = ?seen.cluster_committed,
                 applied = ?seen.applied,
                 receiving_snapshot = seen.receiving_snapshot,
-                "{}",
-                if now_catching_up {
-                    "catching up: the node's CPU priority is lowered"
-                } else {
-                    "caught up: the node's CPU priority is restored"
-                }
+                leader_heard = seen.leader_heard,
+                since_last_look_ms = seen.since_last_look.as_millis(),
+                "{what}"
             ),
             Err(error) => tracing::warn!(node_id, error, "cannot change the node's priority"),
         }
@@ -275,53 +373,121 @@ pub async fn watch(
 mod tests {
     use super::*;
 
+    const STARVED_AFTER: Duration = Duration::from_secs(1);
+
+    /// A look on time, the leader heard since the last.
     fn seen(committed: u64, applied: u64) -> Seen {
         Seen {
             leading: false,
             receiving_snapshot: false,
             cluster_committed: Some(committed),
             applied: Some(applied),
+            leader_heard: true,
+            since_last_look: LOOK_EVERY,
         }
+    }
+
+    fn lag() -> Lag {
+        Lag::new(STARVED_AFTER)
     }
 
     #[test]
     fn a_follower_is_catching_up_from_far_behind_until_close_again() {
-        let mut lag = Lag::default();
+        let mut lag = lag();
         assert_eq!(lag.look(seen(1_000, 0)), None);
         assert_eq!(lag.look(seen(BEHIND_ENTRIES - 1, 0)), None);
-        assert_eq!(lag.look(seen(BEHIND_ENTRIES, 0)), Some(true));
+        assert_eq!(lag.look(seen(BEHIND_ENTRIES, 0)), Some(Step::Lower));
         // Between the thresholds it stays as it is, either way.
         assert_eq!(lag.look(seen(10_000, 10_000 - BEHIND_ENTRIES + 1)), None);
         assert_eq!(lag.look(seen(10_000, 10_000 - CAUGHT_UP_ENTRIES - 1)), None);
         assert_eq!(
             lag.look(seen(10_000, 10_000 - CAUGHT_UP_ENTRIES)),
-            Some(false)
+            Some(Step::Restore)
         );
         assert_eq!(lag.look(seen(10_000, 10_000 - BEHIND_ENTRIES + 1)), None);
     }
 
     #[test]
     fn a_snapshot_arriving_is_catching_up_and_a_leader_never_is() {
-        let mut lag = Lag::default();
+        let mut lag = lag();
         let receiving = Seen {
             receiving_snapshot: true,
             ..seen(10, 10)
         };
-        assert_eq!(lag.look(receiving), Some(true));
+        assert_eq!(lag.look(receiving), Some(Step::Lower));
         // The install done and the log applied: caught up.
-        assert_eq!(lag.look(seen(10, 10)), Some(false));
-        assert_eq!(lag.look(seen(1_000_000, 0)), Some(true));
+        assert_eq!(lag.look(seen(10, 10)), Some(Step::Restore));
+        assert_eq!(lag.look(seen(1_000_000, 0)), Some(Step::Lower));
         let leading = Seen {
             leading: true,
             ..receiving
         };
-        assert_eq!(lag.look(leading), Some(false));
+        assert_eq!(lag.look(leading), Some(Step::Restore));
         // Nothing known of the cluster's commit: not behind.
         let unknown = Seen {
             cluster_committed: None,
             ..seen(0, 0)
         };
         assert_eq!(lag.look(unknown), None);
+    }
+
+    #[test]
+    fn a_lowered_node_that_stops_hearing_its_leader_starves_once_per_catch_up() {
+        let mut lag = lag();
+        let unheard = Seen {
+            leader_heard: false,
+            ..seen(10_000, 0)
+        };
+        // Silent before the catch-up: only the silence after lowering counts.
+        assert_eq!(lag.look(unheard), Some(Step::Lower));
+        // Silence that a heartbeat breaks starts again from nothing.
+        for _ in 0..3 {
+            assert_eq!(lag.look(unheard), None);
+        }
+        assert_eq!(lag.look(seen(10_000, 0)), None);
+        for _ in 0..3 {
+            assert_eq!(lag.look(unheard), None);
+        }
+        // Four looks unheard (a second): starved.
+        assert_eq!(lag.look(unheard), Some(Step::Starved));
+        // It stays at its priority for the rest of the catch-up, heard or not.
+        assert_eq!(lag.look(unheard), None);
+        assert_eq!(lag.look(seen(10_000, 5_000)), None);
+        assert_eq!(lag.look(unheard), None);
+        assert_eq!(lag.look(seen(10_000, 10_000)), Some(Step::Restore));
+        // The next catch-up is lowered again.
+        assert_eq!(lag.look(seen(20_000, 10_000)), Some(Step::Lower));
+        assert_eq!(lag.look(seen(20_000, 10_000)), None);
+    }
+
+    #[test]
+    fn a_lowered_node_whose_own_look_comes_late_starves() {
+        let mut lag = lag();
+        assert_eq!(lag.look(seen(10_000, 0)), Some(Step::Lower));
+        // Late by less than the bound, the leader heard: nothing.
+        let late = |by: Duration| Seen {
+            since_last_look: LOOK_EVERY + by,
+            ..seen(10_000, 0)
+        };
+        assert_eq!(
+            lag.look(late(STARVED_AFTER - Duration::from_millis(1))),
+            None
+        );
+        assert_eq!(lag.look(late(STARVED_AFTER)), Some(Step::Starved));
+        // A late look before the catch-up (a paused process resumed) is not
+        // starving at the lowered priority.
+        let mut lag = self::lag();
+        assert_eq!(lag.look(late(Duration::from_secs(30))), Some(Step::Lower));
+        assert_eq!(lag.look(seen(10_000, 0)), None);
+    }
+
+    #[test]
+    fn slow_heartbeats_stretch_the_silence_that_counts_as_starving() {
+        assert_eq!(starved_after(Duration::from_millis(30)), STARVED_AFTER_MIN);
+        assert_eq!(
+            starved_after(Duration::from_millis(500)),
+            Duration::from_secs(2)
+        );
     }
 
     #[test]

@@ -206,7 +206,9 @@ pub struct NodeOptions {
     /// of the log's last term after its first dropped, as a power loss can
     /// on a leader whose followers stored them before its own fdatasync),
     /// `bootstrap-at-rules-N` (a new cluster starts at rules version N, as
-    /// an older build started it).
+    /// an older build started it), `hold-snapshot-intake-ms-N` (each
+    /// snapshot received waits N ms before its intake begins: a catch-up
+    /// that lasts).
     #[cfg(feature = "fault-injection")]
     #[arg(long)]
     pub fault: Vec<String>,
@@ -697,7 +699,15 @@ impl NodeOptions {
         let mut rewind_commit_record = false;
         let mut lose_term_tail = false;
         let mut bootstrap_rules = None;
+        let mut snapshot_intake_hold = None;
         for fault in &self.fault {
+            if let Some(ms) = fault.strip_prefix("hold-snapshot-intake-ms-") {
+                let ms = ms
+                    .parse()
+                    .map_err(|_| ConfigError::Invalid(format!("unknown fault {fault:?}")))?;
+                snapshot_intake_hold = Some(std::time::Duration::from_millis(ms));
+                continue;
+            }
             match fault.as_str() {
                 "drop-first-execute-reply" => drop_execute_replies = 1,
                 "rewind-commit-record" => rewind_commit_record = true,
@@ -722,6 +732,9 @@ impl NodeOptions {
         }
         if let Some(rules) = bootstrap_rules {
             faults = faults.bootstrapping_at_rules(rules);
+        }
+        if let Some(hold) = snapshot_intake_hold {
+            faults = faults.holding_snapshot_intake(hold);
         }
         Ok(faults)
     }

@@ -193,10 +193,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         },
     ));
 
+    let contact = LeaderContact::new(LeaderContact::window_for(config.election_timeout_max));
     let catch_up = tokio::spawn(catch_up::watch(
         config.id,
         raft.clone(),
         snapshots.clone(),
+        contact.clone(),
+        config.heartbeat,
         config.catch_up_nice,
         metrics.clone(),
     ));
@@ -218,7 +221,7 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         identity: identity.clone(),
         snapshots,
         metrics,
-        contact: LeaderContact::new(LeaderContact::window_for(config.election_timeout_max)),
+        contact,
         tls,
         auth,
         stop: servers_stopped,
@@ -576,6 +579,7 @@ impl Wiring<'_> {
                     self.identity.clone(),
                     self.snapshots.clone(),
                     self.contact.clone(),
+                    self.config.faults.clone(),
                 )
                 .into_server(),
             );
