@@ -283,8 +283,17 @@ if ((RAISE_LIMITS == 1)); then
     [[ $MEASURE != load ]] && keys_max=$((keys_max + 2000000))
     cached=$((keys_max * 256))
     ((cached < 268435456)) && cached=268435456
+    # The rules' bound on it (16 GiB).
+    ((cached > 17179869184)) && cached=17179869184
     budget=$((cached + cached / 4 + 536870912))
     ((budget < 1073741824)) && budget=1073741824
+    # Key records lie outside the budget (rules version 2 on), so past a
+    # few GB it only has to fit: a node refuses a budget it cannot hold
+    # twice over plus 128 MiB, so at most half this machine's memory less
+    # 256 MiB (a reused cluster of 32 M keys asked for more before).
+    mem_total=$(awk '/^MemTotal:/ { print $2 * 1024 }' /proc/meminfo)
+    budget_max=$((mem_total / 2 - 268435456))
+    ((budget > budget_max)) && budget=$budget_max
     if [[ $WORKLOAD == claims ]]; then
         # Finished claims lie on disk (rules version 3): their count and
         # bytes limits, not the budget (held ones: at most CLIENTS); never
