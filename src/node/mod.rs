@@ -167,7 +167,8 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
     let network = PeerNetwork::new(config.id, identity.clone())
         .with_dial_overrides(config.peer_via.clone())
         .with_tls(tls.clone())
-        .with_snapshot_sends(snapshot_sends.clone());
+        .with_snapshot_sends(snapshot_sends.clone())
+        .with_snapshot_send_cpu_percent(config.snapshot_send_cpu_percent);
     let restored = read_index::restored_from(config.id, &mut log_store)
         .await
         .context("reading the Raft log state")?;
