@@ -291,8 +291,8 @@ if ((RAISE_LIMITS == 1)); then
     # few GB it only has to fit: a node refuses a budget it cannot hold
     # twice over plus 128 MiB, so at most half this machine's memory less
     # 256 MiB (a reused cluster of 32 M keys asked for more before).
-    mem_total=$(awk '/^MemTotal:/ { print $2 * 1024 }' /proc/meminfo)
-    budget_max=$((mem_total / 2 - 268435456))
+    mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
+    budget_max=$((mem_kib * 1024 / 2 - 268435456))
     ((budget > budget_max)) && budget=$budget_max
     if [[ $WORKLOAD == claims ]]; then
         # Finished claims lie on disk (rules version 3): their count and
