@@ -161,7 +161,7 @@ cleanup() {
         || echo "bench-state.sh: scripts/cluster.sh stop failed (data: $ONCEKV_DATA)" >&2
     if ((KEEP_DATA == 1)); then
         echo "bench-state.sh: data and node logs kept in $ONCEKV_DATA" >&2
-        [[ -n $REUSE ]] && rm -rf "$WORK"
+        if [[ -n $REUSE ]]; then rm -rf "$WORK"; fi
     else
         # Requests refused during the run: the node logs say why (an
         # election, a lease expiry); they are kept, the data is not.

@@ -360,7 +360,7 @@ impl NodeMetrics {
         );
         self.registry.register(
             "catch_ups_starved",
-            "Catch-ups that starved at the lowered priority (the leader unheard, or the node's own look late, for a second) and went on at the node's own",
+            "Catch-ups in which this node went a second without hearing its leader or looking (starved): its priority, if lowered, restored for the rest of it",
             self.catch_ups_starved.clone(),
         );
         self.registry.register(
