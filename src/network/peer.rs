@@ -138,7 +138,7 @@ impl PeerNetwork {
 
     /// Reads the snapshots it sends at most at `cpu_percent` of a core
     /// (100: unpaced).
-    pub fn with_snapshot_send_cpu_percent(mut self, cpu_percent: u8) -> PeerNetwork {
+    pub fn with_catch_up_cpu_percent(mut self, cpu_percent: u8) -> PeerNetwork {
         self.send_cpu_percent = cpu_percent;
         self
     }

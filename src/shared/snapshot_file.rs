@@ -687,6 +687,8 @@ pub struct SnapshotInbox {
     receiving: Arc<tokio::sync::Semaphore>,
     /// Receptions begun since the node started.
     begun: Arc<std::sync::atomic::AtomicU64>,
+    /// The share of a core, in percent, a reception's intake may take.
+    intake_cpu_percent: Arc<std::sync::atomic::AtomicU8>,
 }
 
 /// Buffer of a received snapshot's file.
@@ -702,7 +704,17 @@ impl SnapshotInbox {
             records,
             receiving: Arc::new(tokio::sync::Semaphore::new(1)),
             begun: Arc::default(),
+            intake_cpu_percent: Arc::new(std::sync::atomic::AtomicU8::new(100)),
         }
+    }
+
+    /// Paces the intake of the snapshots received from now on (this inbox
+    /// and its clones) to `cpu_percent` of a core: after each chunk taken
+    /// in, its thread rests in proportion to the CPU time the chunk took
+    /// (100: no rest).
+    pub fn pace_intake(&self, cpu_percent: u8) {
+        self.intake_cpu_percent
+            .store(cpu_percent.clamp(1, 100), Ordering::Relaxed);
     }
 
     /// Whether a snapshot is being received or installed.
@@ -748,6 +760,7 @@ impl SnapshotInbox {
             temporary,
             registry_offset,
             permit,
+            cpu_percent: self.intake_cpu_percent.load(Ordering::Relaxed),
         };
         let taking_in = super::background::spawn("oncekv-snapshot-in", move || {
             reception.take_in(arriving, writer)
@@ -840,6 +853,8 @@ struct Reception {
     temporary: TemporaryFile,
     registry_offset: u64,
     permit: tokio::sync::OwnedSemaphorePermit,
+    /// The share of a core the intake may take, in percent.
+    cpu_percent: u8,
 }
 
 /// The file a received snapshot's bytes are copied to as they are read,
@@ -880,11 +895,34 @@ struct Arriving<'a> {
     chunk: Vec<u8>,
     at: usize,
     copy: &'a RefCell<Option<Copy>>,
+    /// The share of a core the intake may take, in percent.
+    cpu_percent: u8,
+    /// The thread's CPU time when it took the last chunk.
+    cpu_at_last_chunk: Option<Duration>,
+}
+
+impl Arriving<'_> {
+    /// Before the next chunk: rests, if paced, in proportion to the CPU
+    /// time the intake spent on the last one.
+    fn pace(&mut self) {
+        if self.cpu_percent >= 100 {
+            return;
+        }
+        let now = super::background::thread_cpu_time();
+        if let Some(rest) = self
+            .cpu_at_last_chunk
+            .and_then(|then| pacing_rest(now.saturating_sub(then), self.cpu_percent))
+        {
+            std::thread::sleep(rest);
+        }
+        self.cpu_at_last_chunk = Some(now);
+    }
 }
 
 impl Read for Arriving<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         while self.at == self.chunk.len() {
+            self.pace();
             match self.chunks.blocking_recv() {
                 Some(chunk) => {
                     self.chunk = chunk;
@@ -970,6 +1008,8 @@ impl Reception {
             chunk: Vec::new(),
             at: 0,
             copy: &copy,
+            cpu_percent: self.cpu_percent,
+            cpu_at_last_chunk: None,
         };
         // The copy's own failure, else the snapshot's.
         let fault = |error: snapshot::SnapshotError| match copy
