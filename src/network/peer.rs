@@ -120,8 +120,6 @@ pub struct PeerNetwork {
     tls: Option<super::tls::NodeTls>,
     /// The snapshots being sent to peers.
     sends: Arc<SnapshotSends>,
-    /// The share of a core, in percent, reading a snapshot sent may take.
-    send_cpu_percent: u8,
 }
 
 impl PeerNetwork {
@@ -132,15 +130,7 @@ impl PeerNetwork {
             via: Arc::default(),
             tls: None,
             sends: Arc::default(),
-            send_cpu_percent: 100,
         }
-    }
-
-    /// Reads the snapshots it sends at most at `cpu_percent` of a core
-    /// (100: unpaced).
-    pub fn with_catch_up_cpu_percent(mut self, cpu_percent: u8) -> PeerNetwork {
-        self.send_cpu_percent = cpu_percent;
-        self
     }
 
     /// The snapshots this node's clients send to peers are counted in
@@ -205,7 +195,6 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             }),
             peer_addr: dial,
             sends: self.sends.clone(),
-            send_cpu_percent: self.send_cpu_percent,
         }
     }
 }
@@ -279,8 +268,6 @@ pub struct PeerClient {
     peer_addr: String,
     /// Where the snapshots sent to this peer are counted.
     sends: Arc<SnapshotSends>,
-    /// The share of a core, in percent, reading a snapshot sent may take.
-    send_cpu_percent: u8,
 }
 
 #[derive(Clone, Copy)]
@@ -567,12 +554,10 @@ impl PeerClient {
         // Each chunk is encoded into its message on the thread that read
         // it (the catch-up's, at idle priority), not on the runtime's.
         let data = snapshot
-            .into_framed_chunks(SNAPSHOT_CHUNK_BYTES, self.send_cpu_percent, move |chunk| {
-                RaftMessage {
-                    cluster_id: cluster_id.clone(),
-                    from_node_id: from,
-                    payload: data_part_payload(chunk),
-                }
+            .into_framed_chunks(SNAPSHOT_CHUNK_BYTES, move |chunk| RaftMessage {
+                cluster_id: cluster_id.clone(),
+                from_node_id: from,
+                payload: data_part_payload(chunk),
             })
             .filter_map(move |message| {
                 let message = match message {

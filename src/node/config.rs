@@ -186,14 +186,6 @@ pub struct NodeOptions {
     /// over (docs/operating.md "Nodes sharing a machine") [default: 19].
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=19))]
     pub catch_up_nice: Option<u8>,
-    /// The most CPU, in percent of one core, that each side of a catch-up
-    /// by snapshot takes: reading and encoding the snapshot on the node
-    /// that sends it, taking it in (checked and staged into the record
-    /// store) on the node that receives it. After each chunk the thread
-    /// rests in proportion to the CPU time the chunk took. 100: no rest
-    /// [default: 100].
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=100))]
-    pub catch_up_cpu_percent: Option<u8>,
     /// Initial session TTL, proposed at initialisation [default: 60000].
     #[arg(long)]
     pub session_ttl_ms: Option<u64>,
@@ -261,9 +253,6 @@ pub struct NodeConfig {
     pub snapshot_every_key_records: u64,
     /// The scheduling group's nice value while catching up (0: unchanged).
     pub catch_up_nice: u8,
-    /// The share of a core each side of a catch-up by snapshot may take,
-    /// in percent.
-    pub catch_up_cpu_percent: u8,
     pub initial_registry: RegistryConfig,
     pub faults: crate::network::faults::FaultControl,
     /// TLS of both ports; `None`: plain (loopback only, or --insecure).
@@ -553,15 +542,6 @@ impl NodeOptions {
                 "catch_up_nice is 0 (unchanged) to 19".into(),
             ));
         }
-        let catch_up_cpu_percent = self
-            .catch_up_cpu_percent
-            .or(file.catch_up_cpu_percent)
-            .unwrap_or(100);
-        if !(1..=100).contains(&catch_up_cpu_percent) {
-            return Err(ConfigError::Invalid(
-                "catch_up_cpu_percent is 1 to 100".into(),
-            ));
-        }
         Ok(NodeConfig {
             id,
             client_addr,
@@ -588,7 +568,6 @@ impl NodeOptions {
                 .or(file.logs_kept_after_snapshot)
                 .unwrap_or(1_000),
             snapshot_every_key_records,
-            catch_up_cpu_percent,
             catch_up_nice,
             initial_registry,
             faults: self.faults()?,

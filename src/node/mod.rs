@@ -161,15 +161,13 @@ pub async fn run(config: NodeConfig, shutdown: impl Future<Output = ()>) -> anyh
         open_storage(&config, &metrics).await?;
     let state = state_machine.state();
     let snapshots = state_machine.snapshot_inbox();
-    snapshots.pace_intake(config.catch_up_cpu_percent);
 
     let raft_config = raft_config(&config)?;
     let snapshot_sends = Arc::new(SnapshotSends::default());
     let network = PeerNetwork::new(config.id, identity.clone())
         .with_dial_overrides(config.peer_via.clone())
         .with_tls(tls.clone())
-        .with_snapshot_sends(snapshot_sends.clone())
-        .with_catch_up_cpu_percent(config.catch_up_cpu_percent);
+        .with_snapshot_sends(snapshot_sends.clone());
     let restored = read_index::restored_from(config.id, &mut log_store)
         .await
         .context("reading the Raft log state")?;

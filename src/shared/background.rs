@@ -173,25 +173,6 @@ where
     run_io_on(Lane::Catchup, job).await
 }
 
-/// CPU time the calling thread has used (zero where it cannot be read).
-pub fn thread_cpu_time() -> std::time::Duration {
-    #[cfg(unix)]
-    {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is a valid timespec this call writes.
-        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } == 0 {
-            return std::time::Duration::new(
-                u64::try_from(now.tv_sec).unwrap_or(0),
-                u32::try_from(now.tv_nsec).unwrap_or(0),
-            );
-        }
-    }
-    std::time::Duration::ZERO
-}
-
 /// Runs `job` on `lane`'s thread: its result, or an error naming its panic.
 async fn run_io_on<T, F>(lane: Lane, job: F) -> std::io::Result<T>
 where

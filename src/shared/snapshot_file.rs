@@ -33,7 +33,6 @@ use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 pub(crate) const META_FORMAT_VERSION: u8 = 1;
 pub(crate) const SNAPSHOT_PREFIX: &str = "snapshot-";
@@ -393,7 +392,7 @@ impl SnapshotFile {
         self,
         chunk_bytes: usize,
     ) -> impl Stream<Item = io::Result<Vec<u8>>> + Send + 'static {
-        self.into_framed_chunks(chunk_bytes, 100, std::mem::take)
+        self.into_framed_chunks(chunk_bytes, std::mem::take)
     }
 
     /// As [`SnapshotFile::into_chunks`], each chunk handed to `frame` (a
@@ -402,15 +401,9 @@ impl SnapshotFile {
     /// (the next chunk is read into a new one) or leave it, to be reused
     /// for the next chunk: then the chunk is neither allocated afresh nor
     /// copied again on the request path's threads.
-    ///
-    /// Below 100, `cpu_percent` paces the reading: after each chunk the
-    /// stream rests (100 − `cpu_percent`) / `cpu_percent` times the CPU time
-    /// the reading thread spent on it, so that the reading takes at most
-    /// that share of a core.
     pub fn into_framed_chunks<T, F>(
         self,
         chunk_bytes: usize,
-        cpu_percent: u8,
         frame: F,
     ) -> impl Stream<Item = io::Result<T>> + Send + 'static
     where
@@ -430,26 +423,15 @@ impl SnapshotFile {
             // job: the sender is usually the leader, and its request path
             // gets the cores first.
             let read = super::background::run_catchup_io(move || {
-                let started = super::background::thread_cpu_time();
                 chunk.clear();
                 chunk.reserve_exact(chunk_bytes);
                 let read = (&mut reader)
                     .take(chunk_bytes as u64)
                     .read_to_end(&mut chunk)
                     .map(|_| (!chunk.is_empty()).then(|| frame(&mut chunk)));
-                let spent = super::background::thread_cpu_time().saturating_sub(started);
-                Ok((reader, chunk, frame, read, spent))
+                Ok((reader, chunk, frame, read))
             })
             .await;
-            let read = match read {
-                Ok((reader, chunk, frame, read, spent)) => {
-                    if let Some(rest) = pacing_rest(spent, cpu_percent) {
-                        tokio::time::sleep(rest).await;
-                    }
-                    Ok((reader, chunk, frame, read))
-                }
-                Err(error) => Err(error),
-            };
             match read {
                 Err(error) | Ok((_, _, _, Err(error))) => Some((Err(error), None)),
                 Ok((_, _, _, Ok(None))) => None,
@@ -459,14 +441,6 @@ impl SnapshotFile {
             }
         })
     }
-}
-
-/// How long a paced reading rests after work that took `spent` of CPU, to
-/// take at most `cpu_percent` of a core; `None` at 100 (or nothing spent).
-fn pacing_rest(spent: Duration, cpu_percent: u8) -> Option<Duration> {
-    let percent = u32::from(cpu_percent.clamp(1, 100));
-    let rest = spent.saturating_mul(100 - percent) / percent;
-    (!rest.is_zero()).then_some(rest)
 }
 
 /// A view's live records of one kind, in order, as one iterator for the
@@ -687,8 +661,6 @@ pub struct SnapshotInbox {
     receiving: Arc<tokio::sync::Semaphore>,
     /// Receptions begun since the node started.
     begun: Arc<std::sync::atomic::AtomicU64>,
-    /// The share of a core, in percent, a reception's intake may take.
-    intake_cpu_percent: Arc<std::sync::atomic::AtomicU8>,
 }
 
 /// Buffer of a received snapshot's file.
@@ -704,17 +676,7 @@ impl SnapshotInbox {
             records,
             receiving: Arc::new(tokio::sync::Semaphore::new(1)),
             begun: Arc::default(),
-            intake_cpu_percent: Arc::new(std::sync::atomic::AtomicU8::new(100)),
         }
-    }
-
-    /// Paces the intake of the snapshots received from now on (this inbox
-    /// and its clones) to `cpu_percent` of a core: after each chunk taken
-    /// in, its thread rests in proportion to the CPU time the chunk took
-    /// (100: no rest).
-    pub fn pace_intake(&self, cpu_percent: u8) {
-        self.intake_cpu_percent
-            .store(cpu_percent.clamp(1, 100), Ordering::Relaxed);
     }
 
     /// Whether a snapshot is being received or installed.
@@ -760,7 +722,6 @@ impl SnapshotInbox {
             temporary,
             registry_offset,
             permit,
-            cpu_percent: self.intake_cpu_percent.load(Ordering::Relaxed),
         };
         let taking_in = super::background::spawn("oncekv-snapshot-in", move || {
             reception.take_in(arriving, writer)
@@ -853,8 +814,6 @@ struct Reception {
     temporary: TemporaryFile,
     registry_offset: u64,
     permit: tokio::sync::OwnedSemaphorePermit,
-    /// The share of a core the intake may take, in percent.
-    cpu_percent: u8,
 }
 
 /// The file a received snapshot's bytes are copied to as they are read,
@@ -895,34 +854,11 @@ struct Arriving<'a> {
     chunk: Vec<u8>,
     at: usize,
     copy: &'a RefCell<Option<Copy>>,
-    /// The share of a core the intake may take, in percent.
-    cpu_percent: u8,
-    /// The thread's CPU time when it took the last chunk.
-    cpu_at_last_chunk: Option<Duration>,
-}
-
-impl Arriving<'_> {
-    /// Before the next chunk: rests, if paced, in proportion to the CPU
-    /// time the intake spent on the last one.
-    fn pace(&mut self) {
-        if self.cpu_percent >= 100 {
-            return;
-        }
-        let now = super::background::thread_cpu_time();
-        if let Some(rest) = self
-            .cpu_at_last_chunk
-            .and_then(|then| pacing_rest(now.saturating_sub(then), self.cpu_percent))
-        {
-            std::thread::sleep(rest);
-        }
-        self.cpu_at_last_chunk = Some(now);
-    }
 }
 
 impl Read for Arriving<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         while self.at == self.chunk.len() {
-            self.pace();
             match self.chunks.blocking_recv() {
                 Some(chunk) => {
                     self.chunk = chunk;
@@ -1008,8 +944,6 @@ impl Reception {
             chunk: Vec::new(),
             at: 0,
             copy: &copy,
-            cpu_percent: self.cpu_percent,
-            cpu_at_last_chunk: None,
         };
         // The copy's own failure, else the snapshot's.
         let fault = |error: snapshot::SnapshotError| match copy
@@ -1090,16 +1024,6 @@ mod tests {
     /// A step waits for the range started at the step before and starts
     /// the range written since: at most two windows are ever left to the
     /// final fsync, and every byte is handed to the disk exactly once.
-    #[test]
-    fn a_paced_reading_rests_so_as_to_take_its_share_of_a_core() {
-        let spent = Duration::from_millis(30);
-        assert_eq!(pacing_rest(spent, 100), None);
-        assert_eq!(pacing_rest(spent, 50), Some(spent));
-        assert_eq!(pacing_rest(spent, 25), Some(Duration::from_millis(90)));
-        assert_eq!(pacing_rest(spent, 1), Some(Duration::from_millis(2_970)));
-        assert_eq!(pacing_rest(Duration::ZERO, 50), None);
-    }
-
     #[test]
     fn write_behind_starts_each_window_once_and_waits_for_the_one_before() {
         let dir = tempfile::tempdir().unwrap();
