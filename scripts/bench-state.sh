@@ -278,9 +278,11 @@ if ((RAISE_LIMITS == 1)); then
         live=$(node_keys 1)
         ((${live:-0} > sized)) && sized=$live
     fi
-    # Room for the keyed runs of MEASURE=all too (up to ~2 M keys).
+    # Room for the keyed runs of MEASURE=all too (up to ~2 M keys), and
+    # for a catch-up's: up to 20 runs of ~200 k new keys each.
     keys_max=$((sized + sized / 10 + 1000))
     [[ $MEASURE != load ]] && keys_max=$((keys_max + 2000000))
+    [[ $MEASURE == catchup ]] && keys_max=$((keys_max + 3000000))
     cached=$((keys_max * 256))
     ((cached < 268435456)) && cached=268435456
     # The rules' bound on it (16 GiB).
