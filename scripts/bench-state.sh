@@ -291,10 +291,17 @@ if ((RAISE_LIMITS == 1)); then
     ((budget < 1073741824)) && budget=1073741824
     # Key records lie outside the budget (rules version 2 on), so past a
     # few GB it only has to fit: a node refuses a budget it cannot hold
-    # twice over plus 128 MiB, so at most half this machine's memory less
-    # 256 MiB (a reused cluster of 32 M keys asked for more before).
-    mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
-    budget_max=$((mem_kib * 1024 / 2 - 268435456))
+    # twice over plus 128 MiB, so at most what that leaves of this
+    # machine's memory (a reused cluster of 32 M keys asked for more).
+    # (A node also heeds its cgroup's memory.max; so does this.)
+    mem_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo 2>/dev/null || true)
+    [[ $mem_kib =~ ^[0-9]+$ ]] || die "cannot read MemTotal from /proc/meminfo"
+    mem=$((mem_kib * 1024))
+    limit=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || true)
+    [[ $limit =~ ^[0-9]+$ ]] && ((limit < mem)) && mem=$limit
+    budget_max=$(((mem - 134217728) / 2))
+    ((budget_max >= 1073741824)) \
+        || die "this machine's $((mem >> 20)) MiB hold no memory budget of 1 GiB (a node needs twice the budget plus 128 MiB)"
     ((budget > budget_max)) && budget=$budget_max
     if [[ $WORKLOAD == claims ]]; then
         # Finished claims lie on disk (rules version 3): their count and

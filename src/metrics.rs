@@ -360,7 +360,7 @@ impl NodeMetrics {
         );
         self.registry.register(
             "catch_ups_starved",
-            "Catch-ups in which this node went a second without hearing its leader or looking (starved): its priority, if lowered, restored for the rest of it",
+            "Catch-ups that starved (the leader unheard, or a look of the node's own late, for a second or four heartbeats; or the node standing for election): the node's priority, if it could lower it, restored for the rest of the catch-up",
             self.catch_ups_starved.clone(),
         );
         self.registry.register(

@@ -498,6 +498,20 @@ const LOWERED: &str = "catching up: the node's CPU priority is lowered";
 const RESTORED: &str = "caught up: the node's CPU priority is restored";
 /// ... when it restores it because the catch-up starved lowered.
 const STARVED: &str = "starved while catching up: the node's CPU priority is restored";
+/// ... when the system refuses to change it.
+const CANNOT_CHANGE: &str = "cannot change the node's priority";
+
+/// The pids of a cluster just started, its leader, a follower and the
+/// follower's pid.
+fn leader_and_follower(cluster: &ScriptCluster) -> (Vec<u32>, u64, u64, u32) {
+    let pids = cluster.tracked_nodes("after start");
+    let leader = (1..=3)
+        .find(|&n| cluster.status(n)["role"] == "leader")
+        .expect("a leader after start");
+    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
+    let pid = pids[usize::try_from(follower - 1).expect("small")];
+    (pids, leader, follower, pid)
+}
 
 /// Pauses `follower` (process `pid`) and has the others write, snapshot and
 /// purge their logs past it, so that once resumed it catches up by a
@@ -557,12 +571,7 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
         "{TIMING_ARGS} --snapshot-every-entries 1000000 --logs-kept-after-snapshot 5 --catch-up-nice 17"
     );
     cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
-    let pids = cluster.tracked_nodes("after start");
-    let leader = (1..=3)
-        .find(|&n| cluster.status(n)["role"] == "leader")
-        .expect("a leader after start");
-    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-    let pid = pids[usize::try_from(follower - 1).expect("small")];
+    let (pids, leader, follower, pid) = leader_and_follower(&cluster);
     let autogroup_on = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
         .is_ok_and(|enabled| enabled.trim() == "1");
     assert_eq!(group_nice(pid), 0, "the follower's group before");
@@ -597,9 +606,16 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
                 cluster.node_log(follower)
             )
         },
-        || cluster.node_log(follower).contains(RESTORED),
+        || {
+            let log = cluster.node_log(follower);
+            log.contains(RESTORED) || log.contains(CANNOT_CHANGE)
+        },
     );
     let log = cluster.node_log(follower);
+    if log.contains(CANNOT_CHANGE) {
+        eprintln!("this machine refuses the nodes' priority writes: nothing to check");
+        return;
+    }
     let lowered = log
         .find(LOWERED)
         .unwrap_or_else(|| panic!("lowered first:\n{log}"));
@@ -677,12 +693,7 @@ fn a_catch_up_starved_at_the_lowered_priority_goes_on_at_the_nodes_own() {
          --catch-up-nice 17 --fault hold-snapshot-intake-ms-8000"
     );
     cluster.ok_with(&["start"], &[("ONCEKV_NODE_ARGS", &args)]);
-    let pids = cluster.tracked_nodes("after start");
-    let leader = (1..=3)
-        .find(|&n| cluster.status(n)["role"] == "leader")
-        .expect("a leader after start");
-    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-    let pid = pids[usize::try_from(follower - 1).expect("small")];
+    let (_, leader, follower, pid) = leader_and_follower(&cluster);
     let snapshot = pause_until_purged_past(&cluster, leader, follower, pid);
     signal(pid, Signal::SIGCONT);
     if cluster
@@ -700,10 +711,27 @@ fn a_catch_up_starved_at_the_lowered_priority_goes_on_at_the_nodes_own() {
                 cluster.node_log(follower)
             )
         },
-        || cluster.node_log(follower).contains(LOWERED),
+        || {
+            let log = cluster.node_log(follower);
+            log.contains(LOWERED) || log.contains(CANNOT_CHANGE)
+        },
     );
+    let log = cluster.node_log(follower);
+    if log.contains(CANNOT_CHANGE) {
+        eprintln!("this machine refuses the nodes' priority writes: nothing to check");
+        return;
+    }
+    // A node at nice 17 on a loaded machine may starve on its own: then
+    // the stop below would prove nothing.
+    if log.contains(STARVED) {
+        eprintln!("node {follower} starved before the test stopped it: inconclusive");
+        return;
+    }
     assert_eq!(group_nice(pid), 17, "the follower's group, lowered");
-    // Its intake is held for 8 s: it is still catching up through the stop.
+    // Each reception's intake is held 8 s (and one begins again if the
+    // leader's stream broke off during the stop): the node is still
+    // catching up when it resumes.
+    let stopped_at = log.len();
     signal(pid, Signal::SIGSTOP);
     std::thread::sleep(Duration::from_secs(2));
     signal(pid, Signal::SIGCONT);
@@ -715,7 +743,7 @@ fn a_catch_up_starved_at_the_lowered_priority_goes_on_at_the_nodes_own() {
                 cluster.node_log(follower)
             )
         },
-        || cluster.node_log(follower).contains(STARVED),
+        || cluster.node_log(follower)[stopped_at..].contains(STARVED),
     );
     assert_eq!(group_nice(pid), 0, "the follower's group, starved");
     wait_until(

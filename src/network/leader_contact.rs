@@ -13,6 +13,9 @@
 //! have stood for election) is named by nobody. A leader names itself as
 //! Raft does.
 //!
+//! The catch-up watch (`node::catch_up`) reads it too: whether an append
+//! arrived between two of its looks ([`LeaderContact::heard_mark`]).
+//!
 //! It owns one clock reading and one node id; it must not decide anything
 //! Raft decides (who leads, whom to vote for): it only words what this
 //! node reports.

@@ -20,6 +20,12 @@
 //! session, autogroup off, a CPU cgroup below the root) the node says so
 //! once and runs at its priority.
 //!
+//! A lowered node that starves there takes its priority back for the rest
+//! of that catch-up: it reads, each time it looks, whether an append from
+//! its leader arrived since (the peer service's `LeaderContact`) and how
+//! late its own look is, and counts a second of either silence, or standing
+//! for election, as starving ([`Lag`]).
+//!
 //! It must not decide anything Raft or the registry decides, nor slow the
 //! node in any other way: a catch-up only gets less of a contended CPU.
 
@@ -38,16 +44,16 @@ pub const BEHIND_ENTRIES: u64 = 2_000;
 /// Entries behind at which it counts as caught up again.
 pub const CAUGHT_UP_ENTRIES: u64 = 100;
 /// How often the watch looks.
-pub const LOOK_EVERY: Duration = Duration::from_millis(250);
+const LOOK_EVERY: Duration = Duration::from_millis(250);
 /// The least silence that counts as starving a lowered node (see
 /// [`starved_after`]).
-pub const STARVED_AFTER_MIN: Duration = Duration::from_secs(1);
+const STARVED_AFTER_MIN: Duration = Duration::from_secs(1);
 
 /// How long a lowered node may go without hearing its leader, or without
 /// its own look coming round, before it counts as starved: a second, or
 /// four heartbeats where they are slower (a leader heard between
 /// heartbeats is no sign of anything).
-pub fn starved_after(heartbeat: Duration) -> Duration {
+fn starved_after(heartbeat: Duration) -> Duration {
     heartbeat.saturating_mul(4).max(STARVED_AFTER_MIN)
 }
 
@@ -55,8 +61,9 @@ pub fn starved_after(heartbeat: Duration) -> Duration {
 /// from what it sees each time it looks.
 ///
 /// A catch-up lowers the node; one that starves there (the leader unheard,
-/// or the node's own look late, for [`starved_after`]) goes on at the
-/// node's normal priority until it ends. Weight 15 against 1,024 is next to
+/// or the node's own look late, for [`starved_after`], or the node standing
+/// for election) goes on at the node's normal priority until it ends: until
+/// the node is close to the commit again, or leads. Weight 15 against 1,024 is next to
 /// nothing on a machine whose cores are full: a lowered node can miss its
 /// leader's heartbeats, stand for election again and again, and never catch
 /// up (docs/state-beyond-ram.md §4.9l). A copy short for ever costs more
@@ -74,8 +81,12 @@ pub struct Lag {
 /// What a look found, for [`Lag::look`].
 #[derive(Clone, Copy, Debug)]
 pub struct Seen {
-    /// This node leads (or stands for election): it never counts as behind.
+    /// This node leads: it is never behind.
     pub leading: bool,
+    /// This node stands for election: it neither starts nor ends a
+    /// catch-up, and a lowered one counts as starved (it did not hear its
+    /// leader for an election timeout).
+    pub standing: bool,
     /// A snapshot is being received or installed here, or one was since
     /// the last look.
     pub receiving_snapshot: bool,
@@ -122,6 +133,8 @@ impl Lag {
         };
         let now = if seen.leading {
             false
+        } else if seen.standing {
+            self.catching_up
         } else if seen.receiving_snapshot {
             true
         } else if self.catching_up {
@@ -142,6 +155,10 @@ impl Lag {
                 Some(Step::Restore)
             }
             (true, true) if !self.starved => {
+                if seen.standing {
+                    self.starved = true;
+                    return Some(Step::Starved);
+                }
                 self.unheard = if seen.leader_heard {
                     Duration::ZERO
                 } else {
@@ -308,7 +325,8 @@ pub async fn watch(
                 break;
             }
             Seen {
-                leading: matches!(metrics.state, ServerState::Leader | ServerState::Candidate),
+                leading: metrics.state == ServerState::Leader,
+                standing: metrics.state == ServerState::Candidate,
                 receiving_snapshot: snapshots.is_receiving() || now_begun != begun,
                 cluster_committed: metrics.cluster_committed.map(|id| id.index),
                 applied: metrics.last_applied.map(|id| id.index),
@@ -320,35 +338,33 @@ pub async fn watch(
         let Some(step) = lag.look(seen) else {
             continue;
         };
-        match step {
+        let (set, what) = match step {
             Step::Lower => {
                 metrics.catching_up.set(1);
                 metrics.catch_ups.inc();
+                let Some(lever) = &lever else { continue };
+                (
+                    lever.lower(i32::from(nice)),
+                    "catching up: the node's CPU priority is lowered",
+                )
             }
             Step::Starved => {
                 metrics.catch_ups_starved.inc();
+                let Some(lever) = &lever else { continue };
+                (
+                    lever.restore(),
+                    "starved while catching up: the node's CPU priority is restored \
+                     for the rest of the catch-up",
+                )
             }
             Step::Restore => {
                 metrics.catching_up.set(0);
+                let Some(lever) = &lever else { continue };
+                (
+                    lever.restore(),
+                    "caught up: the node's CPU priority is restored",
+                )
             }
-        }
-        let Some(lever) = &lever else {
-            continue;
-        };
-        let (set, what) = match step {
-            Step::Lower => (
-                lever.lower(i32::from(nice)),
-                "catching up: the node's CPU priority is lowered",
-            ),
-            Step::Starved => (
-                lever.restore(),
-                "starved while catching up: the node's CPU priority is restored \
-                 for the rest of the catch-up",
-            ),
-            Step::Restore => (
-                lever.restore(),
-                "caught up: the node's CPU priority is restored",
-            ),
         };
         match set {
             Ok(group_nice) => tracing::info!(
@@ -373,12 +389,13 @@ pub async fn watch(
 mod tests {
     use super::*;
 
-    const STARVED_AFTER: Duration = Duration::from_secs(1);
+    const STARVED_AFTER: Duration = STARVED_AFTER_MIN;
 
     /// A look on time, the leader heard since the last.
     fn seen(committed: u64, applied: u64) -> Seen {
         Seen {
             leading: false,
+            standing: false,
             receiving_snapshot: false,
             cluster_committed: Some(committed),
             applied: Some(applied),
@@ -479,6 +496,35 @@ mod tests {
         let mut lag = self::lag();
         assert_eq!(lag.look(late(Duration::from_secs(30))), Some(Step::Lower));
         assert_eq!(lag.look(seen(10_000, 0)), None);
+    }
+
+    #[test]
+    fn a_lowered_node_that_stands_for_election_starves_and_stays_at_its_priority() {
+        let mut lag = lag();
+        let standing = |committed: u64, applied: u64| Seen {
+            standing: true,
+            ..seen(committed, applied)
+        };
+        // Standing far behind starts no catch-up (a candidate is never
+        // lowered)...
+        assert_eq!(lag.look(standing(10_000, 0)), None);
+        assert_eq!(lag.look(seen(10_000, 0)), Some(Step::Lower));
+        // ... and a lowered one standing has starved.
+        assert_eq!(lag.look(standing(10_000, 0)), Some(Step::Starved));
+        // Back to following, still behind: not lowered again.
+        assert_eq!(lag.look(seen(10_000, 100)), None);
+        assert_eq!(lag.look(standing(10_000, 100)), None);
+        // Caught up: restored (a no-op), and the next catch-up lowers.
+        assert_eq!(lag.look(seen(10_000, 10_000)), Some(Step::Restore));
+        assert_eq!(lag.look(seen(20_000, 10_000)), Some(Step::Lower));
+        // Leading ends it, starved or not.
+        assert_eq!(lag.look(standing(20_000, 10_000)), Some(Step::Starved));
+        let leading = Seen {
+            leading: true,
+            ..seen(20_000, 10_000)
+        };
+        assert_eq!(lag.look(leading), Some(Step::Restore));
+        assert_eq!(lag.look(seen(20_000, 10_000)), Some(Step::Lower));
     }
 
     #[test]

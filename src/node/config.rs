@@ -702,9 +702,11 @@ impl NodeOptions {
         let mut snapshot_intake_hold = None;
         for fault in &self.fault {
             if let Some(ms) = fault.strip_prefix("hold-snapshot-intake-ms-") {
-                let ms = ms
-                    .parse()
-                    .map_err(|_| ConfigError::Invalid(format!("unknown fault {fault:?}")))?;
+                let ms = ms.parse().map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "invalid fault {fault:?}: hold-snapshot-intake-ms-N takes N in milliseconds"
+                    ))
+                })?;
                 snapshot_intake_hold = Some(std::time::Duration::from_millis(ms));
                 continue;
             }
