@@ -501,6 +501,31 @@ const STARVED: &str = "starved while catching up: the node's CPU priority is res
 /// ... when the system refuses to change it.
 const CANNOT_CHANGE: &str = "cannot change the node's priority";
 
+/// Node `n`'s log once it says `what` (waiting up to `limit`); `None`, said
+/// on stderr, when the machine refused the node's priority writes instead
+/// (nothing to check there).
+fn log_once_it_says(
+    cluster: &ScriptCluster,
+    n: u64,
+    what: &str,
+    limit: Duration,
+) -> Option<String> {
+    wait_until(
+        limit,
+        || format!("node {n} never said {what:?}:\n{}", cluster.node_log(n)),
+        || {
+            let log = cluster.node_log(n);
+            log.contains(what) || log.contains(CANNOT_CHANGE)
+        },
+    );
+    let log = cluster.node_log(n);
+    if log.contains(CANNOT_CHANGE) {
+        eprintln!("this machine refuses the nodes' priority writes: nothing to check");
+        return None;
+    }
+    Some(log)
+}
+
 /// The pids of a cluster just started, its leader, a follower and the
 /// follower's pid.
 fn leader_and_follower(cluster: &ScriptCluster) -> (Vec<u32>, u64, u64, u32) {
@@ -598,24 +623,9 @@ fn a_catching_up_node_lowers_its_scheduling_group_until_it_has_caught_up() {
         eprintln!("no autogroup for the nodes here: only checked that none lowered itself");
         return;
     }
-    wait_until(
-        Duration::from_secs(120),
-        || {
-            format!(
-                "node {follower} never said it caught up:\n{}",
-                cluster.node_log(follower)
-            )
-        },
-        || {
-            let log = cluster.node_log(follower);
-            log.contains(RESTORED) || log.contains(CANNOT_CHANGE)
-        },
-    );
-    let log = cluster.node_log(follower);
-    if log.contains(CANNOT_CHANGE) {
-        eprintln!("this machine refuses the nodes' priority writes: nothing to check");
+    let Some(log) = log_once_it_says(&cluster, follower, RESTORED, Duration::from_secs(120)) else {
         return;
-    }
+    };
     let lowered = log
         .find(LOWERED)
         .unwrap_or_else(|| panic!("lowered first:\n{log}"));
@@ -703,24 +713,9 @@ fn a_catch_up_starved_at_the_lowered_priority_goes_on_at_the_nodes_own() {
         eprintln!("no autogroup for the nodes here: nothing to lower, nothing to starve");
         return;
     }
-    wait_until(
-        Duration::from_secs(60),
-        || {
-            format!(
-                "node {follower} never lowered itself:\n{}",
-                cluster.node_log(follower)
-            )
-        },
-        || {
-            let log = cluster.node_log(follower);
-            log.contains(LOWERED) || log.contains(CANNOT_CHANGE)
-        },
-    );
-    let log = cluster.node_log(follower);
-    if log.contains(CANNOT_CHANGE) {
-        eprintln!("this machine refuses the nodes' priority writes: nothing to check");
+    let Some(log) = log_once_it_says(&cluster, follower, LOWERED, Duration::from_secs(60)) else {
         return;
-    }
+    };
     // A node at nice 17 on a loaded machine may starve on its own: then
     // the stop below would prove nothing.
     if log.contains(STARVED) {

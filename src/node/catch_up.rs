@@ -151,7 +151,6 @@ impl Lag {
             }
             (true, false) => {
                 self.catching_up = false;
-                self.starved = false;
                 Some(Step::Restore)
             }
             (true, true) if !self.starved => {
@@ -338,33 +337,29 @@ pub async fn watch(
         let Some(step) = lag.look(seen) else {
             continue;
         };
-        let (set, what) = match step {
+        let what = match step {
             Step::Lower => {
                 metrics.catching_up.set(1);
                 metrics.catch_ups.inc();
-                let Some(lever) = &lever else { continue };
-                (
-                    lever.lower(i32::from(nice)),
-                    "catching up: the node's CPU priority is lowered",
-                )
+                "catching up: the node's CPU priority is lowered"
             }
             Step::Starved => {
                 metrics.catch_ups_starved.inc();
-                let Some(lever) = &lever else { continue };
-                (
-                    lever.restore(),
-                    "starved while catching up: the node's CPU priority is restored \
-                     for the rest of the catch-up",
-                )
+                "starved while catching up: the node's CPU priority is restored \
+                 for the rest of the catch-up"
             }
             Step::Restore => {
                 metrics.catching_up.set(0);
-                let Some(lever) = &lever else { continue };
-                (
-                    lever.restore(),
-                    "caught up: the node's CPU priority is restored",
-                )
+                "caught up: the node's CPU priority is restored"
             }
+        };
+        let Some(lever) = &lever else {
+            continue;
+        };
+        let set = if step == Step::Lower {
+            lever.lower(i32::from(nice))
+        } else {
+            lever.restore()
         };
         match set {
             Ok(group_nice) => tracing::info!(
