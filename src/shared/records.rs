@@ -28,7 +28,7 @@ use oncekv_core::{
     Changes, ClaimRecord, ClaimView, GroupedRecord, KeyChanges, KeyId, KeyRecord, KeyView,
     Prefetched, RecordChanges, Registry,
 };
-use oncekv_records::{Checkpoint, Options, RecordStore, Staged, StoredRecord, View};
+use oncekv_records::{Checkpoint, Options, RawRecord, RecordStore, Staged, StoredRecord, View};
 use std::collections::BTreeMap;
 use std::io;
 use std::ops::Bound;
@@ -479,30 +479,33 @@ impl OutsideRecords {
     }
 
     /// Every live record of kind `R` in `view`, in (principal, key) order,
-    /// as one iterator that holds the view: a whole scan read in pieces
-    /// (a snapshot sent a chunk at a time), which must not seek again at
-    /// each piece ([`View::records_from_shared`]).
-    fn all_rows<R: StoredKind + Send + 'static>(
+    /// as the store holds it (store key and bytes, neither decoded), as one
+    /// iterator that holds the view: a whole scan read in pieces (a
+    /// snapshot sent a chunk at a time), which must not seek again at each
+    /// piece ([`View::raw_records_from_shared`]).
+    fn all_stored<R: StoredKind>(
         view: &Arc<View>,
-    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> + Send + 'static {
-        OutsideRecords::rows_of(View::records_from_shared(view, &[R::KIND]), None)
+    ) -> impl Iterator<Item = io::Result<RawRecord>> + Send + 'static {
+        View::raw_records_from_shared(view, &[R::KIND])
+            .take_while(|item| !matches!(item, Ok(raw) if raw.key().first() != Some(&R::KIND)))
+            .map(|item| item.map_err(store_error))
     }
 
-    /// Every live key record of `view`, in (principal, key) order, as one
-    /// iterator for a whole scan read in pieces (see [`Self::all_rows`]).
-    pub fn all_key_records(
+    /// Every live key record of `view` as stored, in (principal, key)
+    /// order, as one iterator for a whole scan read in pieces (see
+    /// [`Self::all_stored`]).
+    pub fn all_stored_key_records(
         view: &Arc<View>,
-    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord)>> + Send + 'static {
-        OutsideRecords::all_rows::<KeyRecord>(view)
+    ) -> impl Iterator<Item = io::Result<RawRecord>> + Send + 'static {
+        OutsideRecords::all_stored::<KeyRecord>(view)
     }
 
-    /// Every live finished claim record of `view`, as
-    /// [`Self::all_key_records`].
-    pub fn all_claim_records(
+    /// Every live finished claim record of `view` as stored, as
+    /// [`Self::all_stored_key_records`].
+    pub fn all_stored_claim_records(
         view: &Arc<View>,
-    ) -> impl Iterator<Item = io::Result<(KeyId, GroupedRecord<ClaimRecord>)>> + Send + 'static
-    {
-        OutsideRecords::all_rows::<ClaimRecord>(view)
+    ) -> impl Iterator<Item = io::Result<RawRecord>> + Send + 'static {
+        OutsideRecords::all_stored::<ClaimRecord>(view)
     }
 
     /// The live key records of `view`, in (principal, key) order, from

@@ -16,16 +16,17 @@
 //! records lying in the record store: such a snapshot is the file and a
 //! store view frozen at the same index ([`SnapshotFile::with_records`]),
 //! and it is read and sent as the whole snapshot would be — the part's
-//! bytes, each live record of the view encoded, then the trailer computed
-//! on the way ([`WholeSnapshot`]). Temporary files (a snapshot being
-//! built, copied or received) end in `.tmp`; a restart deletes them
+//! bytes, each live record of the view (its stored bytes passed through
+//! after its id, not decoded: the receiver checks them), then the trailer
+//! computed on the way ([`WholeSnapshot`]). Temporary files (a snapshot
+//! being built, copied or received) end in `.tmp`; a restart deletes them
 //! unread.
 
 use crate::raft_types::SnapshotMeta;
 use crate::shared::records::OutsideRecords;
 use futures::Stream;
-use oncekv_core::{ClaimRecord, GroupedRecord, KeyId, KeyRecord, Registry, codec, snapshot};
-use oncekv_records::View;
+use oncekv_core::{Registry, codec, snapshot};
+use oncekv_records::{RawRecord, View};
 use std::cell::RefCell;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -443,18 +444,18 @@ impl SnapshotFile {
     }
 }
 
-/// A view's live records of one kind, in order, as one iterator for the
-/// whole scan (see [`OutsideRecords::all_key_records`]).
-type Rows<R> = Box<dyn Iterator<Item = io::Result<(KeyId, GroupedRecord<R>)>> + Send>;
+/// A view's live records of one kind as stored, in order, as one iterator
+/// for the whole scan (see [`OutsideRecords::all_stored_key_records`]).
+type Rows = Box<dyn Iterator<Item = io::Result<RawRecord>> + Send>;
 
 /// Where a [`WholeSnapshot`] is.
 enum Phase {
     /// The file's bytes.
     Part,
     /// The view's key records not yet read.
-    Records(Rows<KeyRecord>),
+    Records(Rows),
     /// Then its finished claim records (rules version 3; none before).
-    Claims(Rows<ClaimRecord>),
+    Claims(Rows),
     Trailer,
     Done,
 }
@@ -473,17 +474,22 @@ pub(crate) struct WholeSnapshot {
     phase: Phase,
 }
 
+/// Appends one record, from its store key and stored bytes, to a snapshot
+/// being sent (`snapshot::encode_stored_key_record` and its claim twin).
+type EncodeStored = fn(&[u8], &[u8], &mut Vec<u8>) -> io::Result<()>;
+
 /// Encodes up to [`RECORDS_PER_BATCH`] of `records` into `pending` with
-/// `encode`; `true` when the batch filled (more may follow), `false` when
-/// the records ran out.
-fn encode_batch<R>(
-    records: &mut Rows<R>,
+/// `encode` (each record's stored bytes passed through, not decoded);
+/// `true` when the batch filled (more may follow), `false` when the
+/// records ran out.
+fn encode_batch(
+    records: &mut Rows,
     pending: &mut Vec<u8>,
-    encode: fn(&KeyId, &R, &mut Vec<u8>) -> io::Result<()>,
+    encode: EncodeStored,
 ) -> io::Result<bool> {
     for (count, item) in records.enumerate() {
-        let (id, stored) = item?;
-        encode(&id, &stored.record, pending)?;
+        let raw = item?;
+        encode(raw.key(), raw.bytes(), pending)?;
         if count + 1 == RECORDS_PER_BATCH {
             return Ok(true);
         }
@@ -503,17 +509,24 @@ impl WholeSnapshot {
         };
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Records(mut rows) => {
-                let full = encode_batch(&mut rows, &mut self.pending, snapshot::encode_key_record)?;
+                let full = encode_batch(
+                    &mut rows,
+                    &mut self.pending,
+                    snapshot::encode_stored_key_record,
+                )?;
                 self.phase = if full {
                     Phase::Records(rows)
                 } else {
-                    Phase::Claims(Box::new(OutsideRecords::all_claim_records(view)))
+                    Phase::Claims(Box::new(OutsideRecords::all_stored_claim_records(view)))
                 };
                 self.hasher.update(&self.pending);
             }
             Phase::Claims(mut rows) => {
-                let full =
-                    encode_batch(&mut rows, &mut self.pending, snapshot::encode_claim_record)?;
+                let full = encode_batch(
+                    &mut rows,
+                    &mut self.pending,
+                    snapshot::encode_stored_claim_record,
+                )?;
                 self.phase = if full {
                     Phase::Claims(rows)
                 } else {
@@ -553,7 +566,8 @@ impl Read for WholeSnapshot {
                         self.phase = Phase::Done;
                         return Ok(0);
                     };
-                    self.phase = Phase::Records(Box::new(OutsideRecords::all_key_records(view)));
+                    self.phase =
+                        Phase::Records(Box::new(OutsideRecords::all_stored_key_records(view)));
                 }
                 Phase::Done => return Ok(0),
                 _ => {

@@ -706,12 +706,76 @@ pub fn encode_claim_record(id: &KeyId, record: &ClaimRecord, out: &mut Vec<u8>) 
     encode_framed(&ClaimRecordRef::of(id, record), out)
 }
 
+/// Appends one idempotency-key record to `out` exactly as
+/// [`encode_key_record`] does, from its store key and stored bytes
+/// ([`crate::stored::key_id_bytes`], [`crate::stored::key_record_bytes`])
+/// without decoding the record: a snapshot's record is the codec's
+/// encoding of the fields (principal, key, created_ms, response) one after
+/// the other, and the stored bytes are those of the last two, so they pass
+/// through unchanged after the id's. A sender does not check them: the
+/// receiver checks every record it reads. Refused (nothing appended) if
+/// the store key names no key record.
+pub fn encode_stored_key_record(
+    store_key: &[u8],
+    stored: &[u8],
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let (principal, key) = crate::stored::key_id_parts(store_key).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a stored key record's store key does not decode",
+        )
+    })?;
+    encode_stored(&principal, key, stored, out)
+}
+
+/// Appends one finished claim record to `out` exactly as
+/// [`encode_claim_record`] does, from its store key and stored bytes
+/// ([`crate::stored::claim_id_bytes`],
+/// [`crate::stored::claim_record_bytes`]), as
+/// [`encode_stored_key_record`].
+pub fn encode_stored_claim_record(
+    store_key: &[u8],
+    stored: &[u8],
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let (principal, key) = crate::stored::claim_id_parts(store_key).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a stored claim record's store key does not decode",
+        )
+    })?;
+    encode_stored(&principal, key, stored, out)
+}
+
+/// The bytes a length slot and an id's fields, as [`Principal`] and
+/// [`IdempotencyKey`] encode them (a string; a sequence of bytes), then
+/// `stored` as it is.
+fn encode_stored(principal: &str, key: &[u8], stored: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+    /// A key's bytes as `Vec<u8>` serializes them: a sequence.
+    struct AsSequence<'a>(&'a [u8]);
+    impl Serialize for AsSequence<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq(self.0)
+        }
+    }
+    encode_framed_with(out, |out| {
+        codec::encode_into(&(principal, AsSequence(key)), out);
+        out.extend_from_slice(stored);
+    })
+}
+
 fn encode_framed<T: Serialize>(bytes: &T, out: &mut Vec<u8>) -> io::Result<()> {
+    encode_framed_with(out, |out| codec::encode_into(bytes, out))
+}
+
+/// Appends a length slot, what `encode` appends, and fills the slot in.
+fn encode_framed_with(out: &mut Vec<u8>, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
     // Encoded in place after a length slot filled in after (no buffer per
     // record on the sending path).
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    codec::encode_into(bytes, out);
+    encode(out);
     let length = u32::try_from(out.len() - start - 4)
         .ok()
         .filter(|length| u64::from(*length) <= RECORD_BYTES_MAX)
@@ -1997,6 +2061,94 @@ mod tests {
             .map(|(id, stored)| (id, &stored.record))
             .collect();
         assert_eq!(part_then(&registry, &records), to_bytes(&registry));
+    }
+
+    /// A record passed through from its store key and stored bytes is
+    /// byte for byte the record encoded from its decoded form — for
+    /// principals with escaped bytes, keys whose length takes several
+    /// bytes to encode, every kind of answer, and finished claims — and a
+    /// store key of the other kind, or none, is refused with nothing
+    /// appended.
+    #[test]
+    fn records_passed_through_from_the_store_are_the_records_encoded() {
+        use crate::claims::ClaimState;
+        use crate::stored::{claim_id_bytes, claim_record_bytes, key_id_bytes, key_record_bytes};
+        use crate::{CommandResult, Fingerprint, Limit, LimitExceeded, Value};
+        let ids: Vec<KeyId> = [
+            ("", vec![b'k']),
+            ("alice", b"message-42".to_vec()),
+            ("a\u{0}b\u{0}", vec![0, 0xFF, 0]),
+            ("\u{10FFFF}é", vec![7; 300]),
+            ("bob", vec![0xFF; 4_096]),
+        ]
+        .into_iter()
+        .map(|(principal, key)| (Principal(principal.to_owned()), IdempotencyKey(key)))
+        .collect();
+        let results = [
+            Ok(CommandResult::Stored),
+            Ok(CommandResult::Incremented { value: -5 }),
+            Ok(CommandResult::CompareAndSwap {
+                swapped: false,
+                current: Some(Value::List(vec![vec![1; 70_000], Vec::new()])),
+            }),
+            Err(LimitExceeded {
+                limit: Limit::ValueBytes,
+                max: 1 << 20,
+                requested: u64::MAX,
+            }),
+        ];
+        let mut checked = 0;
+        for (n, id) in ids.iter().enumerate() {
+            for (m, result) in results.iter().enumerate() {
+                let record = KeyRecord {
+                    created_ms: (n * 1_000_000_007 + m) as u64,
+                    response: CachedResponse {
+                        fingerprint: Fingerprint(u128::MAX - n as u128),
+                        result: result.clone(),
+                    },
+                };
+                let (mut encoded, mut passed) = (vec![9], vec![9]);
+                encode_key_record(id, &record, &mut encoded).unwrap();
+                encode_stored_key_record(
+                    &key_id_bytes(id),
+                    &key_record_bytes(&record),
+                    &mut passed,
+                )
+                .unwrap();
+                assert_eq!(passed, encoded, "{id:?} {m}");
+                checked += 1;
+            }
+            for state in [
+                ClaimState::Released { released_ms: 3 },
+                ClaimState::Completed {
+                    completed_ms: u64::MAX,
+                    result: vec![0xAB; 1_000],
+                },
+            ] {
+                let record = ClaimRecord {
+                    fingerprint: Fingerprint(n as u128),
+                    fence: 1 << 40,
+                    attempt: 2,
+                    state,
+                };
+                let (mut encoded, mut passed) = (Vec::new(), Vec::new());
+                encode_claim_record(id, &record, &mut encoded).unwrap();
+                encode_stored_claim_record(
+                    &claim_id_bytes(id),
+                    &claim_record_bytes(&record),
+                    &mut passed,
+                )
+                .unwrap();
+                assert_eq!(passed, encoded, "{id:?}");
+                checked += 1;
+            }
+            let mut out = vec![1, 2];
+            assert!(encode_stored_key_record(&claim_id_bytes(id), &[0], &mut out).is_err());
+            assert!(encode_stored_claim_record(&key_id_bytes(id), &[0], &mut out).is_err());
+            assert!(encode_stored_key_record(&[], &[0], &mut out).is_err());
+            assert_eq!(out, [1, 2], "nothing appended when refused");
+        }
+        assert_eq!(checked, ids.len() * (results.len() + 2));
     }
 
     /// `registry`'s part, then `records`, then a trailer that matches the

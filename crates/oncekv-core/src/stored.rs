@@ -18,6 +18,7 @@ use super::keyed::{KeyId, KeyRecord};
 use super::session::CachedResponse;
 use super::types::{IdempotencyKey, Principal, bounds};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// The kind byte of idempotency-key records.
 pub const KIND_KEY: u8 = 1;
@@ -47,36 +48,66 @@ fn id_bytes(kind: u8, id: &KeyId) -> Vec<u8> {
 /// [`id_bytes`] writes for `kind` (another kind, a bad escape, a principal
 /// beyond its bound, an empty key or one longer than `key_bytes_max`).
 fn id_from_bytes(kind: u8, key_bytes_max: u64, bytes: &[u8]) -> Option<KeyId> {
-    let (&found, mut rest) = bytes.split_first()?;
+    let (principal, key) = id_parts(kind, key_bytes_max, bytes)?;
+    Some((
+        Principal(principal.into_owned()),
+        IdempotencyKey(key.to_vec()),
+    ))
+}
+
+/// The principal and key a store key of `kind` names, borrowed from it
+/// where the principal holds no escaped byte (the common case: no copy);
+/// `None` as [`id_from_bytes`].
+fn id_parts(kind: u8, key_bytes_max: u64, bytes: &[u8]) -> Option<(Cow<'_, str>, &[u8])> {
+    let (&found, rest) = bytes.split_first()?;
     if found != kind {
         return None;
     }
-    let mut principal = Vec::new();
+    // The principal ends at the first 00 not followed by FF.
+    let mut end = 0;
+    let mut escaped = false;
     loop {
-        match rest {
-            [0x00, 0xFF, tail @ ..] => {
-                principal.push(0);
-                rest = tail;
+        match rest.get(end..)? {
+            [0x00, 0xFF, ..] => {
+                escaped = true;
+                end += 2;
             }
-            [0x00, 0x01, tail @ ..] => {
-                rest = tail;
-                break;
-            }
+            [0x00, 0x01, ..] => break,
             [0x00, ..] | [] => return None,
-            [byte, tail @ ..] => {
-                principal.push(*byte);
-                rest = tail;
-            }
+            [_, ..] => end += 1,
         }
     }
-    let principal = String::from_utf8(principal).ok()?;
-    if principal.len() > Principal::BYTES_MAX
-        || rest.is_empty()
-        || rest.len() as u64 > key_bytes_max
+    let (principal, key) = (&rest[..end], &rest[end + 2..]);
+    let principal = if escaped {
+        let mut unescaped = Vec::with_capacity(principal.len());
+        let mut bytes = principal.iter();
+        while let Some(&byte) = bytes.next() {
+            unescaped.push(byte);
+            if byte == 0 {
+                bytes.next();
+            }
+        }
+        Cow::Owned(String::from_utf8(unescaped).ok()?)
+    } else {
+        Cow::Borrowed(std::str::from_utf8(principal).ok()?)
+    };
+    if principal.len() > Principal::BYTES_MAX || key.is_empty() || key.len() as u64 > key_bytes_max
     {
         return None;
     }
-    Some((Principal(principal), IdempotencyKey(rest.to_vec())))
+    Some((principal, key))
+}
+
+/// The principal and key of a key record's store key, borrowed where it
+/// can be ([`key_id_from_bytes`] without the copies).
+pub fn key_id_parts(bytes: &[u8]) -> Option<(Cow<'_, str>, &[u8])> {
+    id_parts(KIND_KEY, bounds::IDEMPOTENCY_KEY_BYTES_MAX, bytes)
+}
+
+/// The principal and key of a claim record's store key, borrowed where it
+/// can be ([`claim_id_from_bytes`] without the copies).
+pub fn claim_id_parts(bytes: &[u8]) -> Option<(Cow<'_, str>, &[u8])> {
+    id_parts(KIND_CLAIM, bounds::CLAIM_KEY_BYTES_MAX, bytes)
 }
 
 /// The store key of key record `id`.

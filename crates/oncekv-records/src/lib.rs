@@ -119,6 +119,36 @@ impl StoredRecord {
     }
 }
 
+/// One live row of a [`View`] as the store holds it, read without a copy
+/// ([`View::raw_records_from_shared`]).
+pub struct RawRecord {
+    key: fjall::UserKey,
+    value: fjall::UserValue,
+    group: u64,
+}
+
+impl RawRecord {
+    /// The store key.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The creation-time group the record's expiry goes by.
+    pub fn group(&self) -> u64 {
+        self.group
+    }
+
+    /// The record's own bytes, as [`StoredRecord::bytes`].
+    pub fn bytes(&self) -> &[u8] {
+        // The frame was checked when the row was read.
+        &self.value[VALUE_HEADER_BYTES..]
+    }
+}
+
+/// A stored value's frame before the record's bytes: the format byte and
+/// the group.
+const VALUE_HEADER_BYTES: usize = 9;
+
 /// A stored value and a format-1 checkpoint row: a format byte, a
 /// big-endian number (the group, the watermark), then opaque bytes.
 fn frame(format: u8, number: u64, bytes: &[u8]) -> Vec<u8> {
@@ -1025,20 +1055,54 @@ impl View {
             .filter_map(move |guard| held.live(guard))
     }
 
+    /// [`View::records_from_shared`] without a copy: each live row's key
+    /// and record bytes as the store's own buffers hold them
+    /// ([`RawRecord`]). What a snapshot's sender reads: it passes the bytes
+    /// on instead of decoding each record and encoding it again.
+    pub fn raw_records_from_shared(
+        view: &Arc<View>,
+        start: &[u8],
+    ) -> impl Iterator<Item = Result<RawRecord>> + Send + 'static {
+        let held = Arc::clone(view);
+        view.snapshot
+            .range(&view.generation.records, start.to_vec()..)
+            .filter_map(move |guard| held.live_raw(guard))
+    }
+
     /// A stored row as a record, `None` when its group is expired by this
     /// view's checkpoint.
     fn live(&self, guard: fjall::Guard) -> Option<Result<(Vec<u8>, StoredRecord)>> {
+        self.live_raw(guard).map(|raw| {
+            raw.map(|raw| {
+                let record = StoredRecord {
+                    group: raw.group,
+                    bytes: raw.bytes().to_vec(),
+                };
+                (raw.key.to_vec(), record)
+            })
+        })
+    }
+
+    /// A stored row, its value's frame checked, `None` when its group is
+    /// expired by this view's checkpoint.
+    fn live_raw(&self, guard: fjall::Guard) -> Option<Result<RawRecord>> {
         let generation = &self.generation;
         let item = guard
             .into_inner()
             .map_err(|source| generation.store_error(source))
-            .and_then(|(key, value)| Ok((key.to_vec(), generation.decode(&value)?)));
+            .and_then(|(key, value)| match unframe(&value) {
+                Some((VALUE_FORMAT, group, _)) => Ok(RawRecord { key, value, group }),
+                _ => Err(Error::Corrupt {
+                    path: generation.dir.clone(),
+                    why: "a record value of an unknown format".to_owned(),
+                }),
+            });
         match item {
-            Ok((ref key, ref record))
+            Ok(ref raw)
                 if self
                     .checkpoint
                     .as_ref()
-                    .is_some_and(|c| record.group < c.watermark_of(key)) =>
+                    .is_some_and(|c| raw.group < c.watermark_of(&raw.key)) =>
             {
                 None
             }

@@ -201,7 +201,8 @@ fn expired_groups_leave_only_when_no_view_needs_them() {
 
 /// A scan read in pieces holds one iterator that holds its view: with the
 /// caller's handle dropped, flushes after it and an expiry compacted away,
-/// it still reads the view's live records, exactly those of a plain scan.
+/// it still reads the view's live records, exactly those of a plain scan —
+/// decoded, or as the store holds them (the same keys, groups and bytes).
 #[test]
 fn a_shared_scan_holds_its_view() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -210,19 +211,33 @@ fn a_shared_scan_holds_its_view() {
         .flush(ten_per_group(1..=5), &checkpoint(2, 1))
         .expect("flush");
     let view = std::sync::Arc::new(store.view().expect("view"));
-    let expected: Vec<Vec<u8>> = view.records().map(|item| item.expect("record").0).collect();
+    let expected: Vec<(Vec<u8>, StoredRecord)> =
+        view.records().map(|item| item.expect("record")).collect();
     assert_eq!(expected.len(), 40, "groups 2..=5 live");
     let mut scan = oncekv_records::View::records_from_shared(&view, &[KIND]);
-    let first = scan.next().expect("a record").expect("read").0;
+    let mut raw = oncekv_records::View::raw_records_from_shared(&view, &[KIND]);
+    let first = scan.next().expect("a record").expect("read");
+    let first_raw = raw.next().expect("a record").expect("read");
     drop(view);
     store
         .flush(ten_per_group(6..=7), &checkpoint(4, 2))
         .expect("flush");
     store.compact().expect("compact");
-    let read: Vec<Vec<u8>> = std::iter::once(first)
-        .chain(scan.map(|item| item.expect("record").0))
+    let read: Vec<(Vec<u8>, StoredRecord)> = std::iter::once(first)
+        .chain(scan.map(|item| item.expect("record")))
         .collect();
     assert_eq!(read, expected);
+    let read_raw: Vec<(Vec<u8>, StoredRecord)> = std::iter::once(first_raw)
+        .chain(raw.map(|item| item.expect("record")))
+        .map(|raw| {
+            let record = StoredRecord {
+                group: raw.group(),
+                bytes: raw.bytes().to_vec(),
+            };
+            (raw.key().to_vec(), record)
+        })
+        .collect();
+    assert_eq!(read_raw, expected);
 }
 
 /// Per kind (the key's first byte), live records of `view`, by group.
