@@ -276,7 +276,7 @@ impl Harness {
                 let mut store = Store::new();
                 for streamed in records {
                     match streamed.expect("a streamed record reads") {
-                        Streamed::Claim(id, stored) => store.insert(id, stored),
+                        Streamed::Claim(id, stored, _) => store.insert(id, stored),
                         Streamed::Key(..) => panic!("no idempotency keys here"),
                     };
                 }
@@ -929,7 +929,7 @@ fn rule13_snapshots_carry_claims(variant: Variant) {
     assert_eq!(part.claims_held(), 1);
     let streamed: Vec<KeyId> = records
         .map(|record| match record.expect("reads") {
-            Streamed::Claim(id, stored) => {
+            Streamed::Claim(id, stored, _) => {
                 assert!(!stored.record.is_held());
                 id
             }

@@ -143,6 +143,14 @@ fn to_stored<R: StoredKind>(record: &GroupedRecord<R>) -> StoredRecord {
     }
 }
 
+/// A grouped record as stored, its bytes already encoded.
+fn stored<R>(record: &GroupedRecord<R>, bytes: Vec<u8>) -> StoredRecord {
+    StoredRecord {
+        group: record.group_ms,
+        bytes,
+    }
+}
+
 /// The record a store holds, checked.
 fn from_stored<R: StoredKind>(stored: StoredRecord) -> io::Result<GroupedRecord<R>> {
     let record = R::record_from_bytes(&stored.bytes)
@@ -419,8 +427,12 @@ impl OutsideRecords {
     {
         let checkpoint = checkpoint(index, keys_watermark, claims_watermark);
         let stored = records.into_iter().map(|item| match item {
-            Ok(Streamed::Key(id, record)) => Ok((key_id_bytes(&id), to_stored(&record))),
-            Ok(Streamed::Claim(id, record)) => Ok((claim_id_bytes(&id), to_stored(&record))),
+            // The record's bytes as the snapshot carried them: its stored
+            // form, not encoded again.
+            Ok(Streamed::Key(id, record, bytes)) => Ok((key_id_bytes(&id), stored(&record, bytes))),
+            Ok(Streamed::Claim(id, record, bytes)) => {
+                Ok((claim_id_bytes(&id), stored(&record, bytes)))
+            }
             Err(e) => Err(e.to_string()),
         });
         self.store().stage(stored, &checkpoint).map_err(store_error)

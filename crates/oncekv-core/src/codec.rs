@@ -66,12 +66,18 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 
 /// Decodes exactly one value from `bytes`; trailing bytes are an error.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
-    let (value, used) = bincode::serde::decode_from_slice(bytes, config())
-        .map_err(|error| CodecError::Malformed(error.to_string()))?;
+    let (value, used) = decode_prefix(bytes)?;
     match bytes.len() - used {
         0 => Ok(value),
         extra => Err(CodecError::TrailingBytes(extra)),
     }
+}
+
+/// Decodes one value from the start of `bytes`: the value and how many
+/// bytes it took (what follows is the caller's to read).
+pub fn decode_prefix<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
+    bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|error| CodecError::Malformed(error.to_string()))
 }
 
 /// Encodes `value` behind a version byte.

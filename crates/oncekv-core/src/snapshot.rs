@@ -951,8 +951,8 @@ pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
         Part::Records(mut registry, records) => {
             for record in *records {
                 match record? {
-                    Streamed::Key(id, stored) => registry.keys.hold_restored(id, stored),
-                    Streamed::Claim(id, stored) => {
+                    Streamed::Key(id, stored, _) => registry.keys.hold_restored(id, stored),
+                    Streamed::Claim(id, stored, _) => {
                         registry.finished_claims.hold_restored(id, stored);
                     }
                 }
@@ -981,13 +981,17 @@ pub enum Part<R> {
     Whole(Registry),
 }
 
-/// One record streamed after a snapshot's part.
+/// One record streamed after a snapshot's part, with its bytes as the
+/// snapshot carried them after the id: the record's stored form
+/// ([`crate::stored::key_record_bytes`],
+/// [`crate::stored::claim_record_bytes`]), which an adapter's store keeps
+/// as they are instead of encoding the record again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Streamed {
     /// An idempotency key's record, in its group.
-    Key(KeyId, GroupedRecord),
+    Key(KeyId, GroupedRecord, Vec<u8>),
     /// A finished claim's record, in its group (version 10).
-    Claim(KeyId, GroupedRecord<ClaimRecord>),
+    Claim(KeyId, GroupedRecord<ClaimRecord>, Vec<u8>),
 }
 
 /// The streamed records of a version 8 or later snapshot, read one at a
@@ -1025,11 +1029,26 @@ impl<R: Read> Records<R> {
     }
 
     fn next_key(&mut self) -> Result<Streamed, SnapshotError> {
-        let record: KeyRecordOwned = read_record(&mut self.input, &mut self.buffer)?;
+        read_frame(&mut self.input, &mut self.buffer)?;
         // The record hash is of these very bytes (a writer encodes the
         // record canonically; bytes that decode alike but differ fail the
         // group's sum below).
         let hash = *blake3::keyed_hash(&KEY_RECORD_HASH_KEY, &self.buffer).as_bytes();
+        // The id, then the record's stored form (the fields of
+        // `KeyRecordOwned` one after the other), kept as read.
+        let ((principal, key), used): ((Principal, IdempotencyKey), usize) =
+            codec::decode_prefix(&self.buffer)?;
+        let stored = &self.buffer[used..];
+        let KeyRecord {
+            created_ms,
+            response,
+        } = crate::stored::key_record_from_bytes(stored)?;
+        let record = KeyRecordOwned {
+            principal,
+            key,
+            created_ms,
+            response,
+        };
         let (id, record) = checked_key(self.now_ms, self.last.as_ref(), record)?;
         let group_ms = self
             .key_tally
@@ -1037,12 +1056,25 @@ impl<R: Read> Records<R> {
             .map_err(SnapshotError::Inconsistent)?;
         self.keys_remaining -= 1;
         self.last = Some(id.clone());
-        Ok(Streamed::Key(id, GroupedRecord { group_ms, record }))
+        Ok(Streamed::Key(
+            id,
+            GroupedRecord { group_ms, record },
+            stored.to_vec(),
+        ))
     }
 
     fn next_claim(&mut self) -> Result<Streamed, SnapshotError> {
-        let record: ClaimRecordOwned = read_record(&mut self.input, &mut self.buffer)?;
+        read_frame(&mut self.input, &mut self.buffer)?;
         let hash = *blake3::keyed_hash(&CLAIM_RECORD_HASH_KEY, &self.buffer).as_bytes();
+        // The id, then the record's stored form, kept as read.
+        let ((principal, key), used): ((Principal, IdempotencyKey), usize) =
+            codec::decode_prefix(&self.buffer)?;
+        let stored = &self.buffer[used..];
+        let record = ClaimRecordOwned {
+            principal,
+            key,
+            record: codec::decode(stored)?,
+        };
         let (id, record) = checked_claim(self.now_ms, record)?;
         if self.last.as_ref().is_some_and(|last| *last >= id) {
             return Err(SnapshotError::Inconsistent("finished claims out of order"));
@@ -1063,7 +1095,11 @@ impl<R: Read> Records<R> {
             .map_err(SnapshotError::Inconsistent)?;
         self.claims_remaining -= 1;
         self.last = Some(id.clone());
-        Ok(Streamed::Claim(id, GroupedRecord { group_ms, record }))
+        Ok(Streamed::Claim(
+            id,
+            GroupedRecord { group_ms, record },
+            stored.to_vec(),
+        ))
     }
 
     fn next_record(&mut self) -> Option<Result<Streamed, SnapshotError>> {
@@ -1647,6 +1683,12 @@ fn read_record<R: Read, T: serde::de::DeserializeOwned>(
     input: &mut R,
     buffer: &mut Vec<u8>,
 ) -> Result<T, SnapshotError> {
+    read_frame(input, buffer)?;
+    Ok(codec::decode(buffer)?)
+}
+
+/// Reads one record's bytes (after its length) into `buffer`.
+fn read_frame<R: Read>(input: &mut R, buffer: &mut Vec<u8>) -> Result<(), SnapshotError> {
     let mut length = [0u8; 4];
     read_exact(input, &mut length)?;
     let length = u64::from(u32::from_le_bytes(length));
@@ -1659,7 +1701,7 @@ fn read_record<R: Read, T: serde::de::DeserializeOwned>(
     if buffer.len() as u64 != length {
         return Err(SnapshotError::Truncated);
     }
-    Ok(codec::decode(buffer)?)
+    Ok(())
 }
 
 fn read_exact<R: Read>(input: &mut R, out: &mut [u8]) -> Result<(), SnapshotError> {
@@ -2045,7 +2087,10 @@ mod tests {
         let held: Vec<Streamed> = registry
             .keys
             .iter()
-            .map(|(id, stored)| Streamed::Key(id.clone(), stored.clone()))
+            .map(|(id, stored)| {
+                let bytes = crate::stored::key_record_bytes(&stored.record);
+                Streamed::Key(id.clone(), stored.clone(), bytes)
+            })
             .collect();
         assert_eq!(read, held);
     }

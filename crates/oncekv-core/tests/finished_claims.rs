@@ -544,7 +544,8 @@ fn a_version_10_part_then_its_claims_is_the_whole_snapshot() {
     for k in [0u8, 1, 2] {
         let (id, stored) = (id(k), part_record(registry, k));
         snapshot::encode_claim_record(&id, &stored.record, &mut parted).unwrap();
-        expected.push(Streamed::Claim(id, stored));
+        let bytes = oncekv_core::stored::claim_record_bytes(&stored.record);
+        expected.push(Streamed::Claim(id, stored, bytes));
     }
     assert_eq!(streamed, expected);
     parted.extend_from_slice(blake3::hash(&parted).as_bytes());
