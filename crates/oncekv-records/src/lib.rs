@@ -146,8 +146,8 @@ impl RawRecord {
 }
 
 /// A stored value's frame before the record's bytes: the format byte and
-/// the group.
-const VALUE_HEADER_BYTES: usize = 9;
+/// the group ([`frame`]).
+const VALUE_HEADER_BYTES: usize = 1 + std::mem::size_of::<u64>();
 
 /// A stored value and a format-1 checkpoint row: a format byte, a
 /// big-endian number (the group, the watermark), then opaque bytes.
@@ -644,10 +644,14 @@ impl Generation {
     }
 
     fn decode(&self, value: &[u8]) -> Result<StoredRecord> {
-        StoredRecord::decode(value).ok_or_else(|| Error::Corrupt {
+        StoredRecord::decode(value).ok_or_else(|| self.unknown_format())
+    }
+
+    fn unknown_format(&self) -> Error {
+        Error::Corrupt {
             path: self.dir.clone(),
             why: "a record value of an unknown format".to_owned(),
-        })
+        }
     }
 }
 
@@ -1092,10 +1096,7 @@ impl View {
             .map_err(|source| generation.store_error(source))
             .and_then(|(key, value)| match unframe(&value) {
                 Some((VALUE_FORMAT, group, _)) => Ok(RawRecord { key, value, group }),
-                _ => Err(Error::Corrupt {
-                    path: generation.dir.clone(),
-                    why: "a record value of an unknown format".to_owned(),
-                }),
+                _ => Err(generation.unknown_format()),
             });
         match item {
             Ok(ref raw)
