@@ -679,7 +679,8 @@ fn as_written(registry: &Registry) -> std::borrow::Cow<'_, Registry> {
 /// Writes the part of the snapshot of `registry` — everything before its
 /// key records, the part's digest included — and nothing else: for an
 /// adapter whose store holds the key records, which sends the snapshot as
-/// this part, then each live record ([`encode_key_record`], in (principal,
+/// this part, then each live record ([`encode_key_record`], or
+/// [`encode_stored_key_record`] from the stored bytes, in (principal,
 /// key) order), then the trailer (BLAKE3 of every byte of the part and
 /// the records). The registry's key records may lie outside it.
 pub fn write_part_only<W: Write>(registry: &Registry, out: W) -> io::Result<()> {
@@ -723,7 +724,7 @@ pub fn encode_stored_key_record(
     let (principal, key) = crate::stored::key_id_parts(store_key).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            "a stored key record's store key does not decode",
+            format!("a stored key record's store key {store_key:?} does not decode"),
         )
     })?;
     encode_stored(&principal, key, stored, out)
@@ -742,15 +743,15 @@ pub fn encode_stored_claim_record(
     let (principal, key) = crate::stored::claim_id_parts(store_key).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            "a stored claim record's store key does not decode",
+            format!("a stored claim record's store key {store_key:?} does not decode"),
         )
     })?;
     encode_stored(&principal, key, stored, out)
 }
 
-/// The bytes a length slot and an id's fields, as [`Principal`] and
+/// Appends a length slot, the id's fields as [`Principal`] and
 /// [`IdempotencyKey`] encode them (a string; a sequence of bytes), then
-/// `stored` as it is.
+/// `stored` as it is, and fills the slot in.
 fn encode_stored(principal: &str, key: &[u8], stored: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
     /// A key's bytes as `Vec<u8>` serializes them: a sequence.
     struct AsSequence<'a>(&'a [u8]);

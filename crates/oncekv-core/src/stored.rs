@@ -11,6 +11,15 @@
 //! yields each kind's records in the order snapshots and paging walk them
 //! (rule 10), key records ([`KIND_KEY`]) before finished claim records
 //! ([`KIND_CLAIM`]).
+//!
+//! A record's stored bytes are also part of the snapshot format: a
+//! snapshot record is its id's encoding followed by exactly these bytes,
+//! which senders pass through and receivers store as read
+//! (`snapshot::encode_stored_key_record`; the test
+//! `records_passed_through_from_the_store_are_the_records_encoded`). So
+//! [`key_record_bytes`] and [`claim_record_bytes`] must stay the codec's
+//! plain encoding of the fields after the id: no version byte or framing
+//! of their own.
 
 use super::claims::{ClaimRecord, ClaimState};
 use super::codec::{self, CodecError};
