@@ -721,13 +721,8 @@ pub fn encode_stored_key_record(
     stored: &[u8],
     out: &mut Vec<u8>,
 ) -> io::Result<()> {
-    let (principal, key) = crate::stored::key_id_parts(store_key).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a stored key record's store key {store_key:?} does not decode"),
-        )
-    })?;
-    encode_stored(&principal, key, stored, out)
+    let id = crate::stored::key_id_parts(store_key);
+    encode_stored(id, "key", store_key, stored, out)
 }
 
 /// Appends one finished claim record to `out` exactly as
@@ -740,19 +735,27 @@ pub fn encode_stored_claim_record(
     stored: &[u8],
     out: &mut Vec<u8>,
 ) -> io::Result<()> {
-    let (principal, key) = crate::stored::claim_id_parts(store_key).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a stored claim record's store key {store_key:?} does not decode"),
-        )
-    })?;
-    encode_stored(&principal, key, stored, out)
+    let id = crate::stored::claim_id_parts(store_key);
+    encode_stored(id, "claim", store_key, stored, out)
 }
 
 /// Appends a length slot, the id's fields as [`Principal`] and
 /// [`IdempotencyKey`] encode them (a string; a sequence of bytes), then
-/// `stored` as it is, and fills the slot in.
-fn encode_stored(principal: &str, key: &[u8], stored: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+/// `stored` as it is, and fills the slot in; refused (nothing appended)
+/// when `store_key` named no id of its `noun`'s kind.
+fn encode_stored(
+    id: Option<(std::borrow::Cow<'_, str>, &[u8])>,
+    noun: &str,
+    store_key: &[u8],
+    stored: &[u8],
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let (principal, key) = id.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a stored {noun} record's store key {store_key:?} does not decode"),
+        )
+    })?;
     /// A key's bytes as `Vec<u8>` serializes them: a sequence.
     struct AsSequence<'a>(&'a [u8]);
     impl Serialize for AsSequence<'_> {
@@ -761,7 +764,7 @@ fn encode_stored(principal: &str, key: &[u8], stored: &[u8], out: &mut Vec<u8>) 
         }
     }
     encode_framed_with(out, |out| {
-        codec::encode_into(&(principal, AsSequence(key)), out);
+        codec::encode_into(&(&*principal, AsSequence(key)), out);
         out.extend_from_slice(stored);
     })
 }
