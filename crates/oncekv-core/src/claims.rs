@@ -75,7 +75,11 @@ pub enum ClaimState {
     Released { released_ms: u64 },
     /// The holder recorded the effect's result; every later claim replays
     /// it.
-    Completed { completed_ms: u64, result: Vec<u8> },
+    Completed {
+        completed_ms: u64,
+        #[serde(with = "crate::codec::bytes")]
+        result: Vec<u8>,
+    },
 }
 
 /// One key's record.

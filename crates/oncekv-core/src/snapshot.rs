@@ -952,7 +952,10 @@ fn write_record<W: Write, T: Serialize>(
 pub fn read<R: Read>(input: R) -> Result<Registry, SnapshotError> {
     match read_part(input, true)? {
         Part::Whole(registry) => Ok(registry),
-        Part::Records(mut registry, records) => {
+        Part::Records(mut registry, mut records) => {
+            // The registry holds the records decoded; their bytes would go
+            // unused.
+            records.keep_bytes = false;
             for record in *records {
                 match record? {
                     Streamed::Key(id, stored, _) => registry.keys.hold_restored(id, stored),
@@ -1024,12 +1027,24 @@ pub struct Records<R> {
     /// Whether the key groups' sums were checked (after the last key).
     keys_checked: bool,
     finished: bool,
+    /// Whether each [`Streamed`] carries its stored bytes (an empty vector
+    /// otherwise: [`read`] keeps the decoded records only).
+    keep_bytes: bool,
 }
 
 impl<R: Read> Records<R> {
     /// Records still to come.
     pub fn remaining(&self) -> u64 {
         self.keys_remaining.saturating_add(self.claims_remaining)
+    }
+
+    /// A record's stored bytes for its [`Streamed`], if they are kept.
+    fn kept(&self, stored: &[u8]) -> Vec<u8> {
+        if self.keep_bytes {
+            stored.to_vec()
+        } else {
+            Vec::new()
+        }
     }
 
     fn next_key(&mut self) -> Result<Streamed, SnapshotError> {
@@ -1063,7 +1078,7 @@ impl<R: Read> Records<R> {
         Ok(Streamed::Key(
             id,
             GroupedRecord { group_ms, record },
-            stored.to_vec(),
+            self.kept(stored),
         ))
     }
 
@@ -1102,7 +1117,7 @@ impl<R: Read> Records<R> {
         Ok(Streamed::Claim(
             id,
             GroupedRecord { group_ms, record },
-            stored.to_vec(),
+            self.kept(stored),
         ))
     }
 
@@ -1441,6 +1456,7 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
             held: registry.claims.clone(),
             keys_checked: false,
             finished: false,
+            keep_bytes: true,
         });
         return Ok(Part::Records(registry, records));
     }

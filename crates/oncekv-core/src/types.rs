@@ -116,7 +116,7 @@ pub struct Fingerprint(pub u128);
 /// share one namespace, so a caller that shares the cluster with others
 /// should put its own namespace into its keys (`"billing/msg-42"`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct IdempotencyKey(pub Vec<u8>);
+pub struct IdempotencyKey(#[serde(with = "crate::codec::bytes")] pub Vec<u8>);
 
 impl fmt::Display for ClientId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -271,6 +271,7 @@ pub enum Op {
         principal: Principal,
         key: IdempotencyKey,
         fence: u64,
+        #[serde(with = "crate::codec::bytes")]
         result: Vec<u8>,
     },
     /// The holder of `fence` gives up: the effect did not happen, the next
@@ -462,7 +463,7 @@ pub struct Execute {
 /// A typed value of the key-value store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Value {
-    Bytes(Vec<u8>),
+    Bytes(#[serde(with = "crate::codec::bytes")] Vec<u8>),
     Int(i64),
     List(Vec<Vec<u8>>),
 }
@@ -504,24 +505,30 @@ pub fn list_element_size_bytes(element: &[u8]) -> u64 {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     Put {
+        #[serde(with = "crate::codec::bytes")]
         key: Vec<u8>,
         value: Value,
     },
     Delete {
+        #[serde(with = "crate::codec::bytes")]
         key: Vec<u8>,
     },
     /// Adds `delta` to an integer (an absent key counts as 0).
     Increment {
+        #[serde(with = "crate::codec::bytes")]
         key: Vec<u8>,
         delta: i64,
     },
     /// Appends one element to a list (an absent key counts as empty).
     Append {
+        #[serde(with = "crate::codec::bytes")]
         key: Vec<u8>,
+        #[serde(with = "crate::codec::bytes")]
         element: Vec<u8>,
     },
     /// Stores `new` if the current value equals `expected` (`None`: absent).
     CompareAndSwap {
+        #[serde(with = "crate::codec::bytes")]
         key: Vec<u8>,
         expected: Option<Value>,
         new: Value,
@@ -1400,6 +1407,7 @@ pub enum ClaimAnswer {
     InProgress { retry_after_ms: u64, attempt: u64 },
     /// The effect was done: its recorded result, replayed byte for byte.
     Completed {
+        #[serde(with = "crate::codec::bytes")]
         result: Vec<u8>,
         completed_ms: u64,
         fence: u64,

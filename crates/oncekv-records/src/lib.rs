@@ -108,6 +108,11 @@ impl StoredRecord {
         frame(VALUE_FORMAT, self.group, &self.bytes)
     }
 
+    /// [`StoredRecord::encode`] appended to `out`.
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        frame_into(out, VALUE_FORMAT, self.group, &self.bytes);
+    }
+
     fn decode(value: &[u8]) -> Option<StoredRecord> {
         match unframe(value)? {
             (VALUE_FORMAT, group, bytes) => Some(StoredRecord {
@@ -153,10 +158,14 @@ const VALUE_HEADER_BYTES: usize = 1 + std::mem::size_of::<u64>();
 /// big-endian number (the group, the watermark), then opaque bytes.
 fn frame(format: u8, number: u64, bytes: &[u8]) -> Vec<u8> {
     let mut framed = Vec::with_capacity(9 + bytes.len());
-    framed.push(format);
-    framed.extend_from_slice(&number.to_be_bytes());
-    framed.extend_from_slice(bytes);
+    frame_into(&mut framed, format, number, bytes);
     framed
+}
+
+fn frame_into(out: &mut Vec<u8>, format: u8, number: u64, bytes: &[u8]) {
+    out.push(format);
+    out.extend_from_slice(&number.to_be_bytes());
+    out.extend_from_slice(bytes);
 }
 
 fn unframe(framed: &[u8]) -> Option<(u8, u64, &[u8])> {
@@ -823,16 +832,20 @@ impl RecordStore {
                 .map_err(|source| generation.store_error(source))?;
             let mut last: Option<Vec<u8>> = None;
             let mut behind = WriteBehind::default();
+            // Each row's value is framed here, then copied once into the
+            // store's own buffer: no allocation of ours per record.
+            let mut value = Vec::new();
             for item in records {
                 let (key, record) = item.map_err(Error::Incoming)?;
                 if last.as_ref().is_some_and(|last| *last >= key) {
                     return Err(Error::OutOfOrder);
                 }
                 if record.group >= checkpoint.watermark_of(&key) {
-                    let value = record.encode();
+                    value.clear();
+                    record.encode_into(&mut value);
                     behind.wrote(&generation.dir, key.len() + value.len());
                     ingestion
-                        .write(key.clone(), value)
+                        .write(key.as_slice(), value.as_slice())
                         .map_err(|source| generation.store_error(source))?;
                 }
                 last = Some(key);
