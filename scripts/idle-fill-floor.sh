@@ -5,10 +5,10 @@
 # Starts the cluster a `KEEP_DATA=1 scripts/bench-state.sh KEYS` run kept
 # (REUSE=<its data directory>, as bench-state.sh takes it) and runs the
 # load's 15 s keyed runs (64 clients, one new key per request) in ROUNDS
-# rounds of three: quiet; beside two CPU spinners in a session of their
-# own whose autogroup is at nice 19 (what a node catching up does to
-# itself, §4.9j) and which run at the idle policy (SCHED_IDLE) inside it;
-# beside the same two spinners at normal policy. Each line gives the
+# rounds of three: quiet; beside CPU spinners (two, or SPINNERS), each in
+# a session of its own whose autogroup is at nice 19 (what a node catching
+# up does to itself, §4.9j) and which run at the idle policy (SCHED_IDLE)
+# inside it; beside the same spinners at normal policy. Each line gives the
 # run's completed requests and write p99. The spinners do no IO and touch
 # no memory to speak of: what they cost is the scheduler's, not the
 # disk's or the caches'.
@@ -18,6 +18,9 @@
 # environment:
 #   REUSE             the data directory of a KEEP_DATA=1 bench-state.sh run
 #   ROUNDS            rounds of three runs (default 3)
+#   SPINNERS          how many spinners (default 2)
+#   PIN               a CPU to pin every spinner to (taskset -c; default:
+#                     none, the scheduler places them)
 #   ONCEKV_PORT_BASE  node N on base+N, ... (default 9700, as bench-state.sh)
 #   ONCEKV_BIN, LOADGEN  prebuilt binaries (default: target/release)
 #
@@ -36,6 +39,7 @@ export ONCEKV_BIN=${ONCEKV_BIN:-$ROOT/target/release/oncekv}
 LOADGEN=${LOADGEN:-$ROOT/target/release/loadgen}
 [[ -x $ONCEKV_BIN && -x $LOADGEN ]] || die "missing $ONCEKV_BIN or $LOADGEN (cargo build --release -p oncekv -p loadgen)"
 command -v chrt >/dev/null || die "needs chrt (util-linux)"
+[[ -z ${PIN:-} ]] || command -v taskset >/dev/null || die "PIN needs taskset (util-linux)"
 [[ -w /proc/self/autogroup ]] || die "needs autogroup (/proc/self/autogroup)"
 
 SPINNERS=()
@@ -47,13 +51,14 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Two spinners, each leading a new session (a new autogroup) set to nice
-# 19; $1 "idle" also puts each at SCHED_IDLE.
+# SPINNERS spinners, each leading a new session (a new autogroup) set to
+# nice 19, pinned to PIN if set; $1 "idle" also puts each at SCHED_IDLE.
 start_spinners() {
-    local policy=() i
+    local policy=() pin=() i
     [[ $1 == idle ]] && policy=(chrt -i 0)
-    for i in 1 2; do
-        setsid "${policy[@]}" bash -c 'echo 19 > /proc/self/autogroup; while :; do :; done' &
+    [[ -n ${PIN:-} ]] && pin=(taskset -c "$PIN")
+    for i in $(seq 1 "${SPINNERS:-2}"); do
+        setsid "${pin[@]}" "${policy[@]}" bash -c 'echo 19 > /proc/self/autogroup; while :; do :; done' &
         SPINNERS+=($!)
     done
 }
