@@ -163,6 +163,13 @@ impl ClusterClock {
         })
     }
 
+    /// What [`ClusterClock::stamp`] would give an entry proposed now, if
+    /// this node's clock already runs in the current term (its first stamp
+    /// of the term was taken); `None` otherwise. Never waits.
+    pub fn now_ms(&self) -> Option<u64> {
+        self.current_for(self.raft.metrics().borrow_watched().current_term)
+    }
+
     /// The stamp for an entry proposed now by this node as leader.
     pub async fn stamp(&self) -> Result<u64, ClockError> {
         let term = self.raft.metrics().borrow_watched().current_term;

@@ -313,6 +313,29 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
         ),
         executed(126, false)
     );
+    // Retried with no other entry in between (an idle cluster, whose
+    // applied cluster time stands still), the key is answered from its
+    // record only until the leader's clock passes its TTL; then the retry
+    // goes through the log, whose entry moves cluster time on, expires the
+    // key and executes anew.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let got = answer(
+            client
+                .execute_with_key(b"msg-0", incr("s", 3))
+                .await
+                .unwrap(),
+        );
+        if got == executed(129, false) {
+            break;
+        }
+        assert_eq!(got, executed(126, true));
+        assert!(
+            Instant::now() < deadline,
+            "an idle cluster kept the key past its TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The value of gauge `name` on `node`'s metrics.

@@ -220,13 +220,15 @@ impl Harness {
         }
     }
 
-    /// The shortcut's answer (rule 3), reading the store if it must.
+    /// The shortcut's answer (rule 3) to a claim the next entry would
+    /// carry (stamped `now_ms`), reading the store if it must.
     fn completed_answer(&self, claim: &Claim) -> Option<ClaimAnswer> {
+        let now_ms = self.driver.now_ms;
         match &self.store {
-            None => self.registry.completed_claim_answer(claim),
+            None => self.registry.completed_claim_answer(claim, now_ms),
             Some(store) => self
                 .registry
-                .completed_claim_answer_with(claim, |id| store.get(id).cloned()),
+                .completed_claim_answer_with(claim, now_ms, |id| store.get(id).cloned()),
         }
     }
 
@@ -482,6 +484,27 @@ fn rule3_a_completed_claim_may_be_answered_without_the_log(variant: Variant) {
         None,
         "released"
     );
+    // Past its TTL at the next entry's stamp, though no entry has moved the
+    // applied clock there (an idle cluster): the log would expire it and
+    // run the claim anew, so the shortcut has no answer.
+    let expires_after_ms = driver.view("paid").expect("live").expires_after_ms;
+    driver.now_ms = expires_after_ms;
+    assert!(
+        driver
+            .completed_answer(&request(claim("paid", "charge 10", 6)))
+            .is_some(),
+        "live through its last millisecond"
+    );
+    driver.now_ms = expires_after_ms + 1;
+    assert_eq!(
+        driver.completed_answer(&request(claim("paid", "charge 10", 6))),
+        None,
+        "expired at the stamp"
+    );
+    assert!(matches!(
+        driver.apply(claim("paid", "charge 10", 6)),
+        Outcome::Claimed(ClaimAnswer::Won { .. })
+    ));
 }
 
 /// Rule 20: a claim retried after a lost reply (same claim id) gets its own

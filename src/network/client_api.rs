@@ -93,14 +93,26 @@ impl ClientApi {
     /// such answer here, or this node cannot confirm it leads (a follower,
     /// an election) — propose the request. The read index's deadline is
     /// the request's: past it, `DEADLINE_EXCEEDED` (nothing was proposed).
+    ///
+    /// `answer` is also given the time this node's cluster clock reads now
+    /// (the stamp the request's entry would get): a record that has expired
+    /// by then has no answer here, so the log expires it (an idle cluster's
+    /// applied time stands still). Until the clock runs in this term (its
+    /// first entry) every request goes through the log.
     async fn answer_from_applied<T>(
         &self,
         method: &'static str,
-        answer: impl Fn(&Registry) -> Option<T>,
+        answer: impl Fn(&Registry, u64) -> Option<T>,
     ) -> Result<Option<(T, u64)>, Status> {
         // DELIBERATELY BROKEN builds (`broken-skip-dedup`) must reach the
         // registry with every repeat, or the harness could not catch them.
-        if cfg!(feature = "broken-skip-dedup") || answer(&self.state.read().registry).is_none() {
+        if cfg!(feature = "broken-skip-dedup") {
+            return Ok(None);
+        }
+        let Some(now_ms) = self.proposer.clock_now_ms() else {
+            return Ok(None);
+        };
+        if answer(&self.state.read().registry, now_ms).is_none() {
             return Ok(None);
         }
         let confirmed = tokio::time::timeout(self.request_timeout, self.read_index.confirm())
@@ -109,8 +121,11 @@ impl ClientApi {
         if confirmed.is_err() {
             return Ok(None);
         }
+        let Some(now_ms) = self.proposer.clock_now_ms() else {
+            return Ok(None);
+        };
         let applied = self.state.read();
-        let Some(answer) = answer(&applied.registry) else {
+        let Some(answer) = answer(&applied.registry, now_ms) else {
             return Ok(None);
         };
         self.metrics
@@ -280,10 +295,15 @@ impl client_server::Client for ClientApi {
         // lock, as the registry's own changes are).
         let records = self.state.records().cloned();
         let answered = self
-            .answer_from_applied("execute_keyed", |registry| {
-                registry.keyed_duplicate_answer_with(cluster_id, &key, &command, &principal, |id| {
-                    records.as_ref()?.get(id).ok().flatten()
-                })
+            .answer_from_applied("execute_keyed", |registry, now_ms| {
+                registry.keyed_duplicate_answer_with(
+                    cluster_id,
+                    &key,
+                    &command,
+                    &principal,
+                    now_ms,
+                    |id| records.as_ref()?.get(id).ok().flatten(),
+                )
             })
             .await?;
         if let Some((outcome, applied_index)) = answered {
@@ -323,10 +343,10 @@ impl client_server::Client for ClientApi {
         };
         let records = self.state.records().cloned();
         let answered = self
-            .answer_from_applied("claim", |registry| {
+            .answer_from_applied("claim", |registry, now_ms| {
                 // A finished claim may lie in the record store (rules
                 // version 3): read there only when the registry says so.
-                registry.completed_claim_answer_with(&claim, |id| {
+                registry.completed_claim_answer_with(&claim, now_ms, |id| {
                     records.as_ref()?.get_claim(id).ok().flatten()
                 })
             })

@@ -60,6 +60,8 @@ pub struct Proposer {
     max_pending_proposals: usize,
     metrics: Arc<NodeMetrics>,
     contact: LeaderContact,
+    /// The clock that stamps the entries (read by [`Proposer::clock_now_ms`]).
+    clock: Arc<ClusterClock>,
 }
 
 /// One request waiting for, or riding in, an entry.
@@ -111,7 +113,7 @@ impl Proposer {
         let (queue, waiting) = mpsc::unbounded_channel();
         let batcher = Batcher {
             raft,
-            clock,
+            clock: clock.clone(),
             request_timeout,
             metrics: metrics.clone(),
             contact: contact.clone(),
@@ -125,7 +127,14 @@ impl Proposer {
             max_pending_proposals,
             metrics,
             contact,
+            clock,
         }
+    }
+
+    /// The stamp an entry proposed now would carry, if this node's cluster
+    /// clock runs in the current term ([`ClusterClock::now_ms`]).
+    pub fn clock_now_ms(&self) -> Option<u64> {
+        self.clock.now_ms()
     }
 
     /// The metrics of the node this proposer serves.

@@ -698,8 +698,12 @@ impl Registry {
     /// 3's one shortcut: a response already applied); anything else —
     /// no record, another fingerprint, a held or released record, a refused
     /// key or lease — is `None` and goes through the log.
-    pub fn completed_claim_answer(&self, claim: &Claim) -> Option<ClaimAnswer> {
-        self.completed_claim_answer_with(claim, |_| None)
+    ///
+    /// `now_ms` is the earliest cluster time the claim would be applied at
+    /// (a leader's clock): a record that has expired by then is `None`, as
+    /// in [`Registry::keyed_duplicate_answer`].
+    pub fn completed_claim_answer(&self, claim: &Claim, now_ms: u64) -> Option<ClaimAnswer> {
+        self.completed_claim_answer_with(claim, now_ms, |_| None)
     }
 
     /// [`Registry::completed_claim_answer`], when finished records may lie
@@ -708,13 +712,18 @@ impl Registry {
     pub fn completed_claim_answer_with(
         &self,
         claim: &Claim,
+        now_ms: u64,
         stored: impl FnOnce(&KeyId) -> Option<GroupedRecord<ClaimRecord>>,
     ) -> Option<ClaimAnswer> {
         self.check_cluster(Some(claim.cluster_id)).ok()?;
         self.check_claim_key(&claim.key).ok()?;
         self.check_lease(claim.lease_ms).ok()?;
         let id = (claim.principal.clone(), claim.key.clone());
-        let record = self.claim_reading(&id, stored)?.record;
+        let view = self.claim_reading(&id, stored)?;
+        if view.expires_after_ms < now_ms {
+            return None;
+        }
+        let record = view.record;
         match record.state {
             ClaimState::Completed {
                 completed_ms,

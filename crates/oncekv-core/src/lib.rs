@@ -482,20 +482,25 @@ impl Registry {
         (page, more)
     }
 
-    fn key_view(&self, id: &KeyId, stored: &GroupedRecord) -> KeyView {
-        let record = &stored.record;
-        // The newest record its group can hold is created at its end - 1.
+    /// The cluster time after which a key's record expires under the TTL in
+    /// force: its group's newest possible record's (created at the group's
+    /// end - 1) plus the TTL.
+    fn key_expires_after_ms(&self, stored: &GroupedRecord) -> u64 {
         let group_end_ms = self
             .keys
             .group_end_ms(stored.group_ms)
-            .unwrap_or(record.created_ms.saturating_add(1));
+            .unwrap_or(stored.record.created_ms.saturating_add(1));
+        (group_end_ms - 1).saturating_add(self.keyed_config.idempotency_key_ttl_ms)
+    }
+
+    fn key_view(&self, id: &KeyId, stored: &GroupedRecord) -> KeyView {
+        let record = &stored.record;
         KeyView {
             principal: id.0.clone(),
             key: id.1.clone(),
             created_ms: record.created_ms,
             age_ms: self.cluster_time_ms.saturating_sub(record.created_ms),
-            expires_after_ms: (group_end_ms - 1)
-                .saturating_add(self.keyed_config.idempotency_key_ttl_ms),
+            expires_after_ms: self.key_expires_after_ms(stored),
             fingerprint: record.response.fingerprint,
             response: record.response.result.clone(),
             size_bytes: record.size_bytes(id),
@@ -1369,14 +1374,22 @@ impl Registry {
     /// answer after a read index (rule 3's one shortcut); anything else —
     /// no record, another fingerprint, a refused key — is `None` and goes
     /// through the log.
+    ///
+    /// `now_ms` is the earliest cluster time the request would be applied
+    /// at (a leader's clock: the stamp it would give the request's entry).
+    /// A record that has expired by then is `None` too: the log, whose
+    /// entry moves cluster time there, expires it and executes the request
+    /// anew. Without it an idle cluster, whose cluster time moves only with
+    /// entries, would answer a key past its TTL from the record.
     pub fn keyed_duplicate_answer(
         &self,
         cluster_id: ClusterId,
         key: &IdempotencyKey,
         command: &Command,
         principal: &Principal,
+        now_ms: u64,
     ) -> Option<Outcome> {
-        self.keyed_duplicate_answer_with(cluster_id, key, command, principal, |_| None)
+        self.keyed_duplicate_answer_with(cluster_id, key, command, principal, now_ms, |_| None)
     }
 
     /// [`Registry::keyed_duplicate_answer`] for a registry whose key
@@ -1390,13 +1403,18 @@ impl Registry {
         key: &IdempotencyKey,
         command: &Command,
         principal: &Principal,
+        now_ms: u64,
         stored: impl FnOnce(&KeyId) -> Option<GroupedRecord>,
     ) -> Option<Outcome> {
         self.check_cluster(Some(cluster_id)).ok()?;
         check_idempotency_key(key, &self.keyed_config).ok()?;
         let id = (principal.clone(), key.clone());
         let found = self.keys.must_fetch(&id).then(|| stored(&id)).flatten();
-        let record = self.live_key(&id, found)?.record;
+        let stored = self.live_key(&id, found)?;
+        if self.key_expires_after_ms(&stored) < now_ms {
+            return None;
+        }
+        let record = stored.record;
         (record.response.fingerprint == fingerprint::fingerprint(command))
             .then(|| answer(record.response.result, true))
     }
