@@ -31,7 +31,9 @@ use oncekv_core::{
 use oncekv_wire::CLIENT_MESSAGE_BYTES_MAX;
 use oncekv_wire::convert::{self, cluster_id_bytes};
 use oncekv_wire::proto::{self, client_server};
-use oncekv_wire::status::{ErrorReason, convert_status, invalid, reason_status, rejected};
+use oncekv_wire::status::{
+    ErrorReason, convert_status, invalid, reason_status, rejected, rejected_claim,
+};
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
@@ -371,7 +373,7 @@ impl client_server::Client for ClientApi {
                     &answer, log_index,
                 )))
             }
-            (other, _) => Err(rejected(other)),
+            (other, _) => Err(rejected_claim(other, None)),
         }
     }
 
@@ -384,12 +386,13 @@ impl client_server::Client for ClientApi {
             self.fenced_request(&request, &inner.cluster_id, inner.key.clone())?
         };
         let request = request.into_inner();
+        let fence = request.fence;
         let result = convert::claim_result_from_proto(request.result).map_err(convert_status)?;
         let op = Op::CompleteClaim {
             cluster_id,
             principal,
             key,
-            fence: request.fence,
+            fence,
             result,
         };
         match self.propose(op).await? {
@@ -409,7 +412,7 @@ impl client_server::Client for ClientApi {
                     log_index,
                 }))
             }
-            (other, _) => Err(rejected(other)),
+            (other, _) => Err(rejected_claim(other, Some(fence))),
         }
     }
 
@@ -421,11 +424,12 @@ impl client_server::Client for ClientApi {
             let inner = request.get_ref();
             self.fenced_request(&request, &inner.cluster_id, inner.key.clone())?
         };
+        let fence = request.get_ref().fence;
         let op = Op::ReleaseClaim {
             cluster_id,
             principal,
             key,
-            fence: request.get_ref().fence,
+            fence,
         };
         match self.propose(op).await? {
             (Outcome::ClaimReleased { duplicate }, log_index) => {
@@ -436,7 +440,7 @@ impl client_server::Client for ClientApi {
                     log_index,
                 }))
             }
-            (other, _) => Err(rejected(other)),
+            (other, _) => Err(rejected_claim(other, Some(fence))),
         }
     }
 
@@ -448,11 +452,12 @@ impl client_server::Client for ClientApi {
             let inner = request.get_ref();
             self.fenced_request(&request, &inner.cluster_id, inner.key.clone())?
         };
+        let fence = request.get_ref().fence;
         let op = Op::ExtendClaim {
             cluster_id,
             principal,
             key,
-            fence: request.get_ref().fence,
+            fence,
             lease_ms: request.get_ref().lease_ms,
         };
         match self.propose(op).await? {
@@ -468,7 +473,7 @@ impl client_server::Client for ClientApi {
                 lease_ms_left: lease_deadline_ms.saturating_sub(cluster_time_ms),
                 log_index,
             })),
-            (other, _) => Err(rejected(other)),
+            (other, _) => Err(rejected_claim(other, Some(fence))),
         }
     }
 

@@ -46,6 +46,9 @@ pub enum ErrorReason {
     SeqConflict,
     /// An idempotency key reused with another command: final.
     KeyConflict,
+    /// A claim key claimed before with another fingerprint: `KEY_CONFLICT`,
+    /// worded for claims.
+    ClaimConflict,
     ResponseDiscarded {
         floor: Seq,
     },
@@ -67,6 +70,12 @@ pub enum ErrorReason {
     /// holder. The key's current fence (0: none).
     Fenced {
         current_fence: u64,
+    },
+    /// `FENCED` for a release or extend (or a complete after a release) by
+    /// the holder whose fence is still the key's: its claim is finished
+    /// already (completed or released), so there is nothing to change.
+    FinishedUnderThisFence {
+        fence: u64,
     },
 }
 
@@ -180,6 +189,11 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             Reason::KeyConflict,
             "idempotency key already used with another command; its record is untouched".into(),
         ),
+        ErrorReason::ClaimConflict => (
+            Code::AlreadyExists,
+            Reason::KeyConflict,
+            "claim key already claimed with another fingerprint; its record is untouched".into(),
+        ),
         ErrorReason::ResponseDiscarded { floor } => {
             detail.floor = floor;
             (
@@ -229,6 +243,17 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
                 ),
             )
         }
+        ErrorReason::FinishedUnderThisFence { fence } => {
+            detail.current_fence = fence;
+            (
+                Code::FailedPrecondition,
+                Reason::Fenced,
+                format!(
+                    "fenced: the claim of fence {fence} is finished already (completed or \
+                     released); this call changed nothing"
+                ),
+            )
+        }
     };
     detail.reason = wire_reason as i32;
     let mut status = tonic::Status::with_details(code, message, detail.encode_to_vec().into());
@@ -254,6 +279,23 @@ pub fn rejected(outcome: Outcome) -> tonic::Status {
     match outcome {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
         other => tonic::Status::internal(format!("unexpected outcome {other:?}")),
+    }
+}
+
+/// A claim call's refusal: as [`rejected`], but worded for claims where
+/// the generic words would mislead. `KEY_CONFLICT` names the fingerprint,
+/// and a `FENCED` naming `fence` itself — the caller's own fence still
+/// holds the key, but its claim is completed or released — says so
+/// instead of pointing at a new holder there is none of.
+pub fn rejected_claim(outcome: Outcome, fence: Option<u64>) -> tonic::Status {
+    match outcome {
+        Outcome::Rejected(Rejection::KeyConflict) => reason_status(ErrorReason::ClaimConflict),
+        Outcome::Rejected(Rejection::Fenced { fence: current })
+            if current != 0 && Some(current) == fence =>
+        {
+            reason_status(ErrorReason::FinishedUnderThisFence { fence: current })
+        }
+        other => rejected(other),
     }
 }
 
@@ -364,6 +406,16 @@ mod tests {
                 Code::FailedPrecondition,
                 Reason::Fenced,
             ),
+            (
+                ErrorReason::FinishedUnderThisFence { fence: 9 },
+                Code::FailedPrecondition,
+                Reason::Fenced,
+            ),
+            (
+                ErrorReason::ClaimConflict,
+                Code::AlreadyExists,
+                Reason::KeyConflict,
+            ),
         ];
         for (reason, code, wire) in cases {
             let status = reason_status(reason);
@@ -379,6 +431,35 @@ mod tests {
 
     /// A cluster id is optional or required, malformed input when neither
     /// empty nor 16 bytes, and refused at once when it is not ours.
+    /// A claim's refusals are worded for claims: a conflict names the
+    /// fingerprint, and a FENCED naming the caller's own (non-zero) fence
+    /// says its claim is finished; any other fence keeps the generic words.
+    #[test]
+    fn claim_refusals_are_worded_for_claims() {
+        let conflict = rejected_claim(Outcome::Rejected(Rejection::KeyConflict), None);
+        assert_eq!(conflict.code(), Code::AlreadyExists);
+        assert!(conflict.message().contains("fingerprint"), "{conflict:?}");
+        let fenced = |current, own| {
+            rejected_claim(
+                Outcome::Rejected(Rejection::Fenced { fence: current }),
+                Some(own),
+            )
+        };
+        let finished = fenced(5, 5);
+        assert_eq!(finished.code(), Code::FailedPrecondition);
+        let detail = error_detail(&finished).expect("detail");
+        assert_eq!((detail.reason(), detail.current_fence), (Reason::Fenced, 5));
+        assert!(
+            finished.message().contains("finished already"),
+            "{finished:?}"
+        );
+        for (current, own) in [(7, 5), (0, 0)] {
+            let taken = fenced(current, own);
+            assert!(taken.message().contains("new holder"), "{taken:?}");
+            assert_eq!(error_detail(&taken).unwrap().current_fence, current);
+        }
+    }
+
     #[test]
     fn cluster_ids_are_checked_once() {
         let ours = ClusterId(7);
