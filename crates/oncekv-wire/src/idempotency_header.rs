@@ -30,9 +30,15 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, String> {
         .trim_matches(|c| c == ' ' || c == '\t');
     let key = match text.strip_prefix('"') {
         Some(quoted) => {
-            let inner = quoted
-                .strip_suffix('"')
-                .ok_or_else(|| malformed("an unterminated string"))?;
+            let inner = match closing_quote(quoted) {
+                Some(end) if end + 1 == quoted.len() => &quoted[..end],
+                Some(_) => {
+                    return Err(malformed(
+                        "text after the string's closing quote (no parameters are taken)",
+                    ));
+                }
+                None => return Err(malformed("an unterminated string")),
+            };
             let mut key = Vec::with_capacity(inner.len());
             let mut bytes = inner.bytes();
             while let Some(byte) = bytes.next() {
@@ -41,7 +47,6 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, String> {
                         Some(escaped @ (b'"' | b'\\')) => key.push(escaped),
                         _ => return Err(malformed("a bad escape (only \\\" and \\\\)")),
                     },
-                    b'"' => return Err(malformed("an unescaped quote inside the string")),
                     0x20..=0x7e => key.push(byte),
                     _ => return Err(malformed("not printable ASCII")),
                 }
@@ -70,4 +75,52 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Vec<u8>>, String> {
         )));
     }
     Ok(Some(key))
+}
+
+/// Where the string that `quoted` continues (its opening quote stripped)
+/// ends: the byte index of its first quote not escaped by a backslash.
+fn closing_quote(quoted: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (index, byte) in quoted.bytes().enumerate() {
+        match byte {
+            _ if escaped => escaped = false,
+            b'\\' => escaped = true,
+            b'"' => return Some(index),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(value: &str) -> Result<Option<Vec<u8>>, String> {
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY_HEADER, value.parse().unwrap());
+        idempotency_key(&headers)
+    }
+
+    /// A string ends at its first unescaped quote: an escaped quote stays
+    /// in the key, and what follows the closing quote is named as such,
+    /// not as an unterminated string.
+    #[test]
+    fn strings_end_at_their_first_unescaped_quote() {
+        assert_eq!(key(r#""a\"b""#).unwrap(), Some(br#"a"b"#.to_vec()));
+        assert_eq!(key("\"msg-42\"").unwrap(), Some(b"msg-42".to_vec()));
+        assert_eq!(key("msg-42").unwrap(), Some(b"msg-42".to_vec()));
+        for after in [r#""ab" trailing"#, r#""ab";param=1"#, r#""a"b""#] {
+            let error = key(after).unwrap_err();
+            assert!(
+                error.contains("after the string's closing quote"),
+                "{after}: {error}"
+            );
+        }
+        for open in [r#""ab"#, r#""ab\""#] {
+            let error = key(open).unwrap_err();
+            assert!(error.contains("unterminated"), "{open}: {error}");
+        }
+        assert!(key(r#""a\x""#).unwrap_err().contains("bad escape"));
+    }
 }
