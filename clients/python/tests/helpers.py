@@ -1,7 +1,12 @@
 """Test helpers: a reply-dropping interceptor (a lost reply, without any
-fault injection in the server)."""
+fault injection in the server), and scripted nodes for tests without a
+cluster (`Refusal`, `ScriptedNodes`)."""
+
+import time
 
 import grpc
+
+from oncekv._proto import oncekv_pb2 as pb
 
 
 class LostReply(grpc.RpcError):
@@ -89,3 +94,71 @@ class ThenRun(grpc.UnaryUnaryClientInterceptor):
             self.action()
             raise LostReply()
         return response
+
+
+class Refusal(grpc.RpcError):
+    """A node's refusal as grpc raises it: a status code, a message, and the
+    `ErrorDetail` with `reason` (and its other fields) in the trailing
+    metadata, as a node sends them."""
+
+    def __init__(self, reason, code=grpc.StatusCode.UNAVAILABLE, message="refused", **detail):
+        super().__init__(message)
+        self._code, self._message = code, message
+        self._detail = pb.ErrorDetail(reason=pb.Reason.Value(reason), **detail)
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._message
+
+    def trailing_metadata(self):
+        return (("grpc-status-details-bin", self._detail.SerializeToString()),
+                ("oncekv-reason", pb.Reason.Name(self._detail.reason)))
+
+
+class Timeout(grpc.RpcError):
+    """An attempt whose answer did not come in time (it waited `timeout`)."""
+
+    def code(self):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+    def trailing_metadata(self):
+        return ()
+
+
+class ScriptedNodes:
+    """Stands in for the client's stubs (`client._stub`): every RPC to an
+    endpoint calls `answer(endpoint, method, request, timeout)`, which
+    returns the reply or raises; `asked` lists (endpoint, method) in
+    order. No node, no network."""
+
+    def __init__(self, client, answer):
+        self.answer = answer
+        self.asked = []
+        client._stub = self.stub
+        client._cluster_id = b"scripted-cluster"
+
+    def stub(self, endpoint):
+        nodes = self
+
+        class Stub:
+            def __getattr__(self, method):
+                def call(request, timeout=None, metadata=None):
+                    nodes.asked.append((endpoint, method))
+                    return nodes.answer(endpoint, method, request, timeout)
+                return call
+
+        return Stub()
+
+    def endpoints_asked(self, method):
+        return [endpoint for endpoint, asked in self.asked if asked == method]
+
+
+def wait_out(timeout):
+    """What a node that never answers costs an attempt."""
+    time.sleep(timeout)
+    raise Timeout()

@@ -2,7 +2,9 @@
 reply answered with the caller's own win, FENCED after a lease takeover,
 KEY_CONFLICT), and `once` as a decorator and a context manager (recorded
 value, replay without calling, release on an exception, fence and attempt
-after a takeover, heartbeats past the lease, waiting out a holder)."""
+after a takeover, heartbeats past the lease, waiting out a holder), and
+rule 22 for claim calls: a retry refused after a lost reply is an unknown
+outcome."""
 
 import threading
 import time
@@ -10,7 +12,7 @@ import time
 import pytest
 
 import oncekv
-from helpers import DropReplies
+from helpers import DropReplies, ThenRun
 
 
 def claim_until_won(client, key, fingerprint, lease, patience=10.0):
@@ -220,3 +222,53 @@ def test_a_claim_refused_for_claims_max_on_every_attempt_is_resource_exhausted(
         assert not refused.value.may_have_taken_effect
     finally:
         set_claims_max(config.claims_max)
+
+
+def test_a_claim_refused_after_its_reply_was_lost_is_an_unknown_outcome(make_client, key,
+                                                                        admin_stub):
+    """Rule 22 for claims: the leader applied the claim (won, fence N) but
+    its reply was lost; before the retry (the same claim id) an operator
+    lowered `lease_ms_max` below the lease asked, so the retry is refused
+    INVALID_ARGUMENT. That says nothing of the first attempt: the call is
+    `KeyOutcomeUnknown`, never "nothing ran" — the key is in fact held, and
+    the same claim id gets its own win back once the limit is restored."""
+    from oncekv._proto import oncekv_pb2 as pb
+
+    stub = admin_stub()
+    config = stub.GetConfig(pb.GetConfigRequest(), timeout=5).config
+    cluster_id = make_client().status().cluster_id
+
+    def set_lease_ms_max(value):
+        stub.SetConfig(pb.SetConfigRequest(
+            cluster_id=cluster_id, patch=pb.RegistryConfigPatch(lease_ms_max=value)), timeout=5)
+
+    job, claim_id = key("job"), b"same-claim-id-16"
+    client = make_client(interceptors=[ThenRun("Claim", lambda: set_lease_ms_max(1000))])
+    try:
+        with pytest.raises(oncekv.KeyOutcomeUnknown) as unknown:
+            client.claim(job, "f", lease=30.0, claim_id=claim_id)
+        assert unknown.value.may_have_taken_effect
+        assert isinstance(unknown.value.cause, oncekv.InvalidArgument), unknown.value.cause
+    finally:
+        set_lease_ms_max(config.lease_ms_max)
+    won = client.claim(job, "f", lease=30.0, claim_id=claim_id)
+    assert isinstance(won, oncekv.Won) and won.duplicate, "it had been won: 'nothing ran' was a lie"
+
+
+def test_a_release_whose_retry_is_fenced_is_an_unknown_outcome(make_client, key):
+    """The release was applied but its reply lost; another caller's claim
+    then won at once (a release lets the next claim in), so the retry of
+    the release is FENCED. That refusal says nothing of the first attempt
+    (which did release the key): `KeyOutcomeUnknown`, not `Fenced`
+    ("nothing was recorded")."""
+    job = key("job")
+    holder, other = make_client(), make_client()
+    won = holder.claim(job, "f", lease=30.0)
+    assert isinstance(won, oncekv.Won)
+    taken = []
+    releasing = make_client(interceptors=[ThenRun(
+        "ReleaseClaim", lambda: taken.append(other.claim(job, "f", lease=30.0)))])
+    with pytest.raises(oncekv.KeyOutcomeUnknown) as unknown:
+        releasing.release(job, won.fence)
+    assert isinstance(unknown.value.cause, oncekv.Fenced), unknown.value.cause
+    assert isinstance(taken[0], oncekv.Won) and taken[0].fence > won.fence, "it was released"

@@ -1,7 +1,8 @@
 """The client's side of rules 7 and 22 against a real cluster: a request
 given up at its deadline is fenced, so a late copy never executes; and a
 final refusal of a retry after an attempt that may have run is an unknown
-outcome, not a definite error."""
+outcome, not a definite error; and a registration refused for
+`sessions_max` says so (`ResourceExhausted`), not "unavailable"."""
 
 import grpc
 import pytest
@@ -61,3 +62,31 @@ def test_a_final_refusal_after_a_lost_reply_is_an_unknown_outcome(cluster, make_
     assert isinstance(unknown.value.cause, oncekv.SessionExpired)
     assert client.get(counter) == 7, "it did run: 'nothing executed' would have been a lie"
     assert client.increment(counter, 1) == 8, "a new session for new calls"
+
+
+def test_registering_at_sessions_max_is_resource_exhausted(cluster, make_client, key,
+                                                           admin_stub):
+    """With the cluster at `sessions_max`, the leader refuses a new session
+    RESOURCE_EXHAUSTED naming the limit. The client retries it there until
+    its deadline and raises `ResourceExhausted` with that limit — not
+    `Unavailable` ("not the leader") from a follower it moved on to."""
+    stub = admin_stub()
+    config = stub.GetConfig(pb.GetConfigRequest(), timeout=5).config
+    first = make_client()
+    first.client_id()  # at least one live session: a limit of one is reached
+    cluster_id = first.status().cluster_id
+
+    def set_sessions_max(value):
+        stub.SetConfig(pb.SetConfigRequest(
+            cluster_id=cluster_id, patch=pb.RegistryConfigPatch(sessions_max=value)), timeout=5)
+
+    set_sessions_max(1)
+    try:
+        late = make_client(call_timeout=2.0)
+        with pytest.raises(oncekv.ResourceExhausted) as refused:
+            late.increment(key("n"), 1)
+        assert refused.value.limit == "sessions_max", refused.value
+        assert not refused.value.may_have_taken_effect
+    finally:
+        set_sessions_max(config.sessions_max)
+    assert first.increment(key("n"), 1) == 1, "nothing ran"

@@ -12,6 +12,7 @@ from oncekv import errors
 from oncekv._proto import oncekv_pb2 as pb
 from oncekv.policy import LEARNT_ENDPOINTS_MAX, Backoff, Failure, Failures, Leader
 from oncekv.seqs import Seqs
+from helpers import LostReply, Refusal, ScriptedNodes, wait_out
 
 
 def failure(reason=None, code=grpc.StatusCode.UNAVAILABLE, message="m", **detail):
@@ -209,3 +210,177 @@ def test_a_call_waiting_for_room_in_the_window_wakes_when_a_seq_finishes():
     session.finish(first)
     waiter.join(5)
     assert got == [3] and time.monotonic() - started < 1
+
+
+def sessions_full():
+    return Refusal("RESOURCE_EXHAUSTED", code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+                   message="replicated limit sessions_max reached", limit="sessions_max")
+
+
+def test_registering_at_sessions_max_is_resource_exhausted_not_unavailable():
+    """The leader refuses a registration for `sessions_max`: the client
+    retries it there (never moving on to a follower, which answers late or
+    NOT_LEADER) and at the deadline raises `ResourceExhausted` naming the
+    limit — not `Unavailable` ("not the leader", a timeout) after the last
+    endpoint it happened to try."""
+    for endpoints in (["leader:1", "follower:2"], ["follower:2", "leader:1"]):
+        client = oncekv.Client(endpoints, call_timeout=0.5, attempt_timeout=0.3)
+
+        def answer(endpoint, method, request, timeout):
+            if endpoint == "leader:1":
+                raise sessions_full()
+            if ("follower:2", method) in nodes.asked[:-1]:
+                wait_out(timeout)  # cut off now: the deadline would pass here
+            raise Refusal("NOT_LEADER", message="not the leader", leader_client_addr="leader:1")
+
+        nodes = ScriptedNodes(client, answer)
+        with pytest.raises(oncekv.ResourceExhausted) as refused:
+            client.client_id()
+        assert refused.value.limit == "sessions_max", refused.value
+        assert "sessions_max" in str(refused.value)
+        assert not refused.value.may_have_taken_effect
+        asked = nodes.endpoints_asked("Register")
+        assert asked.count("follower:2") == (endpoints[0] == "follower:2"), asked
+        assert asked.count("leader:1") > 2, "retried at the leader until the deadline"
+
+
+def test_a_call_on_the_leader_reports_its_most_informative_failure():
+    """Out of time, a call on the leader reports the most telling failure it
+    met (a capacity limit over NOT_LEADER over a timeout), not merely the
+    last; a final refusal ends it at once, whichever node made it."""
+    client = oncekv.Client(["a:1", "b:2"], call_timeout=0.6, attempt_timeout=0.1)
+    calls = []
+
+    def answer(endpoint, method, request, timeout):
+        calls.append(endpoint)
+        if endpoint == "a:1" and len(calls) == 1:
+            raise sessions_full()  # once; then the leader is gone
+        if endpoint == "a:1":
+            raise Refusal("NOT_LEADER", message="not the leader", leader_client_addr="b:2")
+        wait_out(timeout)
+
+    ScriptedNodes(client, answer)
+    with pytest.raises(oncekv.ResourceExhausted) as refused:
+        client.client_id()
+    assert refused.value.limit == "sessions_max"
+
+    client = oncekv.Client(["a:1", "b:2"], call_timeout=5.0)
+
+    def denied(endpoint, method, request, timeout):
+        if endpoint == "a:1":
+            raise Refusal("NOT_LEADER", message="not the leader", leader_client_addr="b:2")
+        raise Refusal("PERMISSION_DENIED", code=grpc.StatusCode.PERMISSION_DENIED,
+                      message="role client may not")
+
+    nodes = ScriptedNodes(client, denied)
+    started = time.monotonic()
+    with pytest.raises(oncekv.PermissionDenied):
+        client.client_id()
+    assert nodes.endpoints_asked("Register") == ["a:1", "b:2"]
+    assert time.monotonic() - started < 1, "a final refusal ends the call at once"
+
+    client = oncekv.Client(["a:1"], call_timeout=0.3, attempt_timeout=0.1)
+    ScriptedNodes(client, lambda endpoint, method, request, timeout: wait_out(timeout))
+    with pytest.raises(oncekv.Unavailable):
+        client.get("k")
+
+
+def claim_client(script):
+    """A client whose claim calls get `script`'s answers in turn."""
+    client = oncekv.Client(["leader:1"], call_timeout=5.0)
+    script = list(script)
+
+    def answer(endpoint, method, request, timeout):
+        step = script.pop(0) if script else LostReply()
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+    ScriptedNodes(client, answer)
+    return client
+
+
+def test_a_claim_refusal_after_a_lost_reply_is_an_unknown_outcome():
+    """Rule 22 for claims: the first attempt was applied (a claim won, a
+    release recorded) but its reply was lost; the retry is refused for good
+    — a lease beyond a lease_ms_max lowered meanwhile, a key beyond a
+    lowered claim_key_bytes_max, FENCED after the release let another
+    holder in, another cluster. That says nothing of the first attempt:
+    `KeyOutcomeUnknown` (may have taken effect), the refusal as `.cause`.
+    The same refusal on the first attempt, or after attempts that cannot
+    have run (refused for a capacity limit), is definite; KEY_CONFLICT is
+    definite always."""
+    refusals = [
+        (lambda: Refusal("INVALID_ARGUMENT", code=grpc.StatusCode.INVALID_ARGUMENT,
+                         message="lease_ms 30000 is outside 1..=1000"), oncekv.InvalidArgument),
+        (lambda: Refusal("LIMIT_EXCEEDED", code=grpc.StatusCode.INVALID_ARGUMENT,
+                         message="claim key too long", limit="claim_key_bytes_max",
+                         limit_max=2, limit_requested=3), oncekv.LimitExceeded),
+        (lambda: Refusal("FENCED", code=grpc.StatusCode.FAILED_PRECONDITION,
+                         message="fenced", current_fence=9), oncekv.Fenced),
+        (lambda: Refusal("WRONG_CLUSTER", code=grpc.StatusCode.FAILED_PRECONDITION,
+                         message="another cluster"), oncekv.WrongCluster),
+    ]
+    calls = [
+        lambda client: client.claim("job", "f", lease=30, claim_id=b"c" * 16),
+        lambda client: client.complete("job", 3, b"done"),
+        lambda client: client.release("job", 3),
+        lambda client: client.extend("job", 3, 30),
+    ]
+    full = lambda: Refusal("RESOURCE_EXHAUSTED", code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           message="replicated limit claims_max reached", limit="claims_max")
+    for refusal, definite in refusals:
+        for call in calls:
+            with pytest.raises(oncekv.KeyOutcomeUnknown) as unknown:
+                call(claim_client([LostReply(), refusal()]))
+            assert unknown.value.may_have_taken_effect and unknown.value.key == b"job"
+            assert isinstance(unknown.value.cause, definite), unknown.value.cause
+            with pytest.raises(definite) as first:
+                call(claim_client([refusal()]))
+            assert not first.value.may_have_taken_effect
+            with pytest.raises(definite):
+                call(claim_client([full(), refusal()]))
+    conflict = Refusal("KEY_CONFLICT", code=grpc.StatusCode.ALREADY_EXISTS, message="conflict")
+    with pytest.raises(oncekv.KeyConflict):
+        calls[0](claim_client([LostReply(), conflict]))
+
+
+def test_a_capacity_refusal_is_retried_at_the_leader_by_every_call():
+    """A capacity refusal (only the leader makes one) is retried at the node
+    that made it, not passed on to the next endpoint — by a claim (any call
+    without a session) as by a session's request — and reported as the
+    limit when no attempt can have run."""
+    client = oncekv.Client(["leader:1", "follower:2"], call_timeout=0.5)
+
+    def answer(endpoint, method, request, timeout):
+        if method == "Register":
+            return pb.RegisterReply(client_id=1, window=8, session_ttl_ms=60000)
+        if method == "KeepAlive":
+            return pb.KeepAliveReply(floor=request.first_outstanding_seq)
+        if endpoint == "leader:1":
+            raise Refusal("RESOURCE_EXHAUSTED", code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          message="replicated limit claims_max reached", limit="claims_max")
+        raise Refusal("NOT_LEADER", message="not the leader", leader_client_addr="leader:1",
+                      nothing_proposed=True)
+
+    nodes = ScriptedNodes(client, answer)
+    with pytest.raises(oncekv.ResourceExhausted):
+        client.claim("job", "f", lease=30)
+    with pytest.raises(oncekv.ResourceExhausted):
+        client.increment("n", 1)
+    for method in ("Claim", "Execute"):
+        asked = nodes.endpoints_asked(method)
+        assert len(asked) > 2 and set(asked) == {"leader:1"}, (method, asked)
+    client.close()
+
+
+def test_an_undecodable_reply_after_a_send_is_an_unknown_outcome():
+    """A reply that came but cannot be understood stands for a request that
+    was applied: unknown, never "nothing ran"."""
+    client = claim_client([pb.ClaimReply(log_index=7)])
+    with pytest.raises(oncekv.KeyOutcomeUnknown) as unknown:
+        client.claim("job", "f", lease=30)
+    assert unknown.value.may_have_taken_effect
+    client = claim_client([pb.ExecuteReply(log_index=7)])
+    with pytest.raises(oncekv.PlainOutcomeUnknown):
+        client.execute_plain(oncekv.Increment("n", 1))

@@ -1,16 +1,16 @@
 //! Claims from the client (rule 20): the four calls, each retried with the
 //! same request (the same claim id, the same fence) until the call's
-//! deadline, and [`Client::once`], the reserve → do → record → release
-//! cycle around a caller's own effect: claim (waiting out another holder's
-//! lease), run the effect with its fence while a heartbeat extends the
-//! lease, complete with its result or release on failure, and replay a
+//! deadline — once an attempt may have reached a leader that applies it, a
+//! later refusal is an unknown outcome unless it proves the call did not
+//! take effect (rule 22) — and [`Client::once`], the reserve → do → record
+//! → release cycle around a caller's own effect: claim (waiting out another
+//! holder's lease), run the effect with its fence while a heartbeat extends
+//! the lease, complete with its result or release on failure, and replay a
 //! recorded result without running anything. It owns that cycle and the
 //! retry of each call; it must not decide who holds a key (the registry
 //! does, at apply) or re-claim under a new claim id within one call.
 
-use super::{
-    Attempt, AuthChannel, Client, ClientClient, Error, Failures, classify, may_have_reached,
-};
+use super::{AuthChannel, Client, ClientClient, Error, Sent, refused_after_send};
 use oncekv_core::ClaimAnswer;
 use oncekv_wire::convert;
 use oncekv_wire::proto;
@@ -161,6 +161,15 @@ impl Client {
 
     /// [`Client::claim`] with the caller's own claim id (a retry of a claim
     /// made earlier, by this process or one that took over its work).
+    ///
+    /// After an attempt that may have reached a leader (a lost reply, a
+    /// timeout), a retry refused for good — a lease beyond a `lease_ms_max`
+    /// lowered meanwhile, a key beyond a lowered `claim_key_bytes_max` — is
+    /// [`Error::KeyOutcomeUnknown`]: the claim may have been won (and is
+    /// held until its lease runs out). Only [`Error::KeyConflict`] stays
+    /// definite. So is a reply that arrived but cannot be decoded. The same
+    /// holds for the other claim calls, `FENCED` of a retry included (a
+    /// release that was applied lets the next claim take over at once).
     pub async fn claim_as(
         &self,
         key: &[u8],
@@ -181,8 +190,7 @@ impl Client {
                 client.claim(request).await
             })
             .await?;
-        convert::claim_answer_from_proto(reply)
-            .map_err(|error| Error::InvalidArgument(format!("undecodable claim reply: {error}")))
+        claim_answer(reply, key)
     }
 
     /// Records `result` as the effect's result under `fence`; every later
@@ -397,8 +405,11 @@ impl Client {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                // Another failure (unreachable for now): the next beat
-                // tries again, and the lease covers the gap until it runs out.
+                // Another failure (unreachable for now, or an unknown
+                // outcome — FENCED on a retry proves nothing of the attempt
+                // before it, but the next beat's first attempt says it for
+                // sure): the next beat tries again, and the lease covers the
+                // gap until it runs out.
                 if let Err(Error::Fenced { .. }) =
                     client.extend_claim(&token.key, token.fence, lease).await
                 {
@@ -409,13 +420,14 @@ impl Client {
         })
     }
 
-    /// One claim call, retried with the same request until `deadline`.
-    /// A refusal is the registry's answer from the record (KEY_CONFLICT,
-    /// FENCED, a limit, a malformed request: nothing recorded for this
-    /// request); any other final refusal after an attempt that may have
-    /// reached the leader leaves the outcome unknown (rule 22), and so does
-    /// the deadline — the same request again learns it — unless a capacity
-    /// limit refused every attempt before any could have run
+    /// One claim call, retried with the same request until `deadline`
+    /// (the retry loop of every call without a session,
+    /// [`Client::send_retried`]). A refusal for good is definite only when
+    /// no earlier attempt may have reached a leader that applies it, or
+    /// when it proves this request did not take effect (KEY_CONFLICT, see
+    /// [`final_claim_error`]); any other is an unknown outcome (rule 22),
+    /// and so is the deadline — the same request again learns it — unless a
+    /// capacity limit refused every attempt before any could have run
     /// (`ResourceExhausted`).
     async fn claim_call<Req, Reply, F, Fut>(
         &self,
@@ -434,56 +446,262 @@ impl Client {
             key: key_text.clone(),
             reason,
         };
-        let mut attempt: u32 = 0;
-        let mut failures = Failures::default();
-        let mut reached = false;
-        loop {
-            let target = self.leader_endpoint()?;
-            let client = self.channel(&target)?;
-            let timeout = self.attempt_timeout(deadline);
-            let mut message = tonic::Request::new(request.clone());
-            message.set_timeout(timeout);
-            let result = tokio::time::timeout(timeout, call(client, message))
-                .await
-                .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attempt timed out")));
-            match classify(result) {
-                Attempt::Done(reply) => return Ok(reply.into_inner()),
-                Attempt::Final(status) => {
-                    return Err(match Error::from_reason(&status, 0) {
-                        Some(Error::KeyConflict { .. }) => Error::KeyConflict { key: key_text },
-                        Some(
-                            proof @ (Error::Fenced { .. }
-                            | Error::LimitExceeded { .. }
-                            | Error::InvalidArgument(_)
-                            | Error::WrongCluster { .. }),
-                        ) => proof,
-                        Some(error) if attempt == 0 => error,
-                        Some(error) => unknown(error.to_string()),
-                        None => unknown(format!("{:?}: {}", status.code(), status.message())),
-                    });
-                }
-                Attempt::Retry { status, hint } => {
-                    failures.note(&status);
-                    reached |= may_have_reached(&status);
-                    if Instant::now() >= deadline {
-                        return Err(failures
-                            .exhausted_before_any_reach(reached)
-                            .unwrap_or_else(|| unknown(failures.reason())));
-                    }
-                    self.inner
-                        .follower
-                        .follow(hint.as_deref(), attempt, deadline)
-                        .await;
-                    if let Some(exhausted) = failures.exhausted_and_out_of_time(reached, deadline) {
-                        return Err(exhausted);
-                    }
-                }
+        let sent = self
+            .send_retried(deadline, |client, timeout| {
+                let mut message = tonic::Request::new(request.clone());
+                message.set_timeout(timeout);
+                call(client, message)
+            })
+            .await;
+        match sent {
+            Sent::Answered(reply) => Ok(reply.into_inner()),
+            Sent::Refused { status, reached } => {
+                Err(final_claim_error(&status, &key_text, reached))
             }
-            attempt += 1;
+            Sent::GaveUp {
+                failures, reached, ..
+            } => Err(failures
+                .exhausted_before_any_reach(reached)
+                .unwrap_or_else(|| unknown(failures.reason()))),
+            Sent::Unsendable { error, reached } => Err(if reached {
+                unknown(format!(
+                    "{error} (after an attempt that may have been applied)"
+                ))
+            } else {
+                error
+            }),
         }
     }
 }
 
+/// What a refusal for good of a claim call (Claim, CompleteClaim,
+/// ReleaseClaim, ExtendClaim) means, given whether an earlier attempt may
+/// have reached a leader that applies it (`reached`, rule 22). Before any
+/// such attempt, the refusal is itself: nothing was recorded. After one,
+/// only `KEY_CONFLICT` stays definite — the key's record holds another
+/// fingerprint, and had an attempt of this claim won, its record would
+/// answer every retry with that win. Every other refusal tells nothing of
+/// the earlier attempt: `FENCED` (a release that was applied lets the next
+/// claim take over at once, and the retry then meets the new holder),
+/// `INVALID_ARGUMENT` (a lease beyond a `lease_ms_max` lowered since),
+/// `LIMIT_EXCEEDED` (a key or result beyond a limit lowered since, judged
+/// before the record, nothing recorded for it), `WRONG_CLUSTER`,
+/// `PERMISSION_DENIED`, `UNAUTHENTICATED`… each an unknown outcome naming
+/// the refusal. A refusal with no registry reason may have followed the
+/// log: unknown either way.
+fn final_claim_error(status: &tonic::Status, key: &str, reached: bool) -> Error {
+    let unknown = |reason: String| Error::KeyOutcomeUnknown {
+        key: key.to_string(),
+        reason,
+    };
+    let Some(error) = Error::from_reason(status, 0) else {
+        return unknown(format!("{:?}: {}", status.code(), status.message()));
+    };
+    match error {
+        Error::KeyConflict { .. } => Error::KeyConflict {
+            key: key.to_string(),
+        },
+        error if !reached => error,
+        error => unknown(refused_after_send(&error)),
+    }
+}
+
+/// A claim's answer. The reply came after the claim was sent, so one that
+/// cannot be understood (no answer, say, beside a log index: applied) may
+/// stand for a claim made: an unknown outcome, never "nothing happened".
+fn claim_answer(reply: proto::ClaimReply, key: &[u8]) -> Result<ClaimAnswer, Error> {
+    convert::claim_answer_from_proto(reply).map_err(|error| Error::KeyOutcomeUnknown {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: format!("undecodable claim reply: {error}"),
+    })
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::final_refusals;
+    use oncekv_wire::status::{ErrorReason, error_detail, reason_status};
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    /// A reply lost after the leader applied the attempt, as the client
+    /// sees it: the attempt may have reached a leader.
+    fn lost_reply() -> tonic::Status {
+        tonic::Status::cancelled("Timeout expired")
+    }
+
+    /// Runs one claim call whose attempts get `script`'s answers in turn
+    /// (no node involved: the client's channel is never used).
+    async fn scripted(script: Vec<Result<(), tonic::Status>>) -> Result<(), Error> {
+        let client = Client::connect(["127.0.0.1:1"]);
+        let script = Mutex::new(VecDeque::from(script));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        client
+            .claim_call(b"job", deadline, (), |_client, _request| {
+                let next = script
+                    .lock()
+                    .unwrap()
+                    .pop_front()
+                    .unwrap_or_else(|| Err(lost_reply()));
+                async move { next.map(tonic::Response::new) }
+            })
+            .await
+    }
+
+    /// Rule 22 for claims: the first attempt was applied (a claim won, a
+    /// completion or release recorded) but its reply was lost; the retry
+    /// with the same request is then refused for good — a lease beyond a
+    /// `lease_ms_max` lowered meanwhile, a key beyond a lowered
+    /// `claim_key_bytes_max`, FENCED after a release let another holder in.
+    /// That proves nothing of the first attempt: the call's outcome is
+    /// unknown, never "nothing ran". The same refusal on the first attempt,
+    /// or after attempts that cannot have run, is definite.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_refusal_after_a_lost_reply_is_an_unknown_outcome() {
+        let refusals = [
+            reason_status(ErrorReason::InvalidArgument(
+                "lease_ms 60000 is outside 1..=1000".into(),
+            )),
+            reason_status(ErrorReason::LimitExceeded(oncekv_core::LimitExceeded {
+                limit: oncekv_core::Limit::ClaimKeyBytes,
+                max: 2,
+                requested: 3,
+            })),
+            reason_status(ErrorReason::Fenced { current_fence: 9 }),
+            reason_status(ErrorReason::WrongCluster(oncekv_core::ClusterId(0xab))),
+            reason_status(ErrorReason::PermissionDenied("role".into())),
+        ];
+        for refusal in refusals {
+            let definite = Error::from_reason(&refusal, 0).expect("a reason");
+            let after = scripted(vec![Err(lost_reply()), Err(refusal.clone())]).await;
+            match &after {
+                Err(Error::KeyOutcomeUnknown { key, reason }) => {
+                    assert_eq!(key, "job");
+                    assert!(reason.contains(&definite.to_string()), "{reason}");
+                }
+                other => panic!("{refusal:?} after a lost reply: {other:?}"),
+            }
+            assert_eq!(
+                scripted(vec![Err(refusal.clone())]).await,
+                Err(definite.clone()),
+                "{refusal:?} on the first attempt"
+            );
+            // Refused at apply (a capacity limit): that attempt never ran.
+            let full = reason_status(ErrorReason::ResourceExhausted(oncekv_core::Limit::Claims));
+            assert_eq!(
+                scripted(vec![Err(full), Err(refusal.clone())]).await,
+                Err(definite),
+                "{refusal:?} after an attempt that cannot have run"
+            );
+        }
+        // KEY_CONFLICT is the key's record: definite either way.
+        let conflict = reason_status(ErrorReason::KeyConflict);
+        assert_eq!(
+            scripted(vec![Err(lost_reply()), Err(conflict)]).await,
+            Err(Error::KeyConflict { key: "job".into() })
+        );
+    }
+
+    /// A capacity refusal (only the leader makes one) is retried at the node
+    /// that made it, not passed on to the next endpoint, and reported as the
+    /// limit when no attempt can have run: the same for every call without
+    /// a session ([`Client::send_retried`]).
+    #[tokio::test(start_paused = true)]
+    async fn a_capacity_refusal_is_retried_at_the_leader() {
+        let client = Client::connect(["leader:1", "follower:2"]);
+        let asked = Mutex::new(Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let answer = client
+            .claim_call(b"job", deadline, (), |_client, _request| {
+                let target = client.inner.follower.target().unwrap_or_default();
+                asked.lock().unwrap().push(target.clone());
+                async move {
+                    Err::<tonic::Response<()>, _>(if target == "leader:1" {
+                        reason_status(ErrorReason::ResourceExhausted(oncekv_core::Limit::Claims))
+                    } else {
+                        reason_status(ErrorReason::NotLeader {
+                            leader_id: Some(1),
+                            leader_client_addr: Some("leader:1".into()),
+                            nothing_proposed: true,
+                        })
+                    })
+                }
+            })
+            .await;
+        assert!(
+            matches!(&answer, Err(Error::ResourceExhausted(why)) if why.contains("claims_max")),
+            "{answer:?}"
+        );
+        let asked = asked.lock().unwrap();
+        assert!(asked.len() > 3, "{asked:?}");
+        assert!(asked.iter().all(|target| target == "leader:1"), "{asked:?}");
+    }
+
+    /// The same judgement for every final refusal, before and after an
+    /// attempt that may have reached a leader: only KEY_CONFLICT proves a
+    /// claim call did not take effect.
+    #[test]
+    fn only_a_key_conflict_proves_a_claim_call_did_nothing() {
+        let mut reasons = final_refusals();
+        reasons.push(ErrorReason::Fenced { current_fence: 4 });
+        for reason in reasons {
+            let status = reason_status(reason.clone());
+            let before = final_claim_error(&status, "k", false);
+            let after = final_claim_error(&status, "k", true);
+            if let ErrorReason::KeyConflict = reason {
+                let conflict = Error::KeyConflict { key: "k".into() };
+                assert_eq!((&before, &after), (&conflict, &conflict));
+                continue;
+            }
+            assert_eq!(Some(before), Error::from_reason(&status, 0), "{reason:?}");
+            assert!(
+                matches!(&after, Error::KeyOutcomeUnknown { key, .. } if key == "k"),
+                "{reason:?} after a send: {after:?}"
+            );
+        }
+        let internal = tonic::Status::internal("unexpected");
+        assert!(error_detail(&internal).is_none());
+        assert!(matches!(
+            final_claim_error(&internal, "k", false),
+            Error::KeyOutcomeUnknown { .. }
+        ));
+    }
+
+    /// A claim reply that arrived but cannot be understood — no answer
+    /// beside a log index: the claim was applied — may stand for a claim
+    /// won: an unknown outcome, not an invalid argument ("nothing ran").
+    #[test]
+    fn an_undecodable_claim_reply_is_an_unknown_outcome() {
+        let reply = proto::ClaimReply {
+            answer: None,
+            log_index: 42,
+        };
+        let error = claim_answer(reply, b"job").expect_err("no answer");
+        assert!(
+            matches!(&error, Error::KeyOutcomeUnknown { key, reason }
+                if key == "job" && reason.contains("undecodable claim reply")),
+            "{error:?}"
+        );
+        assert_eq!(error.kind(), "outcome_unknown");
+        let won = proto::ClaimReply {
+            answer: Some(proto::claim_reply::Answer::Won(proto::ClaimWon {
+                fence: 3,
+                attempt: 1,
+                ..proto::ClaimWon::default()
+            })),
+            log_index: 42,
+        };
+        assert!(matches!(
+            claim_answer(won, b"job"),
+            Ok(ClaimAnswer::Won {
+                fence: 3,
+                attempt: 1,
+                ..
+            })
+        ));
+    }
 }

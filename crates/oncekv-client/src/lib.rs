@@ -81,7 +81,13 @@ use tracing::Instrument;
 /// `LIMIT_EXCEEDED` or `SEQ_CONFLICT` for the seq (the seq's own cached
 /// answer: had an attempt executed, every retry would get its result), and
 /// for a key `KEY_CONFLICT` or a command's `LIMIT_EXCEEDED` (the key's
-/// record; see [`Client::execute_with_key`] for the one caveat).
+/// record; see [`Client::execute_with_key`] for the one caveat). The claim
+/// calls follow the same rule: after such an attempt only `KEY_CONFLICT`
+/// stays definite, and `FENCED`, `INVALID_ARGUMENT` (a lease beyond a
+/// lowered `lease_ms_max`), `LIMIT_EXCEEDED` (a key or result beyond a
+/// lowered limit), `WRONG_CLUSTER`… of a retry are
+/// [`Error::KeyOutcomeUnknown`]. A reply that arrives but cannot be
+/// decoded is an unknown outcome too: the request was applied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// The deadline passed, the session vanished, or a retry was refused
@@ -583,12 +589,16 @@ fn final_error(status: &tonic::Status, seq: u64) -> Error {
         .unwrap_or_else(|| Error::InvalidArgument(status.message().to_string()))
 }
 
-/// The error of an idempotent call (no seq) that failed.
+/// The error of an idempotent call (no seq) on the leader that failed
+/// ([`Client::on_leader`]): a refusal for good is itself, whichever node
+/// made it; at the deadline, the most informative failure the call met
+/// ([`policy::informativeness`]) decides.
 fn give_up(error: CallError) -> Error {
     match error {
         CallError::Final(status) => final_error(&status, 0),
         // A capacity limit that stayed reached until the deadline is said
-        // so (the caller backs off), not hidden behind "unavailable".
+        // so (the caller backs off), not hidden behind "unavailable" or a
+        // follower's "not the leader" met on the way.
         CallError::GaveUp { status, .. } => match Error::from_reason(&status, 0) {
             Some(exhausted @ Error::ResourceExhausted(_)) => exhausted,
             _ => Error::Unavailable(status.to_string()),
@@ -602,21 +612,6 @@ fn status_reason(status: &tonic::Status) -> String {
     match error_detail(status) {
         Some(detail) => detail.reason().as_str_name().to_string(),
         None => format!("{:?}", status.code()),
-    }
-}
-
-/// How much a failed attempt tells about why the call could not complete,
-/// for reporting an unknown outcome: the registry's own reason for refusing
-/// this attempt (a capacity limit, the window) says most; a node saying why
-/// it cannot serve (no quorum, overload) next; then "not the leader"; a
-/// failure below the service (a refused connection, the attempt's own
-/// timeout) least.
-fn informativeness(status: &tonic::Status) -> u8 {
-    match error_detail(status).map(|detail| detail.reason()) {
-        Some(Reason::ResourceExhausted | Reason::TooManyOutstanding) => 3,
-        Some(Reason::NotLeader) => 1,
-        Some(_) => 2,
-        None => 0,
     }
 }
 
@@ -648,7 +643,7 @@ impl Failures {
             Some(_) => status.message().to_string(),
             None => format!("{:?}: {}", status.code(), status.message()),
         };
-        let rank = informativeness(status);
+        let rank = policy::informativeness(status);
         if self.best.as_ref().is_none_or(|(best, _)| rank >= *best) {
             self.best = Some((rank, text.clone()));
         }
@@ -1085,7 +1080,14 @@ impl Client {
             }
         };
         observe(AttemptOutcome::Started);
-        let answer = classify(client.execute(call).await);
+        let answer = match classify(client.execute(call).await) {
+            // A refusal only the leader makes: the next attempt goes there.
+            Attempt::Retry { status, hint } => Attempt::Retry {
+                hint: policy::next_hint(&target, &status, hint),
+                status,
+            },
+            answer => answer,
+        };
         observe(match &answer {
             Attempt::Done(reply) => AttemptOutcome::Answered {
                 duplicate: reply.get_ref().duplicate,
@@ -1177,10 +1179,11 @@ impl Client {
         let mut failures = Failures::default();
         let mut reached = false;
         loop {
-            let client = self
-                .leader_endpoint()
-                .and_then(|target| self.channel(&target));
-            let client = match client {
+            let target = match self.leader_endpoint() {
+                Ok(target) => target,
+                Err(error) => return Sent::Unsendable { error, reached },
+            };
+            let client = match self.channel(&target) {
                 Ok(client) => client,
                 Err(error) => return Sent::Unsendable { error, reached },
             };
@@ -1192,6 +1195,8 @@ impl Client {
                 Attempt::Done(reply) => return Sent::Answered(reply),
                 Attempt::Final(status) => return Sent::Refused { status, reached },
                 Attempt::Retry { status, hint } => {
+                    // A refusal only the leader makes: the next attempt goes there.
+                    let hint = policy::next_hint(&target, &status, hint);
                     failures.note(&status);
                     reached |= may_have_reached(&status);
                     if Instant::now() >= deadline {
@@ -1412,7 +1417,13 @@ impl Client {
                 policy::leader_only(status)
             })
             .await
-            .map_err(|error| Error::Unavailable(error.status().to_string()))?;
+            .map_err(|error| match error {
+                // A node's refusal for good is itself; anything else, or a
+                // call that ran out of time, is a cluster out of reach.
+                CallError::Final(status) => Error::from_reason(&status, 0)
+                    .unwrap_or_else(|| Error::Unavailable(status.to_string())),
+                gave_up @ CallError::GaveUp { .. } => give_up(gave_up),
+            })?;
         *self
             .inner
             .cluster_id
@@ -1869,8 +1880,42 @@ mod tests {
         }
     }
 
+    /// Registering while the cluster is at `sessions_max`: the leader's
+    /// refusal is retried there until the deadline and the call fails
+    /// `ResourceExhausted` naming the limit — not "unavailable" after the
+    /// follower it would otherwise have moved on to, which answers
+    /// NOT_LEADER (or nothing in time).
+    #[tokio::test(start_paused = true)]
+    async fn registering_at_sessions_max_is_resource_exhausted() {
+        let follower = Follower::new(vec!["leader".into(), "follower".into()], Backoff::default());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let (answer, _) = follower
+            .call(
+                deadline,
+                Duration::from_secs(1),
+                |endpoint: &str| Ok(endpoint.to_string()),
+                |node| async move {
+                    if node == "leader" {
+                        Err::<(), _>(reason_status(ErrorReason::ResourceExhausted(
+                            Limit::Sessions,
+                        )))
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Err(policy::not_leader("leader".into()))
+                    }
+                },
+            )
+            .await;
+        let error = give_up(answer.expect_err("the limit holds"));
+        assert!(
+            matches!(&error, Error::ResourceExhausted(why) if why.contains("sessions_max")),
+            "{error:?}"
+        );
+        assert_eq!(error.kind(), "resource_exhausted");
+    }
+
     /// Every final refusal a retry can meet, with what it proves.
-    fn final_refusals() -> Vec<ErrorReason> {
+    pub(crate) fn final_refusals() -> Vec<ErrorReason> {
         vec![
             ErrorReason::SessionExpired,
             ErrorReason::WrongCluster(oncekv_core::ClusterId(0xab)),

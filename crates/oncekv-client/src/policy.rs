@@ -4,8 +4,11 @@
 //! ([`verdict`]: retry this attempt, at the leader a `NOT_LEADER` names if
 //! it names one, or stop for good), where the next attempt goes
 //! ([`Leader::follow`]: to the hinted leader at once, else to the next
-//! endpoint in turn after a jittered backoff), and the loop that runs an
-//! idempotent call on the leader until its deadline ([`Follower::call`]).
+//! endpoint in turn after a jittered backoff; to the same node after a
+//! refusal only the leader makes), the loop that runs an idempotent call on
+//! the leader until its deadline ([`Follower::call`]), and which of a
+//! call's failures says most about why it could not complete
+//! ([`informativeness`]).
 //! It must not change a request between attempts, nor decide what a
 //! refusal means for the caller's own bookkeeping (seqs, floors, unknown
 //! outcomes): that is each caller's.
@@ -68,6 +71,45 @@ pub fn may_have_applied(status: &tonic::Status) -> bool {
             status.code(),
             tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
         ),
+    }
+}
+
+/// Whether `status` is the registry's refusal of this attempt when its
+/// entry applied — a capacity limit (`RESOURCE_EXHAUSTED`) or the window
+/// (`TOO_MANY_OUTSTANDING`): only the node that leads answers so, so the
+/// next attempt goes to it again, after a backoff, rather than on to
+/// another endpoint (a follower would only send it back, and one that does
+/// not answer would hide the refusal behind its timeout).
+pub fn refused_by_leader(status: &tonic::Status) -> bool {
+    error_detail(status).is_some_and(|detail| {
+        matches!(
+            detail.reason(),
+            Reason::ResourceExhausted | Reason::TooManyOutstanding
+        )
+    })
+}
+
+/// Where the attempt after a "this attempt" failure (`status`, with the
+/// `hint` its [`verdict`] found) of one sent to `target` goes: the leader
+/// the hint names; else `target` again when only the leader refuses so
+/// ([`refused_by_leader`]); else nowhere in particular (`None`: the next
+/// endpoint, after a backoff).
+pub fn next_hint(target: &str, status: &tonic::Status, hint: Option<String>) -> Option<String> {
+    hint.or_else(|| refused_by_leader(status).then(|| target.to_string()))
+}
+
+/// How much a failed attempt tells about why a call could not complete,
+/// for reporting a call that gives up: the registry's own reason for
+/// refusing this attempt (a capacity limit, the window) says most; a node
+/// saying why it cannot serve (no quorum, overload) next; then "not the
+/// leader"; a failure below the service (a refused connection, the
+/// attempt's own timeout) least.
+pub fn informativeness(status: &tonic::Status) -> u8 {
+    match error_detail(status).map(|detail| detail.reason()) {
+        Some(Reason::ResourceExhausted | Reason::TooManyOutstanding) => 3,
+        Some(Reason::NotLeader) => 1,
+        Some(_) => 2,
+        None => 0,
     }
 }
 
@@ -191,8 +233,10 @@ pub enum CallError {
     /// Refused for good ([`Verdict::Final`]): the status says why.
     Final(tonic::Status),
     /// The deadline passed while every attempt failed for that attempt
-    /// only; `status` is the last failure, and `maybe_applied` says whether
-    /// any attempt may have reached a leader that went on with it
+    /// only; `status` is the most informative failure ([`informativeness`]:
+    /// a capacity limit the leader named over a follower's `NOT_LEADER` or
+    /// a timeout; the latest among equals), and `maybe_applied` says
+    /// whether any attempt may have reached a leader that went on with it
     /// ([`may_have_applied`]).
     GaveUp {
         status: tonic::Status,
@@ -262,9 +306,13 @@ impl Follower {
     /// `deadline` passes: each attempt on the client `connect` makes for the
     /// current target, within `attempt_timeout` (and the deadline), and
     /// after a "this attempt" failure the next one follows the hint or moves
-    /// on. The request must be the same on every attempt (only idempotent
-    /// calls, or the same seq / key). Returns the answer or why it failed,
-    /// and the number of attempts made.
+    /// on — but for a refusal only the leader makes ([`refused_by_leader`]:
+    /// a capacity limit), after which it goes to the same node again. A
+    /// final refusal ends the call at once, whichever node made it. The
+    /// request must be the same on every attempt (only idempotent calls, or
+    /// the same seq / key). Returns the answer or why it failed (at the
+    /// deadline the most informative failure, not merely the last), and the
+    /// number of attempts made.
     pub async fn call<C, T, F, Fut>(
         &self,
         deadline: Instant,
@@ -278,9 +326,13 @@ impl Follower {
     {
         let mut attempt: u32 = 0;
         let mut maybe_applied = false;
+        // The most informative failure so far and its rank (the latest
+        // among equals): what the call reports if it gives up.
+        let mut telling: Option<(u8, tonic::Status)> = None;
         loop {
-            let client = match self.target() {
-                Some(target) => connect(&target),
+            let target = self.target();
+            let client = match &target {
+                Some(target) => connect(target),
                 None => Err(tonic::Status::invalid_argument("no endpoints given")),
             };
             let client = match client {
@@ -304,9 +356,18 @@ impl Follower {
                 Verdict::Retry { hint } => hint,
             };
             maybe_applied |= may_have_applied(&status);
+            // The node that refused for a capacity limit leads: stay there.
+            let hint = match &target {
+                Some(target) => next_hint(target, &status, hint),
+                None => hint,
+            };
+            let rank = informativeness(&status);
+            if telling.as_ref().is_none_or(|(best, _)| rank >= *best) {
+                telling = Some((rank, status.clone()));
+            }
             if Instant::now() >= deadline {
                 let error = CallError::GaveUp {
-                    status,
+                    status: telling.map_or(status, |(_, telling)| telling),
                     maybe_applied,
                 };
                 return (Err(error), attempt);
@@ -521,5 +582,107 @@ mod tests {
         );
         assert!(attempts > 2, "retried until the deadline: {attempts}");
         assert!(Instant::now() >= deadline);
+    }
+
+    /// A capacity limit the leader names (registering at `sessions_max`)
+    /// is retried at that node, never passed on to the next endpoint, and
+    /// is what the call reports at its deadline — not the last failure met
+    /// (a follower's NOT_LEADER, or its timeout), which the caller would
+    /// report as "unavailable".
+    #[tokio::test(start_paused = true)]
+    async fn a_capacity_refusal_stays_at_the_leader_and_is_reported() {
+        let full = || reason_status(ErrorReason::ResourceExhausted(oncekv_core::Limit::Sessions));
+        let connect = |endpoint: &str| Ok(endpoint.to_string());
+        for endpoints in [["leader", "follower"], ["follower", "leader"]] {
+            let follower = Follower::new(
+                endpoints.iter().map(|e| e.to_string()).collect(),
+                Backoff::default(),
+            );
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let follower_tries = std::sync::atomic::AtomicU32::new(0);
+            let (answer, attempts) = follower
+                .call(deadline, Duration::from_secs(1), connect, |node| {
+                    let follower_tries = &follower_tries;
+                    async move {
+                        if node == "leader" {
+                            return Err::<(), _>(full());
+                        }
+                        // A follower that points at the leader, but only
+                        // after a while: the deadline would pass here.
+                        follower_tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Err(not_leader("leader".into()))
+                    }
+                })
+                .await;
+            let Err(CallError::GaveUp { status, .. }) = answer else {
+                panic!("{endpoints:?}: {answer:?}");
+            };
+            assert_eq!(
+                error_detail(&status).map(|detail| (detail.reason(), detail.limit)),
+                Some((Reason::ResourceExhausted, "sessions_max".to_string())),
+                "{endpoints:?}: {status:?}"
+            );
+            let asked_first = usize::from(endpoints[0] == "follower");
+            assert_eq!(
+                follower_tries.load(std::sync::atomic::Ordering::SeqCst) as usize,
+                asked_first,
+                "{endpoints:?}: never back to the follower after the leader refused"
+            );
+            assert!(attempts > 3, "retried at the leader: {attempts}");
+        }
+    }
+
+    /// At the deadline the most informative failure is reported, however
+    /// many less telling ones came after it: a capacity limit over a
+    /// node's NOT_LEADER over a timed-out attempt. A final refusal ends
+    /// the call at once, even after a hop.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_gives_up_reports_its_most_telling_failure() {
+        let follower = Follower::new(vec!["a".into(), "b".into()], Backoff::default());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let connect = |endpoint: &str| Ok(endpoint.to_string());
+        let (answer, _) = follower
+            .call(deadline, Duration::from_millis(200), connect, |node| {
+                let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                async move {
+                    match (node.as_str(), first) {
+                        // Once, the limit; then the leader is gone.
+                        ("a", true) => Err::<(), _>(reason_status(ErrorReason::ResourceExhausted(
+                            oncekv_core::Limit::Keys,
+                        ))),
+                        ("a", false) => Err(not_leader("b".into())),
+                        _ => std::future::pending().await,
+                    }
+                }
+            })
+            .await;
+        let Err(CallError::GaveUp { status, .. }) = answer else {
+            panic!("{answer:?}");
+        };
+        assert_eq!(
+            error_detail(&status).map(|detail| detail.reason()),
+            Some(Reason::ResourceExhausted),
+            "{status:?}"
+        );
+
+        let follower = Follower::new(vec!["a".into(), "b".into()], Backoff::default());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let (answer, attempts) = follower
+            .call(
+                deadline,
+                Duration::from_millis(200),
+                connect,
+                |node| async move {
+                    match node.as_str() {
+                        "a" => Err::<(), _>(not_leader("b".into())),
+                        _ => Err(reason_status(ErrorReason::PermissionDenied("role".into()))),
+                    }
+                },
+            )
+            .await;
+        assert!(matches!(answer, Err(CallError::Final(_))), "{answer:?}");
+        assert_eq!(attempts, 2);
     }
 }

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Union
 from . import commands as cmd
 from . import errors
 from ._proto import oncekv_pb2 as pb
+from .policy import refused_after_send
 
 __all__ = ["Won", "InProgress", "Completed", "Once", "OnceRun", "current_claim", "ClaimsMixin"]
 
@@ -186,11 +187,20 @@ class ClaimsMixin:
 
     def _claim_call(self, key: bytes, deadline: float, call):
         """One claim call, retried with the same request until `deadline`.
-        A refusal from the key's record (KEY_CONFLICT, FENCED, a limit, a
-        malformed request, another cluster) is definite; any other final
-        refusal after an attempt that may have reached a leader leaves the
-        outcome unknown (rule 22), and so does the deadline — unless no
-        attempt can have been sent (`Unavailable`)."""
+        A refusal for good is definite only before any attempt that may
+        have reached a leader that applies it, or when it proves the call
+        did not take effect: KEY_CONFLICT (the key's record holds another
+        fingerprint; had this claim won, its record would answer every
+        retry with the win). After such an attempt (a lost reply, a
+        timeout), any other refusal of a retry says nothing of it — FENCED
+        (a release that was applied lets the next claim in at once),
+        INVALID_ARGUMENT (a lease beyond a lease_ms_max lowered since),
+        LIMIT_EXCEEDED (a key or result beyond a limit lowered since),
+        WRONG_CLUSTER, PERMISSION_DENIED... — and the outcome is unknown
+        (`KeyOutcomeUnknown`, the refusal as `.cause`; rule 22). So is the
+        deadline — unless no attempt can have been sent (`Unavailable`) or
+        a capacity limit refused every attempt before any could run
+        (`ResourceExhausted`)."""
         text = key.decode("utf-8", "replace")
         sent = self._send_retried(deadline, call)
         if sent.how == "answered":
@@ -209,10 +219,9 @@ class ClaimsMixin:
                 raise errors.KeyConflict(
                     f"claim key {text!r} was claimed for another effect (another fingerprint); "
                     "nothing ran", detail=failure.detail, key=key)
-            if isinstance(error, (errors.Fenced, errors.LimitExceeded, errors.InvalidArgument,
-                                  errors.WrongCluster)) or not sent.reached:
+            if not sent.reached:
                 raise error
-            raise unknown(error, cause=error)
+            raise unknown(refused_after_send(error), cause=error)
         exhausted = sent.failures.exhausted_before_any_reach(sent.reached)
         if exhausted is not None:
             raise exhausted

@@ -44,6 +44,7 @@ from ._proto import oncekv_pb2 as pb
 from ._proto import oncekv_pb2_grpc as pb_grpc
 from .claims import ClaimsMixin
 from .policy import Backoff, Failure, Failures, Leader
+from .policy import refused_after_send as _refused_after_send
 from .seqs import Seqs
 
 __all__ = ["Client", "KeyedReply", "AttemptEvent"]
@@ -106,9 +107,15 @@ class _CallFinal(Exception):
 
 
 class _CallGaveUp(Exception):
-    def __init__(self, failure: Failure, maybe_applied: bool):
-        super().__init__(failure.text())
-        self.failure = failure
+    """The deadline passed with every attempt failed for that attempt only:
+    `failure` is the most informative failure (a capacity limit the leader
+    named over a follower's NOT_LEADER or a timeout), `failures` all of
+    them."""
+
+    def __init__(self, failures: Failures, maybe_applied: bool):
+        super().__init__(failures.reason())
+        self.failure = failures.best
+        self.failures = failures
         self.maybe_applied = maybe_applied
 
 
@@ -140,10 +147,6 @@ def _read_pem(value) -> Optional[bytes]:
         return bytes(value)
     with open(os.fspath(value), "rb") as file:
         return file.read()
-
-
-def _refused_after_send(error) -> str:
-    return f"a retry was refused ({error}) after an earlier attempt that may have been applied"
 
 
 class _Session:
@@ -378,7 +381,7 @@ class Client(ClaimsMixin):
         try:
             return self._on_leader(deadline, leader_status)
         except (_CallFinal, _CallGaveUp) as error:
-            raise errors.Unavailable(error.failure.text()) from None
+            raise self._unreachable(error) from None
 
     # ---- sessions: exactly once per (client id, seq) -------------------------
 
@@ -470,6 +473,8 @@ class Client(ClaimsMixin):
                     raise _Unusable(failure.text())
                 raise self._final_execute_error(session, failure, seq, reached)
             self._observe(session, seq, attempt, target, "retry", reason=failure.reason or failure.code.name)
+            if hint is None and failure.refused_by_leader():
+                hint = target  # only the leader refuses so: the next attempt goes there
             failures.note(failure)
             reached = reached or failure.may_have_reached()
             if _now() >= deadline:
@@ -723,7 +728,11 @@ class Client(ClaimsMixin):
         sent = self._send_retried(deadline, lambda stub, t: stub.ExecutePlain(
             request, timeout=t, metadata=self._metadata))
         if sent.how == "answered":
-            return cmd.result_from_proto(sent.reply.result)
+            try:
+                return cmd.result_from_proto(sent.reply.result)
+            except ValueError as undecodable:
+                # Applied, but the answer is unreadable.
+                raise errors.PlainOutcomeUnknown(f"undecodable reply: {undecodable}") from None
         if sent.how == "refused":
             error = sent.failure.error()
             if error is None:
@@ -790,10 +799,14 @@ class Client(ClaimsMixin):
 
     def _on_leader(self, deadline: float, call):
         """Runs an idempotent call on the leader until it is answered
-        (returned), refused for good (`_CallFinal`) or `deadline` passes
-        with every attempt failed for that attempt only (`_CallGaveUp`)."""
+        (returned), refused for good (`_CallFinal`, whichever node refused)
+        or `deadline` passes with every attempt failed for that attempt only
+        (`_CallGaveUp`, with the most informative failure, not merely the
+        last). After a refusal only the leader makes (a capacity limit) the
+        next attempt goes to the same node, not on to the next endpoint."""
         attempt = 0
         maybe_applied = False
+        failures = Failures()
         while True:
             target = self._target()
             try:
@@ -805,9 +818,12 @@ class Client(ClaimsMixin):
             retry, hint = failure.retry_hint()
             if not retry:
                 raise _CallFinal(failure)
+            failures.note(failure)
             maybe_applied = maybe_applied or failure.may_have_applied()
+            if hint is None and failure.refused_by_leader():
+                hint = target  # the node that refused leads: stay there
             if _now() >= deadline:
-                raise _CallGaveUp(failure, maybe_applied)
+                raise _CallGaveUp(failures, maybe_applied)
             self._follow(hint, attempt, deadline)
             attempt += 1
 
@@ -827,6 +843,8 @@ class Client(ClaimsMixin):
             retry, hint = failure.retry_hint()
             if not retry:
                 return _Sent("refused", failure=failure, reached=reached, failures=failures)
+            if hint is None and failure.refused_by_leader():
+                hint = target  # only the leader refuses so: the next attempt goes there
             failures.note(failure)
             reached = reached or failure.may_have_reached()
             if _now() >= deadline:
@@ -837,14 +855,31 @@ class Client(ClaimsMixin):
             attempt += 1
 
     def _give_up(self, error) -> errors.OncekvError:
-        """The error of an idempotent call (no seq) that failed."""
+        """The error of an idempotent call (no seq) on the leader that
+        failed (`_on_leader`): a refusal for good is itself, whichever node
+        made it; at the deadline, the most informative failure decides — a
+        capacity limit that stayed reached (`ResourceExhausted`, naming it),
+        else `Unavailable`."""
         failure = error.failure
         if isinstance(error, _CallFinal):
             mapped = failure.error()
             return mapped if mapped is not None else errors.InvalidArgument(failure.text())
         if failure.reason == "RESOURCE_EXHAUSTED":
             return failure.error()
-        return errors.Unavailable(f"cluster unavailable: {failure.text()}", detail=failure.detail)
+        return errors.Unavailable(f"cluster unavailable: {error.failures.reason()}",
+                                  detail=failure.detail)
+
+    def _unreachable(self, error) -> errors.OncekvError:
+        """The error of a `Status` call on the leader that failed: a node's
+        typed refusal for good is itself; anything else is a cluster out of
+        reach (`Unavailable`)."""
+        if isinstance(error, _CallFinal):
+            mapped = error.failure.error()
+            if mapped is not None:
+                return mapped
+            return errors.Unavailable(f"cluster unavailable: {error.failure.text()}",
+                                      detail=error.failure.detail)
+        return self._give_up(error)
 
     def _cluster(self, deadline: float) -> bytes:
         """The cluster's id, asked of the leader once."""
@@ -861,7 +896,7 @@ class Client(ClaimsMixin):
         try:
             reply = self._on_leader(deadline, leader_status)
         except (_CallFinal, _CallGaveUp) as error:
-            raise errors.Unavailable(f"cluster unavailable: {error.failure.text()}") from None
+            raise self._unreachable(error) from None
         with self._lock:
             self._cluster_id = bytes(reply.cluster_id)
             return self._cluster_id

@@ -2,8 +2,11 @@
 `retry.rs` have them: what a failed attempt means (`Failure.verdict`: retry
 this attempt, at the leader a NOT_LEADER names if it names one, or stop),
 where the next attempt goes (`Leader.follow`: the hinted leader at once,
-else the next endpoint in turn after a jittered backoff), and whether a
-failed attempt may have reached a leader that applies it (rule 22).
+else the next endpoint in turn after a jittered backoff; the same node
+again after a refusal only the leader makes, `Failure.refused_by_leader`),
+whether a failed attempt may have reached a leader that applies it (rule
+22), and which of a call's failures says most about why it could not
+complete (`Failure.informativeness`, `Failures`).
 
 Pure apart from the jitter: it sends nothing and never changes a request
 between attempts; what a refusal means for seqs, floors and unknown
@@ -110,6 +113,15 @@ class Failure:
             return True, None
         return False, None
 
+    def refused_by_leader(self) -> bool:
+        """Whether this is the registry's refusal of the attempt when its
+        entry applied — a capacity limit (RESOURCE_EXHAUSTED) or the window
+        (TOO_MANY_OUTSTANDING): only the node that leads answers so, so the
+        next attempt goes to it again, after a backoff, rather than on to
+        another endpoint (a follower would only send it back, and one that
+        does not answer would hide the refusal behind its timeout)."""
+        return self.reason in ("RESOURCE_EXHAUSTED", "TOO_MANY_OUTSTANDING")
+
     def never_sent(self) -> bool:
         """Whether grpc could not connect at all (nothing was sent)."""
         if self.detail is not None or self.code != grpc.StatusCode.UNAVAILABLE:
@@ -181,6 +193,12 @@ class Failure:
 
     def __str__(self) -> str:
         return self.text()
+
+
+def refused_after_send(error) -> str:
+    """The reason of an unknown outcome whose last attempt was refused for
+    good (`error`) after an earlier one that may have been applied."""
+    return f"a retry was refused ({error}) after an earlier attempt that may have been applied"
 
 
 # An attempt given less than this (seconds) before the deadline would be cut
