@@ -140,7 +140,7 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
                 Code::Unavailable,
                 Reason::NotLeader,
                 "this node leads, but no majority has acknowledged it within its leader \
-                 lease (followers slow or unreachable): nothing was proposed; retry"
+                 lease (followers slow or unreachable): this attempt was not proposed; retry"
                     .into(),
             )
         }
