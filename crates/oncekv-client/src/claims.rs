@@ -10,7 +10,7 @@
 //! retry of each call; it must not decide who holds a key (the registry
 //! does, at apply) or re-claim under a new claim id within one call.
 
-use super::{AuthChannel, Client, ClientClient, Error, Sent, refused_after_send};
+use super::{AuthChannel, Client, ClientClient, Decided, Error, refused_after_send};
 use oncekv_core::ClaimAnswer;
 use oncekv_wire::convert;
 use oncekv_wire::proto;
@@ -453,23 +453,11 @@ impl Client {
                 call(client, message)
             })
             .await;
-        match sent {
-            Sent::Answered(reply) => Ok(reply.into_inner()),
-            Sent::Refused { status, reached } => {
+        match sent.keyed_fate(unknown)? {
+            Decided::Answered(reply) => Ok(reply.into_inner()),
+            Decided::Refused { status, reached } => {
                 Err(final_claim_error(&status, &key_text, reached))
             }
-            Sent::GaveUp {
-                failures, reached, ..
-            } => Err(failures
-                .exhausted_before_any_reach(reached)
-                .unwrap_or_else(|| unknown(failures.reason()))),
-            Sent::Unsendable { error, reached } => Err(if reached {
-                unknown(format!(
-                    "{error} (after an attempt that may have been applied)"
-                ))
-            } else {
-                error
-            }),
         }
     }
 }

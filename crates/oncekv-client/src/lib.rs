@@ -453,6 +453,43 @@ enum Sent<T> {
     },
 }
 
+/// A keyed or claim call's [`Sent`] once [`Sent::keyed_fate`] has taken the
+/// attempts that ran out of time or could not be made.
+enum Decided<T> {
+    Answered(T),
+    Refused {
+        status: tonic::Status,
+        reached: bool,
+    },
+}
+
+impl<T> Sent<T> {
+    /// A keyed or claim call that ran out of time or could not send again:
+    /// its fate can be learnt (the same key again), so it is `unknown` —
+    /// but for a capacity limit that refused every attempt before any
+    /// could have run, said as such, and for an attempt that could not be
+    /// made when no earlier one may have been applied. An answer or a
+    /// refusal is left to the caller.
+    fn keyed_fate(self, unknown: impl Fn(String) -> Error) -> Result<Decided<T>, Error> {
+        match self {
+            Sent::Answered(reply) => Ok(Decided::Answered(reply)),
+            Sent::Refused { status, reached } => Ok(Decided::Refused { status, reached }),
+            Sent::GaveUp {
+                failures, reached, ..
+            } => Err(failures
+                .exhausted_before_any_reach(reached)
+                .unwrap_or_else(|| unknown(failures.reason()))),
+            Sent::Unsendable { error, reached } => Err(if reached {
+                unknown(format!(
+                    "{error} (after an attempt that may have been applied)"
+                ))
+            } else {
+                error
+            }),
+        }
+    }
+}
+
 /// Whether a failed attempt may have reached a leader that applies it, now
 /// or later (rule 22). Only three failures prove it did not: a refusal the
 /// registry made when that attempt's entry applied (`TOO_MANY_OUTSTANDING`,
@@ -1279,8 +1316,11 @@ impl Client {
                 async move { client.execute_keyed(call).await }
             })
             .await;
-        match sent {
-            Sent::Answered(reply) => {
+        // The fate of a keyed call that ran out of time can be learnt:
+        // unknown, whether or not an attempt may have been applied (see
+        // `Sent::keyed_fate`).
+        match sent.keyed_fate(unknown)? {
+            Decided::Answered(reply) => {
                 let reply = reply.into_inner();
                 let result = convert::result_from_proto(reply.result)
                     .map_err(|error| unknown(format!("undecodable reply: {error}")))?;
@@ -1290,23 +1330,7 @@ impl Client {
                     log_index: reply.log_index,
                 })
             }
-            Sent::Refused { status, reached } => Err(final_keyed_error(&status, key, reached)),
-            // The fate of a keyed call that ran out of time can be learnt:
-            // unknown, whether or not an attempt may have been applied —
-            // but for a capacity limit that refused every attempt before
-            // any could have run, which is said as such.
-            Sent::GaveUp {
-                failures, reached, ..
-            } => Err(failures
-                .exhausted_before_any_reach(reached)
-                .unwrap_or_else(|| unknown(failures.reason()))),
-            Sent::Unsendable { error, reached } => Err(if reached {
-                unknown(format!(
-                    "{error} (after an attempt that may have been applied)"
-                ))
-            } else {
-                error
-            }),
+            Decided::Refused { status, reached } => Err(final_keyed_error(&status, key, reached)),
         }
     }
 
