@@ -10,7 +10,7 @@
 //! retry of each call; it must not decide who holds a key (the registry
 //! does, at apply) or re-claim under a new claim id within one call.
 
-use super::{AuthChannel, Client, ClientClient, Decided, Error, refused_after_send};
+use super::{AuthChannel, Client, ClientClient, Decided, Error, refusal_of_key};
 use oncekv_core::ClaimAnswer;
 use oncekv_wire::convert;
 use oncekv_wire::proto;
@@ -478,20 +478,7 @@ impl Client {
 /// the refusal. A refusal with no registry reason may have followed the
 /// log: unknown either way.
 fn final_claim_error(status: &tonic::Status, key: &str, reached: bool) -> Error {
-    let unknown = |reason: String| Error::KeyOutcomeUnknown {
-        key: key.to_string(),
-        reason,
-    };
-    let Some(error) = Error::from_reason(status, 0) else {
-        return unknown(format!("{:?}: {}", status.code(), status.message()));
-    };
-    match error {
-        Error::KeyConflict { .. } => Error::KeyConflict {
-            key: key.to_string(),
-        },
-        error if !reached => error,
-        error => unknown(refused_after_send(&error)),
-    }
+    refusal_of_key(status, key, reached, |_| false)
 }
 
 /// A claim's answer. The reply came after the claim was sent, so one that

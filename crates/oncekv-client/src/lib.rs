@@ -589,20 +589,39 @@ fn final_execute_error(
 /// judged before the record is looked up, so after a send it proves
 /// nothing (the limit may have been lowered since an attempt executed).
 fn final_keyed_error(status: &tonic::Status, key: &str, reached: bool) -> Error {
+    refusal_of_key(
+        status,
+        key,
+        reached,
+        |error| matches!(error, Error::LimitExceeded { limit, .. } if *limit != Limit::IdempotencyKeyBytes),
+    )
+}
+
+/// A refusal for good of a call named by `key` (keyed or claim), given
+/// whether an earlier attempt may have reached a leader (`reached`): with
+/// it, every refusal is [`Error::KeyOutcomeUnknown`] naming the refusal
+/// but `KEY_CONFLICT` (the key's record holds another request) and those
+/// `proves_not_run` says prove this request did not run. A refusal with no
+/// registry reason came from below the registry: this attempt may have
+/// reached the log, unknown either way.
+pub(crate) fn refusal_of_key(
+    status: &tonic::Status,
+    key: &str,
+    reached: bool,
+    proves_not_run: impl Fn(&Error) -> bool,
+) -> Error {
     let unknown = |reason: String| Error::KeyOutcomeUnknown {
         key: key.to_string(),
         reason,
     };
     let Some(error) = Error::from_reason(status, 0) else {
-        // Refused below the registry: this attempt may have reached the log.
         return unknown(format!("{:?}: {}", status.code(), status.message()));
     };
     match error {
         Error::KeyConflict { .. } => Error::KeyConflict {
             key: key.to_string(),
         },
-        Error::LimitExceeded { limit, .. } if limit != Limit::IdempotencyKeyBytes => error,
-        error if !reached => error,
+        error if !reached || proves_not_run(&error) => error,
         error => unknown(refused_after_send(&error)),
     }
 }
@@ -680,10 +699,7 @@ impl Failures {
             Some(_) => status.message().to_string(),
             None => format!("{:?}: {}", status.code(), status.message()),
         };
-        let rank = policy::informativeness(status);
-        if self.best.as_ref().is_none_or(|(best, _)| rank >= *best) {
-            self.best = Some((rank, text.clone()));
-        }
+        policy::keep_most_telling(&mut self.best, status, || text.clone());
         self.last = Some(text);
         self.count += 1;
         if error_detail(status).is_some_and(|detail| detail.reason() == Reason::ResourceExhausted) {

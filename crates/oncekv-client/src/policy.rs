@@ -105,11 +105,26 @@ pub fn next_hint(target: &str, status: &tonic::Status, hint: Option<String>) -> 
 /// leader"; a failure below the service (a refused connection, the
 /// attempt's own timeout) least.
 pub fn informativeness(status: &tonic::Status) -> u8 {
+    if refused_by_leader(status) {
+        return 3;
+    }
     match error_detail(status).map(|detail| detail.reason()) {
-        Some(Reason::ResourceExhausted | Reason::TooManyOutstanding) => 3,
         Some(Reason::NotLeader) => 1,
         Some(_) => 2,
         None => 0,
+    }
+}
+
+/// Keeps in `best` the most informative failure met so far
+/// ([`informativeness`]; the latest among equals), as `value` makes it.
+pub fn keep_most_telling<T>(
+    best: &mut Option<(u8, T)>,
+    status: &tonic::Status,
+    value: impl FnOnce() -> T,
+) {
+    let rank = informativeness(status);
+    if best.as_ref().is_none_or(|(kept, _)| rank >= *kept) {
+        *best = Some((rank, value()));
     }
 }
 
@@ -361,10 +376,7 @@ impl Follower {
                 Some(target) => next_hint(target, &status, hint),
                 None => hint,
             };
-            let rank = informativeness(&status);
-            if telling.as_ref().is_none_or(|(best, _)| rank >= *best) {
-                telling = Some((rank, status.clone()));
-            }
+            keep_most_telling(&mut telling, &status, || status.clone());
             if Instant::now() >= deadline {
                 let error = CallError::GaveUp {
                     status: telling.map_or(status, |(_, telling)| telling),
