@@ -66,7 +66,32 @@ async fn typed_operations() {
     assert!(client.delete(b"n").await.unwrap());
     assert!(!client.delete(b"n").await.unwrap());
     assert_eq!(client.get(b"n").await.unwrap(), None);
-    client.close().await;
+    assert!(client.close().await, "an applied Unregister is confirmed");
+}
+
+/// A close whose Unregister applied but whose reply was lost is still
+/// confirmed: the retry meets SESSION_EXPIRED, which shows the session gone.
+/// Here a raw Unregister of the same session stands for the lost attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_confirms_a_session_already_gone() {
+    let cluster = Cluster::start("client-close-gone").await;
+    let client = client(&cluster, patient());
+    let client_id = client.client_id().await.unwrap();
+    let raw = support::raw::raw_client(&cluster).await;
+    let request = oncekv_wire::proto::UnregisterRequest {
+        cluster_id: raw.cluster_id.clone(),
+        client_id,
+    };
+    raw.on_leader(Duration::from_secs(60), |mut grpc| {
+        let request = request.clone();
+        async move { grpc.unregister(request).await }
+    })
+    .await
+    .expect("the first Unregister applies");
+    assert!(
+        client.close().await,
+        "the session is gone: close must say so, not report a failure"
+    );
 }
 
 /// 64 requests in flight on one session across a leader change: every one

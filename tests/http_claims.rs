@@ -164,6 +164,33 @@ async fn a_claim_is_won_once_completed_and_replayed() {
     );
     assert_eq!(completed["state"], "completed", "{completed}");
     assert_eq!(completed["fence"], fence, "{completed}");
+    // The same complete again is answered from the record; one with
+    // another result is FENCED under the caller's own fence and records
+    // nothing (the replays below still carry the first result).
+    let (_, again) = expect(
+        call(
+            &http,
+            "order-1",
+            "complete",
+            json!({"fence": fence, "result_base64": BASE64.encode(&result)}),
+        )
+        .await,
+        200,
+    );
+    assert_eq!(again["completed_ms"], completed["completed_ms"], "{again}");
+    let (_, other) = refusal(
+        call(
+            &http,
+            "order-1",
+            "complete",
+            json!({"fence": fence, "result": "another receipt"}),
+        )
+        .await,
+        409,
+        "FENCED",
+        "application/json",
+    );
+    assert_eq!(other["current_fence"], fence, "{other}");
 
     // Every later claim, whoever sends it: the recorded result, no win.
     let mut replays = Vec::new();

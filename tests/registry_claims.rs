@@ -520,7 +520,8 @@ fn rule20_a_retried_claim_gets_its_own_win(variant: Variant) {
 
 /// Rule 20: a completed key replays its result byte for byte to every later
 /// claim, whatever its claim id; a retried complete of the same fence is
-/// answered from the record; no new fence is issued for it. With a store,
+/// answered from the record, one with another result is FENCED and changes
+/// nothing; no new fence is issued for it. With a store,
 /// each of those is answered from the record read back from it.
 fn rule20_completion_is_replayed_and_complete_is_idempotent(variant: Variant) {
     let mut driver = Harness::new(variant);
@@ -543,6 +544,12 @@ fn rule20_completion_is_replayed_and_complete_is_idempotent(variant: Variant) {
             completed_ms,
             duplicate: true
         }
+    );
+    // A complete of the same fence with another result records nothing and
+    // says so: the claim is finished under this fence.
+    assert_eq!(
+        driver.apply(complete("pay", fence, b"receipt-8")),
+        Outcome::Rejected(Rejection::Fenced { fence })
     );
     for claim_id in [1, 2, 3] {
         driver.advance(5_000);

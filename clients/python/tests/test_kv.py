@@ -112,3 +112,18 @@ def test_session_expired_is_definite_and_the_next_call_gets_a_new_session(client
     assert not expired.value.may_have_taken_effect
     assert client.increment(counter, 1) == 2, "the refused increment did not execute"
     assert client.client_id() != old_id
+
+
+def test_close_confirms_a_session_already_gone(make_client, key, admin_stub):
+    """close() is true when the Unregister applied, and also when the
+    cluster no longer knows the session (its first attempt applied with the
+    reply lost, or the session expired): SESSION_EXPIRED shows it gone."""
+    confirmed = make_client()
+    confirmed.increment(key("counter"), 1)
+    assert confirmed.close() is True
+    gone = make_client()
+    gone.increment(key("counter"), 1)
+    status = gone.status()
+    admin_stub().ExpireSession(pb.ExpireSessionRequest(cluster_id=status.cluster_id,
+                                                       client_id=gone.client_id()), timeout=5)
+    assert gone.close() is True, "the session is gone: close must say so"

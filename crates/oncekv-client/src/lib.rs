@@ -522,6 +522,14 @@ const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(20);
 
 /// Whether `status` reports a connection the peer refused (nothing sent):
 /// an `io::Error` of kind `ConnectionRefused` somewhere in its sources.
+/// Whether a failed Unregister still shows the session ended: the cluster
+/// refused it for good as unknown or expired (SESSION_EXPIRED), which a
+/// retry meets when its first attempt applied and the reply was lost.
+fn session_is_gone(error: &CallError) -> bool {
+    matches!(error, CallError::Final(status)
+        if error_detail(status).is_some_and(|detail| detail.reason() == Reason::SessionExpired))
+}
+
 fn connection_refused(status: &tonic::Status) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     // A chain is a few errors deep; the bound only guards against a cycle.
@@ -1350,8 +1358,11 @@ impl Client {
         }
     }
 
-    /// Ends the session; true when the cluster confirmed it (or there was
-    /// none). Best effort: an unconfirmed session simply expires later.
+    /// Ends the session; true when the cluster confirmed that it is gone
+    /// (or there was none): the Unregister applied, or the cluster no
+    /// longer knows the session (an earlier attempt of this close applied
+    /// with its reply lost, or the session had expired). Best effort: an
+    /// unconfirmed session simply expires later.
     pub async fn close(&self) -> bool {
         let session = self.inner.session.lock().await.take();
         let Some(session) = session else {
@@ -1366,7 +1377,7 @@ impl Client {
             async move { client.unregister(request).await }
         })
         .await
-        .is_ok()
+        .map_or_else(|error| session_is_gone(&error), |_| true)
     }
 
     /// The deadline of a call starting now.

@@ -900,12 +900,22 @@ impl Registry {
         #[cfg(not(feature = "broken-no-fence-check"))]
         let record = self.fenced_record(&id, fence, fetched)?;
         match &record.state {
-            ClaimState::Completed { completed_ms, .. } => Ok(Outcome::ClaimCompleted {
+            // The same complete again (a retry whose reply was lost): the
+            // record's answer.
+            ClaimState::Completed {
+                completed_ms,
+                result: recorded,
+            } if recorded.as_slice() == result => Ok(Outcome::ClaimCompleted {
                 fence,
                 completed_ms: *completed_ms,
                 duplicate: true,
             }),
-            ClaimState::Released { .. } => Err(Rejection::Fenced { fence }),
+            // A complete with another result than the one recorded changes
+            // nothing and must not pass for recorded: the claim is finished
+            // under this fence, as after a release.
+            ClaimState::Completed { .. } | ClaimState::Released { .. } => {
+                Err(Rejection::Fenced { fence })
+            }
             ClaimState::Held { .. } => {
                 let mut record = record.clone();
                 let completed_ms = self.cluster_time_ms;

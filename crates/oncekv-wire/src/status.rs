@@ -249,8 +249,9 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
                 Code::FailedPrecondition,
                 Reason::Fenced,
                 format!(
-                    "fenced: the claim of fence {fence} is finished already (completed or \
-                     released); this call changed nothing"
+                    "fenced: the claim of fence {fence} is finished already (released, or \
+                     completed: a result other than the one recorded does not replace it); \
+                     this call changed nothing"
                 ),
             )
         }

@@ -289,8 +289,11 @@ class Client(ClaimsMixin):
 
     def close(self) -> bool:
         """Ends the session (best effort: an unconfirmed one expires later)
-        and closes the channels. True when the cluster confirmed the end
-        (or there was no session). A later call starts a new session."""
+        and closes the channels. True when the cluster confirmed that the
+        session is gone (or there was none): the Unregister applied, or the
+        cluster no longer knows the session (an earlier attempt of this close
+        applied with its reply lost, or it had expired). A later call starts
+        a new session."""
         with self._session_lock:
             session, self._session = self._session, None
         confirmed = True
@@ -300,7 +303,9 @@ class Client(ClaimsMixin):
             try:
                 self._on_leader(self._deadline(), lambda stub, t: stub.Unregister(
                     request, timeout=t, metadata=self._metadata))
-            except (_CallFinal, _CallGaveUp):
+            except _CallFinal as final:
+                confirmed = final.failure.reason == "SESSION_EXPIRED"
+            except _CallGaveUp:
                 confirmed = False
         with self._lock:
             channels, self._channels, self._stubs = self._channels, {}, {}
