@@ -112,6 +112,26 @@ async fn malformed_input_and_limits_are_final_on_the_wire() {
         }
     }
 
+    // A list with more items than any value within the hard bound can hold
+    // (each item counts 8 bytes), in a message within the size bound:
+    // refused while it decodes, as malformed input, after at most the
+    // bound's items — not decoded whole and refused by the value's limit.
+    let items = oncekv_wire::list_value::LIST_ITEMS_MAX + 1;
+    let many = raw.execute_request(1, 1, 1, &put("many", Value::List(vec![Vec::new(); items])));
+    let status = raw_call(
+        &at,
+        "/oncekv.v1.Client/Execute",
+        prost::Message::encode_to_vec(&many),
+    )
+    .await
+    .expect_err("too many items are refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+    assert!(
+        status.message().contains("more than 524288 items"),
+        "{status}"
+    );
+
     // Malformed gRPC framing, refused by tonic before any handler runs: a
     // compressed flag without `grpc-encoding`, a frame shorter than its
     // length, an encoding the node does not support, and no message.

@@ -42,6 +42,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // decode, and tells requests from replies.
     config.enable_type_names();
     tonic_prost_build::configure()
+        // Written by hand: its decoder bounds the number of items
+        // (src/list_value.rs).
+        .extern_path(".oncekv.v1.ListValue", "crate::list_value::ListValue")
         .build_server(true)
         .build_client(true)
         .codec_path("crate::codec::WireCodec")

@@ -497,7 +497,7 @@ impl Value {
 }
 
 /// What one list element adds to its list's [`Value::size_bytes`].
-pub fn list_element_size_bytes(element: &[u8]) -> u64 {
+pub const fn list_element_size_bytes(element: &[u8]) -> u64 {
     element.len() as u64 + 8
 }
 

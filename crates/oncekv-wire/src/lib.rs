@@ -1,7 +1,8 @@
 //! oncekv's wire, one copy of it for every side that speaks it (the server,
 //! the client library, the CLI, the harness): the gRPC types and services
 //! generated from `proto/oncekv.proto` (`proto`), their codec (`codec`),
-//! the only protobuf ↔ core conversion (`convert`), the only mapping of a
+//! the only protobuf ↔ core conversion (`convert`), the one message whose
+//! decoder is written by hand to bound it (`list_value`), the only mapping of a
 //! failure reason to a gRPC status and back (`status`), the HTTP
 //! `Idempotency-Key` header's one parser (`idempotency_header`), the name a
 //! client certificate gives its holder (`certificate`, feature
@@ -15,6 +16,7 @@ pub mod certificate;
 pub mod codec;
 pub mod convert;
 pub mod idempotency_header;
+pub mod list_value;
 pub mod proto;
 pub mod status;
 
