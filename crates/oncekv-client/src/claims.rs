@@ -194,9 +194,12 @@ impl Client {
     }
 
     /// Records `result` as the effect's result under `fence`; every later
-    /// claim of the key replays it. [`Error::Fenced`] when the fence no
-    /// longer holds the key (nothing recorded). Returns the cluster time of
-    /// the completion.
+    /// claim of the key replays it. The same complete again (a retry) is
+    /// answered from the record. [`Error::Fenced`] when the fence no longer
+    /// holds the key, and when this fence completed it already with another
+    /// result (`current_fence` is then `fence`: the first result stands);
+    /// nothing is recorded either way. Returns the cluster time of the
+    /// completion.
     pub async fn complete_claim(
         &self,
         key: &[u8],

@@ -153,8 +153,11 @@ class ClaimsMixin:
     def complete(self, key, fence: int, result: bytes) -> int:
         """Records `result` (bytes) as the effect's result under `fence`;
         every later claim of the key replays it. Returns the cluster time of
-        the completion. Raises `Fenced` when the fence no longer holds the
-        key (nothing recorded)."""
+        the completion. The same complete again (a retry) is answered from
+        the record. Raises `Fenced` when the fence no longer holds the key,
+        and when this fence completed it already with another result
+        (`current_fence` is then `fence`: the first result stands); nothing
+        is recorded either way."""
         key = _claim_key(key)
         deadline = self._deadline()
         request = pb.CompleteClaimRequest(cluster_id=self._cluster(deadline), key=key, fence=fence,
