@@ -65,7 +65,7 @@ async fn config_change_applies_everywhere_and_takes_effect() {
     assert_eq!(shown["config"]["session_ttl_ms"], 60_000);
     // A new cluster starts at the latest rules version, with its limits:
     // idempotency-key records and finished claims on disk, 50 M of each.
-    assert_eq!(shown["config"]["rules_version"], 3);
+    assert_eq!(shown["config"]["rules_version"], 4);
     assert_eq!(shown["config"]["idempotency_keys_max"], 50_000_000u64);
     assert_eq!(shown["config"]["idempotency_cached_bytes_max"], 16u64 << 30);
     assert_eq!(shown["config"]["claims_max"], 50_000_000u64);
@@ -75,7 +75,7 @@ async fn config_change_applies_everywhere_and_takes_effect() {
         (&["--rules-version", "2"][..], "never goes down"),
         (&["--rules-version", "9"][..], "unknown to this build"),
         (
-            &["--rules-version", "3", "--window", "4"][..],
+            &["--rules-version", "4", "--window", "4"][..],
             "raised alone",
         ),
     ] {
@@ -92,12 +92,12 @@ async fn config_change_applies_everywhere_and_takes_effect() {
     }
     let same = oncekv(
         &endpoints,
-        &["admin", "config", "set", "--rules-version", "3", "--json"],
+        &["admin", "config", "set", "--rules-version", "4", "--json"],
     )
     .await
     .json();
     assert_eq!(
-        same["config"]["rules_version"], 3,
+        same["config"]["rules_version"], 4,
         "a raise to the version in force"
     );
     let set = oncekv(

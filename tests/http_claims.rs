@@ -152,14 +152,9 @@ async fn a_claim_is_won_once_completed_and_replayed() {
 
     // The effect's result, not UTF-8: recorded under the fence.
     let result = b"\xffcharged: receipt 77".to_vec();
+    let complete = json!({"fence": fence, "result_base64": BASE64.encode(&result)});
     let (_, completed) = expect(
-        call(
-            &http,
-            "order-1",
-            "complete",
-            json!({"fence": fence, "result_base64": BASE64.encode(&result)}),
-        )
-        .await,
+        call(&http, "order-1", "complete", complete.clone()).await,
         200,
     );
     assert_eq!(completed["state"], "completed", "{completed}");
@@ -167,16 +162,7 @@ async fn a_claim_is_won_once_completed_and_replayed() {
     // The same complete again is answered from the record; one with
     // another result is FENCED under the caller's own fence and records
     // nothing (the replays below still carry the first result).
-    let (_, again) = expect(
-        call(
-            &http,
-            "order-1",
-            "complete",
-            json!({"fence": fence, "result_base64": BASE64.encode(&result)}),
-        )
-        .await,
-        200,
-    );
+    let (_, again) = expect(call(&http, "order-1", "complete", complete).await, 200);
     assert_eq!(again["completed_ms"], completed["completed_ms"], "{again}");
     let (_, other) = refusal(
         call(

@@ -176,17 +176,7 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
     .await;
     let raw = raw_client(&cluster).await;
     let client = cluster.patient_client();
-    // Ten minutes: keys expire by creation-time group (a 1,024th of the
-    // TTL wide, here 585 ms), so under the default 24 h TTL they would
-    // outlive the second set below by up to a minute.
-    raw.set_config(
-        DEADLINE,
-        proto::RegistryConfigPatch {
-            idempotency_key_ttl_ms: Some(600_000),
-            ..Default::default()
-        },
-    )
-    .await;
+    // The default 24 h TTL: keys go in minute-wide creation-time groups.
     let leader = cluster.wait_for_leader(DEADLINE).await;
     let lagging = (1..=3).find(|node| *node != leader).unwrap();
     cluster.kill(lagging);
@@ -261,8 +251,10 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
 
     // A TTL of one second. Keys whose group is older than it are forgotten
     // at the config entry itself, the rest at the first entry stamped a
-    // second after their group's end: plain increments (no key) move
-    // cluster time on until the leader holds no key.
+    // second after their group's end — and the change ends the group open
+    // at it (rules version 4), so that is a second after the change, not
+    // after the end of the minute it fell in: plain increments (no key)
+    // move cluster time on until the leader holds no key.
     let reply = raw
         .set_config(
             DEADLINE,
@@ -274,7 +266,8 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
         .await;
     let config = reply.config.expect("the config in force");
     assert_eq!(config.idempotency_key_ttl_ms, 1_000);
-    let deadline = Instant::now() + DEADLINE;
+    // Well under the minute the open group would have lasted.
+    let deadline = Instant::now() + Duration::from_secs(10);
     let expired_at = loop {
         client.execute_plain(incr("tick", 1)).await.unwrap();
         let leader = cluster.wait_for_leader(DEADLINE).await;
@@ -282,7 +275,10 @@ async fn keys_survive_snapshot_install_and_expire_on_every_replica() {
         if status.idempotency_keys == 0 {
             break status.applied_index;
         }
-        assert!(Instant::now() < deadline, "the keys never expired");
+        assert!(
+            Instant::now() < deadline,
+            "the keys did not expire soon after the TTL was lowered to a second"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Equal hashes at an equal index at or after the config entry: equal

@@ -9,7 +9,7 @@ use oncekv_core::{
     Command, CommandResult, ConfigPatch, Entry, GroupedRecord, IdempotencyKey, InvalidArgument,
     KEY_GROUP_WIDTH_MAX_MS, KEY_RECORD_BOOKKEEPING_BYTES, KeyId, KeyedConfig, KeyedConfigPatch,
     Limit, LimitExceeded, Op, Outcome, Prefetched, Principal, Registry, RegistryConfig, Rejection,
-    Value, key_record_size_bytes,
+    RulesVersion, Value, key_record_size_bytes,
 };
 use proptest::prelude::*;
 use support::registry::{CLUSTER, Driver, append, incr, put};
@@ -684,7 +684,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(principal, key, command)| Step::Keyed { principal, key, command }),
         1 => (0..PRINCIPALS.len(), 0..KEYS.len())
             .prop_map(|(principal, key)| Step::Forget { principal, key }),
-        1 => prop_oneof![Just(200u64), Just(1_000), Just(5_000), Just(20_000)]
+        1 => prop_oneof![Just(200u64), Just(1_000), Just(5_000), Just(20_000), Just(2_000_000)]
             .prop_map(|ttl_ms| Step::Ttl { ttl_ms }),
         4 => (-1_000i64..2_000).prop_map(|delta_ms| Step::Clock { delta_ms }),
         1 => Just(Step::SnapshotRestore),
@@ -713,6 +713,9 @@ struct Model {
     records: Vec<(usize, usize, u64, Command, CommandResult)>,
     /// The newest group opened: (start, end).
     group: Option<(u64, u64)>,
+    /// Rules version 4: a TTL change ends the group open at it (its end
+    /// becomes now + 1), so the next record opens one of the new width.
+    ttl_change_ends_open_group: bool,
     n: i64,
     l: u64,
 }
@@ -720,6 +723,24 @@ struct Model {
 impl Model {
     fn advance(&mut self, stamp_ms: u64) {
         self.now_ms = self.now_ms.max(stamp_ms);
+        self.expire();
+    }
+
+    fn set_ttl(&mut self, ttl_ms: u64) {
+        if self.ttl_change_ends_open_group
+            && ttl_ms != self.ttl_ms
+            && let Some((start, end)) = self.group
+            && end > self.now_ms + 1
+        {
+            let ended = self.now_ms + 1;
+            self.group = Some((start, ended));
+            for record in &mut self.records {
+                if record.2 == end {
+                    record.2 = ended;
+                }
+            }
+        }
+        self.ttl_ms = ttl_ms;
         self.expire();
     }
 
@@ -784,9 +805,18 @@ proptest! {
     /// a second replica applying the same entries stays identical, and the
     /// data shows each (principal, key) applied once per life.
     #[test]
-    fn keyed_registry_matches_the_model(steps in prop::collection::vec(step(), 1..150)) {
+    fn keyed_registry_matches_the_model(
+        steps in prop::collection::vec(step(), 1..150),
+        latest in any::<bool>(),
+    ) {
         let keys_max = 4;
-        let mut driver = Driver::new();
+        // An old log (rules version 1), or a cluster this build starts:
+        // from version 4 a TTL change ends the open group.
+        let mut driver = if latest {
+            Driver::with_rules(RulesVersion::LATEST)
+        } else {
+            Driver::new()
+        };
         driver.apply(patch_keyed(KeyedConfigPatch {
             idempotency_key_ttl_ms: Some(1_000),
             idempotency_keys_max: Some(keys_max),
@@ -810,8 +840,10 @@ proptest! {
             now_ms: driver.now_ms,
             ttl_ms: 1_000,
             keys_max: keys_max as usize,
+            ttl_change_ends_open_group: latest,
             ..Model::default()
         };
+        let keyed_config = *driver.registry.keyed_config();
         for step in &steps {
             let op = match step {
                 Step::Keyed { principal, key, command } => {
@@ -845,14 +877,12 @@ proptest! {
                     Outcome::KeyForgotten { existed: model.records.len() < before }
                 }
                 Step::Ttl { ttl_ms } => {
-                    model.ttl_ms = *ttl_ms;
-                    model.expire();
+                    model.set_ttl(*ttl_ms);
                     Outcome::ConfigsSet {
                         config: RegistryConfig::default(),
                         keyed: KeyedConfig {
                             idempotency_key_ttl_ms: *ttl_ms,
-                            idempotency_keys_max: keys_max,
-                            ..KeyedConfig::default()
+                            ..keyed_config
                         },
                     }
                 }

@@ -10,10 +10,12 @@
 
 mod support;
 
+use oncekv_core::fingerprint::claim_fingerprint;
 use oncekv_core::snapshot;
 use oncekv_core::{
-    BudgetConfigPatch, ClaimConfig, ClaimConfigPatch, Command, ConfigPatch, IdempotencyKey,
-    KeyedConfig, KeyedConfigPatch, Limit, Op, Outcome, Principal, Rejection, RulesVersion, Value,
+    BudgetConfigPatch, Claim, ClaimAnswer, ClaimConfig, ClaimConfigPatch, Command, ConfigPatch,
+    IdempotencyKey, KeyedConfig, KeyedConfigPatch, Limit, Nonce, Op, Outcome, Principal, Rejection,
+    RulesVersion, Value,
 };
 use support::registry::{CLUSTER, Driver};
 
@@ -109,7 +111,7 @@ fn fill(driver: &mut Driver, who: &str, from: u64, bound: u64) -> (Outcome, u64)
 #[test]
 fn a_new_cluster_starts_at_the_latest_rules_and_an_old_log_stays_at_version_1() {
     let new = Driver::with_rules(RulesVersion::LATEST);
-    assert_eq!(new.registry.rules(), RulesVersion::V3);
+    assert_eq!(new.registry.rules(), RulesVersion::V4);
     assert_eq!(new.registry.keyed_config().idempotency_keys_max, 50_000_000);
     assert_eq!(
         new.registry.keyed_config().idempotency_cached_bytes_max,
@@ -359,4 +361,149 @@ fn the_rules_version_survives_a_snapshot_and_is_in_the_state_hash() {
         snapshot::state_hash(&same.registry),
         snapshot::state_hash(&raised.registry)
     );
+}
+
+/// The key TTL patched to `ttl_ms`.
+fn key_ttl(ttl_ms: u64) -> Op {
+    Op::PatchAllConfigs {
+        cluster_id: CLUSTER,
+        patch: ConfigPatch::default(),
+        keyed: KeyedConfigPatch {
+            idempotency_key_ttl_ms: Some(ttl_ms),
+            ..KeyedConfigPatch::default()
+        },
+        claims: ClaimConfigPatch::default(),
+        budget: BudgetConfigPatch::default(),
+    }
+}
+
+/// Whether `outcome` executed a keyed request anew (not a replay).
+fn executed_anew(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Executed {
+            duplicate: false,
+            ..
+        }
+    )
+}
+
+/// A new short key of the anonymous principal incrementing a counter.
+fn short_key(n: u64) -> Op {
+    Op::ExecuteKeyed {
+        cluster_id: CLUSTER,
+        key: IdempotencyKey(format!("key-{n}").into_bytes()),
+        command: Command::Increment {
+            key: b"n".to_vec(),
+            delta: 1,
+        },
+        principal: Principal::anonymous(),
+    }
+}
+
+/// From version 4 a TTL change ends the group open at it: a key made
+/// after the 24 h TTL (minute-wide groups) is lowered to a second lives a
+/// second, not until the end of the minute the change fell in. Version 3
+/// keeps the old width for that group, as its logs decided; raising a
+/// cluster to 4 changes nothing else.
+#[test]
+fn from_version_4_a_changed_ttl_ends_the_open_group() {
+    for (rules, ended) in [(RulesVersion::V3, false), (RulesVersion::V4, true)] {
+        let mut driver = Driver::with_rules(rules);
+        assert!(executed_anew(&driver.apply(short_key(1))), "{rules}");
+        driver.advance(1_000);
+        assert!(matches!(
+            driver.apply(key_ttl(1_000)),
+            Outcome::AllConfigsSet { .. }
+        ));
+        driver.advance(1);
+        assert!(executed_anew(&driver.apply(short_key(2))), "{rules}");
+        // Within the new TTL it is a replay under every version.
+        driver.advance(1_000);
+        assert!(!executed_anew(&driver.apply(short_key(2))), "{rules}");
+        driver.advance(1);
+        assert_eq!(
+            executed_anew(&driver.apply(short_key(2))),
+            ended,
+            "rules {rules}: a key made after the TTL change lives the new TTL only from version 4"
+        );
+        let mut raised = Driver::with_rules(rules);
+        raised.apply(raise(RulesVersion::V4));
+        assert_eq!(raised.registry.rules(), RulesVersion::V4);
+    }
+}
+
+/// A claim of `name` by `claim_id`, with a minute's lease.
+fn claim(name: &str, claim_id: u128) -> Op {
+    Op::Claim(Claim {
+        cluster_id: CLUSTER,
+        principal: Principal::anonymous(),
+        key: IdempotencyKey(name.as_bytes().to_vec()),
+        fingerprint: claim_fingerprint(b"the effect"),
+        lease_ms: 60_000,
+        claim_id: Nonce(claim_id),
+    })
+}
+
+fn complete(name: &str, fence: u64) -> Op {
+    Op::CompleteClaim {
+        cluster_id: CLUSTER,
+        principal: Principal::anonymous(),
+        key: IdempotencyKey(name.as_bytes().to_vec()),
+        fence,
+        result: b"done".to_vec(),
+    }
+}
+
+/// The same for finished claims and the claim TTL: a claim completed
+/// after the 24 h claim TTL is lowered to a second is forgotten a second
+/// later from version 4 (the key may be claimed anew), and replayed until
+/// the minute the change fell in ends under version 3.
+#[test]
+fn from_version_4_a_changed_claim_ttl_ends_the_open_group() {
+    for (rules, ended) in [(RulesVersion::V3, false), (RulesVersion::V4, true)] {
+        let mut driver = Driver::with_rules(rules);
+        // A claim finished before the change opens a minute-wide group.
+        let Outcome::Claimed(ClaimAnswer::Won { fence, .. }) = driver.apply(claim("before", 1))
+        else {
+            panic!("the claim wins");
+        };
+        let done = driver.apply(complete("before", fence));
+        assert!(matches!(done, Outcome::ClaimCompleted { .. }), "{done:?}");
+        driver.advance(1_000);
+        let lowered = driver.apply(Op::PatchAllConfigs {
+            cluster_id: CLUSTER,
+            patch: ConfigPatch::default(),
+            keyed: KeyedConfigPatch::default(),
+            claims: ClaimConfigPatch {
+                claim_ttl_ms: Some(1_000),
+                ..ClaimConfigPatch::default()
+            },
+            budget: BudgetConfigPatch::default(),
+        });
+        assert!(
+            matches!(lowered, Outcome::AllConfigsSet { .. }),
+            "{lowered:?}"
+        );
+        driver.advance(1);
+        let Outcome::Claimed(ClaimAnswer::Won { fence, .. }) = driver.apply(claim("after", 2))
+        else {
+            panic!("the claim wins");
+        };
+        let done = driver.apply(complete("after", fence));
+        assert!(matches!(done, Outcome::ClaimCompleted { .. }), "{done:?}");
+        driver.advance(1_000);
+        let replay = driver.apply(claim("after", 3));
+        assert!(
+            matches!(replay, Outcome::Claimed(ClaimAnswer::Completed { .. })),
+            "{replay:?}"
+        );
+        driver.advance(1);
+        let again = driver.apply(claim("after", 4));
+        assert_eq!(
+            matches!(again, Outcome::Claimed(ClaimAnswer::Won { .. })),
+            ended,
+            "rules {rules}: {again:?}"
+        );
+    }
 }

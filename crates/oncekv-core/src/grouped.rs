@@ -494,6 +494,26 @@ impl<R: Grouped> GroupStore<R> {
         start
     }
 
+    /// Ends the newest group at `now_ms` (its end becomes `now_ms + 1`: a
+    /// record based at `now_ms` may lie in it already) if it is open past
+    /// that, so that the next record opens a group of the width then in
+    /// force (a TTL change, rules version 4). The floor comes back with it:
+    /// the newest group is the newest ever opened, so nothing reached past
+    /// it. Records keep their groups; the state hash covers the interval.
+    pub fn end_open_group(&mut self, now_ms: u64) {
+        let end_ms = now_ms.saturating_add(1);
+        let Some(&(start, ref group)) = self.groups.get_max() else {
+            return;
+        };
+        if group.end_ms <= end_ms || start > now_ms || group.end_ms != self.groups_floor_ms {
+            return;
+        }
+        if let Some(group) = self.groups.get_mut(&start) {
+            group.end_ms = end_ms;
+            self.groups_floor_ms = end_ms;
+        }
+    }
+
     /// Inserts a record in the group open at its TTL base (groups
     /// `width_ms` wide are opened as needed). The caller checked that the id
     /// has no live record.

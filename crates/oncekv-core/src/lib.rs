@@ -1296,7 +1296,9 @@ impl Registry {
     /// Applies the patches to the configs in force now, and the results
     /// only if they are valid together; the configs now in force. A shorter
     /// key or claim TTL takes effect at this entry: records older than it
-    /// expire here, on every replica.
+    /// expire here, on every replica; from rules version 4 a changed TTL
+    /// also ends the group open here, so later records go in groups of its
+    /// width.
     fn patch_configs(
         &mut self,
         cluster_id: ClusterId,
@@ -1325,10 +1327,22 @@ impl Registry {
         budget
             .validate(&config, &keyed_patched, &claim_config)
             .map_err(Rejection::InvalidArgument)?;
+        let key_ttl_changed =
+            keyed_patched.idempotency_key_ttl_ms != self.keyed_config.idempotency_key_ttl_ms;
+        let claim_ttl_changed = claim_config.claim_ttl_ms != self.claim_config.claim_ttl_ms;
         self.budget = budget;
         self.config = config;
         self.keyed_config = keyed_patched;
         self.claim_config = claim_config;
+        if self.rules.ttl_change_ends_open_group() {
+            // The next record opens a group of the new TTL's width.
+            if key_ttl_changed {
+                self.keys.end_open_group(self.cluster_time_ms);
+            }
+            if claim_ttl_changed {
+                self.finished_claims.end_open_group(self.cluster_time_ms);
+            }
+        }
         self.keys
             .expire(self.cluster_time_ms, keyed_patched.idempotency_key_ttl_ms);
         self.expire_claims();

@@ -380,8 +380,16 @@ impl RulesVersion {
     /// under the budget. A cluster started at this version gets
     /// [`ClaimConfig::for_rules`]'s limits (50 M claims, 16 GiB).
     pub const V3: RulesVersion = RulesVersion(3);
+    /// A change of the key TTL (or the claim TTL) ends the group open at
+    /// that entry, so that the next record opens a group of the width the
+    /// new TTL gives ([`crate::key_group_width_ms`]): a key (or finished
+    /// claim) made after the change lives at least the new TTL and less
+    /// than that plus the new width. Before, the group open at the change
+    /// kept the old TTL's width (up to a minute), so after lowering a
+    /// 24 h TTL to a second a key made in that minute lived until its end.
+    pub const V4: RulesVersion = RulesVersion(4);
     /// What this build starts new clusters at.
-    pub const LATEST: RulesVersion = RulesVersion::V3;
+    pub const LATEST: RulesVersion = RulesVersion::V4;
     /// The highest version this build knows (a version in progress is
     /// defined beside the others but known only once it is released).
     pub const HIGHEST_KNOWN: RulesVersion = RulesVersion::LATEST;
@@ -413,6 +421,11 @@ impl RulesVersion {
     /// not in memory beside the held ones.
     pub fn finished_claims_grouped(self) -> bool {
         self >= RulesVersion::V3
+    }
+
+    /// Whether a TTL change ends the group open at it (version 4).
+    pub fn ttl_change_ends_open_group(self) -> bool {
+        self >= RulesVersion::V4
     }
 }
 
