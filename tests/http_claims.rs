@@ -177,6 +177,12 @@ async fn a_claim_is_won_once_completed_and_replayed() {
         "application/json",
     );
     assert_eq!(other["current_fence"], fence, "{other}");
+    assert!(
+        other["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("finished already")),
+        "{other}"
+    );
 
     // Every later claim, whoever sends it: the recorded result, no win.
     let mut replays = Vec::new();

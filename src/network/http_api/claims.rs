@@ -331,6 +331,29 @@ pub fn claim_error(error: ClientError, key: &[u8], claim_id: Option<u128>) -> Ht
     }
 }
 
+/// [`claim_error`] for a holder's complete, release or extend under
+/// `fence`: FENCED with the holder's own fence as the key's means its claim
+/// is finished (released, or completed — by a complete with another result
+/// too), not that another holder took over, and says so.
+fn holder_error(error: ClientError, key: &[u8], fence: u64) -> HttpError {
+    match error {
+        ClientError::Fenced { current_fence } if current_fence == fence && fence != 0 => {
+            HttpError::new(
+                StatusCode::CONFLICT,
+                "FENCED",
+                format!(
+                    "fenced: the claim of fence {fence} on key {} is finished already \
+                     (released, or completed: a result other than the one recorded does not \
+                     replace it); nothing was recorded",
+                    key_text(key)
+                ),
+            )
+            .with("current_fence", Json::from(current_fence))
+        }
+        other => claim_error(other, key, None),
+    }
+}
+
 // ---- the call ----------------------------------------------------------------------
 
 /// The call `method` on `path` asks for.
@@ -377,7 +400,7 @@ impl ClaimsCall {
                 let completed_ms = client
                     .complete_claim(&key, fence, &result)
                     .await
-                    .map_err(|error| claim_error(error, &key, None))?;
+                    .map_err(|error| holder_error(error, &key, fence))?;
                 Ok(Answer::new(
                     StatusCode::OK,
                     json!({"state": "completed", "fence": fence, "completed_ms": completed_ms}),
@@ -387,7 +410,7 @@ impl ClaimsCall {
                 client
                     .release_claim(&key, fence)
                     .await
-                    .map_err(|error| claim_error(error, &key, None))?;
+                    .map_err(|error| holder_error(error, &key, fence))?;
                 Ok(Answer::new(
                     StatusCode::OK,
                     json!({"state": "released", "fence": fence}),
@@ -397,7 +420,7 @@ impl ClaimsCall {
                 let left = client
                     .extend_claim(&key, fence, Duration::from_millis(lease_ms))
                     .await
-                    .map_err(|error| claim_error(error, &key, None))?;
+                    .map_err(|error| holder_error(error, &key, fence))?;
                 Ok(Answer::new(
                     StatusCode::OK,
                     json!({
@@ -758,5 +781,15 @@ mod tests {
             "application/json"
         );
         assert!(response.headers().get(header::RETRY_AFTER).is_none());
+        // A holder's own fence as the key's: its claim is finished, and
+        // the message says so instead of naming a new holder.
+        let finished = holder_error(ClientError::Fenced { current_fence: 12 }, b"k", 12);
+        assert_eq!((finished.status, finished.reason), (StatusCode::CONFLICT, "FENCED"));
+        assert_eq!(finished.body()["current_fence"], 12);
+        let message = finished.body()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("finished already"), "{message}");
+        let taken = holder_error(ClientError::Fenced { current_fence: 13 }, b"k", 12);
+        let message = taken.body()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("no longer holds"), "{message}");
     }
 }
