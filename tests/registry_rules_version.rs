@@ -455,6 +455,16 @@ fn complete(name: &str, fence: u64) -> Op {
     }
 }
 
+/// Claims `name` (it must win) and completes it.
+fn claim_and_complete(driver: &mut Driver, name: &str, claim_id: u128) {
+    let Outcome::Claimed(ClaimAnswer::Won { fence, .. }) = driver.apply(claim(name, claim_id))
+    else {
+        panic!("the claim of {name} wins");
+    };
+    let done = driver.apply(complete(name, fence));
+    assert!(matches!(done, Outcome::ClaimCompleted { .. }), "{done:?}");
+}
+
 /// The same for finished claims and the claim TTL: a claim completed
 /// after the 24 h claim TTL is lowered to a second is forgotten a second
 /// later from version 4 (the key may be claimed anew), and replayed until
@@ -464,12 +474,7 @@ fn from_version_4_a_changed_claim_ttl_ends_the_open_group() {
     for (rules, ended) in [(RulesVersion::V3, false), (RulesVersion::V4, true)] {
         let mut driver = Driver::with_rules(rules);
         // A claim finished before the change opens a minute-wide group.
-        let Outcome::Claimed(ClaimAnswer::Won { fence, .. }) = driver.apply(claim("before", 1))
-        else {
-            panic!("the claim wins");
-        };
-        let done = driver.apply(complete("before", fence));
-        assert!(matches!(done, Outcome::ClaimCompleted { .. }), "{done:?}");
+        claim_and_complete(&mut driver, "before", 1);
         driver.advance(1_000);
         let lowered = driver.apply(Op::PatchAllConfigs {
             cluster_id: CLUSTER,
@@ -486,12 +491,7 @@ fn from_version_4_a_changed_claim_ttl_ends_the_open_group() {
             "{lowered:?}"
         );
         driver.advance(1);
-        let Outcome::Claimed(ClaimAnswer::Won { fence, .. }) = driver.apply(claim("after", 2))
-        else {
-            panic!("the claim wins");
-        };
-        let done = driver.apply(complete("after", fence));
-        assert!(matches!(done, Outcome::ClaimCompleted { .. }), "{done:?}");
+        claim_and_complete(&mut driver, "after", 2);
         driver.advance(1_000);
         let replay = driver.apply(claim("after", 3));
         assert!(

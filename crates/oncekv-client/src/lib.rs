@@ -520,8 +520,6 @@ pub(crate) fn may_have_reached(status: &tonic::Status) -> bool {
 /// more.
 const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(20);
 
-/// Whether `status` reports a connection the peer refused (nothing sent):
-/// an `io::Error` of kind `ConnectionRefused` somewhere in its sources.
 /// Whether a failed Unregister still shows the session ended: the cluster
 /// refused it for good as unknown or expired (SESSION_EXPIRED), which a
 /// retry meets when its first attempt applied and the reply was lost.
@@ -530,6 +528,8 @@ fn session_is_gone(error: &CallError) -> bool {
         if error_detail(status).is_some_and(|detail| detail.reason() == Reason::SessionExpired))
 }
 
+/// Whether `status` reports a connection the peer refused (nothing sent):
+/// an `io::Error` of kind `ConnectionRefused` somewhere in its sources.
 fn connection_refused(status: &tonic::Status) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     // A chain is a few errors deep; the bound only guards against a cycle.

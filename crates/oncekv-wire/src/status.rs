@@ -248,11 +248,7 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             (
                 Code::FailedPrecondition,
                 Reason::Fenced,
-                format!(
-                    "fenced: the claim of fence {fence} is finished already (released, or \
-                     completed: a result other than the one recorded does not replace it); \
-                     this call changed nothing"
-                ),
+                finished_claim_message(fence),
             )
         }
     };
@@ -281,6 +277,15 @@ pub fn rejected(outcome: Outcome) -> tonic::Status {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
         other => tonic::Status::internal(format!("unexpected outcome {other:?}")),
     }
+}
+
+/// The one wording of FENCED under the caller's own fence (its claim is
+/// finished), for the gRPC status and the HTTP API alike.
+pub fn finished_claim_message(fence: u64) -> String {
+    format!(
+        "fenced: the claim of fence {fence} is finished already (released, or completed: a \
+         result other than the one recorded does not replace it); this call changed nothing"
+    )
 }
 
 /// A claim call's refusal: as [`rejected`], but worded for claims where

@@ -341,14 +341,10 @@ fn holder_error(error: ClientError, key: &[u8], fence: u64) -> HttpError {
             HttpError::new(
                 StatusCode::CONFLICT,
                 "FENCED",
-                format!(
-                    "fenced: the claim of fence {fence} on key {} is finished already \
-                     (released, or completed: a result other than the one recorded does not \
-                     replace it); nothing was recorded",
-                    key_text(key)
-                ),
+                oncekv_wire::status::finished_claim_message(fence),
             )
             .with("current_fence", Json::from(current_fence))
+            .with("key", key_text(key))
         }
         other => claim_error(other, key, None),
     }
