@@ -231,6 +231,7 @@ async fn commands_against_a_real_cluster() {
     assert!(leader["applied_index"].as_u64().unwrap() > 0, "{object}");
 
     keyed_commands(&e).await;
+    health_of_every_node(&e).await;
 
     // Two of three nodes down: the survivor answers but cannot be elected.
     // A command says so, naming who answered and who did not, and fails
@@ -268,6 +269,73 @@ async fn commands_against_a_real_cluster() {
         "{put:?}"
     );
     assert!(put.stderr.contains("connection refused"), "{put:?}");
+}
+
+/// `health` asks every node of `--endpoints` (exit 0 when each is SERVING:
+/// the nodes of a running cluster become so once they know its leader) or
+/// the one of `--endpoint`; a node nothing listens on is UNREACHABLE and a
+/// service the nodes lack SERVICE_UNKNOWN, each exit 1.
+async fn health_of_every_node(e: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let object = loop {
+        let run = oncekv(e, &["health", "--json"]).await;
+        let object = run.json();
+        if run.code == 0 || Instant::now() > deadline {
+            break object;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(object["ok"], true, "{object}");
+    let nodes = object["nodes"].as_array().expect("a nodes array");
+    let asked: Vec<&str> = nodes
+        .iter()
+        .map(|node| node["endpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(asked, e, "{object}");
+    assert!(
+        nodes.iter().all(|node| node["status"] == "SERVING"),
+        "{object}"
+    );
+    let plain = oncekv(e, &["health"]).await;
+    for (line, endpoint) in plain.ok().lines().zip(e) {
+        assert_eq!(line, format!("{endpoint} SERVING"), "{plain:?}");
+    }
+
+    let one = oncekv(e, &["health", "--endpoint", &e[1]]).await;
+    assert_eq!(one.ok(), "SERVING\n", "{one:?}");
+    let closed = closed_endpoint();
+    let with_closed = run(
+        &[
+            "health",
+            "--json",
+            "--endpoints",
+            &format!("{},{closed}", e[0]),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(with_closed.code, 1, "{with_closed:?}");
+    let object = with_closed.json();
+    assert_eq!(object["ok"], false, "{object}");
+    assert_eq!(object["nodes"][0]["status"], "SERVING", "{object}");
+    assert_eq!(object["nodes"][1]["status"], "UNREACHABLE", "{object}");
+    assert_eq!(
+        object["nodes"][1]["error"], "connection refused",
+        "{object}"
+    );
+    let unknown = oncekv(
+        e,
+        &[
+            "health",
+            "--endpoint",
+            &e[0],
+            "--service",
+            "no.such.Service",
+        ],
+    )
+    .await;
+    assert_eq!(unknown.code, 1, "{unknown:?}");
+    assert!(unknown.stdout.starts_with("SERVICE_UNKNOWN"), "{unknown:?}");
 }
 
 /// `--idempotency-key` and `admin keys`, against the running cluster (no
@@ -775,6 +843,21 @@ async fn port_base_picks_every_commands_default_endpoints() {
             "scripts/cluster.sh start",
         );
     }
+    // health asks the same three nodes (and answers for each on stdout).
+    let health = run(
+        &["health", "--json", "--timeout-ms", "300"],
+        &[("ONCEKV_PORT_BASE", &base)],
+    )
+    .await;
+    assert_eq!(health.code, 1, "{health:?}");
+    let object = health.json();
+    let asked: Vec<&str> = object["nodes"]
+        .as_array()
+        .expect("a nodes array")
+        .iter()
+        .map(|node| node["endpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(asked, endpoints, "{object}");
 }
 
 /// The leader applies the increment but its reply is lost (the

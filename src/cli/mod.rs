@@ -51,8 +51,9 @@ pub enum Command {
     /// Show every node's id, role, term and log / applied indexes
     /// (--timeout-ms: per node, default 2000).
     Status,
-    /// Ask one node's gRPC health service: exit 0 when SERVING, 1 otherwise
-    /// (--timeout-ms: the call, default 2000).
+    /// Ask each node's gRPC health service (--endpoint: one node; else
+    /// every endpoint): exit 0 when every one is SERVING, 1 otherwise
+    /// (--timeout-ms: per node, default 2000).
     Health(health::HealthArgs),
     /// Closed-loop load against a running cluster: throughput and latency
     /// (--timeout-ms: per request, default 30000). Leader-kill timings are
@@ -96,9 +97,9 @@ pub struct CommonArgs {
     /// Print JSON on stdout instead of plain text.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Deadline in milliseconds, retries included [default: 10000; status:
-    /// 2000 per node; bench: 30000 per request; once: how long to wait for
-    /// another holder]
+    /// Deadline in milliseconds, retries included [default: 10000; status
+    /// and health: 2000 per node; bench: 30000 per request; once: how long
+    /// to wait for another holder]
     #[arg(
         long,
         global = true,
@@ -212,13 +213,7 @@ pub async fn run(command: Command, common: CommonArgs) -> i32 {
             output::EXIT_USAGE
         }
         Command::Status => status::run(&common).await,
-        Command::Health(args) => {
-            if args.run(common.timeout_ms).await {
-                output::EXIT_OK
-            } else {
-                output::EXIT_FAILED
-            }
-        }
+        Command::Health(args) => args.run(&common).await,
         Command::Bench(args) => match args.run(&common).await {
             Ok(()) => output::EXIT_OK,
             Err(error) => {
