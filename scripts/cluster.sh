@@ -510,7 +510,7 @@ cmd_join() {
     start_node "$n" join
     wait_answers "$n"
     "$BIN" admin add-learner "$n" "$(peer_addr "$n")" "$(client_addr "$n")" \
-        --endpoints "$others" || die "node $n was not added (it still runs: scripts/cluster.sh remove $n)"
+        --endpoints "$others" || die "node $n was not added, or has not caught up yet (it still runs; wait: $BIN admin add-learner $n ... again; give up: scripts/cluster.sh remove $n)"
     "$BIN" admin promote "$n" --endpoints "$others" \
         || die "node $n is a learner but was not promoted (retry: $BIN admin promote $n)"
     run_status

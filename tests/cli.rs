@@ -232,6 +232,7 @@ async fn commands_against_a_real_cluster() {
 
     keyed_commands(&e).await;
     health_of_every_node(&e).await;
+    learner_that_never_catches_up(&e).await;
 
     // Two of three nodes down: the survivor answers but cannot be elected.
     // A command says so, naming who answered and who did not, and fails
@@ -336,6 +337,61 @@ async fn health_of_every_node(e: &[String]) {
     .await;
     assert_eq!(unknown.code, 1, "{unknown:?}");
     assert!(unknown.stdout.starts_with("SERVICE_UNKNOWN"), "{unknown:?}");
+}
+
+/// A learner whose process never started: `add-learner` adds it, then says
+/// at its catch-up timeout (not the command's deadline) that it has not
+/// caught up — exit 1, `not_caught_up`, no unknown outcome; `promote` of it
+/// refuses within the node's 5 s wait, the voters unchanged; `remove` takes
+/// it out.
+async fn learner_that_never_catches_up(e: &[String]) {
+    let peer = closed_endpoint();
+    let client = closed_endpoint();
+    let started = Instant::now();
+    let add = oncekv(
+        e,
+        &[
+            "admin",
+            "add-learner",
+            "9",
+            &peer,
+            &client,
+            "--catch-up-timeout-ms",
+            "1000",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(add.code, 1, "{add:?}");
+    let object = add.json();
+    assert_eq!(object["kind"], "not_caught_up", "{object}");
+    assert_eq!(object["outcome"], "none", "{object}");
+    assert!(started.elapsed() < Duration::from_secs(8), "{add:?}");
+    let members = oncekv(e, &["admin", "members", "--json"]).await.json();
+    let learner = members["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|member| member["node_id"] == 9)
+        .unwrap_or_else(|| panic!("node 9 stays added: {members}"));
+    assert_eq!(learner["voter"], false, "{members}");
+
+    let started = Instant::now();
+    let promote = oncekv(e, &["admin", "promote", "9", "--json"]).await;
+    assert_eq!(promote.code, 1, "{promote:?}");
+    let object = promote.json();
+    assert_eq!(object["kind"], "not_caught_up", "{object}");
+    assert!(started.elapsed() < Duration::from_secs(9), "{promote:?}");
+    let members = oncekv(e, &["admin", "members", "--json"]).await.json();
+    let voters = members["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|member| member["voter"] == true)
+        .count();
+    assert_eq!(voters, 3, "{members}");
+
+    oncekv(e, &["admin", "remove", "9"]).await.ok();
 }
 
 /// `--idempotency-key` and `admin keys`, against the running cluster (no

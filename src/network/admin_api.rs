@@ -14,9 +14,7 @@
 
 use super::faults::FaultControl;
 use super::proposer::Proposer;
-use super::status::{
-    faults_not_built, learner_behind, membership_status, not_leader, required_cluster,
-};
+use super::status::{faults_not_built, membership_status, not_leader, required_cluster};
 use crate::raft_types::{NodeId, NodeInfo, Raft, is_host_port, same_addr};
 use crate::shared::SharedState;
 use oncekv_core::{ClientId, Op, Outcome, RulesVersion};
@@ -36,8 +34,9 @@ const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default wait for a new learner to catch up (`AddLearnerRequest.timeout_ms`).
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `ChangeVoters` waits for a learner it promotes to have caught
-/// up with the leader's log.
-const PROMOTE_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+/// up with the leader's log: half the CLI's default deadline, so that its
+/// refusal arrives rather than the caller's own timeout.
+const PROMOTE_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long `TriggerSnapshot` waits for the snapshot to be durable.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 /// `ListSessions` page size: default and largest.
@@ -120,12 +119,15 @@ impl AdminApi {
     }
 
     /// Waits until the leader has replicated to `node_id` everything up to
-    /// `log_index` (the entry that added it), or `timeout` passes.
+    /// `log_index`, or `timeout` passes: then `NOT_CAUGHT_UP`, worded for a
+    /// learner just `added` or for one about to be promoted. A lost
+    /// leadership or a removal is said as such.
     async fn wait_caught_up(
         &self,
         node_id: NodeId,
         log_index: u64,
         timeout: Duration,
+        added: bool,
     ) -> Result<u64, Status> {
         let mut metrics = self.raft.metrics();
         let wait = async {
@@ -166,9 +168,14 @@ impl AdminApi {
                 }
             }
         };
-        tokio::time::timeout(timeout, wait)
-            .await
-            .map_err(|_| learner_behind(node_id, log_index, timeout))?
+        tokio::time::timeout(timeout, wait).await.map_err(|_| {
+            reason_status(ErrorReason::NotCaughtUp {
+                node_id,
+                log_index,
+                waited: timeout,
+                added,
+            })
+        })?
     }
 }
 
@@ -239,7 +246,7 @@ impl admin_server::Admin for AdminApi {
         let log_index = written.log_id.index;
         tracing::info!(node_id = request.node_id, log_index, "learner added");
         let matched_index = self
-            .wait_caught_up(request.node_id, log_index, timeout)
+            .wait_caught_up(request.node_id, log_index, timeout, true)
             .await?;
         tracing::info!(
             node_id = request.node_id,
@@ -287,14 +294,8 @@ impl admin_server::Admin for AdminApi {
             .last_log_index
             .unwrap_or(0);
         for &id in voters.difference(&current_voters) {
-            self.wait_caught_up(id, last_log_index, PROMOTE_CATCH_UP_TIMEOUT)
-                .await
-                .map_err(|_| {
-                    reason_status(ErrorReason::Unavailable(format!(
-                        "node {id} has not caught up to index {last_log_index} within \
-                         {PROMOTE_CATCH_UP_TIMEOUT:?}: is it running? Promote it once it has"
-                    )))
-                })?;
+            self.wait_caught_up(id, last_log_index, PROMOTE_CATCH_UP_TIMEOUT, false)
+                .await?;
         }
         let (log_index, members) = if voters == current_voters {
             // Already so: nothing to propose.

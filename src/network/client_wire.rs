@@ -212,6 +212,7 @@ fn reason_label(reason: Reason) -> &'static str {
         Reason::Unauthenticated => "unauthenticated",
         Reason::KeyConflict => "key_conflict",
         Reason::Fenced => "fenced",
+        Reason::NotCaughtUp => "not_caught_up",
     }
 }
 

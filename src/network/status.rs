@@ -8,8 +8,8 @@
 //! status itself. The services (`client_api`, `admin_api`, `proposer`)
 //! build no status of their own: they call this module or
 //! `oncekv_wire::status`. The only statuses spelled here directly carry no
-//! reason: a learner that has not caught up yet, a fault hook this build
-//! lacks and an entry that applied with the wrong number of outcomes.
+//! reason: a fault hook this build lacks and an entry that applied with the
+//! wrong number of outcomes.
 
 use super::leader_contact::LeaderContact;
 use crate::clock::ClockError;
@@ -21,7 +21,6 @@ use openraft::RaftMetrics;
 use openraft::error::{
     ChangeMembershipError, ClientWriteError, ForwardReason, LinearizableReadError, RaftError,
 };
-use std::time::Duration;
 use tonic::Status;
 
 /// The cluster id a request names (empty when the caller does not know it
@@ -142,15 +141,6 @@ pub fn not_leader(metrics: &RaftMetrics<TypeConfig>, contact: &LeaderContact) ->
     })
 }
 
-/// A new learner that has not caught up within `timeout` (`AddLearner`): it
-/// stays a learner and keeps catching up; no reason, only the deadline.
-pub fn learner_behind(node_id: NodeId, log_index: u64, timeout: Duration) -> Status {
-    Status::deadline_exceeded(format!(
-        "node {node_id} is a learner but has not caught up to index {log_index} \
-         within {timeout:?}; it keeps catching up"
-    ))
-}
-
 /// `InjectFault` on a node built without the `fault-injection` feature.
 pub fn faults_not_built() -> Status {
     Status::unimplemented("fault injection needs a node built with the fault-injection feature")
@@ -167,6 +157,7 @@ mod tests {
     use super::*;
     use oncekv_wire::proto::{ErrorDetail, Reason};
     use openraft::error::ForwardToLeader;
+    use std::time::Duration;
 
     fn detail(status: &Status) -> ErrorDetail {
         status::error_detail(status).expect("an error detail")

@@ -229,6 +229,10 @@ impl Error {
             | Reason::NotLeader
             | Reason::Unavailable
             | Reason::TooManyOutstanding => Error::Unavailable(message()),
+            // Admin only (a learner behind the leader's log): final for
+            // the call, which the policy's verdict says; nothing else of
+            // this library sees it.
+            Reason::NotCaughtUp => Error::Unavailable(message()),
             Reason::ResourceExhausted => Error::ResourceExhausted(message()),
             Reason::SessionExpired => Error::SessionExpired,
             Reason::WrongCluster => Error::WrongCluster {

@@ -77,6 +77,17 @@ pub enum ErrorReason {
     FinishedUnderThisFence {
         fence: u64,
     },
+    /// Admin: learner `node_id` has not matched the leader's log up to
+    /// `log_index` within `waited` — after `AddLearner` added it
+    /// (`added`: `DEADLINE_EXCEEDED`, it stays a learner and keeps catching
+    /// up), or before `ChangeVoters` would promote it (`UNAVAILABLE`,
+    /// nothing proposed). `NOT_CAUGHT_UP`, final for the call.
+    NotCaughtUp {
+        node_id: u64,
+        log_index: u64,
+        waited: std::time::Duration,
+        added: bool,
+    },
 }
 
 impl From<Rejection> for ErrorReason {
@@ -251,6 +262,32 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
                 finished_claim_message(fence),
             )
         }
+        ErrorReason::NotCaughtUp {
+            node_id,
+            log_index,
+            waited,
+            added: true,
+        } => (
+            Code::DeadlineExceeded,
+            Reason::NotCaughtUp,
+            format!(
+                "node {node_id} was added as a learner but has not caught up to index \
+                 {log_index} within {waited:?}; it keeps catching up"
+            ),
+        ),
+        ErrorReason::NotCaughtUp {
+            node_id,
+            log_index,
+            waited,
+            added: false,
+        } => (
+            Code::Unavailable,
+            Reason::NotCaughtUp,
+            format!(
+                "node {node_id} has not caught up to index {log_index} within {waited:?}: \
+                 nothing was changed"
+            ),
+        ),
     };
     detail.reason = wire_reason as i32;
     let mut status = tonic::Status::with_details(code, message, detail.encode_to_vec().into());
@@ -421,6 +458,26 @@ mod tests {
                 ErrorReason::ClaimConflict,
                 Code::AlreadyExists,
                 Reason::KeyConflict,
+            ),
+            (
+                ErrorReason::NotCaughtUp {
+                    node_id: 4,
+                    log_index: 9,
+                    waited: std::time::Duration::from_secs(5),
+                    added: true,
+                },
+                Code::DeadlineExceeded,
+                Reason::NotCaughtUp,
+            ),
+            (
+                ErrorReason::NotCaughtUp {
+                    node_id: 4,
+                    log_index: 9,
+                    waited: std::time::Duration::from_secs(5),
+                    added: false,
+                },
+                Code::Unavailable,
+                Reason::NotCaughtUp,
             ),
         ];
         for (reason, code, wire) in cases {

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use oncekv_client::credentials::{AuthChannel, Credentials};
 use oncekv_client::policy::{self, CallError, Verdict};
+use oncekv_wire::proto::Reason;
 use oncekv_wire::proto::StatusReply;
 use oncekv_wire::proto::admin_client::AdminClient;
 use oncekv_wire::status::error_detail;
@@ -211,6 +212,20 @@ fn node_unreachable(endpoint: &str, cause: &str) -> Failure {
 /// too); a status without a reason (from below the service) by its gRPC
 /// code. The text is the node's own.
 fn status_failure(status: &tonic::Status) -> Failure {
+    if error_detail(status).is_some_and(|detail| detail.reason() == Reason::NotCaughtUp) {
+        let failure = Failure::new("not_caught_up", status.message().to_owned());
+        return if status.code() == tonic::Code::DeadlineExceeded {
+            failure.hint(
+                "it stays a learner and keeps catching up: run the same add-learner again \
+                 to wait more (`oncekv admin members` lists it), then promote it",
+            )
+        } else {
+            failure.hint(
+                "is that node running, and can the leader reach its peer address? Promote \
+                 it once it has caught up (`oncekv status` shows its applied index)",
+            )
+        };
+    }
     let kind = match oncekv_client::Error::from_reason(status, 0) {
         Some(error) => error.kind(),
         None => match status.code() {
