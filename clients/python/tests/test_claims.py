@@ -191,6 +191,30 @@ def test_a_fenced_holder_gets_result_not_recorded(make_client, key):
     assert slow.once(job, fingerprint="py:stall", lease=5)(stall)() == "theirs"
 
 
+def test_a_result_beyond_the_grpc_message_limit_is_refused_before_it_is_sent(client, key):
+    """A result grpc could not send (over 8 MiB) is a definite
+    `LimitExceeded`, not an unknown outcome: the holder still holds the
+    key and can complete it with a result that fits; `once` reports it as
+    `ResultNotRecorded` with that error."""
+    job = key("job")
+    won = client.claim(job, "f", lease=30)
+    with pytest.raises(oncekv.LimitExceeded) as exceeded:
+        client.complete(job, won.fence, b"r" * (9 << 20))
+    assert exceeded.value.limit == "grpc_message_bytes_max"
+    assert "gRPC message limit" in str(exceeded.value)
+    assert not exceeded.value.may_have_taken_effect
+    client.complete(job, won.fence, b"fits")
+    assert client.claim(job, "f", lease=30).result == b"fits"
+
+    @client.once(key("big"), lease=5)
+    def big():
+        return "r" * (9 << 20)
+
+    with pytest.raises(oncekv.ResultNotRecorded) as lost:
+        big()
+    assert isinstance(lost.value.error, oncekv.LimitExceeded), lost.value.error
+
+
 def test_a_claim_refused_for_claims_max_on_every_attempt_is_resource_exhausted(
         make_client, key, admin_stub):
     """At `claims_max` every attempt of a new claim is refused when its

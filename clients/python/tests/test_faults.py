@@ -2,7 +2,10 @@
 fixture to restore): a leader killed during a `once` handler (exactly one
 effect), increments across a leader kill (each applied once), the whole
 cluster paused (OutcomeUnknown, then the seq fenced: a late copy is
-discarded), and nothing listening (Unavailable: nothing was sent)."""
+discarded; close() within one attempt timeout), and nothing listening
+(Unavailable when the cluster was never reached; once it was, a change
+that runs out of time is unknown even if every connection was refused,
+as in the Rust client)."""
 
 import threading
 import time
@@ -120,3 +123,54 @@ def test_unavailable_when_nothing_listens(make_client):
             assert not unavailable.value.may_have_taken_effect
     finally:
         client.close()
+
+
+def test_close_takes_one_attempt_timeout_when_the_cluster_is_out_of_reach(cluster, make_client,
+                                                                           key):
+    client = make_client(call_timeout=4.0, attempt_timeout=0.5)
+    client.increment(key("counter"), 1)  # a session to end
+    for node in cluster.ids:
+        cluster.pause(node)
+    try:
+        started = time.monotonic()
+        assert client.close() is False, "nobody could confirm the Unregister"
+        assert time.monotonic() - started < 2.0, "one attempt_timeout, not call_timeout"
+    finally:
+        for node in cluster.ids:
+            cluster.resume(node)
+
+
+def test_every_connection_refused_after_contact_is_unknown_for_changes(cluster, make_client, key):
+    """The whole cluster down (every connection refused: nothing was sent)
+    after the client knew it. As the Rust client decides it: a change that
+    runs out of time is unknown whatever its attempts met — a session's
+    seq is fenced (`OutcomeUnknown`), a keyed or claim call can be asked
+    again with the same key (`KeyOutcomeUnknown`); `Unavailable` (nothing
+    ran) is for reads and `execute_plain`, which cannot learn an outcome."""
+    client = make_client(call_timeout=0.6, attempt_timeout=0.2)
+    assert client.increment(key("counter"), 1) == 1
+    won = client.claim(key("job"), "f", lease=30)
+    for node in cluster.ids:
+        cluster.kill(node)
+    try:
+        with pytest.raises(oncekv.OutcomeUnknown) as unknown:
+            client.increment(key("counter"), 1)
+        assert unknown.value.seq == 2 and not unknown.value.fenced
+        for call in (lambda: client.execute_with_key(key("msg"), oncekv.Increment(key("n"), 1)),
+                     lambda: client.claim(key("other"), "f", lease=30),
+                     lambda: client.extend(key("job"), won.fence, 30),
+                     lambda: client.complete(key("job"), won.fence, b"done")):
+            with pytest.raises(oncekv.KeyOutcomeUnknown) as keyed:
+                call()
+            assert keyed.value.may_have_taken_effect
+            assert "failed to connect" in str(keyed.value).lower(), keyed.value
+        for call in (lambda: client.get(key("counter")),
+                     lambda: client.execute_plain(oncekv.Increment(key("n"), 1))):
+            with pytest.raises(oncekv.Unavailable):
+                call()
+    finally:
+        for node in cluster.ids:
+            cluster.spawn(node)
+    cluster.wait_leader(30)
+    client.call_timeout = 10.0
+    assert client.get(key("counter")) == 1, "nothing ran"

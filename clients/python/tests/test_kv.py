@@ -1,7 +1,8 @@
 """The key-value calls against a real 3-node cluster: sessions (typed
 results, a retry after a lost reply answered with the original response
 and the same seq), idempotency keys (duplicates, KEY_CONFLICT), limits
-refused before sending, and SESSION_EXPIRED as a definite refusal."""
+refused before sending (the replicated ones and gRPC's 8 MiB message
+limit), and SESSION_EXPIRED as a definite refusal."""
 
 import pytest
 
@@ -95,6 +96,36 @@ def test_a_request_breaking_a_limit_is_refused_before_it_is_sent(make_client, ke
     assert events == [], "nothing was sent"
     with pytest.raises(oncekv.InvalidArgument):
         client.put("", b"x")
+
+
+def test_a_request_beyond_the_grpc_message_limit_is_refused_before_it_is_sent(make_client, key):
+    """grpc refuses to send a message over 8 MiB: the client refuses it
+    first, as a definite `LimitExceeded` — never "outcome unknown", and
+    for a session without taking (and fencing) a seq; the key stays
+    unused."""
+    events = []
+    client = make_client(observer=events.append)
+    huge = b"x" * (9 << 20)
+    client.put(key("small"), b"x")  # seq 1
+    events.clear()
+    calls = [
+        # Within value_bytes_max (only `new` is charged), beyond 8 MiB encoded.
+        lambda: client.compare_and_swap(key("cas"), huge, b"y"),
+        lambda: client.execute_with_key(key("msg"), oncekv.Put(key("keyed"), huge)),
+        lambda: client.execute_plain(oncekv.Put(key("plain"), huge)),
+    ]
+    for call in calls:
+        with pytest.raises(oncekv.LimitExceeded) as exceeded:
+            call()
+        assert exceeded.value.limit == "grpc_message_bytes_max"
+        assert exceeded.value.limit_max == 8 << 20 and exceeded.value.limit_requested > 9 << 20
+        assert "gRPC message limit" in str(exceeded.value)
+        assert not exceeded.value.may_have_taken_effect
+    assert events == [], "nothing was sent"
+    assert client.increment(key("counter"), 1) == 1
+    assert {event.seq for event in events} == {2}, "no seq was taken by the refused request"
+    reply = client.execute_with_key(key("msg"), oncekv.Put(key("keyed"), b"small"))
+    assert not reply.duplicate, "the key was never used"
 
 
 def test_session_expired_is_definite_and_the_next_call_gets_a_new_session(client, key, admin_stub):

@@ -21,6 +21,6 @@ def test_the_readme_example_runs(cluster):
         exec(compile(example, "README.md", "exec"), {})
     lines = printed.getvalue().splitlines()
     assert lines[0] == "5 5"
-    assert lines[1] == "10 False"
+    assert lines[1] == "Incremented(value=10) False"
     first, replay = re.fullmatch(r"(\{.*\}) (\{.*\})", lines[2]).groups()
     assert first == replay and first.startswith("{'order': 42, 'fence': ")

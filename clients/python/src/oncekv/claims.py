@@ -100,13 +100,16 @@ def _claim_answer(reply: pb.ClaimReply):
     raise ValueError("a claim reply without an answer")
 
 
+#: What `claim` answers.
+ClaimAnswer = Union[Won, InProgress, Completed]
+
+
 def _lease_ms(lease: float) -> int:
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease <= 0:
-        raise errors.InvalidArgument(f"a lease is a positive number of seconds, not {lease!r}")
-    return max(1, int(round(lease * 1000)))
+    seconds = cmd.to_seconds(lease, "a lease")
+    return cmd.to_uint64(max(1, int(round(seconds * 1000))), "a lease in ms")
 
 
-def _claim_key(key) -> bytes:
+def _claim_key(key: Any) -> bytes:
     key = cmd.to_bytes(key, "claim key")
     if not key:
         raise errors.InvalidArgument("empty claim key")
@@ -120,28 +123,29 @@ def _claim_key(key) -> bytes:
 class ClaimsMixin:
     """The claim calls of `oncekv.Client`."""
 
-    def claim(self, key, fingerprint, lease: float = 30.0, claim_id: Optional[bytes] = None):
+    def claim(self, key: cmd.Data, fingerprint: cmd.Data, lease: float = 30.0,
+              claim_id: Optional[bytes] = None) -> ClaimAnswer:
         """Claims `key` for an effect described by `fingerprint` (any bytes or
         str, at most 16 KiB; another description on the key is
         `KeyConflict`) with a lease of `lease` seconds of cluster time.
         Returns `Won`, `InProgress` or `Completed`. Retried with the same
         `claim_id` (16 random bytes, chosen here unless given) until the
         call's deadline, so a lost reply is answered with this call's own
-        win. Raises `KeyOutcomeUnknown` when the claim may have been made
-        but no answer came (claim again with the same `claim_id` to learn
-        it), `Unavailable` when nothing was sent."""
+        win. Raises `KeyOutcomeUnknown` when no answer came by the deadline
+        (claim again with the same `claim_id` to learn it)."""
         key = _claim_key(key)
+        lease_ms = _lease_ms(lease)
         fingerprint = cmd.to_bytes(fingerprint, "fingerprint")
         if len(fingerprint) > FINGERPRINT_BYTES_MAX:
             raise errors.InvalidArgument(
                 f"a fingerprint is at most {FINGERPRINT_BYTES_MAX} bytes, not {len(fingerprint)}")
         if claim_id is None:
             claim_id = os.urandom(16)
-        if len(claim_id) != 16:
-            raise errors.InvalidArgument("a claim id is 16 bytes")
+        if not isinstance(claim_id, (bytes, bytearray, memoryview)) or len(bytes(claim_id)) != 16:
+            raise errors.InvalidArgument(f"a claim id is 16 bytes, not {claim_id!r}")
         deadline = self._deadline()
         request = pb.ClaimRequest(cluster_id=self._cluster(deadline), key=key,
-                                  fingerprint=fingerprint, lease_ms=_lease_ms(lease),
+                                  fingerprint=fingerprint, lease_ms=lease_ms,
                                   claim_id=bytes(claim_id))
         reply = self._claim_call(key, deadline, lambda stub, t: stub.Claim(
             request, timeout=t, metadata=self._metadata))
@@ -150,7 +154,7 @@ class ClaimsMixin:
         except ValueError as undecodable:
             raise errors.KeyOutcomeUnknown(f"undecodable claim reply: {undecodable}", key=key) from None
 
-    def complete(self, key, fence: int, result: bytes) -> int:
+    def complete(self, key: cmd.Data, fence: int, result: cmd.Data) -> int:
         """Records `result` (bytes) as the effect's result under `fence`;
         every later claim of the key replays it. Returns the cluster time of
         the completion. The same complete again (a retry) is answered from
@@ -159,31 +163,37 @@ class ClaimsMixin:
         (`current_fence` is then `fence`: the first result stands); nothing
         is recorded either way."""
         key = _claim_key(key)
+        fence = cmd.to_uint64(fence, "fence")
+        result = cmd.to_bytes(result, "result")
         deadline = self._deadline()
         request = pb.CompleteClaimRequest(cluster_id=self._cluster(deadline), key=key, fence=fence,
-                                          result=cmd.to_bytes(result, "result"))
+                                          result=result)
+        cmd.check_message_size(request)
         reply = self._claim_call(key, deadline, lambda stub, t: stub.CompleteClaim(
             request, timeout=t, metadata=self._metadata))
         return reply.completed_ms
 
-    def release(self, key, fence: int) -> None:
+    def release(self, key: cmd.Data, fence: int) -> None:
         """Gives the key up under `fence` (the effect did not happen): the
         next claim wins at once. Raises `Fenced` when the fence no longer
         holds the key."""
         key = _claim_key(key)
+        fence = cmd.to_uint64(fence, "fence")
         deadline = self._deadline()
         request = pb.ReleaseClaimRequest(cluster_id=self._cluster(deadline), key=key, fence=fence)
         self._claim_call(key, deadline, lambda stub, t: stub.ReleaseClaim(
             request, timeout=t, metadata=self._metadata))
 
-    def extend(self, key, fence: int, lease: float) -> float:
+    def extend(self, key: cmd.Data, fence: int, lease: float) -> float:
         """Moves the lease of `fence` to `lease` seconds after now (cluster
         time); returns the lease left, in seconds. Raises `Fenced` when the
         fence no longer holds the key."""
         key = _claim_key(key)
+        fence = cmd.to_uint64(fence, "fence")
+        lease_ms = _lease_ms(lease)
         deadline = self._deadline()
         request = pb.ExtendClaimRequest(cluster_id=self._cluster(deadline), key=key, fence=fence,
-                                        lease_ms=_lease_ms(lease))
+                                        lease_ms=lease_ms)
         reply = self._claim_call(key, deadline, lambda stub, t: stub.ExtendClaim(
             request, timeout=t, metadata=self._metadata))
         return reply.lease_ms_left / 1000.0
@@ -201,9 +211,10 @@ class ClaimsMixin:
         LIMIT_EXCEEDED (a key or result beyond a limit lowered since),
         WRONG_CLUSTER, PERMISSION_DENIED... — and the outcome is unknown
         (`KeyOutcomeUnknown`, the refusal as `.cause`; rule 22). So is the
-        deadline — unless no attempt can have been sent (`Unavailable`) or
-        a capacity limit refused every attempt before any could run
-        (`ResourceExhausted`)."""
+        deadline, whether or not an attempt may have reached a leader (the
+        same request again learns the outcome; as the Rust client's
+        `keyed_fate`) — unless a capacity limit refused every attempt
+        before any could run (`ResourceExhausted`)."""
         text = key.decode("utf-8", "replace")
         sent = self._send_retried(deadline, call)
         if sent.how == "answered":
@@ -228,12 +239,12 @@ class ClaimsMixin:
         exhausted = sent.failures.exhausted_before_any_reach(sent.reached)
         if exhausted is not None:
             raise exhausted
-        if not sent.reached:
-            raise errors.Unavailable(f"cluster unavailable: {sent.failures.reason()}")
         raise unknown(sent.failures.reason(), cause=sent.failures.cause())
 
-    def once(self, key, fingerprint=None, *, lease: float = 30.0, wait: float = 60.0,
-             heartbeat: Optional[float] = None, encode: Optional[Callable[[Any], bytes]] = None,
+    def once(self, key: Union[cmd.Data, Callable[..., cmd.Data]],
+             fingerprint: Union[None, cmd.Data, Callable[..., cmd.Data]] = None, *,
+             lease: float = 30.0, wait: float = 60.0, heartbeat: Optional[float] = None,
+             encode: Optional[Callable[[Any], bytes]] = None,
              decode: Optional[Callable[[bytes], Any]] = None) -> "Once":
         """Runs a handler at most once per `key` across every process that
         asks; use the result as a decorator or a context manager (see
@@ -387,9 +398,10 @@ class Once:
         self.client = client
         self.key = key
         self.fingerprint = fingerprint
-        self.lease = float(lease)
-        self.wait = float(wait)
-        self.heartbeat = float(heartbeat) if heartbeat is not None else self.lease / 3.0
+        self.lease = cmd.to_seconds(lease, "a lease")
+        self.wait = cmd.to_seconds(wait, "wait", zero_ok=True)
+        self.heartbeat = (cmd.to_seconds(heartbeat, "heartbeat") if heartbeat is not None
+                          else self.lease / 3.0)
         self.encode = encode or _json_encode
         self.decode = decode or _json_decode
         self._active = threading.local()

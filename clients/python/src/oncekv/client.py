@@ -19,7 +19,9 @@ of the Rust library (crates/oncekv-client):
   (its cached LIMIT_EXCEEDED, SEQ_CONFLICT) (rule 22);
 - a session the cluster no longer knows is never silently replaced under a
   request that may have run: that request's outcome is unknown; only new
-  calls get a new session (rule 9).
+  calls get a new session (rule 9);
+- a request that can never be sent as it is (beyond a request limit, or
+  gRPC's message limit) is refused before it takes a seq: `LimitExceeded`.
 
 `execute_with_key` is exactly-once per idempotency key, with no session
 (rule 18); claims and `once` (oncekv.claims) make an effect outside oncekv
@@ -34,7 +36,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -50,7 +52,7 @@ from .seqs import Seqs
 __all__ = ["Client", "KeyedReply", "AttemptEvent"]
 
 #: The node's message size bound (oncekv-wire's CLIENT_MESSAGE_BYTES_MAX).
-MESSAGE_BYTES_MAX = 8 << 20
+MESSAGE_BYTES_MAX = cmd.MESSAGE_BYTES_MAX
 
 _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -140,6 +142,47 @@ def _now() -> float:
     return time.monotonic()
 
 
+def _endpoint_list(endpoints: Any) -> List[str]:
+    """`endpoints` (a comma-separated string, or strings) as a list."""
+    if isinstance(endpoints, str):
+        endpoints = endpoints.split(",")
+    try:
+        endpoints = list(endpoints)
+    except TypeError:
+        raise errors.InvalidArgument(
+            f"endpoints are 'host:port' strings, not {type(endpoints).__name__}") from None
+    for endpoint in endpoints:
+        if not isinstance(endpoint, str):
+            raise errors.InvalidArgument(
+                f"an endpoint is a 'host:port' string, not {type(endpoint).__name__}")
+    endpoints = [endpoint.strip() for endpoint in endpoints if endpoint.strip()]
+    if not endpoints:
+        raise errors.InvalidArgument("no endpoints given")
+    return endpoints
+
+
+def _check_token(token: Any) -> None:
+    """A bearer token is sent as gRPC metadata: printable ASCII, no blanks."""
+    if not isinstance(token, str) or not (token.isascii() and token.isprintable()) or any(
+            c.isspace() for c in token):
+        raise errors.InvalidArgument("the token must be printable ASCII without blanks")
+
+
+def env_arguments(kwargs: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """The endpoints and keyword arguments of `Client.from_env`: those given,
+    completed from the environment as the CLI reads it."""
+    endpoints = os.environ.get("ONCEKV_ENDPOINTS")
+    if not endpoints:
+        base = int(os.environ.get("ONCEKV_PORT_BASE", "7100"))
+        endpoints = ",".join(f"127.0.0.1:{base + n}" for n in (1, 2, 3))
+    kwargs = dict(kwargs)
+    for name, env in (("token", "ONCEKV_TOKEN"), ("ca", "ONCEKV_CA"),
+                      ("cert", "ONCEKV_CERT"), ("key", "ONCEKV_KEY")):
+        if kwargs.get(name) is None and os.environ.get(env):
+            kwargs[name] = os.environ[env]
+    return endpoints, kwargs
+
+
 def _read_pem(value) -> Optional[bytes]:
     if value is None:
         return None
@@ -221,29 +264,25 @@ class Client(ClaimsMixin):
         endpoints: Union[str, Sequence[str]],
         *,
         token: Optional[str] = None,
-        ca=None,
-        cert=None,
-        key=None,
+        ca: Union[None, str, bytes, os.PathLike[str]] = None,
+        cert: Union[None, str, bytes, os.PathLike[str]] = None,
+        key: Union[None, str, bytes, os.PathLike[str]] = None,
         call_timeout: float = 10.0,
         attempt_timeout: float = 2.0,
         backoff: Backoff = Backoff(),
         keep_alive_fraction: float = 1.0 / 3.0,
         observer: Optional[Callable[[AttemptEvent], None]] = None,
-        interceptors: Iterable = (),
-    ):
-        if isinstance(endpoints, str):
-            endpoints = [part.strip() for part in endpoints.split(",") if part.strip()]
-        endpoints = list(endpoints)
-        if not endpoints:
-            raise errors.InvalidArgument("no endpoints given")
-        if token is not None and (not token.isprintable() or any(c.isspace() for c in token)):
-            raise errors.InvalidArgument("the token must be printable ASCII without blanks")
+        interceptors: Iterable[Any] = (),
+    ) -> None:
+        endpoints = _endpoint_list(endpoints)
+        if token is not None:
+            _check_token(token)
         if (cert is None) != (key is None):
             raise errors.InvalidArgument("a client certificate needs its key too (cert= with key=)")
         if cert is not None and ca is None:
             raise errors.InvalidArgument("a certificate without ca=: TLS needs the cluster's CA")
-        self.call_timeout = float(call_timeout)
-        self.attempt_timeout = float(attempt_timeout)
+        self.call_timeout = cmd.to_seconds(call_timeout, "call_timeout")
+        self.attempt_timeout = cmd.to_seconds(attempt_timeout, "attempt_timeout")
         self.backoff = backoff
         self.keep_alive_fraction = float(keep_alive_fraction)
         self.observer = observer
@@ -265,18 +304,11 @@ class Client(ClaimsMixin):
         self._session: Optional[_Session] = None
 
     @classmethod
-    def from_env(cls, **kwargs) -> "Client":
+    def from_env(cls, **kwargs: Any) -> "Client":
         """A client configured like the CLI: ONCEKV_ENDPOINTS (or the local
         cluster of scripts/cluster.sh at ONCEKV_PORT_BASE, default 7100),
         ONCEKV_TOKEN, ONCEKV_CA, ONCEKV_CERT, ONCEKV_KEY."""
-        endpoints = os.environ.get("ONCEKV_ENDPOINTS")
-        if not endpoints:
-            base = int(os.environ.get("ONCEKV_PORT_BASE", "7100"))
-            endpoints = ",".join(f"127.0.0.1:{base + n}" for n in (1, 2, 3))
-        for name, env in (("token", "ONCEKV_TOKEN"), ("ca", "ONCEKV_CA"),
-                          ("cert", "ONCEKV_CERT"), ("key", "ONCEKV_KEY")):
-            if kwargs.get(name) is None and os.environ.get(env):
-                kwargs[name] = os.environ[env]
+        endpoints, kwargs = env_arguments(kwargs)
         return cls(endpoints, **kwargs)
 
     # ---- context management ------------------------------------------------
@@ -284,7 +316,7 @@ class Client(ClaimsMixin):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def close(self) -> bool:
@@ -293,7 +325,9 @@ class Client(ClaimsMixin):
         session is gone (or there was none): the Unregister applied, or the
         cluster no longer knows the session (an earlier attempt of this close
         applied with its reply lost, or it had expired). A later call starts
-        a new session."""
+        a new session. It takes at most one `attempt_timeout`, not a
+        `call_timeout`: a client closed with the cluster out of reach
+        (a process exiting) does not hang."""
         with self._session_lock:
             session, self._session = self._session, None
         confirmed = True
@@ -301,8 +335,8 @@ class Client(ClaimsMixin):
             session.closed.set()
             request = pb.UnregisterRequest(cluster_id=session.cluster_id, client_id=session.client_id)
             try:
-                self._on_leader(self._deadline(), lambda stub, t: stub.Unregister(
-                    request, timeout=t, metadata=self._metadata))
+                self._on_leader(_now() + self.attempt_timeout, lambda stub, t:
+                                stub.Unregister(request, timeout=t, metadata=self._metadata))
             except _CallFinal as final:
                 confirmed = final.failure.reason == "SESSION_EXPIRED"
             except _CallGaveUp:
@@ -315,24 +349,25 @@ class Client(ClaimsMixin):
 
     # ---- the key-value commands ---------------------------------------------
 
-    def put(self, key, value) -> None:
+    def put(self, key: cmd.Data, value: cmd.ValueLike) -> None:
         """Stores `value` (bytes, str, int or a list of bytes) exactly once."""
         self._expect(self.execute(cmd.Put(key, value)), cmd.Stored)
 
-    def delete(self, key) -> bool:
+    def delete(self, key: cmd.Data) -> bool:
         """Deletes `key` exactly once; returns whether it existed."""
         return self._expect(self.execute(cmd.Delete(key)), cmd.Deleted).existed
 
-    def increment(self, key, delta: int = 1) -> int:
+    def increment(self, key: cmd.Data, delta: int = 1) -> int:
         """Adds `delta` exactly once and returns the new value. Raises
         `IncrementOverflow` or `WrongType` (nothing changed)."""
         return self._expect(self.execute(cmd.Increment(key, delta)), cmd.Incremented).value
 
-    def append(self, key, element) -> int:
+    def append(self, key: cmd.Data, element: cmd.Data) -> int:
         """Appends `element` exactly once; returns the list's new length."""
         return self._expect(self.execute(cmd.Append(key, element)), cmd.Appended).length
 
-    def compare_and_swap(self, key, expected, new):
+    def compare_and_swap(self, key: cmd.Data, expected: Optional[cmd.ValueLike],
+                         new: cmd.ValueLike) -> Tuple[bool, Optional[cmd.ValueType]]:
         """Stores `new` if the value equals `expected` (None: the key must be
         absent), exactly once. Returns ``(swapped, current)``, `current`
         being the value stored after the operation (None: absent). A retry
@@ -354,7 +389,7 @@ class Client(ClaimsMixin):
                 current=result.current)
         raise errors.InvalidArgument(f"unexpected result {result!r}")
 
-    def get(self, key):
+    def get(self, key: cmd.Data) -> Optional[cmd.ValueType]:
         """A linearizable read through the leader: bytes, int, a list of
         bytes, or None when the key is absent. Raises `Unavailable` when no
         leader answered before the deadline."""
@@ -398,14 +433,17 @@ class Client(ClaimsMixin):
         may fence) is dropped; when nothing of this request can have run,
         the command is sent once more as a new request of a new session. A
         request whose outcome is unknown is never re-sent (rule 9)."""
-        if not isinstance(command, cmd.Command):
-            raise errors.InvalidArgument(f"not a command: {command!r}")
+        command = cmd.to_command(command)
         deadline = self._deadline()
         sessions_tried = 0
         while True:
             session = self._get_session(deadline)
             sessions_tried += 1
             self._check_limits(session, command)
+            # The request as sent, with seq and floor at their largest.
+            cmd.check_message_size(pb.ExecuteRequest(
+                cluster_id=session.cluster_id, client_id=session.client_id, seq=cmd.UINT64_MAX,
+                first_outstanding_seq=cmd.UINT64_MAX, command=command.to_proto()))
             seq = self._take_seq(session, deadline)
             try:
                 try:
@@ -662,7 +700,7 @@ class Client(ClaimsMixin):
 
     # ---- idempotency keys: exactly once per key, no session ------------------
 
-    def execute_with_key(self, key, command: cmd.Command) -> KeyedReply:
+    def execute_with_key(self, key: cmd.Data, command: cmd.Command) -> KeyedReply:
         """Executes `command` exactly once per idempotency `key` (rule 18),
         with no session: the first request with the key that reaches the
         log executes; a repeat of the same command with the key (a retry,
@@ -677,11 +715,11 @@ class Client(ClaimsMixin):
             raise errors.InvalidArgument(
                 f"idempotency key of {len(key)} bytes is beyond the hard bound of "
                 f"{cmd.IDEMPOTENCY_KEY_BYTES_HARD_MAX}")
-        if not isinstance(command, cmd.Command):
-            raise errors.InvalidArgument(f"not a command: {command!r}")
+        command = cmd.to_command(command)
         deadline = self._deadline()
         request = pb.ExecuteKeyedRequest(cluster_id=self._cluster(deadline), idempotency_key=key,
                                          command=command.to_proto())
+        cmd.check_message_size(request)
         sent = self._send_retried(deadline, lambda stub, t: stub.ExecuteKeyed(
             request, timeout=t, metadata=self._metadata))
         text = key.decode("utf-8", "replace")
@@ -727,9 +765,11 @@ class Client(ClaimsMixin):
         retry after a lost reply may apply it twice. For baselines only.
         After an attempt that may have been applied, a call that ends
         without an answer raises `PlainOutcomeUnknown`."""
+        command = cmd.to_command(command)
         deadline = self._deadline()
         request = pb.ExecutePlainRequest(cluster_id=self._cluster(deadline),
                                          command=command.to_proto())
+        cmd.check_message_size(request)
         sent = self._send_retried(deadline, lambda stub, t: stub.ExecutePlain(
             request, timeout=t, metadata=self._metadata))
         if sent.how == "answered":

@@ -6,12 +6,18 @@ Keys are bytes (a `str` is taken as its UTF-8 bytes) and never empty.
 Values are typed as on the wire: `bytes` (a `str` is stored as its UTF-8
 bytes), a signed 64-bit `int`, or a list of bytes. Reads give back `bytes`,
 `int` or `list` of `bytes`.
+
+The `to_*` functions are the one check of what a caller passes to a public
+call (a key, a value, a fence, a lease, a timeout): a wrong type or a value
+out of range is `InvalidArgument`, raised before anything is sent.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from typing import Any, List, Optional, Sequence, Union
 
 from . import errors
 from ._proto import oncekv_pb2 as pb
@@ -32,28 +38,40 @@ __all__ = [
     "Command",
     "Result",
     "ValueType",
+    "Data",
+    "ValueLike",
 ]
 
+#: A value as a read gives it back.
 ValueType = Union[bytes, int, List[bytes]]
+#: What a call takes as a key or bytes (a `str` is taken as its UTF-8 bytes).
+Data = Union[bytes, bytearray, memoryview, str]
+#: What a call takes as a value.
+ValueLike = Union[Data, int, Sequence[Data]]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
 #: The wire's hard bound on a key (the cluster's `key_bytes_max` is lower).
 KEY_BYTES_HARD_MAX = 64 << 10
 #: The wire's hard bound on an idempotency or claim key.
 IDEMPOTENCY_KEY_BYTES_HARD_MAX = 4096
 
 
-def to_bytes(data, what: str = "key") -> bytes:
+def to_bytes(data: Any, what: str = "key") -> bytes:
     """`data` as bytes: bytes-like as is, `str` as UTF-8."""
     if isinstance(data, str):
-        return data.encode("utf-8")
+        try:
+            return data.encode("utf-8")
+        except UnicodeEncodeError as bad:  # a lone surrogate
+            raise errors.InvalidArgument(
+                f"{what} is not encodable as UTF-8 ({bad.reason} at index {bad.start})") from None
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise errors.InvalidArgument(f"{what} must be bytes or str, not {type(data).__name__}")
 
 
-def to_key(key) -> bytes:
+def to_key(key: Any) -> bytes:
     """A data key: non-empty, within the wire's hard bound."""
     key = to_bytes(key, "key")
     if not key:
@@ -65,15 +83,50 @@ def to_key(key) -> bytes:
     return key
 
 
-def to_int64(number, what: str = "integer") -> int:
-    if isinstance(number, bool) or not isinstance(number, int):
+def to_int(number: Any, what: str, low: int, high: int) -> int:
+    """`number` as an int in [low, high]: an integer (not a bool)."""
+    if isinstance(number, bool) or not isinstance(number, numbers.Integral):
         raise errors.InvalidArgument(f"{what} must be an int, not {type(number).__name__}")
-    if not INT64_MIN <= number <= INT64_MAX:
-        raise errors.InvalidArgument(f"{what} {number} does not fit a signed 64-bit integer")
+    number = int(number)
+    if not low <= number <= high:
+        raise errors.InvalidArgument(f"{what} {number} is outside {low}..={high}")
     return number
 
 
-def value_to_proto(value) -> pb.Value:
+def to_int64(number: Any, what: str = "integer") -> int:
+    """A signed 64-bit integer (a delta, a value)."""
+    return to_int(number, what, INT64_MIN, INT64_MAX)
+
+
+def to_uint64(number: Any, what: str) -> int:
+    """An unsigned 64-bit integer (a fence)."""
+    return to_int(number, what, 0, UINT64_MAX)
+
+
+def to_seconds(value: Any, what: str, *, zero_ok: bool = False) -> float:
+    """A duration in seconds (a lease, a timeout, a wait): a finite int or
+    float, positive (or zero when `zero_ok`)."""
+    seconds = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float
+            pass
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+        kind = "a non-negative" if zero_ok else "a positive"
+        raise errors.InvalidArgument(f"{what} is {kind} finite number of seconds, not {value!r}")
+    return seconds
+
+
+def to_command(command: Any) -> "Command":
+    """`command` if it is one of the commands (`Put`, `Increment`, ...)."""
+    if not isinstance(command, Command):
+        raise errors.InvalidArgument(
+            f"not a command (Put, Delete, Increment, Append, CompareAndSwap): {command!r}")
+    return command
+
+
+def value_to_proto(value: Any) -> pb.Value:
     """bytes/str → bytes, int → int (64-bit), list/tuple of bytes/str → list."""
     if isinstance(value, (bytes, bytearray, memoryview, str)):
         return pb.Value(bytes=to_bytes(value, "value"))
@@ -132,6 +185,23 @@ class Command:
         _over("key_bytes_max", limits.key_bytes_max, len(self.key))
 
 
+#: The largest request gRPC sends (oncekv-wire's CLIENT_MESSAGE_BYTES_MAX,
+#: the node's bound too): beyond it grpc refuses to send, in the client.
+MESSAGE_BYTES_MAX = 8 << 20
+
+
+def check_message_size(request: Any) -> None:
+    """Raises `LimitExceeded` (`grpc_message_bytes_max`) when `request`, a
+    wire message, encodes to more than MESSAGE_BYTES_MAX: grpc would refuse
+    to send it, so it is refused here, before anything is sent."""
+    size = request.ByteSize()
+    if size > MESSAGE_BYTES_MAX:
+        raise errors.LimitExceeded(
+            f"the request is {size} bytes encoded, beyond the gRPC message limit of "
+            f"{MESSAGE_BYTES_MAX} bytes; nothing was sent",
+            limit="grpc_message_bytes_max", limit_max=MESSAGE_BYTES_MAX, limit_requested=size)
+
+
 def _over(limit: str, limit_max: int, requested: int) -> None:
     if requested > limit_max:
         raise errors.LimitExceeded(
@@ -156,7 +226,7 @@ class Put(Command):
     key: bytes
     value: pb.Value = field(repr=False)
 
-    def __init__(self, key, value):
+    def __init__(self, key: Data, value: ValueLike) -> None:
         self.key = to_key(key)
         self.value = value_to_proto(value)
 
@@ -175,7 +245,7 @@ class Delete(Command):
 
     key: bytes
 
-    def __init__(self, key):
+    def __init__(self, key: Data) -> None:
         self.key = to_key(key)
 
     def to_proto(self) -> pb.Command:
@@ -192,7 +262,7 @@ class Increment(Command):
     key: bytes
     delta: int
 
-    def __init__(self, key, delta: int = 1):
+    def __init__(self, key: Data, delta: int = 1) -> None:
         self.key = to_key(key)
         self.delta = to_int64(delta, "delta")
 
@@ -207,7 +277,7 @@ class Append(Command):
     key: bytes
     element: bytes
 
-    def __init__(self, key, element):
+    def __init__(self, key: Data, element: Data) -> None:
         self.key = to_key(key)
         self.element = to_bytes(element, "element")
 
@@ -230,7 +300,7 @@ class CompareAndSwap(Command):
     expected: Optional[pb.Value] = field(repr=False)
     new: pb.Value = field(repr=False)
 
-    def __init__(self, key, expected, new):
+    def __init__(self, key: Data, expected: Optional[ValueLike], new: ValueLike) -> None:
         self.key = to_key(key)
         self.expected = None if expected is None else value_to_proto(expected)
         self.new = value_to_proto(new)

@@ -91,8 +91,11 @@ class NotLeader(OncekvError):
 class Unavailable(OncekvError):
     """UNAVAILABLE: no quorum, an election, an overloaded node, or the cluster
     could not be reached before the deadline. Raised by a call only when
-    nothing of it can have executed (nothing was sent, or the call is a
-    read); a call that may have reached a leader raises `OutcomeUnknown`."""
+    nothing of it can have executed: a read, `execute_plain` with no
+    attempt that may have reached a leader, a call that could not learn
+    the cluster's id or register its session, a session's window that
+    stayed full. A change sent and out of time raises `OutcomeUnknown`,
+    even when every connection was refused (as in the Rust client)."""
 
     reason = "UNAVAILABLE"
     final = False
@@ -173,8 +176,9 @@ class InvalidArgument(OncekvError, ValueError):
 class LimitExceeded(OncekvError):
     """LIMIT_EXCEEDED: the request itself breaks a replicated limit (`limit`
     = `limit_max`, it needs `limit_requested`): a key, value or list too
-    large, a claim key or result too large. It can never succeed as sent;
-    nothing was executed."""
+    large, a claim key or result too large; or, found by the client before
+    sending, gRPC's message limit (`grpc_message_bytes_max`, 8 MiB
+    encoded). It can never succeed as sent; nothing was executed."""
 
     reason = "LIMIT_EXCEEDED"
 
@@ -232,9 +236,10 @@ class Fenced(OncekvError):
 
 
 class OutcomeUnknown(OncekvError):
-    """The request was sent and may or may not have executed: the deadline
-    passed, or a retry was refused for good after an attempt that may have
-    reached a leader (rule 22). For a session request, the client fences the
+    """The request may or may not have executed: the deadline passed (a
+    change out of time is unknown whatever its attempts met, as in the
+    Rust client), or a retry was refused for good after an attempt that
+    may have reached a leader (rule 22). For a session request, the client fences the
     seq (moves its floor past it) so that a late copy never executes;
     `fenced` says whether that fence is committed (when False, the next
     request of the session carries it).

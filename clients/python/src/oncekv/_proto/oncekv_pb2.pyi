@@ -31,6 +31,7 @@ class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNAUTHENTICATED: _ClassVar[Reason]
     KEY_CONFLICT: _ClassVar[Reason]
     FENCED: _ClassVar[Reason]
+    NOT_CAUGHT_UP: _ClassVar[Reason]
 VALUE_KIND_UNSPECIFIED: ValueKind
 VALUE_KIND_BYTES: ValueKind
 VALUE_KIND_INT: ValueKind
@@ -50,6 +51,7 @@ PERMISSION_DENIED: Reason
 UNAUTHENTICATED: Reason
 KEY_CONFLICT: Reason
 FENCED: Reason
+NOT_CAUGHT_UP: Reason
 
 class Value(_message.Message):
     __slots__ = ("bytes", "int", "list")

@@ -176,7 +176,9 @@ class ClientServicer:
 
     def CompleteClaim(self, request, context):
         """Records the result of the holder of `fence`; every later Claim replays
-        it. FENCED for any other fence.
+        it. FENCED for any other fence, and for this fence once its claim is
+        finished: released, or completed with another result (the same result
+        again is a retry, answered from the record with `duplicate` set).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -746,9 +748,9 @@ class AdminServicer:
         """Adds a node as a learner (a non-voting member that receives the log),
         then waits until it has caught up with the log up to the entry that
         added it — by snapshot if the leader has purged what it needs — or
-        until `timeout_ms` passes (DEADLINE_EXCEEDED: the learner stays added
-        and keeps catching up). Re-adding a member updates nothing and waits
-        again. Leader only.
+        until `timeout_ms` passes (DEADLINE_EXCEEDED with reason NOT_CAUGHT_UP:
+        the learner stays added and keeps catching up). Re-adding a member
+        updates nothing and waits again. Leader only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -760,8 +762,9 @@ class AdminServicer:
         first); voters left out stay members as learners (remove them with
         RemoveNode). Promote = current voters plus the id; demote = minus it.
         A new voter must have caught up with the leader's log (waited for up to
-        10 s, else UNAVAILABLE): new voters that cannot follow would leave the
-        joint configuration without a majority. Leader only.
+        5 s, else UNAVAILABLE with reason NOT_CAUGHT_UP, nothing changed): new
+        voters that cannot follow would leave the joint configuration without a
+        majority. Leader only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
