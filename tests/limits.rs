@@ -299,6 +299,55 @@ async fn client_and_cli_fail_at_once_and_config_changes_are_patches() {
     assert_eq!(object["limit"], "value_bytes_max");
     assert_eq!(object["limit_requested"], VALUE_BYTES_MAX + 1);
 
+    // A request beyond the message bound both ends keep (8 MiB), though
+    // within every replicated limit the client checks (a cas's expected
+    // value is not a value it stores), is refused before anything is sent —
+    // a definite InvalidArgument, not an unknown outcome — by every kind of
+    // call; the session goes on.
+    let huge = vec![b'x'; oncekv_wire::CLIENT_MESSAGE_BYTES_MAX + 1];
+    let sent_before = attempts.lock().unwrap().len();
+    let refusals = [
+        client
+            .compare_and_swap(b"big", Some(Value::Bytes(huge.clone())), Value::Int(1))
+            .await
+            .map(drop),
+        client
+            .execute_with_key(
+                b"huge-key",
+                Command::Put {
+                    key: b"big".to_vec(),
+                    value: Value::Bytes(huge.clone()),
+                },
+            )
+            .await
+            .map(drop),
+        client
+            .execute_plain(Command::Put {
+                key: b"big".to_vec(),
+                value: Value::Bytes(huge.clone()),
+            })
+            .await
+            .map(drop),
+        client
+            .complete_claim(b"huge-claim", 1, &huge)
+            .await
+            .map(drop),
+    ];
+    for refusal in refusals {
+        match refusal {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains("nothing was sent"), "{message}")
+            }
+            other => panic!("expected a definite refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        attempts.lock().unwrap().len(),
+        sent_before,
+        "refused before sending"
+    );
+    assert_eq!(client.increment(b"after-huge", 1).await, Ok(1));
+
     // A combination that would refuse every large response is refused,
     // through the API and the CLI, naming both fields; nothing changes.
     for cached in [0, VALUE_BYTES_MAX + 31] {

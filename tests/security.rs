@@ -383,6 +383,38 @@ async fn a_secure_cluster_keeps_strangers_out() {
         Reason::InvalidArgument,
         "node 4 as itself, with garbage",
     );
+    // Node 4's certificate, as itself, asking votes for node 2 — or for
+    // itself at a term where an election's +1 would wrap — is refused: a
+    // peer speaks only for itself, and terms stay far from the wrap.
+    let vote_for = |candidate: u64, term: u64| proto::RaftMessage {
+        cluster_id: cluster_id.clone(),
+        from_node_id: 4,
+        payload: oncekv_core::codec::encode_versioned(
+            oncekv::network::peer::PEER_FORMAT_VERSION,
+            &openraft::raft::VoteRequest::<oncekv::raft_types::TypeConfig>::new(
+                oncekv::raft_types::Vote::new(term, candidate),
+                None,
+            ),
+        ),
+    };
+    assert_refused(
+        as_node(pki, 4).vote(vote_for(claimed, 1_000)).await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        "node 4's certificate asking votes for another node",
+    );
+    assert_refused(
+        as_node(pki, 4).pre_vote(vote_for(claimed, 1_000)).await,
+        Code::PermissionDenied,
+        Reason::PermissionDenied,
+        "node 4's certificate asking pre-votes for another node",
+    );
+    assert_refused(
+        as_node(pki, 4).vote(vote_for(4, u64::MAX)).await,
+        Code::InvalidArgument,
+        Reason::InvalidArgument,
+        "a vote request at the last term",
+    );
     let foreign_peer = as_node(&other, 2).vote(claim(2)).await;
     assert!(
         foreign_peer.is_err(),

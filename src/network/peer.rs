@@ -69,6 +69,13 @@ const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// above any state the registry's limits allow on a machine of this class.
 const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
 
+/// The largest term a peer message may carry. A term grows by one per
+/// election: 2^48 is one election a millisecond for 8,900 years. Near
+/// `u64::MAX` a node standing for election would wrap its term to 0, which
+/// every node refuses: one message would leave the cluster without a leader
+/// for good (and the term is durable, so no restart would mend it).
+const TERM_MAX: u64 = 1 << 48;
+
 // Message sizes between peers, and why they fit together:
 //
 // - A log entry carries a batch of client requests, and a client message is
@@ -814,6 +821,83 @@ fn open_message<T: DeserializeOwned>(
     Ok(decoded)
 }
 
+/// What a peer may say in its own name (`from`, the sender a message
+/// names, which `open_message` binds to the peer's certificate): only its
+/// own vote — the candidate's of a vote request, the leader's of an append
+/// or a snapshot — so one node's certificate cannot campaign or lead as
+/// another; and no term beyond [`TERM_MAX`], nor a log id (`log_ids`: the
+/// entries, the one before them, the commit) of a term above the vote's,
+/// which no leader or candidate holds.
+#[allow(clippy::result_large_err)] // tonic::Status is what the handlers return
+fn check_speaks_for_itself<'a>(
+    from: NodeId,
+    vote: &Vote,
+    log_ids: impl IntoIterator<Item = &'a crate::raft_types::LogId>,
+) -> Result<(), tonic::Status> {
+    let leader = vote.leader_id();
+    if leader.node_id != from {
+        tracing::warn!(
+            from_node_id = from,
+            vote_node_id = leader.node_id,
+            "peer message under another node's vote"
+        );
+        return Err(reason_status(ErrorReason::PermissionDenied(format!(
+            "node {from} sent a message under the vote of node {}",
+            leader.node_id
+        ))));
+    }
+    if leader.term > TERM_MAX {
+        return Err(reason_status(ErrorReason::InvalidArgument(format!(
+            "term {} is beyond {TERM_MAX}",
+            leader.term
+        ))));
+    }
+    if let Some(log_id) = log_ids
+        .into_iter()
+        .find(|log_id| log_id.leader_id.term > leader.term)
+    {
+        return Err(reason_status(ErrorReason::InvalidArgument(format!(
+            "log id {log_id} of a term above the vote's ({})",
+            leader.term
+        ))));
+    }
+    Ok(())
+}
+
+/// An append's message opened and checked ([`check_speaks_for_itself`]).
+#[allow(clippy::result_large_err)] // tonic::Status is what the handlers return
+fn open_append(
+    identity: &ClusterIdentity,
+    claim: &PeerClaim,
+    message: RaftMessage,
+) -> Result<AppendEntriesRequest<TypeConfig>, tonic::Status> {
+    let from = message.from_node_id;
+    let append: AppendEntriesRequest<TypeConfig> = open_message(identity, claim, message)?;
+    check_speaks_for_itself(
+        from,
+        &append.vote,
+        append
+            .prev_log_id
+            .iter()
+            .chain(append.leader_commit.iter())
+            .chain(append.entries.iter().map(|entry| &entry.log_id)),
+    )?;
+    Ok(append)
+}
+
+/// A vote request's message opened and checked ([`check_speaks_for_itself`]).
+#[allow(clippy::result_large_err)] // tonic::Status is what the handlers return
+fn open_vote(
+    identity: &ClusterIdentity,
+    claim: &PeerClaim,
+    message: RaftMessage,
+) -> Result<VoteRequest<TypeConfig>, tonic::Status> {
+    let from = message.from_node_id;
+    let vote: VoteRequest<TypeConfig> = open_message(identity, claim, message)?;
+    check_speaks_for_itself(from, &vote.vote, vote.last_log_id.iter())?;
+    Ok(vote)
+}
+
 /// Records a message sent under `vote` (an append, a heartbeat, a
 /// snapshot's head) as news from its leader, if the vote is committed.
 fn heard(contact: &LeaderContact, vote: &Vote) {
@@ -839,7 +923,7 @@ impl raft_server::Raft for PeerService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let claim = PeerClaim::of(&request);
-        let rpc: AppendEntriesRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        let rpc = open_append(&self.identity, &claim, request.into_inner())?;
         heard(&self.contact, &rpc.vote);
         Ok(tonic::Response::new(seal(
             &self.raft.append_entries(rpc).await,
@@ -863,9 +947,7 @@ impl raft_server::Raft for PeerService {
         let appends = request
             .into_inner()
             .map(move |message| {
-                let opened = message.and_then(|message| {
-                    open_message::<AppendEntriesRequest<TypeConfig>>(&identity, &claim, message)
-                });
+                let opened = message.and_then(|message| open_append(&identity, &claim, message));
                 if let Ok(append) = &opened {
                     heard(&contact, &append.vote);
                 }
@@ -900,7 +982,7 @@ impl raft_server::Raft for PeerService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let claim = PeerClaim::of(&request);
-        let rpc: VoteRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        let rpc = open_vote(&self.identity, &claim, request.into_inner())?;
         Ok(tonic::Response::new(seal(&self.raft.vote(rpc).await)))
     }
 
@@ -909,7 +991,7 @@ impl raft_server::Raft for PeerService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let claim = PeerClaim::of(&request);
-        let rpc: VoteRequest<TypeConfig> = self.open(&claim, request.into_inner())?;
+        let rpc = open_vote(&self.identity, &claim, request.into_inner())?;
         Ok(tonic::Response::new(seal(&self.raft.pre_vote(rpc).await)))
     }
 
@@ -928,6 +1010,7 @@ impl raft_server::Raft for PeerService {
         let SnapshotPart::Head { vote, meta } = self.open(&claim, first)? else {
             return Err(invalid("a snapshot stream must start with its meta"));
         };
+        check_speaks_for_itself(from_node_id, &vote, meta.last_log_id.iter())?;
         heard(&self.contact, &vote);
         let unavailable = |error: std::io::Error| {
             tracing::warn!(%error, "cannot write a received snapshot");
@@ -981,6 +1064,40 @@ mod tests {
     use super::*;
     use crate::raft_types::Entry;
     use oncekv_core::{Nonce, Op};
+
+    /// A peer speaks only under its own vote, at a term far from the wrap,
+    /// with no log id of a later term than its vote's.
+    #[test]
+    fn a_peer_speaks_only_for_itself() {
+        use crate::raft_types::{CommittedLeaderId, LogId};
+        let log_id = |term, index| LogId::new(CommittedLeaderId { term, node_id: 2 }, index);
+        let code = |result: Result<(), tonic::Status>| result.map_err(|status| status.code());
+        let vote = Vote::new(5, 2);
+        assert_eq!(
+            code(check_speaks_for_itself(
+                2,
+                &vote,
+                &[log_id(5, 9), log_id(3, 4)]
+            )),
+            Ok(())
+        );
+        assert_eq!(
+            code(check_speaks_for_itself(3, &vote, &[])),
+            Err(tonic::Code::PermissionDenied)
+        );
+        assert_eq!(
+            code(check_speaks_for_itself(2, &vote, &[log_id(6, 9)])),
+            Err(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            code(check_speaks_for_itself(2, &Vote::new(TERM_MAX, 2), &[])),
+            Ok(())
+        );
+        assert_eq!(
+            code(check_speaks_for_itself(2, &Vote::new(TERM_MAX + 1, 2), &[])),
+            Err(tonic::Code::InvalidArgument)
+        );
+    }
 
     #[tokio::test]
     async fn a_receiver_is_catching_up_during_a_send_and_for_the_grace_after_it() {

@@ -185,6 +185,7 @@ impl Client {
             lease_ms: millis(lease),
             claim_id: claim_id.to_be_bytes().to_vec(),
         };
+        crate::check_message_size(&request)?;
         let reply = self
             .claim_call(key, deadline, request, |mut client, request| async move {
                 client.claim(request).await
@@ -213,6 +214,7 @@ impl Client {
             fence,
             result: result.to_vec(),
         };
+        crate::check_message_size(&request)?;
         let reply = self
             .claim_call(key, deadline, request, |mut client, request| async move {
                 client.complete_claim(request).await

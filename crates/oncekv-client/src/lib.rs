@@ -899,15 +899,24 @@ impl Client {
     pub async fn execute(&self, command: Command) -> Result<CommandResult, Error> {
         check_key(command.key())?;
         let deadline = Instant::now() + self.inner.config.call_timeout;
+        let proto_command = convert::command_to_proto(&command);
         let mut sessions_tried = 0;
         loop {
             let session = self.session(deadline).await?;
             sessions_tried += 1;
             self.check_request_limits(&session, &command).await?;
+            // The largest the request can be encoded, before a seq is taken.
+            check_message_size(&proto::ExecuteRequest {
+                cluster_id: session.cluster_id.clone(),
+                client_id: session.client_id,
+                seq: u64::MAX,
+                first_outstanding_seq: u64::MAX,
+                command: Some(proto_command.clone()),
+            })?;
             let seq = self.take_seq(&session, deadline).await?;
             let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
             let result = self
-                .execute_seq(&session, seq, &command, deadline)
+                .execute_seq(&session, seq, &proto_command, deadline)
                 .instrument(span)
                 .await;
             session.finish(seq);
@@ -1026,10 +1035,9 @@ impl Client {
         &self,
         session: &Arc<Session>,
         seq: u64,
-        command: &Command,
+        proto_command: &proto::Command,
         deadline: Instant,
     ) -> Result<CommandResult, SeqError> {
-        let proto_command = convert::command_to_proto(command);
         let mut attempt: u32 = 0;
         let mut failures = Failures::default();
         // Whether an attempt so far may have reached a leader that applies
@@ -1184,6 +1192,7 @@ impl Client {
             cluster_id: self.cluster_id(deadline).await?,
             command: Some(convert::command_to_proto(&command)),
         };
+        check_message_size(&request)?;
         let unknown = |reason: String| Error::PlainOutcomeUnknown { reason };
         let sent = self
             .send_retried(deadline, |mut client, call_timeout| {
@@ -1321,6 +1330,7 @@ impl Client {
             idempotency_key: key.to_vec(),
             command: Some(convert::command_to_proto(&command)),
         };
+        check_message_size(&request)?;
         let span = tracing::debug_span!("execute_with_key", key = %key_text);
         self.execute_keyed_attempts(request, &key_text, deadline)
             .instrument(span)
@@ -1376,7 +1386,10 @@ impl Client {
             cluster_id: session.cluster_id.clone(),
             client_id: session.client_id,
         };
-        self.on_leader(self.deadline(), |mut client| {
+        // One attempt timeout of its own (docs/client.md): closing must not
+        // hold a caller for a whole call timeout when the cluster is away.
+        let deadline = Instant::now() + self.inner.config.attempt_timeout;
+        self.on_leader(deadline, |mut client| {
             let request = request.clone();
             async move { client.unregister(request).await }
         })
@@ -1685,6 +1698,25 @@ impl Session {
 /// An empty key can never be valid (the cluster refuses it on every path).
 fn check_key(key: &[u8]) -> Result<(), Error> {
     convert::check_key(key).map_err(|error| Error::InvalidArgument(error.to_string()))
+}
+
+/// Refuses, before anything is sent, a request no node can receive: its
+/// encoding beyond the message bound both ends keep
+/// ([`oncekv_wire::CLIENT_MESSAGE_BYTES_MAX`]). Within the replicated
+/// limits' hard bounds only a long list, or a claim's fingerprint or result,
+/// gets there. gRPC would refuse it on this side too, but as a failure of
+/// the attempt, which nothing would tell from one that may have reached a
+/// leader; this is final, and proves nothing was sent.
+pub(crate) fn check_message_size(request: &impl prost::Message) -> Result<(), Error> {
+    let size = request.encoded_len();
+    if size > oncekv_wire::CLIENT_MESSAGE_BYTES_MAX {
+        return Err(Error::InvalidArgument(format!(
+            "the request is {size} bytes encoded, beyond the {} bytes a node accepts in one \
+             message: nothing was sent",
+            oncekv_wire::CLIENT_MESSAGE_BYTES_MAX
+        )));
+    }
+    Ok(())
 }
 
 fn unexpected(result: CommandResult) -> Error {
