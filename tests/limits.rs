@@ -348,6 +348,29 @@ async fn client_and_cli_fail_at_once_and_config_changes_are_patches() {
     );
     assert_eq!(client.increment(b"after-huge", 1).await, Ok(1));
 
+    // A session TTL beyond 366 days (u64::MAX kept every abandoned session
+    // for ever) is refused before it is proposed; 366 days is taken.
+    let status = patch_config(
+        &raw,
+        proto::RegistryConfigPatch {
+            session_ttl_ms: Some(u64::MAX),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(reason(&status), Some(Reason::InvalidArgument), "{status}");
+    assert!(status.message().contains("session_ttl_ms"), "{status}");
+    let longest = oncekv_wire::convert::SESSION_TTL_MS_MAX.to_string();
+    let run = oncekv(
+        &e,
+        &["admin", "config", "set", "--session-ttl-ms", &longest],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = oncekv(&e, &["admin", "config", "set", "--session-ttl-ms", "60000"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+
     // A combination that would refuse every large response is refused,
     // through the API and the CLI, naming both fields; nothing changes.
     for cached in [0, VALUE_BYTES_MAX + 31] {

@@ -30,7 +30,16 @@ pub enum ConvertError {
     EmptyClaimKey,
     #[error("claim_id must be 16 bytes, got {0}")]
     BadClaimId(usize),
+    #[error("session_ttl_ms of {0} is beyond {max} (366 days)", max = SESSION_TTL_MS_MAX)]
+    SessionTtlTooLong(u64),
 }
+
+/// The longest `session_ttl_ms` a config patch may ask for: 366 days, as
+/// the key and claim TTLs (a session idle for longer is not a session, and a
+/// TTL near `u64::MAX` would keep every abandoned session forever). Refused
+/// here, before the patch is proposed, not at apply: apply's bounds are
+/// replicated rules, changed only by a rules version.
+pub const SESSION_TTL_MS_MAX: u64 = 366 * 24 * 3_600_000;
 
 /// The most bytes of a claim's fingerprint description on the wire.
 pub const CLAIM_FINGERPRINT_BYTES_MAX: u64 = 16 << 10;
@@ -580,6 +589,12 @@ pub fn config_patch_from_proto(
     patch: Option<proto::RegistryConfigPatch>,
 ) -> Result<ConfigPatch, ConvertError> {
     let patch = patch.ok_or(ConvertError::Missing("patch"))?;
+    if let Some(ttl_ms) = patch
+        .session_ttl_ms
+        .filter(|ttl_ms| *ttl_ms > SESSION_TTL_MS_MAX)
+    {
+        return Err(ConvertError::SessionTtlTooLong(ttl_ms));
+    }
     Ok(ConfigPatch {
         session_ttl_ms: patch.session_ttl_ms,
         sessions_max: patch.sessions_max,
