@@ -487,3 +487,51 @@ async fn outcome_unknown_names_the_most_informative_reason() {
     assert!(reason.contains("keys_max"), "{reason}");
     assert!(reason.contains("the last of"), "{reason}");
 }
+
+/// The client port holds at most `--grpc-connections-per-ip-max`
+/// connections from one address: one more is closed by the node at once,
+/// before a byte is read, so idle callers cannot take its descriptors; a
+/// closed connection gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_port_bounds_connections_per_address() {
+    use tokio::io::AsyncReadExt;
+    const PER_IP_MAX: usize = 4;
+    let cluster = Cluster::start_with(
+        "limits-connections",
+        &["--grpc-connections-per-ip-max", &PER_IP_MAX.to_string()],
+    )
+    .await;
+    let addr = cluster.client_addr(1);
+    // Whether the node closes `stream` within a second (it sends nothing
+    // before the client's HTTP/2 preface, so an admitted one stays silent).
+    let closed_by_node = |mut stream: tokio::net::TcpStream| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await;
+        (matches!(read, Ok(Ok(0)) | Ok(Err(_))), stream)
+    };
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..PER_IP_MAX + 2 {
+        let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (closed, stream) = closed_by_node(stream).await;
+        if closed {
+            refused += 1;
+        } else {
+            held.push(stream);
+        }
+    }
+    assert!(held.len() <= PER_IP_MAX, "{} held", held.len());
+    assert!(refused >= 2, "{refused} refused of {}", PER_IP_MAX + 2);
+    // Each place comes back when its connection closes: a client gets in.
+    drop(held);
+    let e = vec![addr];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = oncekv(&e, &["status", "--json"]).await;
+        if run.code == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{run:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

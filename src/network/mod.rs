@@ -10,6 +10,7 @@ pub mod admin_api;
 pub mod auth;
 pub mod client_api;
 pub mod client_wire;
+pub mod connections;
 pub mod faults;
 pub mod http_api;
 pub mod leader_contact;

@@ -23,6 +23,7 @@
 //! made with. A reload that cannot read or use the new files changes
 //! nothing.
 
+use super::connections::{Admitted, Gate};
 use crate::raft_types::NodeId;
 use futures::Stream;
 use oncekv_wire::certificate::{CertNames, cert_names};
@@ -257,8 +258,10 @@ impl NodeTls {
         &self,
         listener: TcpListener,
         port: Port,
-    ) -> impl Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>> + Send + 'static
-    {
+        gate: Option<Arc<Gate>>,
+    ) -> impl Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<Admitted<TcpStream>>>>
+    + Send
+    + 'static {
         let (sender, receiver) = tokio::sync::mpsc::channel(64);
         let tls = self.clone();
         tokio::spawn(async move {
@@ -268,7 +271,17 @@ impl NodeTls {
                     accepted = listener.accept() => accepted,
                 };
                 let stream = match accepted {
-                    Ok((stream, _)) => stream,
+                    // Counted from the accept, so a handshake holds a place.
+                    Ok((stream, peer)) => {
+                        let _ = stream.set_nodelay(true);
+                        match &gate {
+                            None => Admitted::ungated(stream),
+                            Some(gate) => match gate.admit(stream, peer.ip()) {
+                                Some(admitted) => admitted,
+                                None => continue,
+                            },
+                        }
+                    }
                     Err(error) => {
                         // Out of descriptors, say: pause rather than spin.
                         tracing::warn!(%error, ?port, "accept failed");
@@ -276,7 +289,6 @@ impl NodeTls {
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config(port));
                 let sender = sender.clone();
                 tokio::spawn(async move {

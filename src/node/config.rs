@@ -87,6 +87,17 @@ pub struct NodeOptions {
     /// the proxy's address: raise it there [default: 64].
     #[arg(long)]
     pub http_connections_per_ip_max: Option<usize>,
+    /// Most gRPC connections open at once on the client port, all peers
+    /// together (TLS handshakes and idle connections count); one more is
+    /// closed at once [default: 4096].
+    #[arg(long)]
+    pub grpc_connections_max: Option<usize>,
+    /// Most gRPC connections open at once on the client port from one peer
+    /// IP address; one more is closed at once. A client library holds one
+    /// per node; behind a NAT or a proxy every caller shares an address
+    /// [default: 1024].
+    #[arg(long)]
+    pub grpc_connections_per_ip_max: Option<usize>,
     /// How long an HTTP request's body may take to arrive, in all, from
     /// when its headers are read; later it is answered 408 and nothing runs
     /// [default: 10000].
@@ -235,6 +246,8 @@ pub struct NodeConfig {
     pub http_addr: Option<SocketAddr>,
     /// The HTTP API's bounds on its callers (`network::http_api::limits`).
     pub http_limits: crate::network::http_api::HttpLimits,
+    /// The client port's bounds on its connections (`network::connections`).
+    pub grpc_limits: crate::network::connections::ConnectionLimits,
     /// Admission control of the client API (see `network::client_api`).
     pub max_pending_proposals: usize,
     /// Threads of the async runtime; `None`: one per core.
@@ -510,6 +523,7 @@ impl NodeOptions {
         let metrics_addr = self.metrics_addr.or(file.metrics_addr);
         let (max_pending_proposals, worker_threads) = self.load_bounds(&file)?;
         let http_limits = self.http_limits(&file)?;
+        let grpc_limits = self.grpc_limits(&file)?;
         let initialize = self.initialize || file.initialize;
         if initialize && !members.contains_key(&id) {
             return Err(ConfigError::Invalid(
@@ -552,6 +566,7 @@ impl NodeOptions {
             metrics_addr,
             http_addr,
             http_limits,
+            grpc_limits,
             max_pending_proposals,
             worker_threads,
             data_dir,
@@ -640,6 +655,26 @@ impl NodeOptions {
                 .http_body_buffer_bytes_max
                 .or(file.http_body_buffer_bytes_max)
                 .unwrap_or(defaults.body_buffer_bytes_max),
+        };
+        limits.validate().map_err(ConfigError::Invalid)?;
+        Ok(limits)
+    }
+
+    /// The client port's bounds on its connections, checked as a whole.
+    fn grpc_limits(
+        &self,
+        file: &NodeOptions,
+    ) -> Result<crate::network::connections::ConnectionLimits, ConfigError> {
+        let defaults = crate::network::connections::ConnectionLimits::default();
+        let limits = crate::network::connections::ConnectionLimits {
+            connections_max: self
+                .grpc_connections_max
+                .or(file.grpc_connections_max)
+                .unwrap_or(defaults.connections_max),
+            connections_per_ip_max: self
+                .grpc_connections_per_ip_max
+                .or(file.grpc_connections_per_ip_max)
+                .unwrap_or(defaults.connections_per_ip_max),
         };
         limits.validate().map_err(ConfigError::Invalid)?;
         Ok(limits)

@@ -14,6 +14,7 @@ use crate::network::admin_api::AdminApi;
 use crate::network::auth::{AuthLayer, AuthPolicy, SharedPolicy};
 use crate::network::client_api::ClientApi;
 use crate::network::client_wire::ClientWireLayer;
+use crate::network::connections::Gate;
 use crate::network::leader_contact::LeaderContact;
 use crate::network::peer::{PeerNetwork, PeerService, SnapshotSends};
 use crate::network::proposer::Proposer;
@@ -591,7 +592,7 @@ impl Wiring<'_> {
                     .await;
             }),
             Some(tls) => {
-                let incoming = tls.incoming(listener, Port::Peer);
+                let incoming = tls.incoming(listener, Port::Peer, None);
                 tokio::spawn(async move {
                     let _ = router.serve_with_incoming_shutdown(incoming, stopped).await;
                 })
@@ -629,14 +630,29 @@ impl Wiring<'_> {
             .add_service(reflection_v1alpha)
             .add_service(admin_api.into_server());
         let stopped = self.stopped();
+        let gate = Gate::new(self.config.grpc_limits);
         let server = match &self.tls {
-            None => tokio::spawn(async move {
-                let _ = router
-                    .serve_with_incoming_shutdown(incoming(listener), stopped)
-                    .await;
-            }),
+            None => {
+                let incoming = futures::StreamExt::filter_map(incoming(listener), move |accepted| {
+                    std::future::ready(match accepted {
+                        Ok(stream) => {
+                            let peer = stream.peer_addr().map(|addr| addr.ip());
+                            // Closed at once (dropped) past either bound.
+                            peer.ok()
+                                .and_then(|peer| gate.admit(stream, peer))
+                                .map(Ok)
+                        }
+                        Err(error) => Some(Err(error)),
+                    })
+                });
+                tokio::spawn(async move {
+                    let _ = router
+                        .serve_with_incoming_shutdown(incoming, stopped)
+                        .await;
+                })
+            }
             Some(tls) => {
-                let incoming = tls.incoming(listener, Port::Client);
+                let incoming = tls.incoming(listener, Port::Client, Some(gate));
                 tokio::spawn(async move {
                     let _ = router.serve_with_incoming_shutdown(incoming, stopped).await;
                 })
