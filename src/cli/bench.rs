@@ -29,10 +29,10 @@ pub enum Mix {
 #[derive(Clone, Debug, clap::Args)]
 pub struct BenchArgs {
     /// Concurrent bench clients, each with its own session.
-    #[arg(long, default_value_t = 1)]
-    pub clients: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub clients: u64,
     /// Seconds of measured load.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub duration: u64,
     /// Requests in flight per client (1: closed loop, one at a time).
     #[arg(long, default_value_t = 1)]
@@ -110,7 +110,7 @@ pub async fn run_once(
         ..ClientConfig::default()
     };
     let mut clients = Vec::new();
-    for _ in 0..args.clients.max(1) {
+    for _ in 0..args.clients {
         let client = Client::with_config(endpoints.to_vec(), config.clone());
         if !plain && let Err(error) = client.client_id().await {
             return Err(match error {
@@ -174,7 +174,7 @@ pub async fn run_once(
     latencies.sort_unstable();
     Ok(Report {
         mode: if plain { "plain" } else { "registry" },
-        clients: args.clients.max(1),
+        clients: args.clients as usize,
         pipeline: args.pipeline.max(1),
         mix: args.mix,
         value_size: args.value_size,

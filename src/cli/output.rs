@@ -304,6 +304,10 @@ impl Failure {
                 max,
                 requested,
             } => failure
+                .hint(format!(
+                    "nothing was executed: the command itself breaks {limit} ({max}); make it \
+                     smaller, or an operator raises the limit (`oncekv admin config set`)"
+                ))
                 .with("limit", json!(limit.to_string()))
                 .with("limit_max", json!(max))
                 .with("limit_requested", json!(requested)),
@@ -335,6 +339,13 @@ impl Failure {
             }
             Error::SessionExpired => failure
                 .hint("nothing was executed; run the command again (it registers a new session)"),
+            Error::ResourceExhausted(_) => failure.hint(
+                "nothing was executed: a capacity limit of the cluster is reached; try again \
+                 later, or an operator raises it (`oncekv admin config`)",
+            ),
+            Error::InvalidArgument(_) => {
+                failure.hint("nothing was executed: fix the command (`oncekv --help`)")
+            }
             Error::KeyOutcomeUnknown { .. } => failure.unknown().hint(
                 "run the same command with the same idempotency key again to learn its outcome",
             ),

@@ -198,6 +198,11 @@ fn slow_leader(endpoint: &str, leader: &StatusReply, detail: Option<&str>) -> (S
     )
 }
 
+/// The verb agreeing with `count` subjects.
+fn verb(count: usize, one: &'static str, more: &'static str) -> &'static str {
+    if count == 1 { one } else { more }
+}
+
 /// Nodes answer, but none knows a cluster.
 fn not_initialised(
     answered: &[(&str, &StatusReply)],
@@ -205,8 +210,10 @@ fn not_initialised(
 ) -> (String, String) {
     (
         format!(
-            "the cluster is not initialised: {} answer but know no cluster{}",
+            "the cluster is not initialised: {} {} but {} no cluster{}",
             answered_list(answered),
+            verb(answered.len(), "answers", "answer"),
+            verb(answered.len(), "knows", "know"),
             unreachable_suffix(unreachable),
         ),
         "start one node with --initialize and every member's --peer (`scripts/cluster.sh \
@@ -244,8 +251,9 @@ fn no_leader(
 ) -> (String, String) {
     (
         format!(
-            "the cluster has no leader: {} answer{}",
+            "the cluster has no leader: {} {}{}",
             answered_list(answered),
+            verb(answered.len(), "answers", "answer"),
             unreachable_suffix(unreachable),
         ),
         "an election may be under way, or too few voters are up for a majority: check \

@@ -159,7 +159,7 @@ pub enum Error {
     /// the same command while the key lives (its TTL, 24 h by default) —
     /// a duplicate answer is the original result.
     #[error(
-        "outcome unknown for idempotency key {key:?}: {reason}; retry with the same key and command to learn it"
+        "outcome unknown for idempotency key {key:?} ({reason}); to learn it, call again with the same key and command"
     )]
     KeyOutcomeUnknown { key: String, reason: String },
     /// A claim's complete, extend or release: this holder's fence no

@@ -63,6 +63,7 @@ fn application_failure(key: &str, result: CommandResult) -> Failure {
             "overflow",
             format!("the increment would overflow the value {current}; nothing changed"),
         )
+        .hint("a value is a 64-bit signed integer: increment by less, or reset it with `put --int`")
         .with("current", json!(current)),
         CommandResult::WrongType { actual } => Failure::new(
             "wrong_type",
@@ -71,6 +72,10 @@ fn application_failure(key: &str, result: CommandResult) -> Failure {
                 kind_name(actual)
             ),
         )
+        .hint(format!(
+            "use a command for {} values (`oncekv get {key}` shows it), or another key",
+            kind_name(actual)
+        ))
         .with("actual", json!(kind_name(actual))),
         other => Failure::new(
             "invalid_argument",

@@ -60,7 +60,7 @@ pub enum KeysAction {
 pub struct ListArgs {
     /// Start after this principal's keys (with --after-key: after that key
     /// of it) [default: from the first].
-    #[arg(long, value_name = "P", default_value = "")]
+    #[arg(long, value_name = "P", default_value = "", hide_default_value = true)]
     pub after_principal: String,
     /// Start after this key of --after-principal.
     #[arg(long, value_name = "K")]
@@ -85,7 +85,7 @@ pub struct KeyRef {
     pub key: String,
     /// The principal whose key it is [default: the anonymous one, a node
     /// without authentication].
-    #[arg(long, value_name = "P", default_value = "")]
+    #[arg(long, value_name = "P", default_value = "", hide_default_value = true)]
     pub principal: String,
     /// KEY is hex (with or without 0x), as `keys list` shows a key that is
     /// not UTF-8.
