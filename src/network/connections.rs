@@ -147,7 +147,11 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.gate.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self
+            .gate
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         open.total = open.total.saturating_sub(1);
         if let Some(count) = open.per_ip.get_mut(&self.ip) {
             *count = count.saturating_sub(1);
@@ -246,7 +250,10 @@ mod tests {
         // An IPv4 address mapped into IPv6 is the same address.
         let mapped: IpAddr = "::ffff:10.0.0.2".parse().unwrap();
         let _b_again = gate.admit((), mapped).expect("room for b");
-        assert!(gate.admit((), b).is_none(), "b at its bound, either spelling");
+        assert!(
+            gate.admit((), b).is_none(),
+            "b at its bound, either spelling"
+        );
     }
 
     #[test]

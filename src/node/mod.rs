@@ -633,22 +633,19 @@ impl Wiring<'_> {
         let gate = Gate::new(self.config.grpc_limits);
         let server = match &self.tls {
             None => {
-                let incoming = futures::StreamExt::filter_map(incoming(listener), move |accepted| {
-                    std::future::ready(match accepted {
-                        Ok(stream) => {
-                            let peer = stream.peer_addr().map(|addr| addr.ip());
-                            // Closed at once (dropped) past either bound.
-                            peer.ok()
-                                .and_then(|peer| gate.admit(stream, peer))
-                                .map(Ok)
-                        }
-                        Err(error) => Some(Err(error)),
-                    })
-                });
+                let incoming =
+                    futures::StreamExt::filter_map(incoming(listener), move |accepted| {
+                        std::future::ready(match accepted {
+                            Ok(stream) => {
+                                let peer = stream.peer_addr().map(|addr| addr.ip());
+                                // Closed at once (dropped) past either bound.
+                                peer.ok().and_then(|peer| gate.admit(stream, peer)).map(Ok)
+                            }
+                            Err(error) => Some(Err(error)),
+                        })
+                    });
                 tokio::spawn(async move {
-                    let _ = router
-                        .serve_with_incoming_shutdown(incoming, stopped)
-                        .await;
+                    let _ = router.serve_with_incoming_shutdown(incoming, stopped).await;
                 })
             }
             Some(tls) => {
