@@ -6,7 +6,9 @@
 //! exactly-once writes with an `Idempotency-Key` (replays byte-identical,
 //! reuse with another request 422, keys scoped by the token's principal),
 //! and the HTTP port's bounds on slow or unauthenticated clients (bodies
-//! trickled a byte at a time, connections per peer address and in total).
+//! trickled a byte at a time, connections per peer address and in total);
+//! lists beyond the item bound and commands beyond the client port's
+//! message bound are definite 400s, never an outcome unknown.
 
 mod support;
 
@@ -250,6 +252,38 @@ async fn bad_requests_get_json_errors() {
         "{body}"
     );
 
+    // A list beyond the most items any value can hold (LIST_ITEMS_MAX,
+    // 524,288 empty items already exceed the hard bound on
+    // value_bytes_max): LIMIT_EXCEEDED naming value_bytes_max, decided
+    // while the body is parsed, not a decoder message of the node's own
+    // forwarded call.
+    let items = vec!["\"\""; 600_000].join(",");
+    let wide = format!(r#"{{"value":{{"list":[{items}]}}}}"#);
+    for headers in [&[][..], &[("Idempotency-Key", "wide-1")][..]] {
+        let body = error(
+            http.request("PUT", "/v1/kv/k", headers, wide.as_bytes())
+                .await,
+            400,
+            "LIMIT_EXCEEDED",
+        );
+        assert_eq!(body["limit"], "value_bytes_max", "{body}");
+        assert_eq!(body["limit_max"], 4 << 20, "{body}");
+        assert_eq!(body["limit_requested"], 524_289 * 8, "{body}");
+        assert!(
+            !body["message"].as_str().unwrap().contains("Protobuf"),
+            "{body}"
+        );
+    }
+
+    // `-0` is a JSON integer: 0.
+    ok(http
+        .request("PUT", "/v1/kv/zero", &[], br#"{"value":{"int":-0}}"#)
+        .await);
+    assert_eq!(
+        ok(http.request("GET", "/v1/kv/zero", &[], b"").await).json(),
+        json!({"value": {"int": 0}})
+    );
+
     let response = http.request("POST", "/v1/kv/k", &[], b"").await;
     assert_eq!(
         response.as_ref().ok().and_then(|r| r.header("allow")),
@@ -304,6 +338,60 @@ async fn bad_requests_get_json_errors() {
             "{key}"
         );
     }
+}
+
+/// A command whose encoding is beyond the message bound of the node's
+/// client port (8 MiB), in a body within the HTTP API's 12 MiB: nothing
+/// can have executed, so the answer is a definite 4xx — never `503` with
+/// `outcome_unknown` and "retry with the same key", which would fail the
+/// same way forever. The client library refuses such a request before
+/// sending it (`Error::InvalidArgument` or `Error::LimitExceeded`), and
+/// the HTTP API maps that to 400 saying nothing was executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_beyond_the_message_bound_are_definite_refusals() {
+    let cluster = Cluster::start("http-message-bound").await;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let http = Http::plain(&cluster.http_addr(follower_of(leader)));
+    let nine_mib = "e".repeat(9 << 20);
+    let append = format!(r#"{{"element":"{nine_mib}"}}"#);
+    let put = format!(r#"{{"value":{{"bytes":"{nine_mib}"}}}}"#);
+    for (method, path, key, body) in [
+        ("POST", "/v1/kv/big/append", Some("big-append-1"), &append),
+        ("PUT", "/v1/kv/big", Some("big-put-1"), &put),
+        ("PUT", "/v1/kv/big", None, &put),
+    ] {
+        let headers: Vec<(&str, &str)> = key
+            .map(|key| ("Idempotency-Key", key))
+            .into_iter()
+            .collect();
+        let response = http
+            .request(method, path, &headers, body.as_bytes())
+            .await
+            .unwrap_or_else(|error| panic!("{method} {path}: no response: {error}"));
+        let answer = response.json();
+        assert!(
+            (400..500).contains(&response.status),
+            "{method} {path} {key:?}: {} {answer}",
+            response.status
+        );
+        assert!(
+            matches!(
+                answer["reason"].as_str(),
+                Some("INVALID_ARGUMENT" | "LIMIT_EXCEEDED")
+            ),
+            "{answer}"
+        );
+        assert_eq!(answer.get("outcome_unknown"), None, "{answer}");
+        assert_eq!(answer.get("retry_with_same_key"), None, "{answer}");
+        assert!(
+            answer["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("nothing was")),
+            "{answer}"
+        );
+    }
+    let read = http.request("GET", "/v1/kv/big", &[], b"").await.unwrap();
+    assert_eq!((read.status, read.json()), (404, json!({"value": null})));
 }
 
 /// A write through a follower while the leader is killed: the node retries

@@ -355,6 +355,26 @@ async fn a_stale_holder_is_fenced() {
         200,
     );
     assert_eq!(released, json!({"state": "released", "fence": fence}));
+    // The same release again (a retry) is answered from the record: 200,
+    // the same body; an extend or complete of the released claim is 409
+    // FENCED with the holder's own fence (its claim is finished).
+    let (_, again) = expect(
+        call(&http, "deploy-42", "release", json!({"fence": fence})).await,
+        200,
+    );
+    assert_eq!(again, released);
+    for (operation, body) in [
+        ("extend", json!({"fence": fence, "lease_ms": 20_000})),
+        ("complete", json!({"fence": fence, "result": "late"})),
+    ] {
+        let (_, finished) = refusal(
+            call(&http, "deploy-42", operation, body).await,
+            409,
+            "FENCED",
+            "application/json",
+        );
+        assert_eq!(finished["current_fence"], fence, "{operation}: {finished}");
+    }
 
     // Released: the next claim wins at once, nothing of "late" recorded.
     let (_, next) = expect(
@@ -372,6 +392,15 @@ async fn a_stale_holder_is_fenced() {
         next["fence"].as_u64().is_some_and(|next| next > fence),
         "{next}"
     );
+    // Once another claim took the key, the old fence's release is FENCED
+    // with the new holder's fence.
+    let (_, taken) = refusal(
+        call(&http, "deploy-42", "release", json!({"fence": fence})).await,
+        409,
+        "FENCED",
+        "application/json",
+    );
+    assert_eq!(taken["current_fence"], next["fence"], "{taken}");
 }
 
 /// A claim whose fate is open at the node's deadline (no quorum: both

@@ -1462,3 +1462,88 @@ async fn proxy_survives_its_own_crash_and_the_leaders() {
     assert_eq!(retry.header("idempotent-replayed"), Some("true"));
     assert_eq!(upstream.calls_with("s4").len(), 1, "{:?}", upstream.calls());
 }
+
+/// The count of the metric line `name{labels}` in `metrics` (0 when absent).
+fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Without a cluster (nothing here is keyed past its body): a request
+/// without a key whose chunked body breaks off is the caller's fault —
+/// 400 `BODY_BROKEN`, counted `refused`, never an upstream failure (the
+/// upstream got no whole request: no call) — as a keyed one's is; and the
+/// `Proxy-Authorization` scheme is case-insensitive (RFC 9110 §11.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_bodies_and_bearer_in_any_case() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = vec![closed.local_addr().unwrap().to_string()];
+    drop(closed);
+    let upstream = Upstream::start().await;
+    let callers = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(callers.path(), "billing-token-0123456789 billing\n").unwrap();
+    let proxy = ProxyProcess::start(
+        &nowhere,
+        &upstream.url(),
+        &[
+            "--timeout-ms",
+            "1000",
+            "--callers-file",
+            callers.path().to_str().unwrap(),
+        ],
+    )
+    .await;
+    for (key, expected_refused) in [("", 1.0), ("Idempotency-Key: k1\r\n", 2.0)] {
+        let broken = format!(
+            "POST /chunk HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Bearer \
+             billing-token-0123456789\r\n{key}Transfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\nzz\r\n"
+        );
+        let answer = proxy.http().raw(broken.as_bytes()).await.unwrap();
+        assert_problem(&answer, 400, "BODY_BROKEN");
+        let metrics = proxy.metrics().await;
+        assert_eq!(
+            metric(
+                &metrics,
+                "oncekv_proxy_upstream_responses_total{class=\"unreachable\"}"
+            ),
+            0.0,
+            "{metrics}"
+        );
+        assert_eq!(
+            metric(&metrics, "oncekv_proxy_requests_total{outcome=\"refused\"}"),
+            expected_refused,
+            "{metrics}"
+        );
+    }
+    assert!(upstream.calls().is_empty(), "{:?}", upstream.calls());
+
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let authorization = format!("{scheme} billing-token-0123456789");
+        let passed = post(
+            &proxy.http(),
+            "/plain",
+            &[("Proxy-Authorization", &authorization)],
+            "p",
+        )
+        .await;
+        assert_eq!(passed.status, 201, "{scheme}: {passed:?}");
+    }
+    let refused = post(
+        &proxy.http(),
+        "/plain",
+        &[("Proxy-Authorization", "Basic billing-token-0123456789")],
+        "p",
+    )
+    .await;
+    assert_problem(&refused, 407, "PROXY_UNAUTHENTICATED");
+    assert_eq!(upstream.calls().len(), 3);
+    assert!(
+        upstream
+            .calls()
+            .iter()
+            .all(|call| !call.proxy_authorization)
+    );
+}

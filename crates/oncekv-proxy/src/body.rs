@@ -2,14 +2,16 @@
 //! a request body read whole within a size bound and a deadline (a keyed
 //! request's body must be fingerprinted before anything is forwarded), and
 //! an answer's body read up to the recording bound — the rest, if any,
-//! streamed on to the caller behind what was read. It owns no policy: the
-//! bounds are the caller's.
+//! streamed on to the caller behind what was read; a request body streamed
+//! on tells whether it was the one that broke ([`BodyBroken`]). It owns no
+//! policy: the bounds are the caller's.
 
 use http::HeaderMap;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 
@@ -34,6 +36,30 @@ pub fn empty() -> ProxyBody {
 /// A received body (a request's or an upstream answer's), streamed on.
 pub fn streamed(body: Incoming) -> ProxyBody {
     body.map_err(BoxError::from).boxed()
+}
+
+/// Whether a request body streamed on by [`streamed_watched`] broke off
+/// (its connection, or a malformed chunk), and why: told apart from the
+/// upstream's failure when the send fails.
+#[derive(Clone, Debug, Default)]
+pub struct BodyBroken(Arc<OnceLock<String>>);
+
+impl BodyBroken {
+    /// Why the body broke off, if it did.
+    pub fn why(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+}
+
+/// A caller's request body, streamed on, recording in `broken` an error
+/// of its own (the caller's, not the upstream's).
+pub fn streamed_watched(body: Incoming, broken: &BodyBroken) -> ProxyBody {
+    let broken = broken.clone();
+    body.map_err(move |error| {
+        let _ = broken.0.set(error.to_string());
+        BoxError::from(error)
+    })
+    .boxed()
 }
 
 /// Why a request body was not read.

@@ -101,11 +101,15 @@ impl Callers {
         if values.next().is_some() {
             return Err("Proxy-Authorization is given more than once".to_owned());
         }
+        // The scheme's name is case-insensitive (RFC 9110 §11.1): `bearer`
+        // and `BEARER` are `Bearer`.
         let token = value
             .to_str()
             .ok()
-            .and_then(|text| text.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|text| text.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
+            .filter(|token| !token.is_empty())
             .ok_or_else(|| "Proxy-Authorization is not `Bearer TOKEN`".to_owned())?;
         self.by_token
             .get(&token_hash(token))
@@ -188,6 +192,21 @@ mod tests {
         assert_eq!(
             callers.caller(&with("Bearer shipping-token-012345678")),
             Ok("shipping")
+        );
+        // The scheme in any case (RFC 9110 §11.1), extra blanks around the token.
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            assert_eq!(
+                callers.caller(&with(&format!("{scheme}  shipping-token-012345678 "))),
+                Ok("shipping"),
+                "{scheme}"
+            );
+        }
+        assert!(callers.caller(&with("Bearer")).is_err());
+        assert!(callers.caller(&with("Bearer ")).is_err());
+        assert!(
+            callers
+                .caller(&with("Bearerbilling-token-0123456789"))
+                .is_err()
         );
         assert!(callers.caller(&HeaderMap::new()).is_err());
         assert!(

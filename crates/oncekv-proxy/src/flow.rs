@@ -17,7 +17,9 @@
 //! lease), never left held by a live proxy.
 
 use crate::Config;
-use crate::body::{self, Prefix, Prefixed, ProxyBody, ReadError, full, streamed};
+use crate::body::{
+    self, BodyBroken, Prefix, Prefixed, ProxyBody, ReadError, full, streamed, streamed_watched,
+};
 use crate::fingerprint::fingerprint;
 use crate::key;
 use crate::listener_tls::CertifiedCaller;
@@ -314,7 +316,8 @@ impl Proxy {
                 );
             }
         };
-        let mut request = Request::new(streamed(body));
+        let broken = BodyBroken::default();
+        let mut request = Request::new(streamed_watched(body, &broken));
         *request.method_mut() = parts.method;
         *request.uri_mut() = uri;
         *request.version_mut() = Version::HTTP_11;
@@ -326,6 +329,21 @@ impl Proxy {
                 self.metrics.upstream(UpstreamResult::Timeout);
                 Answered::problem(self.upstream_timeout(None), Outcome::PassedThrough)
             }
+            // The caller's body broke off (a malformed chunk, a dropped
+            // connection) while it was streamed on: the caller's failure,
+            // not the upstream's, which got no whole request.
+            Ok(Err(_)) if broken.why().is_some() => Answered::problem(
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "BODY_BROKEN",
+                    format!(
+                        "the request's body could not be read ({}); the upstream got no whole \
+                         request",
+                        broken.why().unwrap_or_default()
+                    ),
+                ),
+                Outcome::Refused,
+            ),
             Ok(Err(error)) => {
                 self.metrics.upstream(UpstreamResult::Unreachable);
                 Answered::problem(

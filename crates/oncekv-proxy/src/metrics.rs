@@ -38,7 +38,9 @@ pub enum Outcome {
     /// cluster did not answer the completion in time).
     Unrecorded,
     /// Refused before anything: a missing or malformed key or tenant
-    /// (400), a body or headers too large (413, 431), a slow body (408).
+    /// (400), a body or headers too large (413, 431), a slow body (408),
+    /// a body that broke off (400; passed through, the upstream got no
+    /// whole request).
     Refused,
     /// 503: the cluster could not be asked (fail closed: nothing
     /// forwarded).

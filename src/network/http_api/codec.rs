@@ -2,16 +2,31 @@
 //! answers: keys from percent-encoded path segments, the
 //! `Idempotency-Key` header, typed values, byte strings and command
 //! results as JSON (docs/http.md, "Values"), and strict parsing of JSON
-//! bodies (unknown fields refused). Pure functions: no I/O, no state,
-//! no decision about what a request does.
+//! bodies (unknown fields refused). Pure functions: no I/O, no state (but
+//! one per-thread flag that carries a list stopped at its bound from the
+//! parser to [`parse`]), no decision about what a request does.
+//!
+//! Parsing is bounded in work, not only in bytes: a JSON list of byte
+//! strings stops at [`LIST_ITEMS_MAX`] items *while it is parsed* (an empty
+//! item is 3 bytes of JSON but 24 of memory and a parser step, so a 12 MiB
+//! body of them was 4 M items, about a second of the runtime thread and
+//! 25 times its size in memory). No list above that many items fits the
+//! hard bound on `value_bytes_max`, so one more item is `400
+//! LIMIT_EXCEEDED` (`value_bytes_max`) at once, the rest unread.
 
 use super::errors::HttpError;
 use axum::http::HeaderMap;
+use axum::http::StatusCode;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use oncekv_core::{CommandResult, Value, ValueKind};
+use oncekv_core::bounds::VALUE_BYTES_MAX;
+use oncekv_core::{CommandResult, Limit, Value, ValueKind, list_element_size_bytes};
+use oncekv_wire::list_value::LIST_ITEMS_MAX;
 use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::{Value as Json, json};
+use std::cell::Cell;
+use std::fmt;
 
 /// Decodes one percent-encoded path segment into bytes, strictly: `%` must
 /// be followed by two hex digits.
@@ -63,10 +78,87 @@ pub(super) enum JsonValue {
     /// Bytes given as UTF-8 text.
     Bytes(String),
     BytesBase64(String),
-    Int(i64),
+    /// A JSON integer (`-0` too), within i64.
+    Int(#[serde(deserialize_with = "json_int")] i64),
     /// A list of byte strings given as UTF-8 text.
-    List(Vec<String>),
-    ListBase64(Vec<String>),
+    List(#[serde(deserialize_with = "bounded_list")] Vec<String>),
+    ListBase64(#[serde(deserialize_with = "bounded_list")] Vec<String>),
+}
+
+/// A JSON integer as i64. Read through i128, whose serde_json reader takes
+/// the integer grammar as it is: `-0` is the integer 0 (read as i64,
+/// serde_json makes it the float `-0.0` and refuses it), while a fraction or
+/// an exponent (`0.0`, `1e3`) stays refused.
+fn json_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    let wide = i128::deserialize(deserializer)?;
+    i64::try_from(wide).map_err(|_| {
+        de::Error::custom(format!("integer {wide} is outside the signed 64-bit range"))
+    })
+}
+
+thread_local! {
+    /// Set by [`bounded_list`] when it stops a list at [`LIST_ITEMS_MAX`],
+    /// read (and cleared) by [`parse`] on this thread right after: serde's
+    /// errors carry only a message, and this one must become
+    /// `LIMIT_EXCEEDED` with its detail fields, not `INVALID_ARGUMENT`.
+    static LIST_TOO_LONG: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A JSON list of strings, refused as soon as it has more than
+/// [`LIST_ITEMS_MAX`] items: the item past the bound is skipped unread
+/// (not allocated), and the parse ends there with an error that [`parse`]
+/// answers as [`list_too_long`].
+fn bounded_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct Items;
+    impl<'de> Visitor<'de> for Items {
+        type Value = Vec<String>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+            write!(formatter, "a list of at most {LIST_ITEMS_MAX} strings")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut items = Vec::new();
+            loop {
+                if items.len() == LIST_ITEMS_MAX {
+                    if seq.next_element::<IgnoredAny>()?.is_none() {
+                        return Ok(items);
+                    }
+                    LIST_TOO_LONG.set(true);
+                    return Err(de::Error::custom(list_too_long().message));
+                }
+                match seq.next_element::<String>()? {
+                    Some(item) => items.push(item),
+                    None => return Ok(items),
+                }
+            }
+        }
+    }
+    deserializer.deserialize_seq(Items)
+}
+
+/// The smallest size a list of more than [`LIST_ITEMS_MAX`] items can have
+/// (every item empty), as `Value::size_bytes` counts it.
+const LIST_TOO_LONG_BYTES_MIN: u64 = (LIST_ITEMS_MAX as u64 + 1) * list_element_size_bytes(&[]);
+
+/// The answer to a list of more than [`LIST_ITEMS_MAX`] items: larger than
+/// any value may be, whatever the cluster's `value_bytes_max` (at most its
+/// hard bound, `limit_max` here); `limit_requested` is the least such a
+/// list takes. Nothing was executed.
+pub(super) fn list_too_long() -> HttpError {
+    HttpError::new(
+        StatusCode::BAD_REQUEST,
+        "LIMIT_EXCEEDED",
+        format!(
+            "request body: a list of more than {LIST_ITEMS_MAX} items is larger than any value \
+             may be: it needs at least {LIST_TOO_LONG_BYTES_MIN} bytes, and the replicated \
+             limit {} is at most {VALUE_BYTES_MAX}; nothing was executed",
+            Limit::ValueBytes
+        ),
+    )
+    .with("limit", Json::from(Limit::ValueBytes.to_string()))
+    .with("limit_max", Json::from(VALUE_BYTES_MAX))
+    .with("limit_requested", Json::from(LIST_TOO_LONG_BYTES_MIN))
 }
 
 pub(super) fn decode_base64(text: &str, what: &str) -> Result<Vec<u8>, HttpError> {
@@ -179,10 +271,18 @@ where
     T::deserialize(deserializer).map(Some)
 }
 
-/// A JSON body as `T`; a malformed one is 400.
+/// A JSON body as `T`; a malformed one is 400 `INVALID_ARGUMENT`, one with
+/// a list beyond [`LIST_ITEMS_MAX`] items 400 `LIMIT_EXCEEDED`
+/// ([`list_too_long`]), found while parsing.
 pub(super) fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, HttpError> {
-    serde_json::from_slice(body)
-        .map_err(|error| HttpError::invalid(format!("request body: {error}")))
+    LIST_TOO_LONG.set(false);
+    serde_json::from_slice(body).map_err(|error| {
+        if LIST_TOO_LONG.replace(false) {
+            list_too_long()
+        } else {
+            HttpError::invalid(format!("request body: {error}"))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -202,7 +202,15 @@ pub fn client_error(error: ClientError) -> HttpError {
             HttpError::new(StatusCode::GONE, "RESPONSE_DISCARDED", message)
                 .with("floor", Json::from(floor))
         }
-        ClientError::InvalidArgument(_) => HttpError::invalid(message),
+        // Definite: the library refused it before sending (a command
+        // beyond the client port's message bound, say), or the cluster did
+        // for good; an attempt that may have applied is an unknown outcome.
+        ClientError::InvalidArgument(_) if message.contains("nothing was") => {
+            HttpError::invalid(message)
+        }
+        ClientError::InvalidArgument(_) => {
+            HttpError::invalid(format!("{message}; nothing was executed"))
+        }
         ClientError::Unauthenticated(_) => {
             HttpError::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", message)
         }
@@ -311,6 +319,27 @@ mod tests {
             let mapped = client_error(error);
             assert_eq!((mapped.status, mapped.reason), (status, reason));
         }
+        // A definite refusal says nothing was executed (once).
+        for (error, message) in [
+            (
+                ClientError::InvalidArgument("bad lease".into()),
+                "invalid argument: bad lease; nothing was executed",
+            ),
+            (
+                ClientError::InvalidArgument("too large: nothing was sent".into()),
+                "invalid argument: too large: nothing was sent",
+            ),
+        ] {
+            let mapped = client_error(error);
+            assert_eq!(mapped.status, StatusCode::BAD_REQUEST);
+            assert_eq!(mapped.message, message);
+            assert_eq!(mapped.body().get("outcome_unknown"), None);
+        }
+        assert!(
+            limit.message.contains("nothing was executed"),
+            "{}",
+            limit.message
+        );
         let conflict = client_error(ClientError::KeyConflict { key: "k1".into() });
         assert_eq!(
             (conflict.status, conflict.reason),

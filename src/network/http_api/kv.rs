@@ -453,6 +453,105 @@ mod tests {
         }
     }
 
+    /// A list stops at `LIST_ITEMS_MAX` items while it is parsed: at the
+    /// bound it is a value; one item more is 400 `LIMIT_EXCEEDED` naming
+    /// `value_bytes_max` (docs/http.md, "Errors") — for `list` and
+    /// `list_base64`, in a put and in either value of a compare-and-swap —
+    /// and the parser never reaches what follows (malformed JSON after the
+    /// item past the bound is not what the answer is about).
+    #[test]
+    fn lists_stop_at_the_item_bound_while_parsed() {
+        use oncekv_wire::list_value::LIST_ITEMS_MAX;
+        let items = |count: usize| vec!["\"\""; count].join(",");
+        let at = format!(r#"{{"value":{{"list":[{}]}}}}"#, items(LIST_ITEMS_MAX));
+        match command(Endpoint::Put(b"k".to_vec()), at.as_bytes()) {
+            Ok(Command::Put {
+                value: Value::List(list),
+                ..
+            }) => assert_eq!(list.len(), LIST_ITEMS_MAX),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        let over = items(LIST_ITEMS_MAX + 1);
+        for (endpoint, body) in [
+            (
+                Endpoint::Put(b"k".to_vec()),
+                format!(r#"{{"value":{{"list":[{over}]}}}}"#),
+            ),
+            (
+                Endpoint::Put(b"k".to_vec()),
+                format!(r#"{{"value":{{"list_base64":[{over}]}}}}"#),
+            ),
+            (
+                Endpoint::CompareAndSwap(b"k".to_vec()),
+                format!(r#"{{"expected":{{"list":[{over}]}},"new":{{"int":1}}}}"#),
+            ),
+            (
+                Endpoint::CompareAndSwap(b"k".to_vec()),
+                format!(r#"{{"expected":null,"new":{{"list":[{over}]}}}}"#),
+            ),
+            // Cut off right after the item past the bound: never read.
+            (
+                Endpoint::Put(b"k".to_vec()),
+                format!(r#"{{"value":{{"list":[{over},"#),
+            ),
+        ] {
+            let error = command(endpoint, body.as_bytes()).unwrap_err();
+            assert_eq!(
+                (error.status, error.reason),
+                (StatusCode::BAD_REQUEST, "LIMIT_EXCEEDED"),
+                "{}",
+                error.message
+            );
+            let body = error.body();
+            assert_eq!(body["limit"], "value_bytes_max");
+            assert_eq!(body["limit_max"], 4 << 20);
+            assert_eq!(body["limit_requested"], (LIST_ITEMS_MAX as u64 + 1) * 8);
+        }
+        // A malformed body after one too long is malformed again, not "too long".
+        let error = command(Endpoint::Put(b"k".to_vec()), b"{").unwrap_err();
+        assert_eq!(error.reason, "INVALID_ARGUMENT");
+    }
+
+    /// `-0` is a JSON integer (0); fractions, exponents and numbers outside
+    /// i64 are not integers of a value.
+    #[test]
+    fn int_values_follow_the_integer_grammar() {
+        let put = |body: &str| command(Endpoint::Put(b"k".to_vec()), body.as_bytes());
+        for (text, int) in [
+            ("-0", 0),
+            ("0", 0),
+            ("-42", -42),
+            ("9223372036854775807", i64::MAX),
+            ("-9223372036854775808", i64::MIN),
+        ] {
+            assert_eq!(
+                put(&format!(r#"{{"value":{{"int":{text}}}}}"#)),
+                Ok(Command::Put {
+                    key: b"k".to_vec(),
+                    value: Value::Int(int)
+                }),
+                "{text}"
+            );
+        }
+        for text in [
+            "-0.0",
+            "0.0",
+            "1e3",
+            "1.5",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "\"1\"",
+            "null",
+        ] {
+            let error = put(&format!(r#"{{"value":{{"int":{text}}}}}"#)).expect_err(text);
+            assert_eq!(
+                (error.status, error.reason),
+                (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+                "{text}"
+            );
+        }
+    }
+
     /// A keyed answer depends on the cached result alone: the first answer
     /// and a replay (another log index) have the same status and
     /// byte-identical bodies, and differ only in `Idempotent-Replayed`.
