@@ -7,8 +7,10 @@
 //! never touch the disk; each `append` is encoded once into framed records
 //! (length, type, CRC32) that one writer thread writes and fdatasyncs in
 //! groups. Truncate, purge and vote are records too; purging deletes whole
-//! segment files, never rewrites one. Opening replays the segments and cuts
-//! a torn tail off the last one.
+//! segment files, never rewrites one. Opening replays the segments, cuts
+//! a torn tail off the last one, and refuses a log with damage before its
+//! end or with segments missing (`recovery`'s module doc says which is
+//! which).
 //!
 //! It only translates openraft's log calls into durable records and back; it
 //! decides nothing about consensus. It must never report data as persisted
@@ -76,14 +78,28 @@ pub enum SegmentLogError {
         path: PathBuf,
         found_sequence: Option<u64>,
     },
-    #[error(
-        "{path}: damaged record at offset {offset} (next valid record at {valid_record_offset:?}); \
-         refusing to open a log with damage before its last write"
-    )]
+    #[error("{}", corrupt_message(.path, *.offset, *.valid_record_offset))]
     Corrupt {
         path: PathBuf,
         offset: u64,
         valid_record_offset: Option<u64>,
+    },
+    #[error(
+        "{dir} holds no segment file (*.seg), but a log was kept there (its LOCK file is \
+         there): its segments were deleted, and with them the Raft log, the saved vote and \
+         the purge point (a node that forgot its vote could vote twice in a term); refusing \
+         to start. Put the segment files back, or replace this node with a new node id \
+         (docs/deploy.md, \"Replacing a host\")"
+    )]
+    NoSegments { dir: PathBuf },
+    #[error("{}", missing_segment_message(.path, *.first_index, *.purged_index))]
+    MissingSegment {
+        /// The segment just before the oldest one left.
+        path: PathBuf,
+        /// The first entry the segments left hold.
+        first_index: Option<u64>,
+        /// The last purged index the segments left hold.
+        purged_index: Option<u64>,
     },
     #[error("{path}: unknown record type {type_byte} at offset {offset}")]
     UnknownRecord {
@@ -118,6 +134,45 @@ pub enum SegmentLogError {
     Write(#[source] io::Error),
     #[error("could not start the segment log writer thread: {0}")]
     SpawnWriter(#[source] io::Error),
+}
+
+/// What to do about a log that damage or a deletion made unusable.
+const REPLACE_THE_NODE: &str = "replace this node with a new node id (docs/deploy.md, \
+     \"Replacing a host\"): the other replicas hold the log";
+
+fn corrupt_message(path: &Path, offset: u64, valid_record_offset: Option<u64>) -> String {
+    let found = match valid_record_offset {
+        Some(next) => format!(
+            "a valid record follows at offset {next}, so this is damage on the disk, not a \
+             write a crash cut short, and cutting the log here would drop entries after it \
+             that may have been acknowledged"
+        ),
+        None => "it is not the last segment, so the damage is not a write a crash cut \
+                 short"
+            .to_string(),
+    };
+    format!(
+        "{}: damaged record at offset {offset}: {found}; refusing to start. Keep a copy \
+         of the file for diagnosis and {REPLACE_THE_NODE}",
+        path.display()
+    )
+}
+
+fn missing_segment_message(
+    path: &Path,
+    first_index: Option<u64>,
+    purged_index: Option<u64>,
+) -> String {
+    let first = first_index.map_or("no entry".to_string(), |index| format!("entry {index}"));
+    let purged = purged_index.map_or("the log was never purged".to_string(), |index| {
+        format!("the log is purged only up to entry {index}")
+    });
+    format!(
+        "{} is missing: the oldest segment left starts with {first} but {purged}, so \
+         entries in between (and the vote saved with them) are lost; refusing to start. \
+         Put the file back, or {REPLACE_THE_NODE}",
+        path.display()
+    )
 }
 
 impl From<format::TooLarge> for SegmentLogError {
@@ -249,6 +304,11 @@ where
         };
         fs::create_dir_all(dir).map_err(io_error(dir))?;
         let lock_path = dir.join(LOCK_FILE);
+        // The lock file is created when the log is first opened, just
+        // before its first segment, and never removed: a directory that
+        // has it held a log, and cannot have lost every segment but by
+        // damage (recovery tells a crash during that first creation apart).
+        let held_a_log = fs::symlink_metadata(&lock_path).is_ok();
         let lock = File::options()
             .create(true)
             .truncate(false)
@@ -265,7 +325,7 @@ where
                 source,
             },
         })?;
-        let recovered = recovery::recover::<C>(dir, config.segment_bytes)?;
+        let recovered = recovery::recover::<C>(dir, config.segment_bytes, held_a_log)?;
         #[cfg(test)]
         let fail_syncs = recovered.writer.fail_syncs.clone();
         #[cfg(test)]

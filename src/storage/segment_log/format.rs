@@ -12,7 +12,8 @@
 //! The header has its own checksum so that the search for valid records
 //! after a damaged one (recovery's torn-tail test) can reject a candidate
 //! offset from 16 bytes instead of checksumming whatever length garbage
-//! claims.
+//! claims, and can skip the payload of a damaged record whose header is
+//! intact.
 
 use serde::Serialize;
 
@@ -154,11 +155,29 @@ pub(super) fn read_frame(bytes: &[u8], offset: usize) -> Option<Frame<'_>> {
     })
 }
 
-/// Whether a valid frame starts at any aligned offset after `offset`:
-/// what tells a torn tail (nothing valid after it) from damage in the
-/// middle of the log.
+/// Where the search for valid records after a damaged one at `offset`
+/// starts: past the damaged record when its frame header is intact (its
+/// checksum vouches for the length, and the payload — user data — may hold
+/// bytes that look like a frame), at the next aligned offset otherwise.
+fn after_damaged_record(bytes: &[u8], offset: usize) -> usize {
+    let intact_length = bytes
+        .get(offset..offset.saturating_add(FRAME_HEADER_BYTES))
+        .filter(|header| read_u32(header, 12) == Some(crc32fast::hash(&header[..12])))
+        .and_then(|header| read_u32(header, 0))
+        .and_then(|length| usize::try_from(length).ok());
+    match intact_length {
+        Some(length) => offset
+            .saturating_add(padded(FRAME_HEADER_BYTES.saturating_add(length)))
+            .max(offset + 1),
+        None => offset + 1,
+    }
+}
+
+/// The first offset after the damaged record at `offset` where a valid
+/// frame starts: what tells a torn tail (nothing valid after it: the end of
+/// a write a crash cut short) from damage in the middle of the log.
 pub(super) fn valid_frame_after(bytes: &[u8], offset: usize) -> Option<usize> {
-    let first = padded(offset + 1);
+    let first = padded(after_damaged_record(bytes, offset));
     (first..bytes.len())
         .step_by(ALIGN_BYTES)
         .filter(|&candidate| {
@@ -168,22 +187,6 @@ pub(super) fn valid_frame_after(bytes: &[u8], offset: usize) -> Option<usize> {
                 .is_some_and(|header| header.iter().any(|&byte| byte != 0))
         })
         .find(|&candidate| read_frame(bytes, candidate).is_some())
-}
-
-/// Disk sector size assumed for torn-write detection: a sector is written
-/// whole or not at all.
-pub(super) const SECTOR_BYTES: usize = 512;
-
-/// Whether `bytes[start..end]` contains a whole sector-aligned stretch of
-/// [`SECTOR_BYTES`] zeros (a sector a crash left unwritten in preallocated
-/// space).
-pub(super) fn has_zeroed_sector(bytes: &[u8], start: usize, end: usize) -> bool {
-    let end = end.min(bytes.len());
-    let first = start.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
-    (first..end)
-        .step_by(SECTOR_BYTES)
-        .take_while(|sector| sector + SECTOR_BYTES <= end)
-        .any(|sector| all_zeros(&bytes[sector..sector + SECTOR_BYTES]))
 }
 
 /// Whether every byte of `bytes` is zero. Compares 4 KiB blocks against

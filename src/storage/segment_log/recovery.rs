@@ -1,8 +1,28 @@
 //! Opening a segment log directory: finds the segments, replays their
 //! records in order into the in-memory log, vote and committed id, cuts a
 //! torn tail off the last segment and refuses anything else that is
-//! damaged. It runs once, before the writer thread exists, and must never
-//! panic on what it reads.
+//! damaged or missing. It runs once, before the writer thread exists, and
+//! must never panic on what it reads.
+//!
+//! What it cuts and what it refuses:
+//!
+//! - **Torn tail** (cut): damage at the end of the last segment with no
+//!   valid record after it — zeros or part of a record where the last
+//!   write stopped. Only the last group written can be cut short (each is
+//!   fdatasynced before the next is acknowledged, and a segment before the
+//!   next one exists), so nothing in it was acknowledged.
+//! - **Damage followed by a valid record** (refused, [`SegmentLogError::Corrupt`]):
+//!   whatever the damage looks like (a zeroed sector too), a valid record
+//!   after it may hold acknowledged entries, and cutting there would drop
+//!   them — a replica that forgets entries it acknowledged breaks Raft. So
+//!   is any damage in a segment that is not the last.
+//! - **Missing segments** (refused, [`SegmentLogError::NoSegments`],
+//!   [`SegmentLogError::MissingSegment`]): segments are deleted only oldest
+//!   first, only once a durable purge covers every entry in them, and the
+//!   active one never. So a directory that held a log (its `LOCK` file is
+//!   there) with no segment left, or whose oldest segment starts past the
+//!   purge point, lost segments that held entries and the vote: starting
+//!   would reset the vote to term 0 and revert the log.
 
 use std::collections::VecDeque;
 use std::fs;
@@ -28,6 +48,7 @@ use super::writer::MetaKind;
 use super::writer::SealedSegment;
 use super::writer::WriterState;
 use super::writer::create_segment;
+use super::writer::segment_file_name;
 use super::writer::sync_dir;
 use oncekv_core::codec;
 
@@ -55,13 +76,26 @@ fn parse_segment_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The segments to replay, oldest first. Leftover temporary files are
-/// removed; so are segments before a gap in the numbering: segments are
-/// only ever deleted oldest first after a durable purge covering them, so a
-/// gap means a deletion reached the disk for a newer segment but not for
-/// these older ones, whose content is purged.
-fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SegmentLogError> {
+/// The segments of a directory, oldest first.
+struct Listed {
+    /// The segments to replay: the run after the last gap in the numbering.
+    segments: Vec<(u64, PathBuf)>,
+    /// Segments before a gap: segments are only ever deleted oldest first
+    /// after a durable purge covering them, so a gap means a deletion
+    /// reached the disk for a newer segment but not for these older ones,
+    /// whose content is purged. They are removed once the replay has shown
+    /// that the purge indeed covers what precedes the segments kept (a gap
+    /// made by hand is refused, and they are left alone).
+    leftovers: Vec<PathBuf>,
+    /// The first segment's temporary file was left over: a crash while the
+    /// log was being created.
+    unfinished: bool,
+}
+
+/// Lists the segments. Leftover temporary files are removed.
+fn list_segments(dir: &Path) -> Result<Listed, SegmentLogError> {
     let mut segments = Vec::new();
+    let mut unfinished = false;
     for item in fs::read_dir(dir).map_err(io_error(dir))? {
         let item = item.map_err(io_error(dir))?;
         let path = item.path();
@@ -71,6 +105,7 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SegmentLogError> {
         if name.ends_with(".seg.tmp") {
             tracing::info!(path = %path.display(), "removing an unfinished segment");
             fs::remove_file(&path).map_err(io_error(&path))?;
+            unfinished |= name.strip_suffix(".tmp") == Some(segment_file_name(1).as_str());
         } else if let Some(sequence) = parse_segment_name(name) {
             segments.push((sequence, path));
         }
@@ -80,11 +115,57 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SegmentLogError> {
     while first_kept > 0 && segments[first_kept - 1].0 + 1 == segments[first_kept].0 {
         first_kept -= 1;
     }
-    for (_, path) in segments.drain(..first_kept) {
-        tracing::warn!(path = %path.display(), "removing a segment left over from a purge");
-        fs::remove_file(&path).map_err(io_error(&path))?;
+    let leftovers = segments.drain(..first_kept).map(|(_, path)| path).collect();
+    Ok(Listed {
+        segments,
+        leftovers,
+        unfinished,
+    })
+}
+
+/// Refuses a log whose segments are missing (see the module doc): none
+/// left in a directory that held a log, or an oldest segment that is not
+/// the first ever (`sequence` 1) while the purge point does not reach the
+/// entries it starts with.
+fn check_nothing_missing<C>(
+    dir: &Path,
+    listed: &Listed,
+    replay: &Replay<C>,
+    held_a_log: bool,
+) -> Result<(), SegmentLogError>
+where
+    C: RaftTypeConfig,
+    C::Entry: Clone,
+{
+    let Some((first_sequence, _)) = listed.segments.first() else {
+        if held_a_log && !listed.unfinished {
+            return Err(SegmentLogError::NoSegments {
+                dir: dir.to_path_buf(),
+            });
+        }
+        return Ok(());
+    };
+    let Some(before) = first_sequence.checked_sub(1).filter(|&before| before > 0) else {
+        // Segment 1 is where every log starts: nothing can precede it.
+        return Ok(());
+    };
+    let purged_index = replay.memory.last_purged().map(|purged| purged.index);
+    // Every entry in a deleted segment is at or below the purge point, and
+    // the oldest segment left continues the deleted ones' entries (or the
+    // purge point itself, had the log been purged past its end).
+    let covered = match (purged_index, replay.first_index) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(purged), Some(first)) => first <= purged.saturating_add(1),
+    };
+    if covered {
+        return Ok(());
     }
-    Ok(segments)
+    Err(SegmentLogError::MissingSegment {
+        path: dir.join(segment_file_name(before)),
+        first_index: replay.first_index,
+        purged_index,
+    })
 }
 
 /// Replays one record.
@@ -92,6 +173,8 @@ struct Replay<C: RaftTypeConfig> {
     memory: MemoryLog<C>,
     vote: Option<VoteOf<C>>,
     committed: Option<LogIdOf<C>>,
+    /// Index of the first entry replayed (whether purged since or not).
+    first_index: Option<u64>,
 }
 
 impl<C> Replay<C>
@@ -133,6 +216,9 @@ where
                     }
                 })?;
                 let last_index = entries.last().map(|entry| entry.index());
+                if self.first_index.is_none() {
+                    self.first_index = entries.first().map(|entry| entry.index());
+                }
                 entries.drain(..skip);
                 self.memory.append(entries);
                 return Ok(last_index);
@@ -204,17 +290,13 @@ where
     if torn {
         // Only the last group written can be cut short (each group is
         // fdatasynced before the next, and a segment before the next one
-        // exists). Its pages may reach the disk in any order, though, so
-        // valid records after the damage do not prove corruption: if the
-        // damaged stretch holds a whole zeroed sector, that sector was never
-        // written, no fdatasync covered it, and so none covered anything
-        // after it either — an unacknowledged tail, dropped whole (etcd's
-        // WAL reads a zeroed sector the same way). Damage without one is
-        // corruption.
+        // exists), and a crash cuts it at some point: what is after the
+        // damage is zeros or more of the same cut-short write, never a
+        // valid record. A valid record after the damage (after a zeroed
+        // sector too: etcd's WAL would cut there) may have been
+        // acknowledged: the damage is corruption, and it is refused.
         let valid_record_offset = format::valid_frame_after(&bytes, offset);
-        let torn_write =
-            valid_record_offset.is_none_or(|next| format::has_zeroed_sector(&bytes, offset, next));
-        if !is_last || !torn_write {
+        if !is_last || valid_record_offset.is_some() {
             return Err(SegmentLogError::Corrupt {
                 path: path.to_path_buf(),
                 offset: offset as u64,
@@ -259,18 +341,29 @@ where
     Ok(frames)
 }
 
-/// Opens (creating it if needed) the segment log in `dir`.
-pub(super) fn recover<C>(dir: &Path, segment_bytes: u64) -> Result<Recovered<C>, SegmentLogError>
+/// Opens (creating it if needed) the segment log in `dir`. `held_a_log`:
+/// a log was opened there before (its lock file was there), so it cannot
+/// be without segments.
+pub(super) fn recover<C>(
+    dir: &Path,
+    segment_bytes: u64,
+    held_a_log: bool,
+) -> Result<Recovered<C>, SegmentLogError>
 where
     C: RaftTypeConfig,
     C::Entry: Clone + DeserializeOwned,
 {
-    let segments = list_segments(dir)?;
+    let listed = list_segments(dir)?;
     let Replayed {
         replay,
         sealed,
         last,
-    } = replay_segments::<C>(&segments)?;
+    } = replay_segments::<C>(&listed.segments)?;
+    check_nothing_missing(dir, &listed, &replay, held_a_log)?;
+    for path in &listed.leftovers {
+        tracing::warn!(path = %path.display(), "removing a segment left over from a purge");
+        fs::remove_file(path).map_err(io_error(path))?;
+    }
     let meta_frames = meta_frames(&replay)?;
     let active = match last {
         None => {
@@ -329,6 +422,7 @@ where
         memory: MemoryLog::default(),
         vote: None,
         committed: None,
+        first_index: None,
     };
     let mut sealed = VecDeque::new();
     let mut last = None;
@@ -382,7 +476,8 @@ fn reopen_last_segment(
             path = %path.display(),
             offset = end,
             dropped_bytes,
-            "dropped the torn tail of the last segment (a write never acknowledged)"
+            "dropped the torn tail of the last segment: a write a crash cut short, never \
+             acknowledged (nothing valid follows it)"
         );
     }
     Ok(ActiveSegment {
@@ -397,7 +492,6 @@ fn reopen_last_segment(
 
 #[cfg(test)]
 mod tests {
-    use super::super::writer::segment_file_name;
     use super::*;
 
     /// Only zero-padded 20-digit `.seg` names are segments.

@@ -174,35 +174,116 @@ async fn garbage_after_the_last_record_is_dropped() -> TestResult {
     Ok(())
 }
 
-/// A last write whose pages reached the disk out of order — a zeroed sector
-/// inside a record, valid records after it (they rode in the same unsynced
-/// write) — is an unacknowledged torn write: it is dropped from the damage
-/// on, the entries before it stay, and the log goes on from there.
+/// A zeroed 4 KiB block in the middle of the last segment, with valid
+/// records after it — acknowledged entries — is media damage, not a torn
+/// write (a crash cuts a write short; it does not leave a hole before
+/// records that reached the disk): opening is refused, naming the file and
+/// the offset and how to recover, and the file is left as it was. It used
+/// to be cut at the damage, dropping every acknowledged entry after it
+/// (the audit's finding 4).
 #[tokio::test]
-async fn a_torn_write_with_records_after_a_zeroed_sector_is_dropped() -> TestResult {
+async fn a_zeroed_block_followed_by_valid_records_is_refused() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (record_start, record_end) = {
+    {
         let mut store = open(&dir)?;
-        store.blocking_append([entry(1, 1)]).await?;
-        let record_start = data_end(&last_segment(&dir)?)?;
-        let large: Vec<Entry> = (2..=200).map(|index| entry(1, index)).collect();
-        store.blocking_append(large).await?;
-        let record_end = data_end(&last_segment(&dir)?)?;
-        store.blocking_append([entry(1, 201)]).await?;
-        store.blocking_append([entry(1, 202)]).await?;
-        (record_start, record_end)
+        for index in 1..=400 {
+            store.blocking_append([entry(1, index)]).await?;
+        }
+        power_loss(store)?;
+    }
+    let path = last_segment(&dir)?;
+    let end = data_end(&path)?;
+    let block = (end * 2 / 3) / 4096 * 4096;
+    assert!(
+        block > 0 && block + 4096 < end,
+        "the log spans several blocks"
+    );
+    write_at(&path, block, &[0; 4096])?;
+    let damaged = fs::read(&path)?;
+
+    let error = match open(&dir) {
+        Err(error) => error,
+        Ok(_) => panic!("a log with acknowledged records after a zeroed block opened"),
     };
-    let sector = record_start.div_ceil(512) * 512;
-    assert!(sector + 512 < record_end, "the record spans a whole sector");
-    write_at(&last_segment(&dir)?, sector, &[0; 512])?;
+    match &error {
+        SegmentLogError::Corrupt {
+            path: found_path,
+            offset,
+            valid_record_offset: Some(next),
+        } => {
+            assert_eq!(found_path, &path);
+            assert!(
+                *offset <= block && block < *next && *next <= end,
+                "damage at {offset}, next valid record at {next}, block {block}..{}",
+                block + 4096
+            );
+        }
+        other => panic!("expected Corrupt with a valid record after it, got {other:?}"),
+    }
+    let message = error.to_string();
+    for expected in [
+        "00000000000000000001.seg",
+        "refusing to start",
+        "Replacing a host",
+    ] {
+        assert!(message.contains(expected), "{expected:?} in: {message}");
+    }
+    assert!(
+        fs::read(&path)? == damaged,
+        "the refused segment is untouched"
+    );
+    Ok(())
+}
+
+/// A torn last record whose header made it to the disk (its payload cut
+/// short by zeros) is cut, even when its payload — user data — holds bytes
+/// that read as a valid record: nothing after the record is, so this is
+/// the crash case. The search for valid records starts past a damaged
+/// record whose header checksum vouches for its length.
+#[tokio::test]
+async fn a_torn_record_holding_a_record_lookalike_is_cut() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let record_start = {
+        let mut store = open(&dir)?;
+        store.blocking_append([entry(1, 1), entry(1, 2)]).await?;
+        data_end(&last_segment(&dir)?)?
+    };
+    let mut lookalike = Vec::new();
+    format::push_record(&mut lookalike, RecordType::Truncate, &1u64)
+        .map_err(SegmentLogError::from)?;
+    // A record whose payload holds the look-alike at an aligned offset.
+    let (record, inner_at) = (0..format::ALIGN_BYTES)
+        .find_map(|pad| {
+            let mut blob = vec![0xEE_u8; pad];
+            blob.extend_from_slice(&lookalike);
+            blob.extend_from_slice(&[0xEE; 64]);
+            let mut record = Vec::new();
+            format::push_record(&mut record, RecordType::Entries, &blob).ok()?;
+            let inner_at = record
+                .windows(lookalike.len())
+                .position(|window| window == lookalike.as_slice())?;
+            (record_start as usize + inner_at)
+                .is_multiple_of(format::ALIGN_BYTES)
+                .then_some((record, inner_at))
+        })
+        .ok_or("no padding aligns the look-alike")?;
+    // The write reached the disk up to just after the look-alike.
+    let written = inner_at + lookalike.len() + 8;
+    let path = last_segment(&dir)?;
+    write_at(&path, record_start, &record[..written])?;
+    let bytes = fs::read(&path)?;
+    assert!(
+        format::read_frame(&bytes, record_start as usize + inner_at).is_some(),
+        "the look-alike reads as a record"
+    );
 
     let mut store = open(&dir)?;
-    assert_eq!(indexes(&mut store).await?, vec![1]);
-    store.blocking_append([entry(2, 2)]).await?;
-    drop(store);
-    let mut store = open(&dir)?;
     assert_eq!(indexes(&mut store).await?, vec![1, 2]);
-    assert_eq!(store.get_log_state().await?.last_log_id, Some(log_id(2, 2)));
+    let tail = fs::read(&path)?;
+    assert!(
+        tail[record_start as usize..].iter().all(|&byte| byte == 0),
+        "the torn record is zeroed"
+    );
     Ok(())
 }
 
@@ -431,6 +512,175 @@ async fn segments_before_a_gap_are_removed() -> TestResult {
     let mut store = open_small(&dir)?;
     assert!(!stale.exists());
     assert_eq!(indexes(&mut store).await?, (31..=40).collect::<Vec<_>>());
+    Ok(())
+}
+
+/// Numbers of the segment files in `dir`, oldest first.
+fn segment_sequences(dir: &tempfile::TempDir) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
+    let mut sequences = Vec::new();
+    for path in segment_paths(dir)? {
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .ok_or("file name")?;
+        sequences.push(name.trim_end_matches(".seg").parse()?);
+    }
+    Ok(sequences)
+}
+
+/// A log whose only segment was deleted (the audit's finding 3: the node
+/// came back with its vote reset to term 0 and an empty log) is refused,
+/// naming the directory, because the lock file shows a log was kept there.
+/// A directory where a crash interrupted the creation of the very first
+/// segment (only its temporary file made it) opens as a new, empty log.
+#[tokio::test]
+async fn a_log_whose_only_segment_is_gone_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open(&dir)?;
+        store.save_vote(&Vote::new_committed(3, 1)).await?;
+        store.blocking_append([entry(3, 1), entry(3, 2)]).await?;
+    }
+    let segments = segment_paths(&dir)?;
+    assert_eq!(segments.len(), 1);
+    let only = segments.first().ok_or("no segment")?;
+    let saved = fs::read(only)?;
+    fs::remove_file(only)?;
+    let error = match open(&dir) {
+        Err(error) => error,
+        Ok(_) => panic!("a log without its segments opened"),
+    };
+    assert!(
+        matches!(&error, SegmentLogError::NoSegments { dir: found } if found == dir.path()),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    for expected in ["vote", "refusing to start", "Replacing a host"] {
+        assert!(message.contains(expected), "{expected:?} in: {message}");
+    }
+    assert!(segment_paths(&dir)?.is_empty(), "nothing was created");
+
+    // Put back, the log opens with its vote.
+    fs::write(only, &saved)?;
+    let mut store = open(&dir)?;
+    assert_eq!(store.read_vote().await?, Some(Vote::new_committed(3, 1)));
+    assert_eq!(indexes(&mut store).await?, vec![1, 2]);
+    drop(store);
+
+    // A crash while the first segment was being created.
+    let fresh = tempfile::tempdir()?;
+    fs::write(fresh.path().join(LOCK_FILE), b"")?;
+    fs::write(
+        fresh
+            .path()
+            .join(format!("{}.tmp", writer::segment_file_name(1))),
+        b"",
+    )?;
+    let mut store = open(&fresh)?;
+    assert_eq!(indexes(&mut store).await?, Vec::<u64>::new());
+    assert_eq!(store.read_vote().await?, None);
+    Ok(())
+}
+
+/// The first of several segments deleted, with no purge covering it: the
+/// segments left start past the purge point (none here), so entries and
+/// the vote record in between are gone — refused, naming the missing file.
+#[tokio::test]
+async fn a_missing_first_segment_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open_small(&dir)?;
+        store.save_vote(&Vote::new_committed(2, 1)).await?;
+        for index in 1..=30 {
+            store.blocking_append([entry(2, index)]).await?;
+        }
+    }
+    let segments = segment_paths(&dir)?;
+    assert!(segments.len() > 2, "{} segments", segments.len());
+    let first = segments.first().ok_or("no segment")?;
+    fs::remove_file(first)?;
+    let error = match open_small(&dir) {
+        Err(error) => error,
+        Ok(_) => panic!("a log without its first segment opened"),
+    };
+    match &error {
+        SegmentLogError::MissingSegment {
+            path,
+            first_index: Some(first_index),
+            purged_index: None,
+        } => {
+            assert_eq!(path, first);
+            assert!(*first_index > 1, "{first_index}");
+        }
+        other => panic!("expected MissingSegment, got {other:?}"),
+    }
+    let message = error.to_string();
+    for expected in [
+        "00000000000000000001.seg",
+        "refusing to start",
+        "Replacing a host",
+    ] {
+        assert!(message.contains(expected), "{expected:?} in: {message}");
+    }
+    Ok(())
+}
+
+/// A segment deleted from the middle of the log, and one deleted right
+/// after those a purge removed: the log left does not continue from the
+/// purge point, so opening is refused, naming the missing segment, and the
+/// older segments are kept (they are not leftovers of a purge).
+#[tokio::test]
+async fn a_missing_segment_after_the_purge_point_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open_small(&dir)?;
+        for index in 1..=40 {
+            store.blocking_append([entry(1, index)]).await?;
+        }
+    }
+    let sequences = segment_sequences(&dir)?;
+    assert!(sequences.len() > 4, "{sequences:?}");
+    let middle = dir.path().join(writer::segment_file_name(3));
+    fs::remove_file(&middle)?;
+    match open_small(&dir) {
+        Err(SegmentLogError::MissingSegment {
+            path,
+            purged_index: None,
+            ..
+        }) => assert_eq!(path, middle),
+        Err(other) => panic!("expected MissingSegment, got {other:?}"),
+        Ok(_) => panic!("a log with a segment missing in the middle opened"),
+    }
+    assert_eq!(
+        segment_sequences(&dir)?.first(),
+        Some(&1),
+        "the segments before the gap are kept"
+    );
+
+    let dir = tempfile::tempdir()?;
+    {
+        let mut store = open_small(&dir)?;
+        for index in 1..=40 {
+            store.blocking_append([entry(1, index)]).await?;
+        }
+        store.purge(log_id(1, 20)).await?;
+    }
+    let first_kept = *segment_sequences(&dir)?.first().ok_or("no segment")?;
+    assert!(first_kept > 1, "the purge deleted segments");
+    let oldest = dir.path().join(writer::segment_file_name(first_kept));
+    fs::remove_file(&oldest)?;
+    match open_small(&dir) {
+        Err(SegmentLogError::MissingSegment {
+            path,
+            first_index: Some(first_index),
+            purged_index: Some(20),
+        }) => {
+            assert_eq!(path, oldest);
+            assert!(first_index > 21, "{first_index}");
+        }
+        Err(other) => panic!("expected MissingSegment, got {other:?}"),
+        Ok(_) => panic!("a log missing its oldest unpurged segment opened"),
+    }
     Ok(())
 }
 
