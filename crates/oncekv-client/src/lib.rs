@@ -163,11 +163,15 @@ pub enum Error {
     )]
     KeyOutcomeUnknown { key: String, reason: String },
     /// A claim's complete, extend or release: this holder's fence no
-    /// longer holds the key (a later claim took over after its lease ran
-    /// out, or it had released it). Nothing was recorded. Final for this
-    /// holder: stop — the new holder owns the effect.
+    /// longer holds the key — a later claim took over after its lease ran
+    /// out (`current_fence` is the new holder's), or this fence's claim is
+    /// finished already: released, or completed (with another result, for
+    /// a complete), and then `current_fence` is the caller's own. Nothing
+    /// was recorded. Final for this holder: stop.
     #[error(
-        "fenced: this holder's fence no longer holds the key (its fence is now {current_fence}); nothing was recorded"
+        "fenced: the key's fence is now {current_fence}: a later claim took over, or, if that is \
+         this holder's own fence, its claim is finished already (released, or completed with \
+         another result); nothing was recorded"
     )]
     Fenced { current_fence: u64 },
     /// `once` (or a claim the caller waits on): another holder's lease was

@@ -248,10 +248,7 @@ pub fn reason_status(reason: ErrorReason) -> tonic::Status {
             (
                 Code::FailedPrecondition,
                 Reason::Fenced,
-                format!(
-                    "fenced: this fence no longer holds the key (its fence is now \
-                     {current_fence}); nothing was recorded — the new holder owns the effect"
-                ),
+                taken_over_message(current_fence),
             )
         }
         ErrorReason::FinishedUnderThisFence { fence } => {
@@ -314,6 +311,16 @@ pub fn rejected(outcome: Outcome) -> tonic::Status {
         Outcome::Rejected(rejection) => reason_status(rejection.into()),
         other => tonic::Status::internal(format!("unexpected outcome {other:?}")),
     }
+}
+
+/// The words of a `FENCED` whose fence is not the caller's: a later claim
+/// took over (or the record is gone, fence 0). Shared by the gRPC status
+/// and the HTTP API, as [`finished_claim_message`] is.
+pub fn taken_over_message(current_fence: u64) -> String {
+    format!(
+        "fenced: this fence no longer holds the key (its fence is now {current_fence}); nothing \
+         was recorded — the new holder owns the effect"
+    )
 }
 
 /// The one wording of FENCED under the caller's own fence (its claim is

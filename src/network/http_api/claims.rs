@@ -346,6 +346,13 @@ fn holder_error(error: ClientError, key: &[u8], fence: u64) -> HttpError {
             .with("current_fence", Json::from(current_fence))
             .with("key", key_text(key))
         }
+        ClientError::Fenced { current_fence } => HttpError::new(
+            StatusCode::CONFLICT,
+            "FENCED",
+            oncekv_wire::status::taken_over_message(current_fence),
+        )
+        .with("current_fence", Json::from(current_fence))
+        .with("key", key_text(key)),
         other => claim_error(other, key, None),
     }
 }
@@ -787,5 +794,7 @@ mod tests {
         let taken = holder_error(ClientError::Fenced { current_fence: 13 }, b"k", 12);
         let message = taken.body()["message"].as_str().unwrap().to_owned();
         assert!(message.contains("no longer holds"), "{message}");
+        assert!(!message.contains("finished"), "{message}");
+        assert_eq!(taken.body()["current_fence"], 13);
     }
 }
