@@ -30,8 +30,8 @@ impl CommonArgs {
 }
 
 /// `host:port` endpoints without blanks; a leading `http://` is dropped (the
-/// client library adds it). Empty entries are ignored; none left, or another
-/// scheme, is a usage error.
+/// client library adds it). Empty entries are ignored; none left, another
+/// scheme, or no port in 1..=65535 after the last `:`, is a usage error.
 fn normalize_endpoints(given: &[String]) -> Result<Vec<String>, Failure> {
     let mut endpoints = Vec::new();
     for endpoint in given.iter().map(|endpoint| endpoint.trim()) {
@@ -44,7 +44,17 @@ fn normalize_endpoints(given: &[String]) -> Result<Vec<String>, Failure> {
                 "endpoint {endpoint:?}: give host:port (plain http only)"
             )));
         }
-        endpoints.push(endpoint.trim_end_matches('/').to_owned());
+        let endpoint = endpoint.trim_end_matches('/');
+        let port = endpoint.rsplit_once(':').map(|(_, port)| port);
+        if port
+            .and_then(|port| port.parse::<u16>().ok())
+            .is_none_or(|port| port == 0)
+        {
+            return Err(Failure::usage(format!(
+                "endpoint {endpoint:?}: give host:port, the port in 1..=65535"
+            )));
+        }
+        endpoints.push(endpoint.to_owned());
     }
     if endpoints.is_empty() {
         return Err(Failure::usage("--endpoints names no endpoint"));
@@ -72,6 +82,17 @@ mod tests {
         assert_eq!(
             normalize_endpoints(&[String::new()]).unwrap_err().exit(),
             EXIT_USAGE
+        );
+        for bad in ["127.0.0.1:99999", "h", "h:0", "h:x"] {
+            assert_eq!(
+                normalize_endpoints(&[bad.to_owned()]).unwrap_err().exit(),
+                EXIT_USAGE,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            normalize_endpoints(&["[::1]:7101".to_owned()]).unwrap(),
+            ["[::1]:7101"]
         );
     }
 }

@@ -285,17 +285,17 @@ impl NodeConfig {
 pub enum ConfigError {
     #[error("missing required option --{0}")]
     Missing(&'static str),
-    #[error("reading {path}: {source}")]
+    // The cause is in the message and not also the error's `source`: the
+    // binary prints an error with its chain (`{:#}`), which said it twice.
+    #[error("reading {path}: {cause}")]
     File {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("parsing {path}: {source}")]
+    #[error("parsing {path}: {cause}")]
     Toml {
         path: PathBuf,
-        #[source]
-        source: toml::de::Error,
+        cause: toml::de::Error,
     },
     #[error("invalid --peer {0:?}: expected ID=PEER_ADDR/CLIENT_ADDR")]
     Peer(String),
@@ -357,13 +357,13 @@ fn millis(flag: Option<u64>, file: Option<u64>, default: u64) -> Duration {
 }
 
 fn read_file(path: &Path) -> Result<NodeOptions, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::File {
+    let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::File {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Toml {
+    toml::from_str(&text).map_err(|cause| ConfigError::Toml {
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }
 
