@@ -5,10 +5,11 @@
 //! One more is closed at once, before a byte is read (logged at most every
 //! 10 s, with how many). The numbers are node flags
 //! (`--grpc-connections-max`, `--grpc-connections-per-ip-max`), local to
-//! each node, never replicated. This module owns the count and the wrapper
+//! each node, never replicated. This module owns the count — the HTTP port
+//! counts its connections with it too ([`Gate::place`]; `http_api::limits`
+//! answers a refused caller in JSON before it closes) — and the wrapper
 //! that holds a connection's place; it reads and writes nothing on the
-//! connections (the HTTP port keeps its own, `http_api::limits`, which
-//! answers the caller in JSON before it closes).
+//! connections.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -54,21 +55,31 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// Checks the bounds as a whole; the error names the flag.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the bounds as a whole; the error names the flags of `port`
+    /// (`"grpc"`: `grpc_connections_max`, `grpc_connections_per_ip_max`).
+    pub fn validate(&self, port: &str) -> Result<(), String> {
         if !(1..=CONNECTIONS_MAX_MAX).contains(&self.connections_max) {
             return Err(format!(
-                "grpc_connections_max must be in 1..={CONNECTIONS_MAX_MAX}"
+                "{port}_connections_max must be in 1..={CONNECTIONS_MAX_MAX}"
             ));
         }
         if !(1..=self.connections_max).contains(&self.connections_per_ip_max) {
             return Err(format!(
-                "grpc_connections_per_ip_max must be in 1..=grpc_connections_max ({})",
+                "{port}_connections_per_ip_max must be in 1..={port}_connections_max ({})",
                 self.connections_max
             ));
         }
         Ok(())
     }
+}
+
+/// The bound one more connection would break.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// As many as `max` are open from its address.
+    PerIp { max: usize },
+    /// As many as `max` are open in all.
+    Total { max: usize },
 }
 
 /// The connections open on a port, counted in total and per peer IP.
@@ -83,7 +94,7 @@ struct Open {
     /// Only addresses with a connection open: the map never outgrows
     /// `connections_max`.
     per_ip: BTreeMap<IpAddr, usize>,
-    /// Refused since the last warning, and when that was.
+    /// Refused by [`Gate::admit`] since its last warning, and when that was.
     refused: u64,
     warned: Option<Instant>,
 }
@@ -96,52 +107,75 @@ impl Gate {
         })
     }
 
-    /// `stream`, from `peer`, holding its place in the count until it is
-    /// dropped; `None` (the stream dropped, so closed) when either bound is
-    /// reached.
-    pub fn admit<S>(self: &Arc<Gate>, stream: S, peer: IpAddr) -> Option<Admitted<S>> {
+    /// A place for one more connection from `peer`, held until the slot is
+    /// dropped, or the bound it would break.
+    pub fn place(self: &Arc<Gate>, peer: IpAddr) -> Result<Slot, Refused> {
         // An IPv4 client of a dual-stack listener is one address either way.
         let ip = peer.to_canonical();
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let from_ip = open.per_ip.get(&ip).copied().unwrap_or(0);
-        if from_ip >= self.limits.connections_per_ip_max
-            || open.total >= self.limits.connections_max
-        {
-            open.refused += 1;
-            let now = Instant::now();
-            if open
-                .warned
-                .is_none_or(|warned| now.duration_since(warned) >= REFUSED_LOG_EVERY)
-            {
-                tracing::warn!(
-                    refused = open.refused,
-                    last_from = %ip,
-                    open_from_it = from_ip,
-                    open_total = open.total,
-                    connections_max = self.limits.connections_max,
-                    connections_per_ip_max = self.limits.connections_per_ip_max,
-                    "gRPC client connections refused (--grpc-connections-max, \
-                     --grpc-connections-per-ip-max)"
-                );
-                open.refused = 0;
-                open.warned = Some(now);
-            }
-            return None;
+        if from_ip >= self.limits.connections_per_ip_max {
+            return Err(Refused::PerIp {
+                max: self.limits.connections_per_ip_max,
+            });
+        }
+        if open.total >= self.limits.connections_max {
+            return Err(Refused::Total {
+                max: self.limits.connections_max,
+            });
         }
         open.total += 1;
         *open.per_ip.entry(ip).or_default() += 1;
-        Some(Admitted {
-            stream,
-            _slot: Some(Slot {
-                gate: self.clone(),
-                ip,
-            }),
+        Ok(Slot {
+            gate: self.clone(),
+            ip,
         })
+    }
+
+    /// `stream`, from `peer`, holding its place until it is dropped;
+    /// `None` (the stream dropped, so closed) when either bound is reached,
+    /// with a warning at most every [`REFUSED_LOG_EVERY`].
+    pub fn admit<S>(self: &Arc<Gate>, stream: S, peer: IpAddr) -> Option<Admitted<S>> {
+        let refused = match self.place(peer) {
+            Ok(slot) => {
+                return Some(Admitted {
+                    stream,
+                    _slot: Some(slot),
+                });
+            }
+            Err(refused) => refused,
+        };
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.refused += 1;
+        let now = Instant::now();
+        if open
+            .warned
+            .is_none_or(|warned| now.duration_since(warned) >= REFUSED_LOG_EVERY)
+        {
+            tracing::warn!(
+                refused = open.refused,
+                last_from = %peer,
+                last_bound = ?refused,
+                open_total = open.total,
+                "gRPC client connections refused (--grpc-connections-max, \
+                 --grpc-connections-per-ip-max)"
+            );
+            open.refused = 0;
+            open.warned = Some(now);
+        }
+        None
+    }
+
+    /// Connections open, and addresses with one open (for tests).
+    #[cfg(test)]
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        (open.total, open.per_ip.len())
     }
 }
 
 /// One open connection's place in the count, given back when dropped.
-struct Slot {
+pub struct Slot {
     gate: Arc<Gate>,
     ip: IpAddr,
 }
@@ -259,11 +293,15 @@ mod tests {
 
     #[test]
     fn limits_are_checked() {
-        assert!(ConnectionLimits::default().validate().is_ok());
+        assert!(ConnectionLimits::default().validate("grpc").is_ok());
         let bad = ConnectionLimits {
             connections_max: 2,
             connections_per_ip_max: 3,
         };
-        assert!(bad.validate().unwrap_err().contains("per_ip"));
+        assert!(
+            bad.validate("grpc")
+                .unwrap_err()
+                .starts_with("grpc_connections_per_ip_max")
+        );
     }
 }

@@ -676,7 +676,7 @@ impl NodeOptions {
                 .or(file.grpc_connections_per_ip_max)
                 .unwrap_or(defaults.connections_per_ip_max),
         };
-        limits.validate().map_err(ConfigError::Invalid)?;
+        limits.validate("grpc").map_err(ConfigError::Invalid)?;
         Ok(limits)
     }
 

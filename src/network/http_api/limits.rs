@@ -6,16 +6,17 @@
 //! it). They are node flags (`--http-connections-max`,
 //! `--http-connections-per-ip-max`, `--http-body-timeout-ms`,
 //! `--http-body-buffer-bytes-max`; docs/http.md, "Limits"), local to each
-//! node, never replicated. This module holds the numbers and counts the
-//! connections; it reads and writes nothing on them.
+//! node, never replicated. This module holds the numbers and words a
+//! refused connection's answer; the count is `network::connections`'s (the
+//! client port's too). It reads and writes nothing on the connections.
 
 use super::body::BODY_BYTES_MAX;
 use super::errors::HttpError;
+use crate::network::connections::{ConnectionLimits, Gate, Refused, Slot};
 use axum::http::StatusCode;
 use serde_json::Value as Json;
-use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default of `--http-connections-max`.
@@ -29,8 +30,8 @@ pub const BODY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// Default of `--http-body-buffer-bytes-max`: five bodies of the largest
 /// size, or thousands of usual ones.
 pub const BODY_BUFFER_BYTES_MAX_DEFAULT: usize = 64 << 20;
-/// Largest `--http-connections-max` accepted.
-pub const CONNECTIONS_MAX_MAX: usize = 1 << 20;
+/// Largest `--http-connections-max` accepted (as `--grpc-connections-max`).
+pub use crate::network::connections::CONNECTIONS_MAX_MAX;
 /// Largest `--http-body-timeout-ms` accepted: an hour.
 pub const BODY_TIMEOUT_MAX: Duration = Duration::from_secs(3_600);
 /// Largest `--http-body-buffer-bytes-max` accepted: 64 GiB.
@@ -68,17 +69,7 @@ impl HttpLimits {
     /// range, no more per address than in total, and room for one body of
     /// the largest size.
     pub fn validate(&self) -> Result<(), String> {
-        if !(1..=CONNECTIONS_MAX_MAX).contains(&self.connections_max) {
-            return Err(format!(
-                "http_connections_max must be in 1..={CONNECTIONS_MAX_MAX}"
-            ));
-        }
-        if !(1..=self.connections_max).contains(&self.connections_per_ip_max) {
-            return Err(format!(
-                "http_connections_per_ip_max must be in 1..=http_connections_max ({})",
-                self.connections_max
-            ));
-        }
+        self.connection_limits().validate("http")?;
         if self.body_timeout.is_zero() || self.body_timeout > BODY_TIMEOUT_MAX {
             return Err(format!(
                 "http_body_timeout_ms must be in 1..={}",
@@ -93,59 +84,44 @@ impl HttpLimits {
         }
         Ok(())
     }
+
+    /// The connection bounds, as the gate counting them takes them.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            connections_max: self.connections_max,
+            connections_per_ip_max: self.connections_per_ip_max,
+        }
+    }
 }
 
 /// Connections open on the HTTP port, counted in total and per peer IP
-/// address.
+/// address (by the client port's own [`Gate`]).
 pub(super) struct Connections {
-    limits: HttpLimits,
-    open: Mutex<Open>,
-}
-
-#[derive(Default)]
-struct Open {
-    total: usize,
-    /// Only addresses with a connection open: the map never outgrows
-    /// `connections_max`.
-    per_ip: BTreeMap<IpAddr, usize>,
-}
-
-/// One open connection's place in the count, given back when dropped.
-pub(super) struct Slot {
-    connections: Arc<Connections>,
-    ip: IpAddr,
+    gate: Arc<Gate>,
 }
 
 impl Connections {
-    pub(super) fn new(limits: HttpLimits) -> Arc<Connections> {
-        Arc::new(Connections {
-            limits,
-            open: Mutex::new(Open::default()),
-        })
+    pub(super) fn new(limits: HttpLimits) -> Connections {
+        Connections {
+            gate: Gate::new(limits.connection_limits()),
+        }
     }
 
     /// A place for one more connection from `peer`, or the refusal to
     /// answer it with.
-    pub(super) fn open(self: &Arc<Connections>, peer: IpAddr) -> Result<Slot, HttpError> {
-        // An IPv4 client of a dual-stack listener is one address either way.
-        let ip = peer.to_canonical();
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let from_ip = open.per_ip.get(&ip).copied().unwrap_or(0);
-        if from_ip >= self.limits.connections_per_ip_max {
-            let max = self.limits.connections_per_ip_max;
-            return Err(HttpError::new(
+    pub(super) fn open(&self, peer: IpAddr) -> Result<Slot, HttpError> {
+        self.gate.place(peer).map_err(|refused| match refused {
+            Refused::PerIp { max } => HttpError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "UNAVAILABLE",
                 format!(
-                    "{ip} has {max} HTTP connections open to this node, its most \
-                     (--http-connections-per-ip-max): reuse them (keep-alive) or close some"
+                    "{} has {max} HTTP connections open to this node, its most \
+                     (--http-connections-per-ip-max): reuse them (keep-alive) or close some",
+                    peer.to_canonical()
                 ),
             )
-            .with("http_connections_per_ip_max", Json::from(max)));
-        }
-        if open.total >= self.limits.connections_max {
-            let max = self.limits.connections_max;
-            return Err(HttpError::new(
+            .with("http_connections_per_ip_max", Json::from(max)),
+            Refused::Total { max } => HttpError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "UNAVAILABLE",
                 format!(
@@ -153,31 +129,8 @@ impl Connections {
                      (--http-connections-max): try again later, or another node"
                 ),
             )
-            .with("http_connections_max", Json::from(max)));
-        }
-        open.total += 1;
-        *open.per_ip.entry(ip).or_default() += 1;
-        Ok(Slot {
-            connections: self.clone(),
-            ip,
+            .with("http_connections_max", Json::from(max)),
         })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut open = self
-            .connections
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        open.total = open.total.saturating_sub(1);
-        if let Some(count) = open.per_ip.get_mut(&self.ip) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                open.per_ip.remove(&self.ip);
-            }
-        }
     }
 }
 
@@ -212,9 +165,7 @@ mod tests {
         drop(first);
         let _again = connections.open(b).unwrap();
         assert!(connections.open(a).is_err(), "the total is reached again");
-        let open = connections.open.lock().unwrap();
-        assert_eq!(open.total, 3);
-        assert_eq!(open.per_ip.len(), 2);
+        assert_eq!(connections.gate.counts(), (3, 2));
     }
 
     /// The defaults are valid; zero, more per address than in total, a
