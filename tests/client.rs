@@ -72,6 +72,7 @@ async fn typed_operations() {
 /// A close whose Unregister applied but whose reply was lost is still
 /// confirmed: the retry meets SESSION_EXPIRED, which shows the session gone.
 /// Here a raw Unregister of the same session stands for the lost attempt.
+/// And with every node gone, close gives up after one attempt timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_confirms_a_session_already_gone() {
     let cluster = Cluster::start("client-close-gone").await;
@@ -91,6 +92,22 @@ async fn close_confirms_a_session_already_gone() {
     assert!(
         client.close().await,
         "the session is gone: close must say so, not report a failure"
+    );
+
+    // With the cluster gone, close gives up after one attempt timeout of
+    // its own (2 s), not the client's whole call timeout (60 s here), and
+    // says it could not confirm.
+    let other = Client::with_config(cluster.client_addrs(), patient());
+    other.client_id().await.unwrap();
+    for node in 1..=3 {
+        cluster.kill(node);
+    }
+    let started = tokio::time::Instant::now();
+    assert!(!other.close().await, "nothing could confirm the close");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "close took {:?}",
+        started.elapsed()
     );
 }
 
