@@ -904,19 +904,24 @@ impl Client {
         check_key(command.key())?;
         let deadline = Instant::now() + self.inner.config.call_timeout;
         let proto_command = convert::command_to_proto(&command);
+        // The command field of the request (`ExecuteRequest.command`, tag
+        // 5), measured once, without building the request around it.
+        let command_bytes = prost::encoding::message::encoded_len(5, &proto_command);
         let mut sessions_tried = 0;
         loop {
             let session = self.session(deadline).await?;
             sessions_tried += 1;
             self.check_request_limits(&session, &command).await?;
-            // The largest the request can be encoded, before a seq is taken.
-            check_message_size(&proto::ExecuteRequest {
+            // The largest the request can be encoded, before a seq is taken:
+            // the other fields at their longest, plus the command.
+            let envelope = proto::ExecuteRequest {
                 cluster_id: session.cluster_id.clone(),
                 client_id: session.client_id,
                 seq: u64::MAX,
                 first_outstanding_seq: u64::MAX,
-                command: Some(proto_command.clone()),
-            })?;
+                command: None,
+            };
+            check_encoded_size(prost::Message::encoded_len(&envelope) + command_bytes)?;
             let seq = self.take_seq(&session, deadline).await?;
             let span = tracing::debug_span!("execute", client_id = session.client_id, seq);
             let result = self
@@ -1712,7 +1717,11 @@ fn check_key(key: &[u8]) -> Result<(), Error> {
 /// the attempt, which nothing would tell from one that may have reached a
 /// leader; this is final, and proves nothing was sent.
 pub(crate) fn check_message_size(request: &impl prost::Message) -> Result<(), Error> {
-    let size = request.encoded_len();
+    check_encoded_size(request.encoded_len())
+}
+
+/// [`check_message_size`] of a request `size` bytes long encoded.
+fn check_encoded_size(size: usize) -> Result<(), Error> {
     if size > oncekv_wire::CLIENT_MESSAGE_BYTES_MAX {
         return Err(Error::InvalidArgument(format!(
             "the request is {size} bytes encoded, beyond the {} bytes a node accepts in one \
