@@ -287,6 +287,69 @@ impl<R: Grouped> GroupTally<R> {
         Ok(self.starts[index])
     }
 
+    /// Takes back the record counted last into the group starting at
+    /// `group_ms` ([`GroupTally::count`] returned it): a record an
+    /// extension's receiver already holds.
+    pub(crate) fn uncount_last(&mut self, group_ms: u64, record: &Counted<'_>) {
+        let Ok(index) = self.starts.binary_search(&group_ms) else {
+            return;
+        };
+        let tally = &mut self.tallies[index];
+        tally.records -= 1;
+        tally.bytes -= record.size;
+        tally.hash.subtract(&record.hash);
+        if let Some((principal, records, bytes)) = tally.by_principal.last_mut()
+            && principal == record.principal
+        {
+            *records -= 1;
+            *bytes -= record.size;
+            if *records == 0 {
+                tally.by_principal.pop();
+            }
+        }
+    }
+
+    /// Whether every live group of `store` (the one this tally was made
+    /// of) holds exactly `base`'s group of the same interval (if any) and
+    /// what was counted into it, and every group of `base` that `store`
+    /// lacks is expired by it: the receiver of an extension
+    /// (crate::extension) then holds `store`'s records once it adds those
+    /// counted to its base's. Per-principal usage is not compared: a base
+    /// does not carry it, and the multiset hash covers each record's
+    /// principal.
+    pub(crate) fn extends(
+        &self,
+        store: &GroupStore<R>,
+        base: &BTreeMap<u64, crate::extension::GroupDigest>,
+    ) -> bool {
+        let first_live_ms = store.first_live_group_ms();
+        let lacked_expired = base
+            .keys()
+            .all(|start| *start < first_live_ms || store.groups.contains_key(start));
+        lacked_expired
+            && store.groups.len() == self.tallies.len()
+            && store
+                .groups()
+                .zip(self.starts.iter().zip(&self.tallies))
+                .all(|((start, group), (counted_start, tally))| {
+                    let usage = &group.usage;
+                    let (mut records, mut bytes, mut hash) =
+                        (tally.records, tally.bytes, tally.hash);
+                    if let Some(held) = base.get(start) {
+                        if held.end_ms != group.end_ms {
+                            return false;
+                        }
+                        records = records.saturating_add(held.records);
+                        bytes = bytes.saturating_add(held.bytes);
+                        hash.add_sum(&crate::extension::digest_hash(held));
+                    }
+                    start == counted_start
+                        && usage.records == records
+                        && usage.bytes == bytes
+                        && usage.hash == hash
+                })
+    }
+
     /// Whether every live group of `store` (the one this tally was made
     /// of) holds exactly what was counted into it.
     pub(crate) fn agrees_with(&self, store: &GroupStore<R>) -> bool {

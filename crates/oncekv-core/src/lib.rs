@@ -77,6 +77,7 @@
 
 mod claims;
 pub mod codec;
+pub mod extension;
 pub mod fingerprint;
 mod grouped;
 mod keyed;

@@ -187,11 +187,11 @@ impl RecordsHash {
         self.subtract(&other.to_bytes());
     }
 
-    fn from_bytes(bytes: &[u8; 32]) -> RecordsHash {
+    pub(crate) fn from_bytes(bytes: &[u8; 32]) -> RecordsHash {
         RecordsHash(Self::limbs(bytes))
     }
 
-    fn to_bytes(self) -> [u8; 32] {
+    pub(crate) fn to_bytes(self) -> [u8; 32] {
         let mut bytes = [0u8; 32];
         for (chunk, limb) in bytes.chunks_exact_mut(8).zip(self.0) {
             chunk.copy_from_slice(&limb.to_le_bytes());
@@ -365,6 +365,11 @@ pub enum SnapshotError {
     Checksum,
     #[error("snapshot inconsistent: {0}")]
     Inconsistent(&'static str),
+    /// An extension's records do not add up to the snapshot's groups over
+    /// the receiver's base (crate::extension): the snapshot is to be sent
+    /// whole, nothing says its bytes are bad.
+    #[error("the snapshot's records do not extend this node's base: to be sent whole")]
+    NotAnExtension,
 }
 
 /// The header of format versions 2 to 4 (no idempotency keys).
@@ -478,7 +483,7 @@ struct HeaderV10 {
 /// The format a state is written in: 8 at rules version 1 (what a build
 /// that knows no rules versions reads, and hashes alike), 9 at 2, 10 from
 /// 3.
-fn format_of(registry: &Registry) -> u32 {
+pub(crate) fn format_of(registry: &Registry) -> u32 {
     if registry.rules == RulesVersion::V1 {
         SNAPSHOT_FORMAT_VERSION_8
     } else if !registry.rules.finished_claims_grouped() {
@@ -1030,6 +1035,31 @@ pub struct Records<R> {
     /// Whether each [`Streamed`] carries its stored bytes (an empty vector
     /// otherwise: [`read`] keeps the decoded records only).
     keep_bytes: bool,
+    /// For an extension of a receiver's base ([`read_part_extending`]):
+    /// the base, and how to ask the receiver's store whether it holds a
+    /// record already. Each kind's records then end with
+    /// [`END_OF_KIND`] instead of coming in the header's number.
+    extending: Option<Extending>,
+}
+
+/// Asks a receiver's store whether it holds a streamed record byte for
+/// byte (the adapter's answer: the core reads no store).
+pub type HeldByBase = Box<dyn FnMut(&Streamed) -> bool + Send>;
+
+struct Extending {
+    base: crate::extension::BaseGroups,
+    held: HeldByBase,
+}
+
+/// Ends each kind's records in an extension's stream, where a record's
+/// length would be (beyond any record's: [`RECORD_BYTES_MAX`]).
+pub const END_OF_KIND: [u8; 4] = u32::MAX.to_le_bytes();
+
+/// Which kind of streamed record comes next.
+#[derive(Clone, Copy)]
+enum StreamedKind {
+    Key,
+    Claim,
 }
 
 impl<R: Read> Records<R> {
@@ -1047,8 +1077,46 @@ impl<R: Read> Records<R> {
         }
     }
 
+    /// Reads the next record of `kind` into the buffer; `false` when that
+    /// kind's records are over (the header's count read, or an
+    /// extension's [`END_OF_KIND`]).
+    fn next_frame(&mut self, kind: StreamedKind) -> Result<bool, SnapshotError> {
+        if self.extending.is_none() {
+            let remaining = match kind {
+                StreamedKind::Key => &mut self.keys_remaining,
+                StreamedKind::Claim => &mut self.claims_remaining,
+            };
+            if *remaining == 0 {
+                return Ok(false);
+            }
+            *remaining -= 1;
+            read_frame(&mut self.input, &mut self.buffer)?;
+            return Ok(true);
+        }
+        let mut length = [0u8; 4];
+        read_exact(&mut self.input, &mut length)?;
+        if length == END_OF_KIND {
+            return Ok(false);
+        }
+        read_frame_of(
+            &mut self.input,
+            u64::from(u32::from_le_bytes(length)),
+            &mut self.buffer,
+        )?;
+        Ok(true)
+    }
+
+    /// For an extension: whether the receiver holds `streamed` (of TTL base
+    /// `base_ms`) already — only a record of the base's own cluster time
+    /// may be both in the base and sent — so that it does not count as
+    /// added.
+    fn held_by_base(&mut self, base_ms: u64, streamed: &Streamed) -> bool {
+        self.extending.as_mut().is_some_and(|extending| {
+            base_ms <= extending.base.cluster_time_ms && (extending.held)(streamed)
+        })
+    }
+
     fn next_key(&mut self) -> Result<Streamed, SnapshotError> {
-        read_frame(&mut self.input, &mut self.buffer)?;
         // The record hash is of these very bytes (a writer encodes the
         // record canonically; bytes that decode alike but differ fail the
         // group's sum below).
@@ -1073,17 +1141,19 @@ impl<R: Read> Records<R> {
             .key_tally
             .count(record.created_ms, &Counted::hashed(&id, &record, hash))
             .map_err(SnapshotError::Inconsistent)?;
-        self.keys_remaining -= 1;
         self.last = Some(id.clone());
-        Ok(Streamed::Key(
-            id,
-            GroupedRecord { group_ms, record },
-            self.kept(stored),
-        ))
+        let base_ms = record.created_ms;
+        let streamed = Streamed::Key(id, GroupedRecord { group_ms, record }, self.kept(stored));
+        if self.held_by_base(base_ms, &streamed)
+            && let Streamed::Key(id, grouped, _) = &streamed
+        {
+            self.key_tally
+                .uncount_last(group_ms, &Counted::hashed(id, &grouped.record, hash));
+        }
+        Ok(streamed)
     }
 
     fn next_claim(&mut self) -> Result<Streamed, SnapshotError> {
-        read_frame(&mut self.input, &mut self.buffer)?;
         let hash = *blake3::keyed_hash(&CLAIM_RECORD_HASH_KEY, &self.buffer).as_bytes();
         // The id, then the record's stored form, kept as read.
         let ((principal, key), used): ((Principal, IdempotencyKey), usize) =
@@ -1112,50 +1182,76 @@ impl<R: Read> Records<R> {
             .claim_tally
             .count(record.ttl_base_ms(), &Counted::hashed(&id, &record, hash))
             .map_err(SnapshotError::Inconsistent)?;
-        self.claims_remaining -= 1;
         self.last = Some(id.clone());
-        Ok(Streamed::Claim(
-            id,
-            GroupedRecord { group_ms, record },
-            self.kept(stored),
-        ))
+        let base_ms = record.ttl_base_ms();
+        let streamed = Streamed::Claim(id, GroupedRecord { group_ms, record }, self.kept(stored));
+        if self.held_by_base(base_ms, &streamed)
+            && let Streamed::Claim(id, grouped, _) = &streamed
+        {
+            self.claim_tally
+                .uncount_last(group_ms, &Counted::hashed(id, &grouped.record, hash));
+        }
+        Ok(streamed)
     }
 
     fn next_record(&mut self) -> Option<Result<Streamed, SnapshotError>> {
-        if self.keys_remaining > 0 {
-            return Some(self.next_key());
-        }
         if !self.keys_checked {
-            self.keys_checked = true;
-            if let Err(error) = self.end_of_keys() {
-                return Some(Err(error));
+            match self.next_frame(StreamedKind::Key) {
+                Err(error) => return Some(Err(error)),
+                Ok(true) => return Some(self.next_key()),
+                Ok(false) => {
+                    self.keys_checked = true;
+                    if let Err(error) = self.end_of_keys() {
+                        return Some(Err(error));
+                    }
+                }
             }
         }
-        if self.claims_remaining > 0 {
-            return Some(self.next_claim());
+        match self.next_frame(StreamedKind::Claim) {
+            Err(error) => Some(Err(error)),
+            Ok(true) => Some(self.next_claim()),
+            Ok(false) => None,
         }
-        None
     }
 
-    /// After the last key record: the key groups' sums; claims start over
-    /// in (principal, key) order.
+    /// After the last key record: the key groups' sums (with the base's,
+    /// for an extension); claims start over in (principal, key) order.
     fn end_of_keys(&mut self) -> Result<(), SnapshotError> {
-        if !self.key_tally.agrees_with(&self.keys) {
-            return Err(SnapshotError::Inconsistent(
-                "key records disagree with their group's summary",
-            ));
+        let agrees = match &self.extending {
+            Some(extending) => self.key_tally.extends(&self.keys, &extending.base.keys),
+            None => self.key_tally.agrees_with(&self.keys),
+        };
+        if !agrees {
+            return Err(self.disagreement("key records disagree with their group's summary"));
         }
         self.last = None;
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), SnapshotError> {
-        if !self.claim_tally.agrees_with(&self.claims) {
-            return Err(SnapshotError::Inconsistent(
-                "finished claim records disagree with their group's summary",
-            ));
+        let agrees = match &self.extending {
+            Some(extending) => self
+                .claim_tally
+                .extends(&self.claims, &extending.base.claims),
+            None => self.claim_tally.agrees_with(&self.claims),
+        };
+        if !agrees {
+            return Err(
+                self.disagreement("finished claim records disagree with their group's summary")
+            );
         }
         check_trailer(&mut self.input)
+    }
+
+    /// Records that do not add up to their groups: for an extension, the
+    /// snapshot does not extend the receiver's base (nothing says the
+    /// sender's bytes are bad: the snapshot is to be sent whole).
+    fn disagreement(&self, whole: &'static str) -> SnapshotError {
+        if self.extending.is_some() {
+            SnapshotError::NotAnExtension
+        } else {
+            SnapshotError::Inconsistent(whole)
+        }
     }
 }
 
@@ -1209,6 +1305,42 @@ pub fn read_leaving_keys<R: Read>(input: R) -> Result<Registry, SnapshotError> {
                 record?;
             }
             Ok(registry)
+        }
+    }
+}
+
+/// Reads an *extension* of `base` (crate::extension) up to its records, as
+/// [`read_part`] reads a whole snapshot: the part whole and checked, then
+/// only the records added since the base, each kind's ending with
+/// [`END_OF_KIND`]. Each is checked as a whole snapshot's are (order,
+/// bounds, a live group covering it); `held` answers whether the
+/// receiver's store holds one already (asked only of records whose TTL
+/// base is the base's cluster time), and such a record is not counted as
+/// added. After the last of a kind, every group must hold exactly the
+/// base's group plus what was added, and every base group the snapshot
+/// lacks be expired by it: otherwise [`SnapshotError::NotAnExtension`] is
+/// the iterator's last item. The stream carries its [`Streamed`] records'
+/// stored bytes.
+pub fn read_part_extending<R: Read>(
+    input: R,
+    base: &crate::extension::RecordsBase,
+    held: HeldByBase,
+) -> Result<(Registry, Box<Records<R>>), SnapshotError> {
+    match read_part(input, false)? {
+        Part::Whole(_) => Err(SnapshotError::Inconsistent(
+            "an extension must be of format 8 or later",
+        )),
+        Part::Records(registry, mut records) => {
+            if format_of(&registry) != base.format
+                || registry.cluster_time_ms < base.cluster_time_ms
+            {
+                return Err(SnapshotError::NotAnExtension);
+            }
+            records.extending = Some(Extending {
+                base: crate::extension::BaseGroups::of(base),
+                held,
+            });
+            Ok((registry, records))
         }
     }
 }
@@ -1457,6 +1589,7 @@ pub fn read_part<R: Read>(input: R, keep_older_keys: bool) -> Result<Part<R>, Sn
             keys_checked: false,
             finished: false,
             keep_bytes: true,
+            extending: None,
         });
         return Ok(Part::Records(registry, records));
     }
@@ -1711,7 +1844,15 @@ fn read_record<R: Read, T: serde::de::DeserializeOwned>(
 fn read_frame<R: Read>(input: &mut R, buffer: &mut Vec<u8>) -> Result<(), SnapshotError> {
     let mut length = [0u8; 4];
     read_exact(input, &mut length)?;
-    let length = u64::from(u32::from_le_bytes(length));
+    read_frame_of(input, u64::from(u32::from_le_bytes(length)), buffer)
+}
+
+/// Reads one record's `length` bytes into `buffer`, its length read.
+fn read_frame_of<R: Read>(
+    input: &mut R,
+    length: u64,
+    buffer: &mut Vec<u8>,
+) -> Result<(), SnapshotError> {
     if length > RECORD_BYTES_MAX {
         return Err(SnapshotError::RecordTooLarge(length));
     }
