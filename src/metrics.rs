@@ -75,6 +75,7 @@ pub struct NodeMetrics {
     pub entries_applied: Counter,
     pub snapshots_built: Counter,
     pub snapshots_installed: Counter,
+    pub snapshot_extensions_installed: Counter,
     // Counted at the client API of this node.
     pub client_replies: Family<ReplyLabels, Counter>,
     pub answered_from_applied: Family<MethodLabels, Counter>,
@@ -147,6 +148,7 @@ impl NodeMetrics {
             entries_applied: Counter::default(),
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
+            snapshot_extensions_installed: Counter::default(),
             client_replies: Family::default(),
             answered_from_applied: Family::default(),
             overloaded: Counter::default(),
@@ -401,6 +403,11 @@ impl NodeMetrics {
             "snapshots_installed",
             "Snapshots this node installed from a leader",
             self.snapshots_installed.clone(),
+        );
+        self.registry.register(
+            "snapshot_extensions_installed",
+            "Of the snapshots installed, those received as an extension of this node's own durable snapshot (only the records added since it sent)",
+            self.snapshot_extensions_installed.clone(),
         );
         self.registry.register(
             "state_hash_info",

@@ -157,6 +157,69 @@ async fn keyed_increment_retried_across_a_leader_kill_applies_once() {
     }
 }
 
+/// A follower whose own durable snapshot already holds most of the keys is
+/// caught up by an *extension* of it (docs/state-beyond-ram.md §4.9p): the
+/// leader sends only the keys added since, the follower adds them to its
+/// store, and its state hash, key count and records agree with the others'
+/// — a key of before its stop and one of after both read from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_is_sent_only_the_keys_added_since_its_snapshot() {
+    let cluster = Cluster::start_with(
+        "keyed-extension",
+        &[
+            "--snapshot-every-entries",
+            "40",
+            "--logs-kept-after-snapshot",
+            "5",
+        ],
+    )
+    .await;
+    let client = cluster.patient_client();
+    let write = |from: u32, to: u32| {
+        let client = &client;
+        async move {
+            for message in from..to {
+                let key = format!("msg-{message}");
+                let reply = client
+                    .execute_with_key(key.as_bytes(), incr("s", 1))
+                    .await
+                    .unwrap();
+                assert!(!reply.duplicate, "{key}");
+            }
+        }
+    };
+    write(0, 150).await;
+    let leader = cluster.wait_for_leader(DEADLINE).await;
+    let status = cluster.status(leader).await.unwrap();
+    wait_hashes_agree(&cluster, &[1, 2, 3], status.applied_index).await;
+    cluster.wait_snapshotted_and_purged(&[1, 2, 3]).await;
+    let lagging = (1..=3).find(|node| *node != leader).unwrap();
+    cluster.kill(lagging);
+    write(150, 300).await;
+    let others: Vec<u64> = (1..=3).filter(|node| *node != lagging).collect();
+    let status = cluster.status(leader).await.unwrap();
+    let (index, _) = wait_hashes_agree(&cluster, &others, status.applied_index).await;
+    cluster.wait_snapshotted_and_purged(&others).await;
+    cluster.restart(lagging).await;
+    wait_hashes_agree(&cluster, &[1, 2, 3], index).await;
+    let metrics = cluster.scrape(lagging).await.unwrap();
+    assert!(
+        support::metrics::counter(&metrics, "oncekv_snapshot_extensions_installed_total", &[])
+            >= 1.0,
+        "caught up by an extension: {}",
+        metrics
+            .lines()
+            .filter(|line| line.contains("snapshot"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(cluster.status(lagging).await.unwrap().idempotency_keys, 300);
+    for key in [&b"msg-3"[..], b"msg-299"] {
+        let record = key_on(&cluster, lagging, key).await;
+        assert!(record.key.is_some(), "{}", String::from_utf8_lossy(key));
+    }
+}
+
 /// With frequent snapshots and short logs, a node that was down catches up
 /// by snapshot and — made leader — still answers a repeat of a keyed
 /// increment applied while it was away as a duplicate. Then the key TTL is

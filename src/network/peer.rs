@@ -21,9 +21,10 @@ use super::leader_contact::LeaderContact;
 use super::tls::PeerClaim;
 use crate::raft_types::{NodeId, NodeInfo, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::shared::ClusterIdentity;
-use crate::shared::snapshot_file::{ReceiveError, SnapshotInbox};
+use crate::shared::snapshot_file::{BaseId, DurableBase, ReceiveError, SnapshotInbox};
 use futures::{Stream, StreamExt};
 use oncekv_core::codec;
+use oncekv_core::extension::Extension;
 use oncekv_wire::convert::{cluster_id_bytes, parse_cluster_id};
 use oncekv_wire::proto::RaftMessage;
 use oncekv_wire::proto::raft_client::RaftClient;
@@ -63,6 +64,9 @@ pub const PEER_FORMAT_VERSION: u8 = 5;
 /// reads from its file at a time (a receiver accepts any size that fits a
 /// message).
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// How long a leader waits for a peer's base before it sends a snapshot
+/// whole: the answer is a few kilobytes read from memory.
+const SNAPSHOT_BASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Most bytes a received snapshot may hold in all: the stream is refused
 /// beyond it instead of filling the disk with whatever a peer sends. Far
@@ -325,6 +329,10 @@ enum SnapshotPart {
     Head { vote: Vote, meta: SnapshotMeta },
     /// Then the snapshot's bytes, in order.
     Data(#[serde(with = "chunk_bytes")] Vec<u8>),
+    /// Right after the head of an extension (docs/state-beyond-ram.md
+    /// §4.9p): the receiver's base it extends, as `SnapshotBase` answered
+    /// it. Sent only to a node that answered that call.
+    Extends(BaseId),
 }
 
 /// A [`SnapshotPart::Data`] of `chunk` as a peer message's payload: the
@@ -544,10 +552,15 @@ impl PeerClient {
     /// decodes and checks (checksum included) what it received before
     /// offering it to Raft, refuses the truncated snapshot and keeps
     /// nothing.
+    ///
+    /// Under an extension's `plan` (see [`PeerClient::plan_extension`]) the
+    /// base it extends follows the meta, and the bytes are only the part
+    /// and the records the plan sends.
     async fn send_snapshot(
         &self,
         vote: Vote,
         snapshot: Snapshot,
+        plan: Option<(BaseId, Arc<Extension>)>,
     ) -> Result<SnapshotResponse<TypeConfig>, PeerCallError> {
         let mut client = self.client()?;
         let Snapshot { meta, snapshot } = snapshot;
@@ -555,13 +568,23 @@ impl PeerClient {
             PEER_FORMAT_VERSION,
             &SnapshotPart::Head { vote, meta },
         ));
+        let (extends, plan) = match plan {
+            Some((base, plan)) => (
+                Some(self.message(codec::encode_versioned(
+                    PEER_FORMAT_VERSION,
+                    &SnapshotPart::Extends(base),
+                ))),
+                Some(plan),
+            ),
+            None => (None, None),
+        };
         let cluster_id = cluster_id_bytes(self.identity.get());
         let from = self.from;
         let (failed, mut read_failure) = tokio::sync::mpsc::unbounded_channel::<std::io::Error>();
         // Each chunk is encoded into its message on the thread that read
         // it (the catch-up's, at idle priority), not on the runtime's.
         let data = snapshot
-            .into_framed_chunks(SNAPSHOT_CHUNK_BYTES, move |chunk| RaftMessage {
+            .into_framed_chunks(SNAPSHOT_CHUNK_BYTES, plan, move |chunk| RaftMessage {
                 cluster_id: cluster_id.clone(),
                 from_node_id: from,
                 payload: data_part_payload(chunk),
@@ -578,7 +601,9 @@ impl PeerClient {
                 std::future::ready(message)
             });
         let reply = client
-            .install_snapshot(futures::stream::once(std::future::ready(head)).chain(data))
+            .install_snapshot(
+                futures::stream::iter(std::iter::once(head).chain(extends)).chain(data),
+            )
             .await;
         // A read error is reported before the stream ends, so before any
         // reply: it wins over whatever the receiver answered.
@@ -591,6 +616,86 @@ impl PeerClient {
             codec::decode_versioned(PEER_FORMAT_VERSION, &reply?.into_inner().payload)
                 .map_err(PeerCallError::Decode)?;
         result.map_err(|fatal| PeerCallError::Closed(fatal.to_string()))
+    }
+}
+
+impl PeerClient {
+    /// What the peer's durable snapshot holds of its records, if it says
+    /// (`None`: it has no record store, does not know the call, or did not
+    /// answer in time — the snapshot is then sent whole).
+    async fn snapshot_base(&self) -> Option<DurableBase> {
+        let mut client = self.client().ok()?;
+        let mut message =
+            tonic::Request::new(self.message(codec::encode_versioned(PEER_FORMAT_VERSION, &())));
+        message.set_timeout(SNAPSHOT_BASE_TIMEOUT);
+        let reply = client.snapshot_base(message).await.ok()?;
+        codec::decode_versioned::<Option<DurableBase>>(
+            PEER_FORMAT_VERSION,
+            &reply.into_inner().payload,
+        )
+        .ok()
+        .flatten()
+    }
+
+    /// An extension's plan for sending `snapshot` to this peer (§4.9p of
+    /// docs/state-beyond-ram.md): asked for its base, a peer behind this
+    /// snapshot whose records the snapshot only adds to is sent those
+    /// records alone; `None` sends it whole.
+    async fn plan_extension(&self, snapshot: &Snapshot) -> Option<(BaseId, Arc<Extension>)> {
+        let ours = snapshot.snapshot.base()?;
+        let theirs = self.snapshot_base().await?;
+        let index = crate::shared::snapshot_file::snapshot_index(&snapshot.meta);
+        if theirs.id.index >= index {
+            return None;
+        }
+        let plan = Extension::plan(ours, &theirs.records, theirs.bytes_max);
+        tracing::info!(
+            target_node = self.target,
+            log_index = index,
+            base_index = theirs.id.index,
+            extension_bytes = plan.as_ref().map(Extension::bytes),
+            "snapshot to send: {}",
+            if plan.is_some() {
+                "as an extension of the peer's base"
+            } else {
+                "whole (the peer's base is not one it extends)"
+            }
+        );
+        Some((theirs.id, Arc::new(plan?)))
+    }
+
+    /// Sends `snapshot` as an extension of the peer's base where a plan
+    /// allows, whole otherwise — and whole, at once, when the peer refuses
+    /// the extension (its base moved, or the records do not add up to the
+    /// snapshot's over it).
+    async fn send_snapshot_planned(
+        &self,
+        vote: Vote,
+        snapshot: Snapshot,
+    ) -> Result<SnapshotResponse<TypeConfig>, PeerCallError> {
+        if let Some(plan) = self.plan_extension(&snapshot).await
+            && let Ok(copy) = snapshot.snapshot.duplicate()
+        {
+            let extension = Snapshot {
+                meta: snapshot.meta.clone(),
+                snapshot: copy,
+            };
+            // Each send boxed: two of them inline make a future too large
+            // for a worker's stack in a debug build.
+            match Box::pin(self.send_snapshot(vote, extension, Some(plan))).await {
+                Err(PeerCallError::Refused(status))
+                    if status.code() == tonic::Code::FailedPrecondition =>
+                {
+                    tracing::info!(
+                        target_node = self.target,
+                        reason = status.message(),
+                        "extension refused; sending the snapshot whole"
+                    );
+                }
+                sent => return sent,
+            }
+        }
+        Box::pin(self.send_snapshot(vote, snapshot, None)).await
     }
 }
 
@@ -709,7 +814,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let _counted = self
             .sends
             .start(crate::shared::snapshot_file::snapshot_index(&snapshot.meta));
-        let send = self.send_snapshot(vote, snapshot);
+        let send = Box::pin(self.send_snapshot_planned(vote, snapshot));
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
             sent = send => sent.map_err(|error| match self.rpc_error::<std::convert::Infallible>(RPCTypes::InstallSnapshot, &option, error) {
@@ -995,6 +1100,15 @@ impl raft_server::Raft for PeerService {
         Ok(tonic::Response::new(seal(&self.raft.pre_vote(rpc).await)))
     }
 
+    async fn snapshot_base(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let claim = PeerClaim::of(&request);
+        self.open::<()>(&claim, request.into_inner())?;
+        Ok(tonic::Response::new(seal(&self.snapshots.base())))
+    }
+
     async fn install_snapshot(
         &self,
         request: tonic::Request<tonic::Streaming<RaftMessage>>,
@@ -1027,17 +1141,47 @@ impl raft_server::Raft for PeerService {
                 invalid(&format!("invalid snapshot: {reason}"))
             }
             ReceiveError::Io(error) => unavailable(error),
+            // The sender's cue to send the snapshot whole.
+            ReceiveError::NotAnExtension(reason) => {
+                tracing::info!(from_node_id, %reason, "extension refused");
+                tonic::Status::failed_precondition(reason)
+            }
         };
+        // An extension names its base right after the head.
+        let mut first = None;
+        let mut base = None;
+        if let Some(part) = parts.next().await {
+            match self.open(&claim, part?)? {
+                SnapshotPart::Extends(id) => base = Some(id),
+                part => first = Some(part),
+            }
+        }
         // Read and checked as it arrives (its part to a temporary file, its
-        // records into a staged generation of the record store); on any
-        // early return (a broken stream, a refused part) `incoming` is
-        // dropped and both deleted, so nothing is replaced.
-        let mut incoming = self.snapshots.receive(&meta).await.map_err(unavailable)?;
+        // records into a staged generation of the record store, or, for an
+        // extension, into memory); on any early return (a broken stream, a
+        // refused part) `incoming` is dropped and everything it wrote
+        // deleted, so nothing is replaced.
+        let mut incoming = match base {
+            Some(base) => self
+                .snapshots
+                .receive_extension(&meta, base)
+                .await
+                .map_err(refused)?,
+            None => self.snapshots.receive(&meta).await.map_err(unavailable)?,
+        };
         if let Some(hold) = self.faults.snapshot_intake_hold() {
             tokio::time::sleep(hold).await;
         }
-        while let Some(part) = parts.next().await {
-            match self.open(&claim, part?)? {
+        let mut next = first;
+        loop {
+            let part = match next.take() {
+                Some(part) => part,
+                None => match parts.next().await {
+                    Some(part) => self.open(&claim, part?)?,
+                    None => break,
+                },
+            };
+            match part {
                 SnapshotPart::Data(chunk) => {
                     if incoming.received_bytes().saturating_add(chunk.len() as u64)
                         > SNAPSHOT_BYTES_MAX
@@ -1048,6 +1192,9 @@ impl raft_server::Raft for PeerService {
                 }
                 SnapshotPart::Head { .. } => {
                     return Err(invalid("a snapshot stream has one meta"));
+                }
+                SnapshotPart::Extends(_) => {
+                    return Err(invalid("an extension names its base once, after the meta"));
                 }
             }
         }

@@ -387,6 +387,48 @@ impl OutsideRecords {
         Ok(())
     }
 
+    /// Checks that the store in force is generation `generation` at the
+    /// checkpoint of `index`: the base an extension was received over.
+    pub fn check_at(&self, index: u64, generation: u64) -> io::Result<()> {
+        let store = self.store();
+        let at = self.checkpoint_index()?;
+        if store.generation() != generation || at != Some(index) {
+            return Err(io::Error::other(format!(
+                "an extension of generation {generation} at index {index}, but the store \
+                 in force is generation {} at {at:?}",
+                store.generation()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds an extension's records (docs/state-beyond-ram.md §4.9p) to the
+    /// store in force — which must be generation `generation` at the
+    /// checkpoint of `base_index` (else nothing is written) — in one atomic
+    /// batch with the checkpoint of `index` and the snapshot's watermarks,
+    /// fsynced; returns the store's view of it. Blocking.
+    pub fn extend(
+        &self,
+        records: Vec<(Vec<u8>, StoredRecord)>,
+        index: u64,
+        keys_watermark: u64,
+        claims_watermark: Option<u64>,
+        base_index: u64,
+        generation: u64,
+    ) -> io::Result<View> {
+        let _order = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
+        self.check_at(base_index, generation)?;
+        let checkpoint = checkpoint(index, keys_watermark, claims_watermark);
+        let store = self.store();
+        store
+            .flush(
+                records.into_iter().map(|(key, record)| (key, Some(record))),
+                &checkpoint,
+            )
+            .map_err(store_error)?;
+        store.view().map_err(store_error)
+    }
+
     /// Builds a new store generation from an installed snapshot's streamed
     /// records (keys, then finished claims, each in (principal, key) order
     /// and in a live group; an error among them — the snapshot's last

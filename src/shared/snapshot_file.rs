@@ -25,8 +25,10 @@
 use crate::raft_types::SnapshotMeta;
 use crate::shared::records::OutsideRecords;
 use futures::Stream;
+use oncekv_core::extension::{Extension, RecordsBase};
 use oncekv_core::{Registry, codec, snapshot};
-use oncekv_records::{RawRecord, View};
+use oncekv_records::{RawRecord, StoredRecord, View};
+use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -197,9 +199,62 @@ pub(crate) struct Received {
     /// Where the file holds only the part: the part's registry and the
     /// staged generation of the record store holding the records.
     pub(crate) staged: Option<Staged>,
+    /// Where the snapshot came as an extension of this node's base: the
+    /// part's registry and the records to add to the store in force.
+    pub(crate) extension: Option<Extended>,
     /// Held until installed or dropped: one snapshot is received, checked
     /// and installed at a time.
     _receiving: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// A snapshot received as an extension of this node's durable snapshot
+/// (its *base*, docs/state-beyond-ram.md §4.9p): the part's registry, and
+/// the records that, added to the base's in the store in force, make the
+/// snapshot's. Holds the node's snapshot builds off from its reception to
+/// its install, so that the store stays at the base: no flush moves it.
+pub(crate) struct Extended {
+    pub(crate) registry: Registry,
+    pub(crate) records: Vec<(Vec<u8>, StoredRecord)>,
+    pub(crate) base: BaseId,
+    pub(crate) builds_held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+/// Names a node's durable snapshot as the base of an extension: its log
+/// index and the record store generation holding its records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseId {
+    pub index: u64,
+    pub generation: u64,
+}
+
+/// What a node answers a leader asking for its base: the durable
+/// snapshot's id, its records in summary, and the most bytes of records
+/// (as their groups charge them) it takes as an extension.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurableBase {
+    pub id: BaseId,
+    pub records: RecordsBase,
+    pub bytes_max: u64,
+}
+
+/// The most bytes of records (as their groups charge them) a node takes as
+/// an extension: they are held in memory from their reception to the
+/// install, and written there in one batch, as a build's flush writes at
+/// most its overlay's. Beyond it the snapshot is sent whole.
+pub const EXTENSION_BYTES_MAX: u64 = 64 << 20;
+/// The most bytes of stored records an extension may actually bring (key
+/// and stored bytes, what the receiver holds): the groups' charge of a
+/// record leaves out a few bytes of its framing.
+const EXTENSION_STORED_BYTES_MAX: u64 = 2 * EXTENSION_BYTES_MAX;
+
+/// This node's durable snapshot as a base, while it is current: what a
+/// leader is told, and the view of its records an extension is checked
+/// against.
+#[derive(Clone)]
+pub(crate) struct CurrentBase {
+    pub(crate) id: BaseId,
+    pub(crate) records: Arc<RecordsBase>,
+    pub(crate) view: Arc<View>,
 }
 
 /// A received snapshot's state, ready to switch to: the part's registry
@@ -224,6 +279,9 @@ pub struct SnapshotFile {
     /// For a part file: the view of the record store holding its key
     /// records.
     records: Option<Arc<View>>,
+    /// For a part file: its records in summary, to send it as an
+    /// extension of a receiver's base.
+    base: Option<Arc<RecordsBase>>,
 }
 
 impl fmt::Debug for SnapshotFile {
@@ -248,6 +306,7 @@ impl SnapshotFile {
             registry_offset,
             received: None,
             records: None,
+            base: None,
         })
     }
 
@@ -264,6 +323,7 @@ impl SnapshotFile {
             registry_offset,
             received: None,
             records: None,
+            base: None,
         })
     }
 
@@ -281,6 +341,7 @@ impl SnapshotFile {
             registry_offset,
             received: None,
             records: None,
+            base: None,
         }
     }
 
@@ -291,13 +352,68 @@ impl SnapshotFile {
         self
     }
 
+    /// A part file's records in summary (see [`SnapshotFile::base`]).
+    pub(crate) fn with_base(mut self, base: Option<Arc<RecordsBase>>) -> SnapshotFile {
+        self.base = base;
+        self
+    }
+
+    /// A part file's records in summary, if known: what an extension of a
+    /// receiver's base is planned from.
+    pub fn base(&self) -> Option<&RecordsBase> {
+        self.base.as_deref()
+    }
+
+    /// Another handle on the same snapshot to send (its own file
+    /// descriptor and position): for a sender that may send it twice, as
+    /// an extension and then whole. Not for a received snapshot.
+    pub fn duplicate(&self) -> io::Result<SnapshotFile> {
+        if self.received.is_some() {
+            return Err(io::Error::other("a received snapshot is not sent"));
+        }
+        Ok(SnapshotFile {
+            file: self.file.try_clone()?,
+            path: self.path.clone(),
+            meta: self.meta.clone(),
+            registry_offset: self.registry_offset,
+            received: None,
+            records: self.records.clone(),
+            base: self.base.clone(),
+        })
+    }
+
+    /// The hold on the node's snapshot builds a snapshot received as an
+    /// extension keeps until it is installed: taken by the install, which
+    /// would otherwise wait for it.
+    pub(crate) fn take_builds_held(&mut self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.received
+            .as_mut()?
+            .extension
+            .as_mut()?
+            .builds_held
+            .take()
+    }
+
     /// The whole snapshot's registry bytes, from the file or, for a part
     /// file, its part then the records of its view and the trailer.
     pub(crate) fn whole_reader(&self) -> io::Result<WholeSnapshot> {
+        self.reader(None)
+    }
+
+    /// The registry bytes to send: the whole snapshot's
+    /// ([`SnapshotFile::whole_reader`]), or, under an extension's plan, the
+    /// part, the records the plan sends with each kind ended, and the
+    /// trailer of those bytes.
+    fn reader(&self, plan: Option<Arc<Extension>>) -> io::Result<WholeSnapshot> {
+        if plan.is_some() && self.records.is_none() {
+            return Err(io::Error::other(
+                "only a snapshot whose records lie in a store is sent as an extension",
+            ));
+        }
         if self
             .received
             .as_ref()
-            .is_some_and(|received| received.staged.is_some())
+            .is_some_and(|received| received.staged.is_some() || received.extension.is_some())
         {
             // Its file holds the part; its records are in a staged
             // generation no view reads.
@@ -314,6 +430,7 @@ impl SnapshotFile {
             pending: Vec::new(),
             at: 0,
             phase: Phase::Part,
+            plan,
         })
     }
 
@@ -393,7 +510,7 @@ impl SnapshotFile {
         self,
         chunk_bytes: usize,
     ) -> impl Stream<Item = io::Result<Vec<u8>>> + Send + 'static {
-        self.into_framed_chunks(chunk_bytes, std::mem::take)
+        self.into_framed_chunks(chunk_bytes, None, std::mem::take)
     }
 
     /// As [`SnapshotFile::into_chunks`], each chunk handed to `frame` (a
@@ -405,6 +522,7 @@ impl SnapshotFile {
     pub fn into_framed_chunks<T, F>(
         self,
         chunk_bytes: usize,
+        plan: Option<Arc<Extension>>,
         frame: F,
     ) -> impl Stream<Item = io::Result<T>> + Send + 'static
     where
@@ -412,7 +530,7 @@ impl SnapshotFile {
         F: FnMut(&mut Vec<u8>) -> T + Send + 'static,
     {
         let reader = self
-            .whole_reader()
+            .reader(plan)
             .map(|reader| (self, reader, Vec::new(), frame));
         futures::stream::unfold(Some(reader), move |state| async move {
             let (snapshot, mut reader, mut chunk, mut frame) = match state? {
@@ -472,24 +590,39 @@ pub(crate) struct WholeSnapshot {
     pending: Vec<u8>,
     at: usize,
     phase: Phase,
+    /// An extension's plan: which records are sent, each kind's ended by
+    /// `snapshot::END_OF_KIND`.
+    plan: Option<Arc<Extension>>,
 }
 
 /// Appends one record, from its store key and stored bytes, to a snapshot
 /// being sent (`snapshot::encode_stored_key_record` and its claim twin).
 type EncodeStored = fn(&[u8], &[u8], &mut Vec<u8>) -> io::Result<()>;
 
-/// Encodes up to [`RECORDS_PER_BATCH`] of `records` into `pending` with
-/// `encode` (each record's stored bytes passed through, not decoded);
+/// Whether an extension's plan sends a record of a group, from its stored
+/// bytes (`Extension::sends_key` and its claim twin).
+type Sends = fn(&Extension, u64, &[u8]) -> Result<bool, oncekv_core::codec::CodecError>;
+
+/// Encodes the next of `records` into `pending` with `encode` (each
+/// record's stored bytes passed through, not decoded) — those `sends`
+/// passes under an extension's plan — up to [`RECORDS_PER_BATCH`] read;
 /// `true` when the batch filled (more may follow), `false` when the
 /// records ran out.
 fn encode_batch(
     records: &mut Rows,
     pending: &mut Vec<u8>,
     encode: EncodeStored,
+    plan: Option<(&Extension, Sends)>,
 ) -> io::Result<bool> {
     for (count, item) in records.enumerate() {
         let raw = item?;
-        encode(raw.key(), raw.bytes(), pending)?;
+        let sent = match plan {
+            Some((plan, sends)) => sends(plan, raw.group(), raw.bytes()).map_err(invalid)?,
+            None => true,
+        };
+        if sent {
+            encode(raw.key(), raw.bytes(), pending)?;
+        }
         if count + 1 == RECORDS_PER_BATCH {
             return Ok(true);
         }
@@ -507,16 +640,21 @@ impl WholeSnapshot {
             self.phase = Phase::Done;
             return Ok(false);
         };
+        let plan = self.plan.as_deref();
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Records(mut rows) => {
                 let full = encode_batch(
                     &mut rows,
                     &mut self.pending,
                     snapshot::encode_stored_key_record,
+                    plan.map(|plan| (plan, Extension::sends_key as Sends)),
                 )?;
                 self.phase = if full {
                     Phase::Records(rows)
                 } else {
+                    if plan.is_some() {
+                        self.pending.extend_from_slice(&snapshot::END_OF_KIND);
+                    }
                     Phase::Claims(Box::new(OutsideRecords::all_stored_claim_records(view)))
                 };
                 self.hasher.update(&self.pending);
@@ -526,10 +664,14 @@ impl WholeSnapshot {
                     &mut rows,
                     &mut self.pending,
                     snapshot::encode_stored_claim_record,
+                    plan.map(|plan| (plan, Extension::sends_claim as Sends)),
                 )?;
                 self.phase = if full {
                     Phase::Claims(rows)
                 } else {
+                    if plan.is_some() {
+                        self.pending.extend_from_slice(&snapshot::END_OF_KIND);
+                    }
                     Phase::Trailer
                 };
                 self.hasher.update(&self.pending);
@@ -660,6 +802,10 @@ pub enum ReceiveError {
     /// This node could not write or read its temporary file.
     #[error("snapshot file: {0}")]
     Io(#[from] io::Error),
+    /// An extension of a base this node no longer has, or whose records do
+    /// not add up to the snapshot's over its base: to be sent whole.
+    #[error("{0}")]
+    NotAnExtension(String),
 }
 
 /// Where a node receives snapshots from a leader: temporary files in its
@@ -675,6 +821,12 @@ pub struct SnapshotInbox {
     receiving: Arc<tokio::sync::Semaphore>,
     /// Receptions begun since the node started.
     begun: Arc<std::sync::atomic::AtomicU64>,
+    /// The durable snapshot as a base, while its records lie in the store
+    /// (set by the state machine as snapshots become current).
+    base: Arc<std::sync::Mutex<Option<CurrentBase>>>,
+    /// The state machine's snapshot builds, held off while an extension is
+    /// received and installed.
+    builds: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Buffer of a received snapshot's file.
@@ -684,13 +836,38 @@ const RECEIVE_BUFFER_BYTES: usize = 64 << 10;
 const CHUNKS_QUEUED: usize = 1;
 
 impl SnapshotInbox {
-    pub(crate) fn new(dir: PathBuf, records: Option<Arc<OutsideRecords>>) -> SnapshotInbox {
+    pub(crate) fn new(
+        dir: PathBuf,
+        records: Option<Arc<OutsideRecords>>,
+        builds: Arc<tokio::sync::Mutex<()>>,
+    ) -> SnapshotInbox {
         SnapshotInbox {
             dir,
             records,
             receiving: Arc::new(tokio::sync::Semaphore::new(1)),
             begun: Arc::default(),
+            base: Arc::default(),
+            builds,
         }
+    }
+
+    fn current_base(&self) -> std::sync::MutexGuard<'_, Option<CurrentBase>> {
+        self.base.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the durable snapshot's base (`None`: its records are not in
+    /// the store, or there is none).
+    pub(crate) fn set_base(&self, base: Option<CurrentBase>) {
+        *self.current_base() = base;
+    }
+
+    /// What this node answers a leader asking for its base.
+    pub fn base(&self) -> Option<DurableBase> {
+        self.current_base().as_ref().map(|base| DurableBase {
+            id: base.id,
+            records: RecordsBase::clone(&base.records),
+            bytes_max: EXTENSION_BYTES_MAX,
+        })
     }
 
     /// Whether a snapshot is being received or installed.
@@ -715,6 +892,48 @@ impl SnapshotInbox {
             .acquire_owned()
             .await
             .map_err(io::Error::other)?;
+        self.receive_with(meta, permit, None).await
+    }
+
+    /// Starts receiving the snapshot `meta` describes as an extension of
+    /// the base `base` names (see [`Extended`]): refused unless that base
+    /// is still this node's durable snapshot — checked with the node's
+    /// snapshot builds held off, as they stay until the install.
+    pub async fn receive_extension(
+        &self,
+        meta: &SnapshotMeta,
+        base: BaseId,
+    ) -> Result<IncomingSnapshot, ReceiveError> {
+        let permit = self
+            .receiving
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(io::Error::other)?;
+        let builds_held = self.builds.clone().lock_owned().await;
+        let current = self.current_base().clone();
+        let current = match current {
+            Some(current) if current.id == base => current,
+            other => {
+                return Err(ReceiveError::NotAnExtension(format!(
+                    "an extension of base {base:?}; this node's is {:?}",
+                    other.map(|current| current.id)
+                )));
+            }
+        };
+        let extending = Extending {
+            current,
+            builds_held,
+        };
+        Ok(self.receive_with(meta, permit, Some(extending)).await?)
+    }
+
+    async fn receive_with(
+        &self,
+        meta: &SnapshotMeta,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        extending: Option<Extending>,
+    ) -> io::Result<IncomingSnapshot> {
         self.begun
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = self.dir.clone();
@@ -736,6 +955,7 @@ impl SnapshotInbox {
             temporary,
             registry_offset,
             permit,
+            extending,
         };
         let taking_in = super::background::spawn("oncekv-snapshot-in", move || {
             reception.take_in(arriving, writer)
@@ -828,6 +1048,15 @@ struct Reception {
     temporary: TemporaryFile,
     registry_offset: u64,
     permit: tokio::sync::OwnedSemaphorePermit,
+    /// For an extension: the base and the hold on builds.
+    extending: Option<Extending>,
+}
+
+/// An extension's reception: the base it extends and the hold on the
+/// node's snapshot builds (see [`Extended`]).
+struct Extending {
+    current: CurrentBase,
+    builds_held: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// The file a received snapshot's bytes are copied to as they are read,
@@ -927,7 +1156,7 @@ impl Reception {
     /// returns it ready to install: the file (the part, or the whole
     /// snapshot) and the staged generation holding its records, if any.
     fn take_in(
-        self,
+        mut self,
         mut chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
         writer: BufWriter<File>,
     ) -> Result<SnapshotFile, ReceiveError> {
@@ -937,6 +1166,9 @@ impl Reception {
             end: self.registry_offset,
             failed: None,
         };
+        if let Some(extending) = self.extending.take() {
+            return self.take_in_extension(chunks, copy, extending);
+        }
         let Some(store) = self.records.clone() else {
             // Without a record store the file is the whole snapshot:
             // copied as it comes, then checked from the file, every record
@@ -1014,8 +1246,100 @@ impl Reception {
         Ok(self.into_file(file, staged))
     }
 
+    /// Reads an extension of `extending`'s base as it arrives: the part to
+    /// the file, as a whole snapshot's; the records sent into memory (at
+    /// most [`EXTENSION_STORED_BYTES_MAX`] of them), each checked, a record
+    /// of the base's own cluster time looked up in the base's view (held
+    /// byte for byte, it does not count as added); after the last, the
+    /// groups' sums over the base's.
+    fn take_in_extension(
+        self,
+        chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+        copy: Copy,
+        extending: Extending,
+    ) -> Result<SnapshotFile, ReceiveError> {
+        let Extending {
+            current,
+            builds_held,
+        } = extending;
+        let copy = RefCell::new(Some(copy));
+        let input = Arriving {
+            chunks,
+            chunk: Vec::new(),
+            at: 0,
+            copy: &copy,
+        };
+        let fault = |error: snapshot::SnapshotError| match copy
+            .borrow_mut()
+            .as_mut()
+            .and_then(|copy| copy.failed.take())
+        {
+            Some(failed) => ReceiveError::Io(failed),
+            None => ReceiveError::Invalid(error.to_string()),
+        };
+        let view = current.view.clone();
+        // A failed lookup answers "not held": the record then counts as
+        // added, and the sums refuse the extension (sent whole instead).
+        let held: snapshot::HeldByBase = Box::new(move |streamed| {
+            let (key, group, bytes) = stored_row(streamed);
+            view.get(&key)
+                .ok()
+                .flatten()
+                .is_some_and(|stored| stored.group == group && stored.bytes == *bytes)
+        });
+        let (registry, records) =
+            snapshot::read_part_extending(input, &current.records, held).map_err(fault)?;
+        check_meta(&self.meta, &registry).map_err(ReceiveError::Invalid)?;
+        let part = copy.borrow_mut().take();
+        super::background::idle_from_now();
+        let mut added = Vec::new();
+        let mut bytes = 0u64;
+        for record in *records {
+            let record = record.map_err(|error| match error {
+                snapshot::SnapshotError::NotAnExtension => {
+                    ReceiveError::NotAnExtension(error.to_string())
+                }
+                error => ReceiveError::Invalid(error.to_string()),
+            })?;
+            let (key, group, stored) = stored_row(&record);
+            bytes += (key.len() + stored.len()) as u64;
+            if bytes > EXTENSION_STORED_BYTES_MAX {
+                return Err(ReceiveError::Invalid(format!(
+                    "an extension of more than {EXTENSION_STORED_BYTES_MAX} bytes of records"
+                )));
+            }
+            let bytes = match record {
+                snapshot::Streamed::Key(_, _, bytes) | snapshot::Streamed::Claim(_, _, bytes) => {
+                    bytes
+                }
+            };
+            added.push((key, StoredRecord { group, bytes }));
+        }
+        *copy.borrow_mut() = part;
+        let copy = copy
+            .into_inner()
+            .ok_or_else(|| io::Error::other("a received snapshot's file went missing"))?;
+        let file = copy.writer.into_inner().map_err(|e| e.into_error())?;
+        let extension = Extended {
+            registry,
+            records: added,
+            base: current.id,
+            builds_held: Some(builds_held),
+        };
+        Ok(self.into_file_with(file, None, Some(extension)))
+    }
+
     /// The received snapshot: its (temporary) file, and its staged state.
     fn into_file(self, file: File, staged: Option<Staged>) -> SnapshotFile {
+        self.into_file_with(file, staged, None)
+    }
+
+    fn into_file_with(
+        self,
+        file: File,
+        staged: Option<Staged>,
+        extension: Option<Extended>,
+    ) -> SnapshotFile {
         SnapshotFile {
             file,
             path: self.temporary.path().to_path_buf(),
@@ -1024,12 +1348,33 @@ impl Reception {
             received: Some(Received {
                 temporary: self.temporary,
                 staged,
+                extension,
                 _receiving: self.permit,
             }),
             records: None,
+            base: None,
         }
     }
 }
+
+/// A streamed record's row in the record store: its store key, group and
+/// stored bytes.
+fn stored_row(streamed: &snapshot::Streamed) -> (Vec<u8>, u64, &Vec<u8>) {
+    match streamed {
+        snapshot::Streamed::Key(id, record, bytes) => (
+            oncekv_core::stored::key_id_bytes(id),
+            record.group_ms,
+            bytes,
+        ),
+        snapshot::Streamed::Claim(id, record, bytes) => (
+            oncekv_core::stored::claim_id_bytes(id),
+            record.group_ms,
+            bytes,
+        ),
+    }
+}
+
+impl Reception {}
 
 #[cfg(test)]
 mod tests {

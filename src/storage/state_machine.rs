@@ -34,10 +34,12 @@ use crate::shared::SharedState;
 use crate::shared::background;
 use crate::shared::records::OutsideRecords;
 use crate::shared::snapshot_file::{
-    PART_SUFFIX, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile, SnapshotInbox, TEMPORARY_SUFFIX,
-    TemporaryFile, check_meta, part_file_name, snapshot_file_name, snapshot_index,
+    BaseId, CurrentBase, Extended, PART_SUFFIX, SNAPSHOT_PREFIX, SNAPSHOT_SUFFIX, SnapshotFile,
+    SnapshotInbox, TEMPORARY_SUFFIX, TemporaryFile, check_meta, part_file_name, snapshot_file_name,
+    snapshot_index,
 };
 use futures::{FutureExt, Stream, StreamExt};
+use oncekv_core::extension::RecordsBase;
 use oncekv_core::{Registry, snapshot};
 use oncekv_records::RecordStore;
 use openraft::storage::{ApplyResponder, EntryResponder, RaftStateMachine};
@@ -89,6 +91,22 @@ struct SnapshotFiles {
     inbox: SnapshotInbox,
 }
 
+impl CurrentSnapshot {
+    /// This snapshot as the base of an extension, if its records lie in
+    /// the store.
+    fn as_base(&self) -> Option<CurrentBase> {
+        let (view, records) = (self.records.as_ref()?, self.base.as_ref()?);
+        Some(CurrentBase {
+            id: BaseId {
+                index: snapshot_index(&self.meta),
+                generation: view.generation(),
+            },
+            records: records.clone(),
+            view: view.clone(),
+        })
+    }
+}
+
 #[derive(Clone)]
 struct CurrentSnapshot {
     meta: SnapshotMeta,
@@ -98,6 +116,9 @@ struct CurrentSnapshot {
     /// For a part file: the view of the record store holding its key
     /// records, kept while it is current.
     records: Option<Arc<oncekv_records::View>>,
+    /// For a part file: its records in summary (what a receiver tells a
+    /// leader, and a leader plans an extension from).
+    base: Option<Arc<RecordsBase>>,
 }
 
 impl StateMachineStore {
@@ -246,11 +267,15 @@ impl StateMachineStore {
             _ => None,
         };
         tracing::info!(log_index = index, path = %path.display(), "restored snapshot");
+        let base = records
+            .is_some()
+            .then(|| Arc::new(state.read().registry.records_base()));
         let current = CurrentSnapshot {
             registry_offset: file.registry_offset(),
             meta,
             path,
             records,
+            base,
         };
         Self::opened(dir, state, Some(current))
     }
@@ -263,10 +288,12 @@ impl StateMachineStore {
         let durable = current
             .as_ref()
             .map_or(0, |current| snapshot_index(&current.meta));
-        let inbox = SnapshotInbox::new(dir.to_path_buf(), state.records().cloned());
+        let builds = Arc::new(tokio::sync::Mutex::new(()));
+        let inbox = SnapshotInbox::new(dir.to_path_buf(), state.records().cloned(), builds.clone());
+        inbox.set_base(current.as_ref().and_then(CurrentSnapshot::as_base));
         Ok(StateMachineStore {
             state,
-            builds: Arc::default(),
+            builds,
             key_records_held: None,
             metrics: Arc::default(),
             files: Arc::new(SnapshotFiles {
@@ -344,6 +371,7 @@ impl SnapshotFiles {
                 path: path.clone(),
                 registry_offset,
                 records: None,
+                base: None,
             },
         );
         Ok(Some(path))
@@ -362,6 +390,7 @@ impl SnapshotFiles {
     fn make_current(&self, current: &mut Option<CurrentSnapshot>, new: CurrentSnapshot) {
         let index = snapshot_index(&new.meta);
         let path = new.path.clone();
+        self.inbox.set_base(new.as_base());
         if let Some(previous) = current.replace(new)
             && previous.path != path
         {
@@ -393,6 +422,7 @@ impl SnapshotFiles {
         let path = self.dir.join(part_file_name(index));
         self.rename_into_place(temporary, &path)?;
         let view = Arc::new(flush()?);
+        let base = Some(Arc::new(registry.records_base()));
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         self.make_current(
             &mut current,
@@ -401,10 +431,15 @@ impl SnapshotFiles {
                 path: path.clone(),
                 registry_offset,
                 records: Some(view.clone()),
+                base: base.clone(),
             },
         );
         drop(current);
-        Ok(SnapshotFile::written(file, path, meta.clone(), registry_offset).with_records(view))
+        Ok(
+            SnapshotFile::written(file, path, meta.clone(), registry_offset)
+                .with_records(view)
+                .with_base(base),
+        )
     }
 
     /// Writes the snapshot of `registry` at `meta` durably and makes it
@@ -447,6 +482,18 @@ impl SnapshotFiles {
         if let Some(mut received) = snapshot.take_received(&self.dir, meta) {
             snapshot.file().sync_all()?;
             let registry_offset = snapshot.registry_offset();
+            if let Some(extension) = received.extension.take() {
+                let records = records.ok_or_else(|| {
+                    io::Error::other("an extension of a record store this node has not")
+                })?;
+                return self.install_extension(
+                    meta,
+                    received.temporary,
+                    registry_offset,
+                    extension,
+                    records,
+                );
+            }
             if let Some(staged) = received.staged.take() {
                 let records = records.ok_or_else(|| {
                     io::Error::other("a snapshot staged in a record store this node has not")
@@ -501,6 +548,7 @@ impl SnapshotFiles {
                 .view()
                 .map_err(|e| io::Error::other(format!("reading the record store: {e}")))?,
         );
+        let base = Some(Arc::new(staged.registry.records_base()));
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         self.make_current(
             &mut current,
@@ -509,9 +557,64 @@ impl SnapshotFiles {
                 path,
                 registry_offset,
                 records: Some(view),
+                base,
             },
         );
         Ok((staged.registry, Some(store)))
+    }
+
+    /// Installs a snapshot received as an extension of this node's durable
+    /// snapshot (its base; §4.9p of docs/state-beyond-ram.md), in the order
+    /// a build writes: the part file renamed into place, then the records
+    /// added to the store in force in one batch with the snapshot's
+    /// checkpoint — the store must still be at the base (builds were held
+    /// off since the reception checked it), else nothing is written. Its
+    /// records then are the snapshot's. A crash between the two leaves a
+    /// part file the store is not at (ignored and deleted at the next
+    /// start) and the base in force. Returns no new store: the registry
+    /// reads the same one, its layers of the replaced state dropped.
+    fn install_extension(
+        &self,
+        meta: &SnapshotMeta,
+        temporary: TemporaryFile,
+        registry_offset: u64,
+        extension: Extended,
+        records: &OutsideRecords,
+    ) -> io::Result<(Registry, Option<Arc<RecordStore>>)> {
+        let index = snapshot_index(meta);
+        let path = self.dir.join(part_file_name(index));
+        let Extended {
+            registry,
+            records: added,
+            base,
+            builds_held: _,
+        } = extension;
+        records.check_at(base.index, base.generation)?;
+        self.rename_into_place(temporary, &path)?;
+        let view = records.extend(
+            added,
+            index,
+            registry.first_live_key_group_ms(),
+            registry
+                .rules()
+                .finished_claims_grouped()
+                .then(|| registry.first_live_claim_group_ms()),
+            base.index,
+            base.generation,
+        )?;
+        let base = Some(Arc::new(registry.records_base()));
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        self.make_current(
+            &mut current,
+            CurrentSnapshot {
+                meta: meta.clone(),
+                path,
+                registry_offset,
+                records: Some(Arc::new(view)),
+                base,
+            },
+        );
+        Ok((registry, None))
     }
 
     /// The current snapshot, its file opened under the lock.
@@ -526,7 +629,9 @@ impl SnapshotFiles {
                     current.registry_offset,
                 )?;
                 Ok(match &current.records {
-                    Some(view) => file.with_records(view.clone()),
+                    Some(view) => file
+                        .with_records(view.clone())
+                        .with_base(current.base.clone()),
                     None => file,
                 })
             })
@@ -785,11 +890,18 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: SnapshotData,
+        mut snapshot: SnapshotData,
     ) -> Result<(), std::io::Error> {
         // No build between here and the switch: a build's layer of the
         // replaced state must not be flushed into the installed generation.
-        let _build = self.builds.clone().lock_owned().await;
+        // An extension holds builds off since its reception: its hold is
+        // this install's.
+        let held = snapshot.take_builds_held();
+        let extension = held.is_some();
+        let _build = match held {
+            Some(held) => held,
+            None => self.builds.clone().lock_owned().await,
+        };
         // Durable before the state changes and before openraft purges.
         let files = self.files.clone();
         let installed_meta = meta.clone();
@@ -822,7 +934,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // The replaced state is freed here, not under the lock.
         drop(previous);
         self.metrics.snapshots_installed.inc();
-        tracing::info!(log_index = snapshot_index(meta), "installed snapshot");
+        if extension {
+            self.metrics.snapshot_extensions_installed.inc();
+        }
+        tracing::info!(
+            log_index = snapshot_index(meta),
+            extension,
+            "installed snapshot"
+        );
         Ok(())
     }
 
@@ -1230,6 +1349,113 @@ mod tests {
             )
             .unwrap();
         assert_eq!(k1.expect("k1 from the store").created_ms, 1_001);
+    }
+
+    /// A follower at a base (a snapshot of 2,000 keys installed), its
+    /// leader 1,000 keys further: the leader sends the part and the 1,000
+    /// keys (plus any of the base's last millisecond) instead of 3,000; the
+    /// follower adds them to its store in force, holding its builds off
+    /// from the reception to the install, and then sends — and hashes —
+    /// exactly what the leader's whole snapshot holds. An extension of a
+    /// base the follower no longer has is refused before any byte.
+    #[tokio::test]
+    async fn a_snapshot_received_as_an_extension_of_the_base_is_the_whole() {
+        use oncekv_core::extension::Extension;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sender, mut receiver, bytes, records) =
+            sender_and_receiver(dir.path(), 2_000).await;
+        let mut incoming = receiver
+            .snapshot_inbox()
+            .receive(&meta(2_001))
+            .await
+            .unwrap();
+        incoming.write(bytes).await.unwrap();
+        let received = incoming.finish().await.unwrap();
+        receiver
+            .install_snapshot(&meta(2_001), received)
+            .await
+            .unwrap();
+        let base = receiver.snapshot_inbox().base().expect("a base");
+        assert_eq!(base.id.index, 2_001);
+
+        {
+            let state = sender.state();
+            let mut applied = state.write();
+            applied.registry = registry_with_keys(3_000);
+            applied.last_applied = meta(3_001).last_log_id;
+        }
+        sender
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let whole = current_bytes(&mut sender).await;
+        let hash = snapshot::state_hash(&sender.state().read().registry);
+        let current = sender.get_current_snapshot().await.unwrap().unwrap();
+        let plan = Extension::plan(
+            current.snapshot.base().expect("a part's base"),
+            &base.records,
+            base.bytes_max,
+        )
+        .expect("only keys added");
+        let extension = current
+            .snapshot
+            .into_framed_chunks(1 << 16, Some(Arc::new(plan)), std::mem::take)
+            .map(Result::unwrap)
+            .concat()
+            .await;
+        assert!(
+            extension.len() * 2 < whole.len(),
+            "{} of {} bytes",
+            extension.len(),
+            whole.len()
+        );
+
+        let inbox = receiver.snapshot_inbox();
+        let moved = crate::shared::snapshot_file::BaseId {
+            index: 2_000,
+            ..base.id
+        };
+        assert!(matches!(
+            inbox.receive_extension(&meta(3_001), moved).await,
+            Err(ReceiveError::NotAnExtension(_))
+        ));
+        let mut incoming = inbox
+            .receive_extension(&meta(3_001), base.id)
+            .await
+            .unwrap();
+        for chunk in extension.chunks(7_777) {
+            incoming.write(chunk.to_vec()).await.unwrap();
+        }
+        let received = incoming.finish().await.unwrap();
+        assert!(
+            receiver.builds.try_lock().is_err(),
+            "builds held off until the install"
+        );
+        receiver
+            .install_snapshot(&meta(3_001), received)
+            .await
+            .unwrap();
+        assert!(receiver.builds.try_lock().is_ok());
+        assert_eq!(
+            snapshot::state_hash(&receiver.state().read().registry),
+            hash
+        );
+        assert_eq!(generations(&records), vec!["gen-000002".to_owned()]);
+        assert!(
+            current_bytes(&mut receiver).await == whole,
+            "the store extended holds the leader's records"
+        );
+        assert_eq!(inbox.base().unwrap().id.index, 3_001);
+        drop((receiver, inbox));
+        let reopened =
+            StateMachineStore::open_with_records(&dir.path().join("b/snapshots"), &records)
+                .unwrap();
+        assert_eq!(
+            snapshot::state_hash(&reopened.state().read().registry),
+            hash
+        );
     }
 
     /// A reception that goes wrong among the records — a byte changed, a

@@ -31,9 +31,9 @@
 //! too): the receiver asks its own store whether it holds it byte for byte
 //! and, if so, does not count it as new.
 
+use crate::Registry;
 use crate::grouped::{GroupStore, Grouped};
 use crate::snapshot::RecordsHash;
-use crate::Registry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -226,7 +226,11 @@ impl Extension {
     /// ([`crate::stored::key_record_bytes`]), is sent. A record of a group
     /// the plan does not know is sent (the receiver refuses what does not
     /// add up). A stored form that does not decode is an error.
-    pub fn sends_key(&self, group_ms: u64, stored: &[u8]) -> Result<bool, crate::codec::CodecError> {
+    pub fn sends_key(
+        &self,
+        group_ms: u64,
+        stored: &[u8],
+    ) -> Result<bool, crate::codec::CodecError> {
         self.sends(&self.keys, group_ms, || {
             crate::stored::key_record_from_bytes(stored).map(|record| record.base_ms())
         })
@@ -249,11 +253,13 @@ impl Extension {
         group_ms: u64,
         base_ms: impl FnOnce() -> Result<u64, crate::codec::CodecError>,
     ) -> Result<bool, crate::codec::CodecError> {
-        Ok(match choices.get(&group_ms).copied().unwrap_or(Choice::All) {
-            Choice::Skip => false,
-            Choice::All => true,
-            Choice::Since => base_ms()? >= self.since_ms,
-        })
+        Ok(
+            match choices.get(&group_ms).copied().unwrap_or(Choice::All) {
+                Choice::Skip => false,
+                Choice::All => true,
+                Choice::Since => base_ms()? >= self.since_ms,
+            },
+        )
     }
 }
 

@@ -38,7 +38,10 @@ impl Replica {
                 rules: RulesVersion::V3,
             },
         );
-        assert!(matches!(outcome, Outcome::Bootstrapped { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, Outcome::Bootstrapped { .. }),
+            "{outcome:?}"
+        );
         replica
     }
 
@@ -65,7 +68,13 @@ impl Replica {
             },
         );
         assert!(
-            matches!(outcome, Outcome::Executed { duplicate: false, .. }),
+            matches!(
+                outcome,
+                Outcome::Executed {
+                    duplicate: false,
+                    ..
+                }
+            ),
             "{outcome:?}"
         );
     }

@@ -1032,6 +1032,11 @@ impl View {
         self.checkpoint.as_ref()
     }
 
+    /// The generation this view reads.
+    pub fn generation(&self) -> u64 {
+        self.generation.number
+    }
+
     /// The record of `key` as of this view, whatever its group.
     pub fn get(&self, key: &[u8]) -> Result<Option<StoredRecord>> {
         let generation = &self.generation;
