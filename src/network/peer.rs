@@ -620,33 +620,43 @@ impl PeerClient {
 }
 
 impl PeerClient {
-    /// What the peer's durable snapshot holds of its records, if it says
-    /// (`None`: it has no record store, does not know the call, or did not
-    /// answer in time — the snapshot is then sent whole).
-    async fn snapshot_base(&self) -> Option<DurableBase> {
-        let mut client = self.client().ok()?;
+    /// What the peer's durable snapshot holds of its records: `None` when
+    /// it has none in a store or does not know the call (a node of an
+    /// earlier build). An error when it does not answer — stopped, paused
+    /// or cut off: a snapshot would not reach it either, and Raft tries
+    /// again later.
+    async fn snapshot_base(&self) -> Result<Option<DurableBase>, PeerCallError> {
+        let mut client = self.client()?;
         let mut message =
             tonic::Request::new(self.message(codec::encode_versioned(PEER_FORMAT_VERSION, &())));
         message.set_timeout(SNAPSHOT_BASE_TIMEOUT);
-        let reply = client.snapshot_base(message).await.ok()?;
-        codec::decode_versioned::<Option<DurableBase>>(
-            PEER_FORMAT_VERSION,
-            &reply.into_inner().payload,
-        )
-        .ok()
-        .flatten()
+        let reply = match client.snapshot_base(message).await {
+            Ok(reply) => reply,
+            Err(status) if status.code() == tonic::Code::Unimplemented => return Ok(None),
+            Err(status) => return Err(status.into()),
+        };
+        codec::decode_versioned(PEER_FORMAT_VERSION, &reply.into_inner().payload)
+            .map_err(PeerCallError::Decode)
     }
 
     /// An extension's plan for sending `snapshot` to this peer (§4.9p of
     /// docs/state-beyond-ram.md): asked for its base, a peer behind this
     /// snapshot whose records the snapshot only adds to is sent those
-    /// records alone; `None` sends it whole.
-    async fn plan_extension(&self, snapshot: &Snapshot) -> Option<(BaseId, Arc<Extension>)> {
-        let ours = snapshot.snapshot.base()?;
-        let theirs = self.snapshot_base().await?;
+    /// records alone; `None` sends it whole. An error: the peer did not
+    /// answer.
+    async fn plan_extension(
+        &self,
+        snapshot: &Snapshot,
+    ) -> Result<Option<(BaseId, Arc<Extension>)>, PeerCallError> {
+        let Some(ours) = snapshot.snapshot.base() else {
+            return Ok(None);
+        };
+        let Some(theirs) = self.snapshot_base().await? else {
+            return Ok(None);
+        };
         let index = crate::shared::snapshot_file::snapshot_index(&snapshot.meta);
         if theirs.id.index >= index {
-            return None;
+            return Ok(None);
         }
         let plan = Extension::plan(ours, &theirs.records, theirs.bytes_max);
         tracing::info!(
@@ -661,7 +671,7 @@ impl PeerClient {
                 "whole (the peer's base is not one it extends)"
             }
         );
-        Some((theirs.id, Arc::new(plan?)))
+        Ok(plan.map(|plan| (theirs.id, Arc::new(plan))))
     }
 
     /// Sends `snapshot` as an extension of the peer's base where a plan
@@ -673,7 +683,7 @@ impl PeerClient {
         vote: Vote,
         snapshot: Snapshot,
     ) -> Result<SnapshotResponse<TypeConfig>, PeerCallError> {
-        if let Some(plan) = self.plan_extension(&snapshot).await
+        if let Some(plan) = self.plan_extension(&snapshot).await?
             && let Ok(copy) = snapshot.snapshot.duplicate()
         {
             let extension = Snapshot {
