@@ -210,8 +210,9 @@ pub(crate) struct Received {
 /// A snapshot received as an extension of this node's durable snapshot
 /// (its *base*, docs/state-beyond-ram.md §4.9p): the part's registry, and
 /// the records that, added to the base's in the store in force, make the
-/// snapshot's. Holds the node's snapshot builds off from its reception to
-/// its install, so that the store stays at the base: no flush moves it.
+/// snapshot's. Holds the node's snapshot builds off from the end of its
+/// reception (where its base is found still in force) to its install, so
+/// that the store stays at the base: no flush moves it.
 pub(crate) struct Extended {
     pub(crate) registry: Registry,
     pub(crate) records: Vec<(Vec<u8>, StoredRecord)>,
@@ -421,10 +422,14 @@ impl SnapshotFile {
                 "a received snapshot is read once installed, not before",
             ));
         }
-        let mut file = self.file.try_clone()?;
-        file.seek(SeekFrom::Start(self.registry_offset))?;
+        // Read at its own offset (positional reads): a clone of the
+        // descriptor shares the file position with every other clone, and
+        // two sends of one snapshot (an extension given up, then the whole)
+        // may read at once.
+        let file = self.file.try_clone()?;
         Ok(WholeSnapshot {
             file,
+            file_at: self.registry_offset,
             records: self.records.clone(),
             hasher: blake3::Hasher::new(),
             pending: Vec::new(),
@@ -581,8 +586,10 @@ enum Phase {
 /// The registry bytes of a snapshot as one reader (see the module doc): a
 /// whole file's bytes, or a part file's then its records and trailer.
 pub(crate) struct WholeSnapshot {
-    /// Read as asked (no buffer here: a sender's chunk is its buffer).
+    /// Read as asked (no buffer here: a sender's chunk is its buffer), at
+    /// `file_at`.
     file: File,
+    file_at: u64,
     records: Option<Arc<View>>,
     /// Of every byte from the part's start: the trailer of a part file's
     /// snapshot.
@@ -697,7 +704,8 @@ impl Read for WholeSnapshot {
             }
             match self.phase {
                 Phase::Part => {
-                    let n = self.file.read(out)?;
+                    let n = std::os::unix::fs::FileExt::read_at(&self.file, out, self.file_at)?;
+                    self.file_at += n as u64;
                     if n > 0 {
                         if self.records.is_some() {
                             self.hasher.update(&out[..n]);
@@ -910,7 +918,6 @@ impl SnapshotInbox {
             .acquire_owned()
             .await
             .map_err(io::Error::other)?;
-        let builds_held = self.builds.clone().lock_owned().await;
         let current = self.current_base().clone();
         let current = match current {
             Some(current) if current.id == base => current,
@@ -921,11 +928,14 @@ impl SnapshotInbox {
                 )));
             }
         };
-        let extending = Extending {
-            current,
-            builds_held,
-        };
-        Ok(self.receive_with(meta, permit, Some(extending)).await?)
+        let mut incoming = self
+            .receive_with(meta, permit, Some(Extending { current }))
+            .await?;
+        incoming.settle = Some(Settle {
+            builds: self.builds.clone(),
+            base: self.base.clone(),
+        });
+        Ok(incoming)
     }
 
     async fn receive_with(
@@ -964,6 +974,7 @@ impl SnapshotInbox {
             chunks: Some(chunks),
             taking_in: Some(taking_in),
             received_bytes: 0,
+            settle: None,
         })
     }
 }
@@ -991,6 +1002,46 @@ pub struct IncomingSnapshot {
     chunks: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
     taking_in: Option<super::background::Spawned<Result<SnapshotFile, ReceiveError>>>,
     received_bytes: u64,
+    /// For an extension: what its end waits for and checks (see
+    /// [`Settle`]).
+    settle: Option<Settle>,
+}
+
+/// The end of an extension's reception: the node's snapshot builds held
+/// off from there to the install, once its base is found still in force.
+/// Not held while the records arrive: the lookups read the base's own
+/// view, and the sums its summary, neither of which a build moves — only
+/// the store the install writes to must stay at the base.
+struct Settle {
+    builds: Arc<tokio::sync::Mutex<()>>,
+    base: Arc<std::sync::Mutex<Option<CurrentBase>>>,
+}
+
+impl Settle {
+    async fn hold(self, snapshot: &mut SnapshotFile) -> Result<(), ReceiveError> {
+        let Some(extension) = snapshot
+            .received
+            .as_mut()
+            .and_then(|received| received.extension.as_mut())
+        else {
+            return Ok(());
+        };
+        let held = self.builds.lock_owned().await;
+        let current = self
+            .base
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|current| current.id);
+        if current != Some(extension.base) {
+            return Err(ReceiveError::NotAnExtension(format!(
+                "an extension of base {:?}; this node's moved to {current:?} meanwhile",
+                extension.base
+            )));
+        }
+        extension.builds_held = Some(held);
+        Ok(())
+    }
 }
 
 impl IncomingSnapshot {
@@ -1029,7 +1080,11 @@ impl IncomingSnapshot {
     /// force, by the install, not here.
     pub async fn finish(mut self) -> Result<SnapshotFile, ReceiveError> {
         self.chunks = None;
-        self.outcome().await
+        let mut snapshot = self.outcome().await?;
+        if let Some(settle) = self.settle.take() {
+            settle.hold(&mut snapshot).await?;
+        }
+        Ok(snapshot)
     }
 
     async fn outcome(&mut self) -> Result<SnapshotFile, ReceiveError> {
@@ -1052,11 +1107,9 @@ struct Reception {
     extending: Option<Extending>,
 }
 
-/// An extension's reception: the base it extends and the hold on the
-/// node's snapshot builds (see [`Extended`]).
+/// An extension's reception: the base it extends (see [`Extended`]).
 struct Extending {
     current: CurrentBase,
-    builds_held: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// The file a received snapshot's bytes are copied to as they are read,
@@ -1258,10 +1311,7 @@ impl Reception {
         copy: Copy,
         extending: Extending,
     ) -> Result<SnapshotFile, ReceiveError> {
-        let Extending {
-            current,
-            builds_held,
-        } = extending;
+        let Extending { current } = extending;
         let copy = RefCell::new(Some(copy));
         let input = Arriving {
             chunks,
@@ -1275,7 +1325,7 @@ impl Reception {
             .and_then(|copy| copy.failed.take())
         {
             Some(failed) => ReceiveError::Io(failed),
-            None => ReceiveError::Invalid(error.to_string()),
+            None => extension_error(error),
         };
         let view = current.view.clone();
         // A failed lookup answers "not held": the record then counts as
@@ -1295,16 +1345,13 @@ impl Reception {
         let mut added = Vec::new();
         let mut bytes = 0u64;
         for record in *records {
-            let record = record.map_err(|error| match error {
-                snapshot::SnapshotError::NotAnExtension => {
-                    ReceiveError::NotAnExtension(error.to_string())
-                }
-                error => ReceiveError::Invalid(error.to_string()),
-            })?;
+            let record = record.map_err(extension_error)?;
             let (key, group, stored) = stored_row(&record);
             bytes += (key.len() + stored.len()) as u64;
             if bytes > EXTENSION_STORED_BYTES_MAX {
-                return Err(ReceiveError::Invalid(format!(
+                // More than planned (records removed meanwhile, say): to
+                // be sent whole, not refused again at every try.
+                return Err(ReceiveError::NotAnExtension(format!(
                     "an extension of more than {EXTENSION_STORED_BYTES_MAX} bytes of records"
                 )));
             }
@@ -1324,7 +1371,7 @@ impl Reception {
             registry,
             records: added,
             base: current.id,
-            builds_held: Some(builds_held),
+            builds_held: None,
         };
         Ok(self.into_file_with(file, None, Some(extension)))
     }
@@ -1354,6 +1401,16 @@ impl Reception {
             records: None,
             base: None,
         }
+    }
+}
+
+/// An extension's reading error: one that says it is not an extension of
+/// the base is the sender's cue to send the snapshot whole; any other says
+/// its bytes are bad.
+fn extension_error(error: snapshot::SnapshotError) -> ReceiveError {
+    match error {
+        snapshot::SnapshotError::NotAnExtension => ReceiveError::NotAnExtension(error.to_string()),
+        error => ReceiveError::Invalid(error.to_string()),
     }
 }
 

@@ -591,6 +591,12 @@ impl SnapshotFiles {
         } = extension;
         records.check_at(base.index, base.generation)?;
         self.rename_into_place(temporary, &path)?;
+        // From here until the registry is switched (under the applied
+        // state's lock, right after), a follower-local read may find a
+        // record the snapshot adds under the registry it replaces: a
+        // committed record seen early, as a read of the newly installed
+        // state would. Apply does not run meanwhile (the install is the
+        // state machine's current step).
         let view = records.extend(
             added,
             index,
@@ -1392,19 +1398,26 @@ mod tests {
             .unwrap();
         let whole = current_bytes(&mut sender).await;
         let hash = snapshot::state_hash(&sender.state().read().registry);
-        let current = sender.get_current_snapshot().await.unwrap().unwrap();
-        let plan = Extension::plan(
-            current.snapshot.base().expect("a part's base"),
-            &base.records,
-            base.bytes_max,
-        )
-        .expect("only keys added");
-        let extension = current
-            .snapshot
-            .into_framed_chunks(1 << 16, Some(Arc::new(plan)), std::mem::take)
-            .map(Result::unwrap)
-            .concat()
-            .await;
+        // The leader's extension of a follower's base.
+        async fn extension_of(
+            sender: &mut StateMachineStore,
+            base: &crate::shared::snapshot_file::DurableBase,
+        ) -> Vec<u8> {
+            let current = sender.get_current_snapshot().await.unwrap().unwrap();
+            let plan = Extension::plan(
+                current.snapshot.base().expect("a part's base"),
+                &base.records,
+                base.bytes_max,
+            )
+            .expect("only keys added");
+            current
+                .snapshot
+                .into_framed_chunks(1 << 16, Some(Arc::new(plan)), std::mem::take)
+                .map(Result::unwrap)
+                .concat()
+                .await
+        }
+        let extension = extension_of(&mut sender, &base).await;
         assert!(
             extension.len() * 2 < whole.len(),
             "{} of {} bytes",
@@ -1421,6 +1434,36 @@ mod tests {
             inbox.receive_extension(&meta(3_001), moved).await,
             Err(ReceiveError::NotAnExtension(_))
         ));
+        // A build of the follower's own while the records arrive goes on,
+        // and moves its base: the extension is refused at its end.
+        let mut incoming = inbox
+            .receive_extension(&meta(3_001), base.id)
+            .await
+            .unwrap();
+        for chunk in extension.chunks(7_777) {
+            incoming.write(chunk.to_vec()).await.unwrap();
+        }
+        {
+            let state = receiver.state();
+            let mut applied = state.write();
+            applied.registry = registry_with_keys(2_500);
+            applied.last_applied = meta(2_501).last_log_id;
+        }
+        receiver
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert!(matches!(
+            incoming.finish().await,
+            Err(ReceiveError::NotAnExtension(_))
+        ));
+        // Asked again, the follower tells its new base, and the extension
+        // of that one is taken.
+        let base = inbox.base().unwrap();
+        assert_eq!(base.id.index, 2_501);
+        let extension = extension_of(&mut sender, &base).await;
         let mut incoming = inbox
             .receive_extension(&meta(3_001), base.id)
             .await
@@ -1442,7 +1485,10 @@ mod tests {
             snapshot::state_hash(&receiver.state().read().registry),
             hash
         );
-        assert_eq!(generations(&records), vec!["gen-000002".to_owned()]);
+        // (The follower's own build wrote a new generation: its registry
+        // was set whole here, every record in memory. The extension wrote
+        // none.)
+        assert_eq!(generations(&records), vec!["gen-000003".to_owned()]);
         assert!(
             current_bytes(&mut receiver).await == whole,
             "the store extended holds the leader's records"

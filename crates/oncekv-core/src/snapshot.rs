@@ -1331,8 +1331,14 @@ pub fn read_part_extending<R: Read>(
             "an extension must be of format 8 or later",
         )),
         Part::Records(registry, mut records) => {
+            // Time and watermarks only move forward from a base to a later
+            // state: a snapshot behind its receiver's base in either is
+            // not an extension of it (and a store's watermark may not move
+            // back).
             if format_of(&registry) != base.format
                 || registry.cluster_time_ms < base.cluster_time_ms
+                || registry.first_live_key_group_ms() < base.first_live_key_group_ms
+                || registry.first_live_claim_group_ms() < base.first_live_claim_group_ms
             {
                 return Err(SnapshotError::NotAnExtension);
             }
