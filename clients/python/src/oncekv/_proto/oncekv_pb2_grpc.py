@@ -1577,6 +1577,11 @@ class RaftStub:
                 request_serializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.SerializeToString,
                 response_deserializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.FromString,
                 _registered_method=True)
+        self.SnapshotBase = channel.unary_unary(
+                '/oncekv.v1.Raft/SnapshotBase',
+                request_serializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.SerializeToString,
+                response_deserializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.FromString,
+                _registered_method=True)
 
 
 class RaftServicer:
@@ -1611,7 +1616,20 @@ class RaftServicer:
 
     def InstallSnapshot(self, request_iterator, context):
         """A whole snapshot: the vote and snapshot meta first, then the data in
-        chunks; the node installs it once the stream ends.
+        chunks; the node installs it once the stream ends. Or an extension of
+        the receiver's durable snapshot: the vote and meta, the base it
+        extends (as SnapshotBase answered it), then only the records added
+        since (docs/state-beyond-ram.md §4.9p).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotBase(self, request, context):
+        """What the receiver's durable snapshot holds of its records, in summary
+        (its index, cluster time and per-group digests), for a leader to send
+        it only what was added since; none for a node without a record store.
+        A node that does not know the call is sent snapshots whole.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1642,6 +1660,11 @@ def add_RaftServicer_to_server(servicer, server):
             ),
             'InstallSnapshot': grpc.stream_unary_rpc_method_handler(
                     servicer.InstallSnapshot,
+                    request_deserializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.FromString,
+                    response_serializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.SerializeToString,
+            ),
+            'SnapshotBase': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotBase,
                     request_deserializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.FromString,
                     response_serializer=oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.SerializeToString,
             ),
@@ -1779,6 +1802,33 @@ class Raft:
             request_iterator,
             target,
             '/oncekv.v1.Raft/InstallSnapshot',
+            oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.SerializeToString,
+            oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotBase(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncekv.v1.Raft/SnapshotBase',
             oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.SerializeToString,
             oncekv_dot___proto_dot_oncekv__pb2.RaftMessage.FromString,
             options,
