@@ -67,6 +67,9 @@ const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// How long a leader waits for a peer's base before it sends a snapshot
 /// whole: the answer is a few kilobytes read from memory.
 const SNAPSHOT_BASE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Extensions tried (each after asking the peer's base again) before a
+/// snapshot is sent whole.
+const EXTENSION_ATTEMPTS: u32 = 2;
 
 /// Most bytes a received snapshot may hold in all: the stream is refused
 /// beyond it instead of filling the disk with whatever a peer sends. Far
@@ -683,9 +686,16 @@ impl PeerClient {
         vote: Vote,
         snapshot: Snapshot,
     ) -> Result<SnapshotResponse<TypeConfig>, PeerCallError> {
-        if let Some(plan) = self.plan_extension(&snapshot).await?
-            && let Ok(copy) = snapshot.snapshot.duplicate()
-        {
+        // Twice at most: a follower resumed with entries to apply may
+        // build a snapshot of its own while the first is sent, moving its
+        // base; asked again, its new base is usually the one it keeps.
+        for attempt in 1..=EXTENSION_ATTEMPTS {
+            let Some(plan) = self.plan_extension(&snapshot).await? else {
+                break;
+            };
+            let Ok(copy) = snapshot.snapshot.duplicate() else {
+                break;
+            };
             let extension = Snapshot {
                 meta: snapshot.meta.clone(),
                 snapshot: copy,
@@ -698,13 +708,15 @@ impl PeerClient {
                 {
                     tracing::info!(
                         target_node = self.target,
+                        attempt,
                         reason = status.message(),
-                        "extension refused; sending the snapshot whole"
+                        "extension refused"
                     );
                 }
                 sent => return sent,
             }
         }
+        tracing::info!(target_node = self.target, "sending the snapshot whole");
         Box::pin(self.send_snapshot(vote, snapshot, None)).await
     }
 }
