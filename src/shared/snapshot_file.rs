@@ -1244,15 +1244,7 @@ impl Reception {
             at: 0,
             copy: &copy,
         };
-        // The copy's own failure, else the snapshot's.
-        let fault = |error: snapshot::SnapshotError| match copy
-            .borrow_mut()
-            .as_mut()
-            .and_then(|copy| copy.failed.take())
-        {
-            Some(failed) => ReceiveError::Io(failed),
-            None => ReceiveError::Invalid(error.to_string()),
-        };
+        let fault = |error| copy_fault(&copy, error);
         let staged = match snapshot::read_part(input, false).map_err(fault)? {
             // Before format 8: read whole, the file holding every byte.
             snapshot::Part::Whole(registry) => {
@@ -1319,14 +1311,7 @@ impl Reception {
             at: 0,
             copy: &copy,
         };
-        let fault = |error: snapshot::SnapshotError| match copy
-            .borrow_mut()
-            .as_mut()
-            .and_then(|copy| copy.failed.take())
-        {
-            Some(failed) => ReceiveError::Io(failed),
-            None => extension_error(error),
-        };
+        let fault = |error| copy_fault(&copy, error);
         let view = current.view.clone();
         // A failed lookup answers "not held": the record then counts as
         // added, and the sums refuse the extension (sent whole instead).
@@ -1401,6 +1386,19 @@ impl Reception {
             records: None,
             base: None,
         }
+    }
+}
+
+/// A reception's reading error: the copy's own write failure if there was
+/// one (this node's disk), else the snapshot's (see [`extension_error`]).
+fn copy_fault(copy: &RefCell<Option<Copy>>, error: snapshot::SnapshotError) -> ReceiveError {
+    match copy
+        .borrow_mut()
+        .as_mut()
+        .and_then(|copy| copy.failed.take())
+    {
+        Some(failed) => ReceiveError::Io(failed),
+        None => extension_error(error),
     }
 }
 
